@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"stasis/supervisor"
+)
+
+func newSuperviseCmd() *cobra.Command {
+	var (
+		dir, mode, resume, logFormat, logLevel string
+		deadline, confirm, grace               time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "supervise --dir DIR [flags] -- HARNESS [ARGS...]",
+		Short: "Run a harness inside a sandbox, pausable from the host (stop or hold mode)",
+		Long: `supervise runs HARNESS under a supervisor that the host pauses and continues
+at checkpoints through "stasis ctl".
+
+DIR is the session directory. The supervisor writes DIR/supervisor.json (its
+identity and settings), serves the control socket DIR/control.sock (mode 0600,
+same uid only), writes each acknowledgement to DIR/acks/N.pause.json or
+DIR/acks/N.continue.json, and on exit DIR/receipt.json. Every file is written
+atomically.
+
+Pause modes:
+  stop  SIGSTOP to every process of the harness tree; the pause is confirmed
+        once each shows stopped. If the tree does not stop within
+        --stop-confirm-timeout (a process in uninterruptible sleep), the pause
+        is not confirmed, the tree is killed, and the continue relaunches the
+        harness with --resume-cmd.
+  hold  acknowledged at once, no signal; the relay holds model calls.
+In both modes paused time does not count against --deadline.
+
+When the deadline passes the harness gets SIGTERM, then after --grace the
+whole tree gets SIGKILL, and the receipt says timed_out. SIGTERM or SIGINT to
+the supervisor ends the harness the same way. Every descendant, including
+those that called setsid, is killed and reaped before the supervisor exits,
+and a shim process kills them if the supervisor itself is killed.
+
+Exit status: the harness's exit code (128+N when signal N ended it), 124 when
+the deadline ended it, 1 when the supervisor failed.`,
+		Example: `  stasis supervise --dir /tmp/ep1 --mode hold --deadline 30m -- opencode run "fix the bug"
+  stasis ctl --dir /tmp/ep1 pause 1`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 0 {
+				return &exitError{code: 2, err: fmt.Errorf("put the harness command after --, e.g. stasis supervise --dir DIR -- sh -c 'work'")}
+			}
+			if dir == "" {
+				return &exitError{code: 2, err: fmt.Errorf("--dir is required: the session directory for the socket, acknowledgements and receipt")}
+			}
+			m, err := supervisor.ParseMode(mode)
+			if err != nil {
+				return &exitError{code: 2, err: fmt.Errorf("--mode: %w", err)}
+			}
+			for name, d := range map[string]time.Duration{"--deadline": deadline, "--stop-confirm-timeout": confirm, "--grace": grace} {
+				if d < 0 {
+					return &exitError{code: 2, err: fmt.Errorf("%s must not be negative", name)}
+				}
+			}
+			if confirm == 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--stop-confirm-timeout must be above zero")}
+			}
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			var resumeArgv []string
+			if resume != "" {
+				resumeArgv = []string{"/bin/sh", "-c", resume}
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+			defer stop()
+			rc, err := supervisor.Run(ctx, supervisor.Options{
+				Dir: dir,
+				Config: supervisor.Config{
+					Argv: args, ResumeArgv: resumeArgv, Mode: m,
+					Deadline: deadline, Grace: grace, StopConfirmTimeout: confirm,
+				},
+				Logger:  log.With("component", "supervisor"),
+				Version: versionString(),
+			})
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			switch {
+			case rc.Error != "":
+				return &exitError{code: 1, err: fmt.Errorf("%s", rc.Error)}
+			case rc.TimedOut:
+				return &exitError{code: 124}
+			case rc.ReturnCode == nil:
+				return nil
+			case *rc.ReturnCode < 0:
+				return &exitError{code: 128 - *rc.ReturnCode}
+			case *rc.ReturnCode > 0:
+				return &exitError{code: *rc.ReturnCode}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "dir", "", "session directory (created if missing)")
+	f.StringVar(&mode, "mode", "stop", "pause mode: stop or hold")
+	f.DurationVar(&deadline, "deadline", 0, "run budget of the harness, paused time excluded (0: none)")
+	f.DurationVar(&confirm, "stop-confirm-timeout", 5*time.Second, "how long a stop pause waits for every process to show stopped")
+	f.DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the harness is ended")
+	f.StringVar(&resume, "resume-cmd", "", "shell command that relaunches the harness after an unconfirmed pause (default: the original command)")
+	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}

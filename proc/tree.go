@@ -1,0 +1,117 @@
+package proc
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"syscall"
+)
+
+var errSRCH = syscall.ESRCH
+
+// All reads the stat of every process visible in /proc. Processes that vanish
+// while being read are skipped.
+func All() (map[int]Stat, error) {
+	d, err := os.Open(Root)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]Stat, len(names))
+	for _, n := range names {
+		if n[0] < '0' || n[0] > '9' {
+			continue
+		}
+		pid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		s, err := ReadStat(pid)
+		if err != nil {
+			continue // gone, or unreadable: not ours to judge
+		}
+		out[pid] = s
+	}
+	return out, nil
+}
+
+// Descendants returns every process below root (children, their children,
+// and so on, whatever session or process group they moved to), in
+// breadth-first order. Root itself is not included. The parent links are read
+// at one moment; a caller that must catch processes forked meanwhile calls it
+// again.
+func Descendants(root int) ([]Stat, error) {
+	all, err := All()
+	if err != nil {
+		return nil, err
+	}
+	return DescendantsIn(all, root), nil
+}
+
+// DescendantsIn is Descendants over an already-read process table.
+func DescendantsIn(all map[int]Stat, root int) []Stat {
+	children := make(map[int][]int, len(all))
+	for pid, s := range all {
+		children[s.PPID] = append(children[s.PPID], pid)
+	}
+	for _, c := range children {
+		sort.Ints(c)
+	}
+	var out []Stat
+	queue := []int{root}
+	seen := map[int]bool{root: true}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			if seen[c] {
+				continue
+			}
+			seen[c] = true
+			out = append(out, all[c])
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// TaskStates returns the scheduler state of every thread of process pid
+// (from /proc/PID/task/*/stat). A process whose threads cannot be listed
+// gives an error wrapping ErrNoProcess.
+func TaskStates(pid int) ([]byte, error) {
+	dir := fmt.Sprintf("%s/%d/task", Root, pid)
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNoProcess)
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNoProcess)
+	}
+	states := make([]byte, 0, len(names))
+	for _, n := range names {
+		s, err := readStatFile(dir + "/" + n + "/stat")
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		states = append(states, s.State)
+	}
+	return states, nil
+}
+
+// Stopped reports whether a scheduler state means the task runs no code and
+// will run none until continued or reaped: stopped by a signal (T), stopped
+// for tracing (t), or dead (Z, X).
+func Stopped(state byte) bool {
+	switch state {
+	case 'T', 't', 'Z', 'X':
+		return true
+	}
+	return false
+}

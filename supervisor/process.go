@@ -1,0 +1,329 @@
+package supervisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"stasis/proc"
+)
+
+// ShimArg is the hidden first argument with which the stasis binary runs as
+// the shim between the supervisor and the harness.
+const ShimArg = "__shim"
+
+// exitEvent reports the end of launch gen's harness.
+type exitEvent struct {
+	gen  int
+	code int
+	err  error
+}
+
+// procLayer is the real Process: it launches each harness through a shim
+// (see RunShim), and finds the harness tree as every descendant of the
+// supervisor other than the shim, whatever session or group they moved to.
+type procLayer struct {
+	self    int
+	exe     string
+	timeout time.Duration // bound on KillTree
+	exits   chan exitEvent
+
+	mu         sync.Mutex
+	shimPID    int
+	harnessPID int
+	stopped    []proc.Identity
+}
+
+func newProcLayer() (*procLayer, error) {
+	if err := SetSubreaper(); err != nil {
+		return nil, err
+	}
+	p := &procLayer{
+		self:    os.Getpid(),
+		exe:     "/proc/self/exe",
+		timeout: 10 * time.Second,
+		exits:   make(chan exitEvent, 4),
+	}
+	go reapForever()
+	return p, nil
+}
+
+// SetSubreaper makes the calling process a child subreaper: orphans below it
+// are re-parented to it instead of to init, so it can find and reap them.
+func SetSubreaper() error {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("become child subreaper: %w", err)
+	}
+	return nil
+}
+
+// reapForever reaps every child of this process as it ends: the shim and any
+// orphan re-parented here. Exit statuses travel by the shim's status pipe,
+// not by wait, so nothing is lost by reaping them here.
+func reapForever() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGCHLD)
+	for {
+		reapAll()
+		<-ch
+	}
+}
+
+func reapAll() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if pid <= 0 || err != nil {
+			return
+		}
+	}
+}
+
+func (p *procLayer) Launch(gen int, argv []string) (int, error) {
+	if len(argv) == 0 {
+		return 0, errors.New("no harness command")
+	}
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	statR, statW, err := os.Pipe()
+	if err != nil {
+		lifeR.Close()
+		lifeW.Close()
+		return 0, err
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return 0, err
+	}
+	defer devnull.Close()
+	cmd := &exec.Cmd{
+		Path:       p.exe,
+		Args:       append([]string{"stasis-shim", ShimArg, "--"}, argv...),
+		Stdin:      devnull,
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
+		ExtraFiles: []*os.File{lifeR, statW},
+		// Its own process group: a signal to the supervisor's group must not
+		// take the shim down with it, or the lifeline cleanup could not run.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	err = cmd.Start()
+	lifeR.Close()
+	statW.Close()
+	if err != nil {
+		lifeW.Close()
+		statR.Close()
+		return 0, fmt.Errorf("start shim: %w", err)
+	}
+	shimPID := cmd.Process.Pid
+	_ = cmd.Process.Release() // reaped by reapForever
+	br := bufio.NewReader(statR)
+	_ = statR.SetReadDeadline(time.Now().Add(30 * time.Second))
+	line, err := br.ReadString('\n')
+	_ = statR.SetReadDeadline(time.Time{})
+	fail := func(e error) (int, error) {
+		lifeW.Close() // the shim kills whatever it started and exits
+		statR.Close()
+		return 0, e
+	}
+	if err != nil {
+		return fail(fmt.Errorf("shim (pid %d) did not report the harness start: %v", shimPID, err))
+	}
+	word, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
+	switch word {
+	case "pid":
+	case "error":
+		return fail(errors.New(rest))
+	default:
+		return fail(fmt.Errorf("shim said %q", line))
+	}
+	pid, err := strconv.Atoi(rest)
+	if err != nil {
+		return fail(fmt.Errorf("shim said %q", line))
+	}
+	p.mu.Lock()
+	p.shimPID = shimPID
+	p.harnessPID = pid
+	p.mu.Unlock()
+	go func() {
+		defer lifeW.Close()
+		defer statR.Close()
+		ev := exitEvent{gen: gen}
+		line, err := br.ReadString('\n')
+		word, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
+		n, convErr := strconv.Atoi(rest)
+		switch {
+		case err != nil:
+			ev.code, ev.err = -1, fmt.Errorf("shim ended without reporting the harness's exit")
+		case word == "exit" && convErr == nil:
+			ev.code = n
+		case word == "signal" && convErr == nil:
+			ev.code = -n
+		default:
+			ev.code, ev.err = -1, fmt.Errorf("shim said %q", line)
+		}
+		p.exits <- ev
+		// Keep the lifeline open until the shim is gone (killed by KillTree).
+		_, _ = br.ReadString('\n')
+	}()
+	return pid, nil
+}
+
+// tree lists the harness tree: every descendant of the supervisor but the
+// shim.
+func (p *procLayer) tree() ([]proc.Stat, error) {
+	all, err := proc.All()
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	shim := p.shimPID
+	p.mu.Unlock()
+	var out []proc.Stat
+	for _, s := range proc.DescendantsIn(all, p.self) {
+		if s.PID != shim {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+func (p *procLayer) StopTree(timeout time.Duration) (bool, string, error) {
+	deadline := time.Now().Add(timeout)
+	sent := map[int]proc.Identity{}
+	defer func() {
+		ids := make([]proc.Identity, 0, len(sent))
+		for _, id := range sent {
+			ids = append(ids, id)
+		}
+		p.mu.Lock()
+		p.stopped = ids
+		p.mu.Unlock()
+	}()
+	wait := 20 * time.Microsecond
+	for {
+		tree, err := p.tree()
+		if err != nil {
+			return false, "", err
+		}
+		fresh := false
+		for _, s := range tree {
+			if id, ok := sent[s.PID]; ok && id.StartTime == s.StartTime {
+				continue
+			}
+			fresh = true
+			sent[s.PID] = proc.Identity{PID: s.PID, StartTime: s.StartTime}
+			_ = unix.Kill(s.PID, unix.SIGSTOP)
+		}
+		var stragglers []string
+		if !fresh {
+			for _, s := range tree {
+				states, err := proc.TaskStates(s.PID)
+				if err != nil {
+					continue // gone
+				}
+				for _, st := range states {
+					if !proc.Stopped(st) {
+						stragglers = append(stragglers, fmt.Sprintf("pid %d (%s) in state %c", s.PID, s.Comm, st))
+						break
+					}
+				}
+			}
+			if len(stragglers) == 0 {
+				return true, "", nil
+			}
+		}
+		if time.Now().After(deadline) {
+			if len(stragglers) == 0 {
+				stragglers = []string{"the tree kept forking"}
+			}
+			sort.Strings(stragglers)
+			return false, fmt.Sprintf("not all stopped within %s: %s", timeout, strings.Join(stragglers, ", ")), nil
+		}
+		time.Sleep(wait) // poll interval, bounded by the deadline above
+		if wait < 2*time.Millisecond {
+			wait *= 2
+		}
+	}
+}
+
+func (p *procLayer) ContTree() error {
+	p.mu.Lock()
+	ids := p.stopped
+	p.stopped = nil
+	p.mu.Unlock()
+	for _, id := range ids {
+		if s, err := proc.ReadStat(id.PID); err == nil && s.StartTime == id.StartTime {
+			_ = unix.Kill(id.PID, unix.SIGCONT)
+		}
+	}
+	return nil
+}
+
+func (p *procLayer) Terminate() error {
+	p.mu.Lock()
+	pid := p.harnessPID
+	p.mu.Unlock()
+	if pid <= 0 {
+		return nil
+	}
+	if err := unix.Kill(-pid, unix.SIGTERM); err == unix.ESRCH {
+		_ = unix.Kill(pid, unix.SIGTERM)
+	}
+	return nil
+}
+
+func (p *procLayer) KillTree() ([]int, error) {
+	left, err := killBelow(p.self, p.timeout)
+	p.mu.Lock()
+	p.shimPID, p.harnessPID, p.stopped = 0, 0, nil
+	p.mu.Unlock()
+	return left, err
+}
+
+// killBelow sends SIGKILL to every descendant of root until none is left (the
+// caller, a subreaper, reaps them) or timeout passes; it returns the PIDs
+// still there at the end.
+func killBelow(root int, timeout time.Duration) ([]int, error) {
+	deadline := time.Now().Add(timeout)
+	wait := 20 * time.Microsecond
+	for {
+		tree, err := proc.Descendants(root)
+		if err != nil {
+			return nil, err
+		}
+		if len(tree) == 0 {
+			return nil, nil
+		}
+		var pids []int
+		for _, s := range tree {
+			_ = unix.Kill(s.PID, unix.SIGKILL)
+			pids = append(pids, s.PID)
+		}
+		reapAll()
+		if time.Now().After(deadline) {
+			sort.Ints(pids)
+			return pids, nil
+		}
+		time.Sleep(wait) // poll interval, bounded by the deadline above
+		if wait < 5*time.Millisecond {
+			wait *= 2
+		}
+	}
+}

@@ -1,0 +1,99 @@
+package supervisor
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// RunShim is the body of the shim process that sits between the supervisor
+// and the harness (supervisor → shim → harness). It exists so that a
+// supervisor killed by SIGKILL leaves nothing behind:
+//
+//   - fd 3 is the lifeline, the read end of a pipe whose only writer is the
+//     supervisor; when it reads EOF the supervisor is gone, and the shim kills
+//     every process below it and exits;
+//   - the shim is a child subreaper, so orphans of the harness tree come to it
+//     rather than to init, and stay findable;
+//   - fd 4 is the status pipe: "pid N" once the harness runs (or "error MSG"),
+//     then "exit N" or "signal N" when it ends.
+//
+// After reporting the harness's end the shim stays until the supervisor kills
+// the tree (or the lifeline breaks), keeping any leftovers under its wing.
+func RunShim(argv []string) int {
+	life := os.NewFile(3, "lifeline")
+	status := os.NewFile(4, "status")
+	if life == nil || status == nil {
+		fmt.Fprintln(os.Stderr, "stasis: the shim is started by `stasis supervise`, not by hand")
+		return 2
+	}
+	syscall.CloseOnExec(3)
+	syscall.CloseOnExec(4)
+	say := func(format string, args ...any) { fmt.Fprintf(status, format+"\n", args...) }
+	if err := SetSubreaper(); err != nil {
+		say("error %v", err)
+		return 1
+	}
+	// Catch (rather than ignore) the job-control and termination signals: a
+	// caught signal is reset to default in the harness at exec, an ignored one
+	// would be inherited.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGCHLD)
+	if len(argv) == 0 {
+		say("error no harness command")
+		return 2
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	// The harness leads its own session and process group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		say("error start harness %q: %v", argv[0], err)
+		return 127
+	}
+	harness := cmd.Process.Pid
+	_ = cmd.Process.Release() // reaped below with wait4
+	say("pid %d", harness)
+
+	lost := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, life)
+		close(lost)
+	}()
+	reported := false
+	for {
+		select {
+		case <-lost:
+			_, _ = killBelow(os.Getpid(), 30*time.Second)
+			return 1
+		case s := <-sigs:
+			if s != syscall.SIGCHLD {
+				continue // the supervisor decides what ends the harness
+			}
+			for {
+				var ws unix.WaitStatus
+				pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
+				if err == unix.EINTR {
+					continue
+				}
+				if pid <= 0 || err != nil {
+					break
+				}
+				if pid == harness && !reported {
+					reported = true
+					if ws.Signaled() {
+						say("signal %d", int(ws.Signal()))
+					} else {
+						say("exit %d", ws.ExitStatus())
+					}
+				}
+			}
+		}
+	}
+}

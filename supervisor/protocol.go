@@ -82,6 +82,9 @@ func ParseRequest(b []byte) (Request, error) {
 			return r, fmt.Errorf("%s needs \"seq\", a positive integer", r.Op)
 		}
 		var n json.Number
+		if len(seqRaw) == 0 || seqRaw[0] < '0' || seqRaw[0] > '9' {
+			return r, fmt.Errorf("\"seq\" must be a positive integer, got %s", truncate(seqRaw))
+		}
 		if err := json.Unmarshal(seqRaw, &n); err != nil {
 			return r, fmt.Errorf("\"seq\" must be a positive integer, got %s", truncate(seqRaw))
 		}

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,6 +34,8 @@ func RunShim(argv []string) int {
 		fmt.Fprintln(os.Stderr, "stasis: the shim is started by `stasis supervise`, not by hand")
 		return 2
 	}
+	// Name it for ps and /proc (launched as /proc/self/exe it would be "exe").
+	_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&[]byte("stasis-shim\x00")[0])), 0, 0, 0)
 	syscall.CloseOnExec(3)
 	syscall.CloseOnExec(4)
 	say := func(format string, args ...any) { fmt.Fprintf(status, format+"\n", args...) }

@@ -1,0 +1,133 @@
+// Package cli is the stasis command line: the root command and one file per
+// subcommand. cmd/stasis is only its entry point, so that tests can run the
+// very same CLI inside a test binary.
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+
+	"stasis/supervisor"
+)
+
+// version is set at build time with -ldflags "-X stasis/cli.version=..."; otherwise
+// it comes from the module's build information.
+var version = ""
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		rev, dirty := "", false
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+		if rev != "" {
+			if len(rev) > 12 {
+				rev = rev[:12]
+			}
+			if dirty {
+				rev += "-dirty"
+			}
+			return "dev-" + rev
+		}
+	}
+	return "dev"
+}
+
+// exitError carries a process exit code out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "stasis",
+		Short: "Checkpoint and resume AI-agent episodes running in sandboxes",
+		Long: `stasis checkpoints and resumes AI-agent episodes running in sandboxes.
+
+At a checkpoint it pauses every agent harness (SIGSTOP, or a hold while the
+relay holds its model calls), snapshots each sandbox and commits one record per
+episode; on restore it forks the snapshots and continues each episode in place
+or relaunches the harness from its saved session.
+
+Inside a sandbox, "stasis supervise" runs the harness and "stasis ctl" talks to
+it; everything else runs on the host.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newSuperviseCmd(), newCtlCmd(), newDemoCmd(), newBenchCmd(), newVersionCmd())
+	return root
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the stasis version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintln(cmd.OutOrStdout(), "stasis", versionString())
+		},
+	}
+}
+
+// Main runs the stasis command line with args (without the program name) and
+// returns the process exit code.
+func Main(args []string) int {
+	if len(args) > 0 && args[0] == supervisor.ShimArg {
+		args = args[1:]
+		if len(args) > 0 && args[0] == "--" {
+			args = args[1:]
+		}
+		return supervisor.RunShim(args)
+	}
+	root := newRoot()
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(os.Stderr, "stasis:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(os.Stderr, "stasis:", err)
+	return 1
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}

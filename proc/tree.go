@@ -5,6 +5,8 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -42,15 +44,93 @@ func All() (map[int]Stat, error) {
 
 // Descendants returns every process below root (children, their children,
 // and so on, whatever session or process group they moved to), in
-// breadth-first order. Root itself is not included. The parent links are read
-// at one moment; a caller that must catch processes forked meanwhile calls it
-// again.
+// breadth-first order. Root itself is not included. The links are read one
+// process at a time; a caller that must catch processes forked meanwhile
+// calls it again.
+//
+// It follows /proc/PID/task/TID/children, reading only the tree itself; on
+// a kernel without those files it scans every process instead.
 func Descendants(root int) ([]Stat, error) {
-	all, err := All()
-	if err != nil {
-		return nil, err
+	if !childrenFiles() {
+		all, err := All()
+		if err != nil {
+			return nil, err
+		}
+		return DescendantsIn(all, root), nil
 	}
-	return DescendantsIn(all, root), nil
+	var out []Stat
+	queue := []int{root}
+	seen := map[int]bool{root: true}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range Children(p) {
+			if seen[c] {
+				continue
+			}
+			s, err := ReadStat(c)
+			if err != nil || s.PPID != p {
+				continue // gone, or re-parented meanwhile: found under its new parent
+			}
+			seen[c] = true
+			out = append(out, s)
+			queue = append(queue, c)
+		}
+	}
+	return out, nil
+}
+
+var (
+	childrenOnce sync.Once
+	childrenOK   bool
+)
+
+// childrenFiles reports whether the kernel has /proc/PID/task/TID/children
+// (CONFIG_PROC_CHILDREN).
+func childrenFiles() bool {
+	childrenOnce.Do(func() {
+		_, err := os.Stat(fmt.Sprintf("%s/%d/task/%d/children", Root, os.Getpid(), os.Getpid()))
+		childrenOK = err == nil
+	})
+	return childrenOK
+}
+
+// Children lists the PIDs of pid's children, from every thread's children
+// file. A process that is gone has none.
+func Children(pid int) []int {
+	dir := fmt.Sprintf("%s/%d/task", Root, pid)
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil
+	}
+	tids, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return nil
+	}
+	var out []int
+	buf := make([]byte, 4096)
+	for _, tid := range tids {
+		f, err := os.Open(dir + "/" + tid + "/children")
+		if err != nil {
+			continue
+		}
+		var b []byte
+		for {
+			n, err := f.Read(buf)
+			b = append(b, buf[:n]...)
+			if err != nil || n == 0 {
+				break
+			}
+		}
+		f.Close()
+		for _, w := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(w); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
 }
 
 // DescendantsIn is Descendants over an already-read process table.

@@ -43,10 +43,13 @@ func (f *fakeProc) StopTree(time.Duration) (bool, string, error) {
 	}
 	return false, "pid 7 (x) in state D", nil
 }
-func (f *fakeProc) ContTree() error             { f.calls = append(f.calls, "cont"); return nil }
-func (f *fakeProc) Terminate() error            { f.calls = append(f.calls, "term"); return nil }
-func (f *fakeProc) KillTree() ([]int, error)    { f.calls = append(f.calls, "kill"); return f.killLeft, nil }
-func (f *fakeProc) take() string                { s := strings.Join(f.calls, ","); f.calls = nil; return s }
+func (f *fakeProc) ContTree() error  { f.calls = append(f.calls, "cont"); return nil }
+func (f *fakeProc) Terminate() error { f.calls = append(f.calls, "term"); return nil }
+func (f *fakeProc) KillTree() ([]int, error) {
+	f.calls = append(f.calls, "kill")
+	return f.killLeft, nil
+}
+func (f *fakeProc) take() string { s := strings.Join(f.calls, ","); f.calls = nil; return s }
 func (f *fakeProc) expect(t *testing.T, want string) {
 	t.Helper()
 	if got := f.take(); got != want {
@@ -60,8 +63,12 @@ type fakeGate struct {
 	log       []string
 }
 
-func (g *fakeGate) Hold() (int64, error) { g.held = true; g.log = append(g.log, "hold"); return g.delivered, nil }
-func (g *fakeGate) Release() error       { g.held = false; g.log = append(g.log, "release"); return nil }
+func (g *fakeGate) Hold() (int64, error) {
+	g.held = true
+	g.log = append(g.log, "hold")
+	return g.delivered, nil
+}
+func (g *fakeGate) Release() error { g.held = false; g.log = append(g.log, "release"); return nil }
 
 func newTestMachine(t *testing.T, cfg Config) (*Machine, *fakeProc, *fakeClock) {
 	t.Helper()

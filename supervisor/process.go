@@ -188,7 +188,7 @@ func (p *procLayer) Launch(gen int, argv []string) (int, error) {
 // tree lists the harness tree: every descendant of the supervisor but the
 // shim.
 func (p *procLayer) tree() ([]proc.Stat, error) {
-	all, err := proc.All()
+	desc, err := proc.Descendants(p.self)
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +196,7 @@ func (p *procLayer) tree() ([]proc.Stat, error) {
 	shim := p.shimPID
 	p.mu.Unlock()
 	var out []proc.Stat
-	for _, s := range proc.DescendantsIn(all, p.self) {
+	for _, s := range desc {
 		if s.PID != shim {
 			out = append(out, s)
 		}
@@ -256,7 +256,7 @@ func (p *procLayer) StopTree(timeout time.Duration) (bool, string, error) {
 			sort.Strings(stragglers)
 			return false, fmt.Sprintf("not all stopped within %s: %s", timeout, strings.Join(stragglers, ", ")), nil
 		}
-		time.Sleep(wait) // poll interval, bounded by the deadline above
+		nap(wait) // poll interval, bounded by the deadline above
 		if wait < 2*time.Millisecond {
 			wait *= 2
 		}
@@ -321,9 +321,21 @@ func killBelow(root int, timeout time.Duration) ([]int, error) {
 			sort.Ints(pids)
 			return pids, nil
 		}
-		time.Sleep(wait) // poll interval, bounded by the deadline above
+		nap(wait) // poll interval, bounded by the deadline above
 		if wait < 5*time.Millisecond {
 			wait *= 2
 		}
 	}
+}
+
+// nap waits for d. Go's timers can be as coarse as a millisecond on some
+// machines, so short polling intervals use nanosleep(2) directly, which
+// blocks this goroutine's thread for about d.
+func nap(d time.Duration) {
+	if d >= time.Millisecond {
+		time.Sleep(d)
+		return
+	}
+	ts := unix.NsecToTimespec(d.Nanoseconds())
+	_ = unix.Nanosleep(&ts, nil)
 }

@@ -1,0 +1,115 @@
+package bench_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"stasis/bench"
+	"stasis/cli"
+	"stasis/proc"
+	"stasis/supervisor"
+)
+
+// The test binary doubles as the stasis binary (see supervisor's tests).
+func TestMain(m *testing.M) {
+	if os.Getenv("STASIS_TEST_AS_CLI") == "1" {
+		os.Exit(cli.Main(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+var asCLI = []string{"STASIS_TEST_AS_CLI=1"}
+
+func noChildrenLeft(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		kids, err := proc.Descendants(os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(kids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes left behind: %+v", kids)
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+}
+
+// TestSuperviseMeasures runs the benchmark briefly and checks that it
+// measured what it says, and cleaned up after itself.
+func TestSuperviseMeasures(t *testing.T) {
+	dir := t.TempDir()
+	rows, err := bench.Supervise(context.Background(), bench.SuperviseOptions{
+		Exe: os.Args[0], Env: asCLI, Sizes: []int{1, 4}, Iterations: 5, Dir: dir,
+		Modes: []supervisor.Mode{supervisor.ModeHold, supervisor.ModeStop},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 4 {
+		t.Fatalf("%d rows, want 4", len(rows))
+	}
+	for _, r := range rows {
+		if r.Iterations != 5 || r.Pause.P50 <= 0 || r.Pause.P99 < r.Pause.P50 || r.Baseline.P50 <= 0 || r.PeakRSSKiB <= 0 || r.Unconfirmed != 0 {
+			t.Errorf("row %+v", r)
+		}
+		if (r.Mode == supervisor.ModeStop) != (r.Kernel != nil) {
+			t.Errorf("kernel baseline present for %s: %v", r.Mode, r.Kernel != nil)
+		}
+	}
+	noChildrenLeft(t)
+	if _, err := bench.Supervise(context.Background(), bench.SuperviseOptions{Exe: os.Args[0], Env: asCLI, Sizes: []int{0}, Modes: []supervisor.Mode{supervisor.ModeHold}}); err == nil {
+		t.Fatal("a tree of 0 processes was accepted")
+	}
+}
+
+// BenchmarkPause times one pause acknowledgement (the continue is not
+// timed) for each mode and tree size; ns/op is the pause round trip.
+// `stasis bench supervise` reports p50 and p99 of the same measurement.
+func BenchmarkPause(b *testing.B) {
+	for _, mode := range []supervisor.Mode{supervisor.ModeHold, supervisor.ModeStop} {
+		for _, n := range []int{1, 10, 50} {
+			b.Run(string(mode)+"/"+strconv.Itoa(n), func(b *testing.B) {
+				dir := b.TempDir()
+				c, err := supervisor.Spawn(context.Background(), supervisor.SpawnOptions{
+					Exe: os.Args[0], Env: asCLI, Dir: dir,
+					Flags: []string{"--mode", string(mode), "--log-level", "error"},
+					Argv:  []string{"/bin/sh", "-c", `i=1; while [ "$i" -lt "$1" ]; do sleep 3600 & i=$((i+1)); done; exec sleep 3600`, "h", strconv.Itoa(n)},
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer func() { _, _ = c.Stop(context.Background(), 30*time.Second) }()
+				deadline := time.Now().Add(30 * time.Second)
+				for {
+					d, _ := proc.Descendants(c.Cmd.Process.Pid)
+					if len(d) >= n+1 {
+						break
+					}
+					if time.Now().After(deadline) {
+						b.Fatal("tree not up")
+					}
+					time.Sleep(2 * time.Millisecond) // poll interval, bounded by the deadline above
+				}
+				ctx := context.Background()
+				b.ResetTimer()
+				for i := 1; i <= b.N; i++ {
+					if _, err := c.Do(ctx, supervisor.Request{Op: supervisor.OpPause, Seq: int64(i)}); err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					if _, err := c.Do(ctx, supervisor.Request{Op: supervisor.OpContinue, Seq: int64(i)}); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+			})
+		}
+	}
+}

@@ -710,3 +710,27 @@ func TestSecondSupervisorInSameDirIsRefused(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// TestLongSessionPath uses a session directory whose socket path is beyond
+// the kernel's 108-byte limit for unix socket addresses.
+func TestLongSessionPath(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
+	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
+		Exe: os.Args[0], Env: []string{"STASIS_TEST_AS_CLI=1"}, Dir: dir,
+		Flags: []string{"--log-level", "error"}, Argv: []string{"sleep", "60"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(filepath.Join(dir, supervisor.SocketFile)) <= 108 {
+		t.Fatal("the path is not long enough to test anything")
+	}
+	if _, err := c.Do(ctx, supervisor.Request{Op: supervisor.OpPause, Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.Stop(ctx, 30*time.Second)
+	if err != nil || !rc.CleanupConfirmed {
+		t.Fatalf("%+v %v", rc, err)
+	}
+}

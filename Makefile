@@ -1,0 +1,66 @@
+# stasis — build, demo, test. Every target installs what it needs first, and
+# installing twice changes nothing.
+
+GO          ?= go
+BIN         := bin/stasis
+TOOLS       := $(CURDIR)/.tools/bin
+STATICCHECK := $(TOOLS)/staticcheck
+STATICCHECK_VERSION := v0.8.2
+VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS     := -X stasis/cli.version=$(VERSION)
+export PATH := $(TOOLS):$(PATH)
+
+.PHONY: all build demo test deps deps-test vet staticcheck unit fuzz bench clean
+
+all: build
+
+## deps: system packages the build and the tests use (gcc for cgo and -race,
+## util-linux for setsid); installed with apt-get only when missing.
+deps:
+	@missing=""; \
+	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
+	command -v setsid >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(STATICCHECK):
+	@echo "installing staticcheck $(STATICCHECK_VERSION) into $(TOOLS)"
+	@mkdir -p $(TOOLS)
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+deps-test: deps $(STATICCHECK)
+
+build: deps
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stasis
+
+## demo: the supervisor pausing a process tree in stop and in hold mode.
+demo: build
+	./$(BIN) demo
+
+vet:
+	$(GO) vet ./...
+
+staticcheck: $(STATICCHECK)
+	$(STATICCHECK) ./...
+
+unit:
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+## test: vet, staticcheck and the whole suite under the race detector.
+test: deps-test vet staticcheck unit
+
+## fuzz: run each fuzzer for FUZZTIME (default 30s); new finds land in testdata/fuzz.
+FUZZTIME ?= 30s
+fuzz: deps
+	$(GO) test ./supervisor -run '^$$' -fuzz FuzzParseRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./proc -run '^$$' -fuzz FuzzParseStat -fuzztime $(FUZZTIME)
+
+## bench: the figures BENCHMARKS.md records.
+bench: build
+	./$(BIN) bench supervise
+	$(GO) test ./bench -run '^$$' -bench . -benchtime 200x
+
+clean:
+	rm -rf bin .tools

@@ -155,6 +155,8 @@ func TestCtlPrintsJSONAndRefusesWithExit2(t *testing.T) {
 }
 
 func TestDemoShowsBothModes(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
 	out, errOut, code := stasis(t, "demo")
 	if code != 0 {
 		t.Fatalf("demo exit %d\n%s\n%s", code, out, errOut)
@@ -178,4 +180,7 @@ func TestDemoShowsBothModes(t *testing.T) {
 		t.Fatalf("demo receipts:\n%s", out)
 	}
 	noChildrenLeft(t)
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Fatalf("demo left %v in TMPDIR", left)
+	}
 }

@@ -42,6 +42,7 @@ type procLayer struct {
 	mu         sync.Mutex
 	shimPID    int
 	harnessPID int
+	reported   chan struct{} // closed once the shim has reported the harness's end
 	stopped    []proc.Identity
 }
 
@@ -157,15 +158,18 @@ func (p *procLayer) Launch(gen int, argv []string) (int, error) {
 	if err != nil {
 		return fail(fmt.Errorf("shim said %q", line))
 	}
+	reported := make(chan struct{})
 	p.mu.Lock()
 	p.shimPID = shimPID
 	p.harnessPID = pid
+	p.reported = reported
 	p.mu.Unlock()
 	go func() {
 		defer lifeW.Close()
 		defer statR.Close()
 		ev := exitEvent{gen: gen}
 		line, err := br.ReadString('\n')
+		close(reported)
 		word, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
 		n, convErr := strconv.Atoi(rest)
 		switch {
@@ -290,6 +294,18 @@ func (p *procLayer) Terminate() error {
 }
 
 func (p *procLayer) KillTree() ([]int, error) {
+	p.mu.Lock()
+	shim, reported := p.shimPID, p.reported
+	p.mu.Unlock()
+	if shim > 0 {
+		// The harness tree first, so that the shim can still report how the
+		// harness ended; then everything, the shim included.
+		_, _ = killBelowExcept(p.self, shim, p.timeout)
+		select {
+		case <-reported:
+		case <-time.After(2 * time.Second):
+		}
+	}
 	left, err := killBelow(p.self, p.timeout)
 	p.mu.Lock()
 	p.shimPID, p.harnessPID, p.stopped = 0, 0, nil
@@ -301,12 +317,23 @@ func (p *procLayer) KillTree() ([]int, error) {
 // caller, a subreaper, reaps them) or timeout passes; it returns the PIDs
 // still there at the end.
 func killBelow(root int, timeout time.Duration) ([]int, error) {
+	return killBelowExcept(root, 0, timeout)
+}
+
+// killBelowExcept is killBelow sparing one process (but not its descendants).
+func killBelowExcept(root, spare int, timeout time.Duration) ([]int, error) {
 	deadline := time.Now().Add(timeout)
 	wait := 20 * time.Microsecond
 	for {
-		tree, err := proc.Descendants(root)
+		all, err := proc.Descendants(root)
 		if err != nil {
 			return nil, err
+		}
+		tree := all[:0]
+		for _, s := range all {
+			if s.PID != spare {
+				tree = append(tree, s)
+			}
 		}
 		if len(tree) == 0 {
 			return nil, nil

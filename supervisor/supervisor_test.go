@@ -734,3 +734,87 @@ func TestLongSessionPath(t *testing.T) {
 		t.Fatalf("%+v %v", rc, err)
 	}
 }
+
+// TestSIGTERMToSupervisorEndsGracefully: SIGTERM to the supervisor ends the
+// harness as a stop request does; a harness that ignores SIGTERM is killed
+// after the grace period.
+func TestSIGTERMToSupervisorEndsGracefully(t *testing.T) {
+	t.Parallel()
+	out := filepath.Join(t.TempDir(), "log")
+	h := start(t, []string{"--grace", "500ms"}, `trap 'echo ignored-term >> "$1"' TERM; echo ready >> "$1"; while :; do sleep 0.05; done`, out)
+	eventually(t, "the harness set its trap", 10*time.Second, func() bool { return size(out) > 0 })
+	h.track()
+	t0 := time.Now()
+	if err := h.c.Cmd.Process.Signal(unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.c.Wait(15 * time.Second)
+	if took := time.Since(t0); took < 500*time.Millisecond {
+		t.Fatalf("ended after %s, before the 500ms grace period", took)
+	}
+	rc, err := supervisor.ReadReceipt(h.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rc.Stopped || rc.TimedOut || !rc.CleanupConfirmed || rc.ReturnCode == nil || *rc.ReturnCode != -9 {
+		t.Fatalf("receipt %+v", rc)
+	}
+	eventually(t, "the harness saw SIGTERM", 5*time.Second, func() bool {
+		b, _ := os.ReadFile(out)
+		return strings.Contains(string(b), "ignored-term")
+	})
+}
+
+func TestHarnessThatCannotStart(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "s")
+	cmd := exec.Command(os.Args[0], "supervise", "--dir", dir, "--log-level", "error", "--", "/nonexistent/harness")
+	cmd.Env = append(os.Environ(), "STASIS_TEST_AS_CLI=1")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "/nonexistent/harness") {
+		t.Fatalf("exit %v, output %s", err, out)
+	}
+	rc, err := supervisor.ReadReceipt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.ReturnCode != nil || !strings.Contains(rc.Error, "/nonexistent/harness") || !rc.CleanupConfirmed {
+		t.Fatalf("receipt %+v", rc)
+	}
+	if kids, _ := proc.Descendants(os.Getpid()); len(kids) != 0 {
+		// Other parallel tests may have children; only a shim would be ours.
+		for _, k := range kids {
+			if k.Comm == "stasis-shim" && k.PPID == 1 {
+				t.Fatalf("orphaned shim %d", k.PID)
+			}
+		}
+	}
+}
+
+// TestRestartInUsedDirectory: a new supervisor in a directory left by a
+// finished one moves the earlier run's files aside instead of losing them.
+func TestRestartInUsedDirectory(t *testing.T) {
+	t.Parallel()
+	h := start(t, nil, "exit 0")
+	if err := h.c.Wait(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	old, err := supervisor.ReadReceipt(h.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
+		Exe: os.Args[0], Env: []string{"STASIS_TEST_AS_CLI=1"}, Dir: h.dir,
+		Flags: []string{"--log-level", "error"}, Argv: []string{"sleep", "60"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Stop(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	moved := filepath.Join(h.dir, supervisor.RunsDir, fmt.Sprintf("%d-%d", old.Identity.PID, old.Identity.StartTime), supervisor.ReceiptFile)
+	if _, err := os.Stat(moved); err != nil {
+		t.Fatalf("earlier receipt not kept: %v", err)
+	}
+}

@@ -8,45 +8,19 @@ import (
 	"time"
 
 	"stasis/bench"
-	"stasis/cli"
 	"stasis/proc"
+	"stasis/stasistest"
 	"stasis/supervisor"
 )
 
-// The test binary doubles as the stasis binary (see supervisor's tests).
-func TestMain(m *testing.M) {
-	if os.Getenv("STASIS_TEST_AS_CLI") == "1" {
-		os.Exit(cli.Main(os.Args[1:]))
-	}
-	os.Exit(m.Run())
-}
-
-var asCLI = []string{"STASIS_TEST_AS_CLI=1"}
-
-func noChildrenLeft(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		kids, err := proc.Descendants(os.Getpid())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(kids) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes left behind: %+v", kids)
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
-	}
-}
+func TestMain(m *testing.M) { stasistest.Main(m) }
 
 // TestSuperviseMeasures runs the benchmark briefly and checks that it
 // measured what it says, and cleaned up after itself.
 func TestSuperviseMeasures(t *testing.T) {
 	dir := t.TempDir()
 	rows, err := bench.Supervise(context.Background(), bench.SuperviseOptions{
-		Exe: os.Args[0], Env: asCLI, Sizes: []int{1, 4}, Iterations: 5, Dir: dir,
+		Exe: os.Args[0], Env: stasistest.Env, Sizes: []int{1, 4}, Iterations: 5, Dir: dir,
 		Modes: []supervisor.Mode{supervisor.ModeHold, supervisor.ModeStop},
 	})
 	if err != nil {
@@ -63,8 +37,8 @@ func TestSuperviseMeasures(t *testing.T) {
 			t.Errorf("kernel baseline present for %s: %v", r.Mode, r.Kernel != nil)
 		}
 	}
-	noChildrenLeft(t)
-	if _, err := bench.Supervise(context.Background(), bench.SuperviseOptions{Exe: os.Args[0], Env: asCLI, Sizes: []int{0}, Modes: []supervisor.Mode{supervisor.ModeHold}}); err == nil {
+	stasistest.NoChildrenLeft(t)
+	if _, err := bench.Supervise(context.Background(), bench.SuperviseOptions{Exe: os.Args[0], Env: stasistest.Env, Sizes: []int{0}, Modes: []supervisor.Mode{supervisor.ModeHold}}); err == nil {
 		t.Fatal("a tree of 0 processes was accepted")
 	}
 }
@@ -78,7 +52,7 @@ func BenchmarkPause(b *testing.B) {
 			b.Run(string(mode)+"/"+strconv.Itoa(n), func(b *testing.B) {
 				dir := b.TempDir()
 				c, err := supervisor.Spawn(context.Background(), supervisor.SpawnOptions{
-					Exe: os.Args[0], Env: asCLI, Dir: dir,
+					Exe: os.Args[0], Env: stasistest.Env, Dir: dir,
 					Flags: []string{"--mode", string(mode), "--log-level", "error"},
 					Argv:  []string{"/bin/sh", "-c", `i=1; while [ "$i" -lt "$1" ]; do sleep 3600 & i=$((i+1)); done; exec sleep 3600`, "h", strconv.Itoa(n)},
 				})

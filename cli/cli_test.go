@@ -11,26 +11,18 @@ import (
 	"testing"
 	"time"
 
-	"stasis/cli"
-	"stasis/proc"
+	"stasis/stasistest"
 	"stasis/supervisor"
 )
 
-// The test binary doubles as the stasis binary: with STASIS_TEST_AS_CLI set
-// it runs the real command line.
-func TestMain(m *testing.M) {
-	if os.Getenv("STASIS_TEST_AS_CLI") == "1" {
-		os.Exit(cli.Main(os.Args[1:]))
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { stasistest.Main(m) }
 
 // stasis runs the command line as a separate process and returns its
 // stdout, stderr and exit code.
 func stasis(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "STASIS_TEST_AS_CLI=1")
+	cmd.Env = append(os.Environ(), stasistest.Env[0])
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -41,21 +33,6 @@ func stasis(t *testing.T, args ...string) (string, string, int) {
 		t.Fatal(err)
 	}
 	return out.String(), errb.String(), code
-}
-
-func noChildrenLeft(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		kids, _ := proc.Descendants(os.Getpid())
-		if len(kids) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes left behind: %+v", kids)
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
-	}
 }
 
 func TestHelpListsEverySubcommand(t *testing.T) {
@@ -101,13 +78,13 @@ func TestUsageErrors(t *testing.T) {
 func TestCtlPrintsJSONAndRefusesWithExit2(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "s")
 	c, err := supervisor.Spawn(context.Background(), supervisor.SpawnOptions{
-		Exe: os.Args[0], Env: []string{"STASIS_TEST_AS_CLI=1"}, Dir: dir,
+		Exe: os.Args[0], Env: stasistest.Env, Dir: dir,
 		Flags: []string{"--log-level", "error", "--mode", "hold"}, Argv: []string{"sleep", "60"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer noChildrenLeft(t)
+	defer stasistest.NoChildrenLeft(t)
 	defer func() { _, _ = c.Stop(context.Background(), 30*time.Second) }()
 
 	out, _, code := stasis(t, "ctl", "--dir", dir, "pause", "1")
@@ -179,7 +156,7 @@ func TestDemoShowsBothModes(t *testing.T) {
 	if strings.Count(out, "cleanup_confirmed=true") != 2 {
 		t.Fatalf("demo receipts:\n%s", out)
 	}
-	noChildrenLeft(t)
+	stasistest.NoChildrenLeft(t)
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Fatalf("demo left %v in TMPDIR", left)
 	}

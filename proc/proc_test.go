@@ -1,11 +1,14 @@
 package proc
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -140,4 +143,59 @@ func TestUptime(t *testing.T) {
 	if _, err := ParseUptime([]byte("x 1")); err == nil {
 		t.Fatal("bad uptime accepted")
 	}
+}
+
+// TestDescendantsBothWays checks that the children-file walk and the full
+// scan (the fallback on kernels without children files) agree on a real
+// tree with a setsid'd grandchild.
+func TestDescendantsBothWays(t *testing.T) {
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	cmd := exec.Command("/bin/sh", "-c", `sleep 30 & (sleep 30 & wait) & setsid sleep 30 & touch "$1"; wait`, "tree", ready)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, s := range must(Descendants(cmd.Process.Pid)) {
+			_ = syscall.Kill(s.PID, syscall.SIGKILL)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := os.Stat(ready)
+		if err == nil && len(must(Descendants(cmd.Process.Pid))) >= 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("tree not up")
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+	walked := pids(must(Descendants(cmd.Process.Pid)))
+	all, err := All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanned := pids(DescendantsIn(all, cmd.Process.Pid))
+	if walked != scanned {
+		t.Fatalf("children-file walk %s, full scan %s", walked, scanned)
+	}
+}
+
+func must(s []Stat, err error) []Stat {
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+func pids(s []Stat) string {
+	var p []int
+	for _, x := range s {
+		p = append(p, x.PID)
+	}
+	sort.Ints(p)
+	return fmt.Sprint(p)
 }

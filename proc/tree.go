@@ -58,26 +58,11 @@ func Descendants(root int) ([]Stat, error) {
 		}
 		return DescendantsIn(all, root), nil
 	}
-	var out []Stat
-	queue := []int{root}
-	seen := map[int]bool{root: true}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range Children(p) {
-			if seen[c] {
-				continue
-			}
-			s, err := ReadStat(c)
-			if err != nil || s.PPID != p {
-				continue // gone, or re-parented meanwhile: found under its new parent
-			}
-			seen[c] = true
-			out = append(out, s)
-			queue = append(queue, c)
-		}
-	}
-	return out, nil
+	return walk(root, Children, func(parent, pid int) (Stat, bool) {
+		s, err := ReadStat(pid)
+		// Gone, or re-parented meanwhile (then found under its new parent).
+		return s, err == nil && s.PPID == parent
+	}), nil
 }
 
 var (
@@ -142,18 +127,28 @@ func DescendantsIn(all map[int]Stat, root int) []Stat {
 	for _, c := range children {
 		sort.Ints(c)
 	}
+	return walk(root, func(p int) []int { return children[p] }, func(_, pid int) (Stat, bool) { return all[pid], true })
+}
+
+// walk visits the tree below root breadth first; stat reads a child and says
+// whether it still belongs under parent.
+func walk(root int, children func(int) []int, stat func(parent, pid int) (Stat, bool)) []Stat {
 	var out []Stat
 	queue := []int{root}
 	seen := map[int]bool{root: true}
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
-		for _, c := range children[p] {
+		for _, c := range children(p) {
 			if seen[c] {
 				continue
 			}
+			s, ok := stat(p, c)
+			if !ok {
+				continue
+			}
 			seen[c] = true
-			out = append(out, all[c])
+			out = append(out, s)
 			queue = append(queue, c)
 		}
 	}

@@ -18,20 +18,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"stasis/cli"
 	"stasis/proc"
+	"stasis/stasistest"
 	"stasis/supervisor"
 )
 
-// The test binary doubles as the stasis binary: with STASIS_TEST_AS_CLI set
-// it runs the real command line, so the supervisors under test (and their
-// shims) are this very binary, built with -race when the tests are.
-func TestMain(m *testing.M) {
-	if os.Getenv("STASIS_TEST_AS_CLI") == "1" {
-		os.Exit(cli.Main(os.Args[1:]))
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { stasistest.Main(m) }
 
 var ctx = context.Background()
 
@@ -50,7 +42,7 @@ func start(t *testing.T, flags []string, script string, args ...string) *harness
 	dir := filepath.Join(t.TempDir(), "session")
 	argv := append([]string{"/bin/sh", "-c", script, "harness"}, args...)
 	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
-		Exe: os.Args[0], Env: []string{"STASIS_TEST_AS_CLI=1"}, Dir: dir,
+		Exe: os.Args[0], Env: stasistest.Env, Dir: dir,
 		Flags: append([]string{"--log-level", "warn"}, flags...), Argv: argv,
 		Stdout: os.Stderr, Stderr: os.Stderr,
 	})
@@ -576,7 +568,7 @@ func TestOtherUIDIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
-		Exe: os.Args[0], Env: []string{"STASIS_TEST_AS_CLI=1"}, Dir: dir,
+		Exe: os.Args[0], Env: stasistest.Env, Dir: dir,
 		Flags: []string{"--log-level", "error"}, Argv: []string{"sleep", "60"},
 	})
 	if err != nil {
@@ -701,7 +693,7 @@ func TestSecondSupervisorInSameDirIsRefused(t *testing.T) {
 	t.Parallel()
 	h := start(t, nil, "exec sleep 60")
 	cmd := exec.Command(os.Args[0], "supervise", "--dir", h.dir, "--", "true")
-	cmd.Env = append(os.Environ(), "STASIS_TEST_AS_CLI=1")
+	cmd.Env = append(os.Environ(), stasistest.Env[0])
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "served by a running supervisor") {
 		t.Fatalf("second supervisor: %v\n%s", err, out)
@@ -717,7 +709,7 @@ func TestLongSessionPath(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
 	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
-		Exe: os.Args[0], Env: []string{"STASIS_TEST_AS_CLI=1"}, Dir: dir,
+		Exe: os.Args[0], Env: stasistest.Env, Dir: dir,
 		Flags: []string{"--log-level", "error"}, Argv: []string{"sleep", "60"},
 	})
 	if err != nil {
@@ -769,7 +761,7 @@ func TestHarnessThatCannotStart(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "s")
 	cmd := exec.Command(os.Args[0], "supervise", "--dir", dir, "--log-level", "error", "--", "/nonexistent/harness")
-	cmd.Env = append(os.Environ(), "STASIS_TEST_AS_CLI=1")
+	cmd.Env = append(os.Environ(), stasistest.Env[0])
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "/nonexistent/harness") {
 		t.Fatalf("exit %v, output %s", err, out)
@@ -804,7 +796,7 @@ func TestRestartInUsedDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
-		Exe: os.Args[0], Env: []string{"STASIS_TEST_AS_CLI=1"}, Dir: h.dir,
+		Exe: os.Args[0], Env: stasistest.Env, Dir: h.dir,
 		Flags: []string{"--log-level", "error"}, Argv: []string{"sleep", "60"},
 	})
 	if err != nil {

@@ -1,0 +1,54 @@
+// Package stasistest holds what stasis's tests share: running the test
+// binary as the stasis binary, and checking that a test left no process
+// behind.
+package stasistest
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"stasis/cli"
+	"stasis/proc"
+)
+
+// envAsCLI makes a test binary run the stasis command line instead of its
+// tests.
+const envAsCLI = "STASIS_TEST_AS_CLI"
+
+// Env is the environment to give a child that must act as stasis.
+var Env = []string{envAsCLI + "=1"}
+
+// Main is TestMain for packages whose tests start stasis processes: with
+// STASIS_TEST_AS_CLI set the binary runs the real command line (so the
+// supervisors and shims under test are this very binary, built with -race
+// when the tests are); otherwise it runs the tests.
+func Main(m *testing.M) {
+	if os.Getenv(envAsCLI) == "1" {
+		os.Exit(cli.Main(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// Exe is the binary to start as stasis, with Env.
+func Exe() string { return os.Args[0] }
+
+// NoChildrenLeft fails the test unless, within ten seconds, the test process
+// has no descendant left.
+func NoChildrenLeft(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		kids, err := proc.Descendants(os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(kids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes left behind: %+v", kids)
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+}

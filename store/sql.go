@@ -1,0 +1,611 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The SQL below is portable between SQLite and PostgreSQL: plain CREATE TABLE
+// with TEXT and BIGINT columns, no engine-specific functions, no
+// auto-increment, `?` placeholders rewritten per dialect, times as unix
+// nanoseconds in BIGINT, and transactions through database/sql. What differs
+// between engines is in dialect.
+
+// dialect is what one SQL engine needs done differently.
+type dialect struct {
+	name string
+	// dollarPlaceholders rewrites `?` to $1, $2, ... (PostgreSQL).
+	dollarPlaceholders bool
+	// forUpdate is appended to the SELECT that reads a checkpoint's state
+	// inside a write transaction, to lock its row until the transaction
+	// ends (" FOR UPDATE" in PostgreSQL). SQLite needs none: its write
+	// transactions begin IMMEDIATE and hold the database's write lock.
+	forUpdate string
+	// serialWrites makes write transactions of one process take turns in Go
+	// rather than in the engine's lock (SQLite, whose busy handler sleeps).
+	serialWrites bool
+	// writeIsolation is the isolation of write transactions. SQLite's are
+	// serializable whatever is asked; PostgreSQL needs LevelSerializable
+	// (and a retry on a serialization failure) so that Delete's "no other
+	// checkpoint references this snapshot" cannot race a Put.
+	writeIsolation sql.IsolationLevel
+}
+
+var sqliteDialect = dialect{name: "sqlite", serialWrites: true}
+
+// migrations are the schema, one step per version; a step is never changed
+// once released, only new steps appended.
+var migrations = [][]string{
+	{ // 1: checkpoints, their records, the snapshots they reference
+		`CREATE TABLE checkpoints (
+			id           TEXT NOT NULL PRIMARY KEY,
+			created_ns   BIGINT NOT NULL,
+			state        TEXT NOT NULL,
+			manifest     TEXT NOT NULL,
+			error        TEXT NOT NULL,
+			committed_ns BIGINT
+		)`,
+		`CREATE INDEX checkpoints_by_created ON checkpoints (created_ns)`,
+		`CREATE TABLE records (
+			checkpoint_id TEXT NOT NULL REFERENCES checkpoints (id),
+			episode       TEXT NOT NULL,
+			provider      TEXT NOT NULL,
+			snapshot_id   TEXT NOT NULL,
+			doc           TEXT NOT NULL,
+			PRIMARY KEY (checkpoint_id, episode)
+		)`,
+		`CREATE TABLE snapshot_refs (
+			checkpoint_id TEXT NOT NULL REFERENCES checkpoints (id),
+			provider      TEXT NOT NULL,
+			snapshot_id   TEXT NOT NULL,
+			PRIMARY KEY (checkpoint_id, provider, snapshot_id)
+		)`,
+		`CREATE INDEX snapshot_refs_by_snapshot ON snapshot_refs (provider, snapshot_id)`,
+	},
+}
+
+// sqlStore is the Store over database/sql, for any dialect.
+type sqlStore struct {
+	db      *sql.DB
+	d       dialect
+	where   string // names the store in messages
+	now     func() time.Time
+	writeMu sync.Mutex
+}
+
+// q rewrites a query's placeholders for the dialect.
+func (s *sqlStore) q(query string) string {
+	if !s.d.dollarPlaceholders {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, c := range query {
+		if c == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// tx runs fn in one transaction and commits it, or rolls it back if fn or the
+// commit fails.
+func (s *sqlStore) tx(ctx context.Context, readOnly bool, fn func(*sql.Tx) error) error {
+	if !readOnly && s.d.serialWrites {
+		s.writeMu.Lock()
+		defer s.writeMu.Unlock()
+	}
+	opts := &sql.TxOptions{ReadOnly: readOnly}
+	if !readOnly {
+		opts.Isolation = s.d.writeIsolation
+	}
+	tx, err := s.db.BeginTx(ctx, opts)
+	if err != nil {
+		return s.wrap(err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return s.wrap(err)
+	}
+	return nil
+}
+
+// wrap names the store in an error from the database.
+func (s *sqlStore) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("record store %s: %w", s.where, err)
+}
+
+// migrate brings the schema up to date, idempotently.
+func (s *sqlStore) migrate(ctx context.Context) error {
+	return s.tx(ctx, false, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+			return s.wrap(err)
+		}
+		var v int
+		err := tx.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v)
+		if errors.Is(err, sql.ErrNoRows) {
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO schema_version (version) VALUES (?)`), 0); err != nil {
+				return s.wrap(err)
+			}
+		} else if err != nil {
+			return s.wrap(err)
+		}
+		if v > len(migrations) {
+			return fmt.Errorf("record store %s has schema version %d, newer than this stasis understands (up to %d): upgrade stasis", s.where, v, len(migrations))
+		}
+		for i := v; i < len(migrations); i++ {
+			for _, stmt := range migrations[i] {
+				if _, err := tx.ExecContext(ctx, stmt); err != nil {
+					return fmt.Errorf("record store %s: schema version %d: %w", s.where, i+1, err)
+				}
+			}
+		}
+		if v < len(migrations) {
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE schema_version SET version = ?`), len(migrations)); err != nil {
+				return s.wrap(err)
+			}
+		}
+		return nil
+	})
+}
+
+// state reads a checkpoint's state inside tx, locking its row for a write.
+func (s *sqlStore) state(ctx context.Context, tx *sql.Tx, id string) (State, error) {
+	var st string
+	err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM checkpoints WHERE id = ?`+s.d.forUpdate), id).Scan(&st)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", notFound(id)
+	}
+	if err != nil {
+		return "", s.wrap(err)
+	}
+	return State(st), nil
+}
+
+func notFound(id string) error {
+	return fmt.Errorf("checkpoint %q: %w; list the checkpoints with: stasis ckpt ls", id, ErrNotFound)
+}
+
+// Begin implements Store.
+func (s *sqlStore) Begin(ctx context.Context, id string, manifest json.RawMessage) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if len(manifest) > 0 && !json.Valid(manifest) {
+		return fmt.Errorf("begin checkpoint %q: its manifest is not valid JSON", id)
+	}
+	return s.tx(ctx, false, func(tx *sql.Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM checkpoints WHERE id = ?`), id).Scan(&n); err != nil {
+			return s.wrap(err)
+		}
+		if n > 0 {
+			return fmt.Errorf("begin checkpoint %q: %w; choose a new id (ids are never reused, even after stasis ckpt rm)", id, ErrExists)
+		}
+		// Creation times are strictly increasing, so that "newest first"
+		// is the order checkpoints were begun in.
+		var newest sql.NullInt64
+		if err := tx.QueryRowContext(ctx, `SELECT MAX(created_ns) FROM checkpoints`).Scan(&newest); err != nil {
+			return s.wrap(err)
+		}
+		created := s.now().UnixNano()
+		if newest.Valid && created <= newest.Int64 {
+			created = newest.Int64 + 1
+		}
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO checkpoints (id, created_ns, state, manifest, error, committed_ns) VALUES (?, ?, ?, ?, ?, NULL)`),
+			id, created, string(StatePending), string(manifest), "")
+		return s.wrap(err)
+	})
+}
+
+// Put implements Store.
+func (s *sqlStore) Put(ctx context.Context, id string, rec Record) error {
+	doc, err := rec.MarshalJSON()
+	if err != nil {
+		return fmt.Errorf("put into checkpoint %q: %w", id, err)
+	}
+	if rec, err = DecodeRecord(doc); err != nil {
+		return fmt.Errorf("put into checkpoint %q: %w", id, err)
+	}
+	return s.tx(ctx, false, func(tx *sql.Tx) error {
+		st, err := s.state(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if st != StatePending {
+			return fmt.Errorf("put record of episode %q into checkpoint %q: %w: it is %s, and records go only into a pending checkpoint; begin a new checkpoint", rec.Episode, id, ErrState, st)
+		}
+		var old SnapshotRef
+		err = tx.QueryRowContext(ctx, s.q(`SELECT provider, snapshot_id FROM records WHERE checkpoint_id = ? AND episode = ?`), id, rec.Episode).
+			Scan(&old.Provider, &old.SnapshotID)
+		replacing := err == nil
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return s.wrap(err)
+		}
+		if replacing {
+			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM records WHERE checkpoint_id = ? AND episode = ?`), id, rec.Episode); err != nil {
+				return s.wrap(err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO records (checkpoint_id, episode, provider, snapshot_id, doc) VALUES (?, ?, ?, ?, ?)`),
+			id, rec.Episode, rec.Provider, rec.SnapshotID, string(doc)); err != nil {
+			return s.wrap(err)
+		}
+		ref := SnapshotRef{rec.Provider, rec.SnapshotID}
+		if ref.SnapshotID != "" {
+			if err := s.addRef(ctx, tx, id, ref); err != nil {
+				return err
+			}
+		}
+		if replacing && old.SnapshotID != "" && old != ref {
+			return s.dropRefIfUnused(ctx, tx, id, old)
+		}
+		return nil
+	})
+}
+
+// addRef records that checkpoint id references ref.
+func (s *sqlStore) addRef(ctx context.Context, tx *sql.Tx, id string, ref SnapshotRef) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM snapshot_refs WHERE checkpoint_id = ? AND provider = ? AND snapshot_id = ?`),
+		id, ref.Provider, ref.SnapshotID).Scan(&n); err != nil {
+		return s.wrap(err)
+	}
+	if n > 0 {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO snapshot_refs (checkpoint_id, provider, snapshot_id) VALUES (?, ?, ?)`), id, ref.Provider, ref.SnapshotID)
+	return s.wrap(err)
+}
+
+// dropRefIfUnused removes checkpoint id's reference to ref when none of its
+// records names ref any more.
+func (s *sqlStore) dropRefIfUnused(ctx context.Context, tx *sql.Tx, id string, ref SnapshotRef) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM records WHERE checkpoint_id = ? AND provider = ? AND snapshot_id = ?`),
+		id, ref.Provider, ref.SnapshotID).Scan(&n); err != nil {
+		return s.wrap(err)
+	}
+	if n > 0 {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, s.q(`DELETE FROM snapshot_refs WHERE checkpoint_id = ? AND provider = ? AND snapshot_id = ?`), id, ref.Provider, ref.SnapshotID)
+	return s.wrap(err)
+}
+
+// Commit implements Store. The check and the flip to committed are one
+// transaction: a crash before it commits leaves the checkpoint pending, and
+// no reader ever sees it committed with a record missing.
+func (s *sqlStore) Commit(ctx context.Context, id string, expectEpisodes int) error {
+	if expectEpisodes < 0 {
+		return fmt.Errorf("commit checkpoint %q: %d expected episodes: the count cannot be negative", id, expectEpisodes)
+	}
+	var reason string
+	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+		st, err := s.state(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if st != StatePending {
+			return fmt.Errorf("commit checkpoint %q: %w: it is %s, and only a pending checkpoint can be committed", id, ErrState, st)
+		}
+		reason, err = s.checkRecords(ctx, tx, id, expectEpisodes)
+		if err != nil {
+			return err
+		}
+		if reason != "" {
+			_, err := tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, error = ? WHERE id = ?`), string(StateFailed), "commit refused: "+reason, id)
+			return s.wrap(err)
+		}
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, committed_ns = ? WHERE id = ?`), string(StateCommitted), s.now().UnixNano(), id)
+		return s.wrap(err)
+	})
+	if err != nil {
+		return err
+	}
+	if reason != "" {
+		return fmt.Errorf("commit checkpoint %q: %w: %s; it is marked failed and the previous committed checkpoint is unchanged", id, ErrIncomplete, reason)
+	}
+	return nil
+}
+
+// checkRecords returns why checkpoint id's records cannot be committed, or "".
+func (s *sqlStore) checkRecords(ctx context.Context, tx *sql.Tx, id string, expect int) (string, error) {
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT episode, doc FROM records WHERE checkpoint_id = ? ORDER BY episode`), id)
+	if err != nil {
+		return "", s.wrap(err)
+	}
+	defer rows.Close()
+	n := 0
+	var bad []string
+	for rows.Next() {
+		var episode, doc string
+		if err := rows.Scan(&episode, &doc); err != nil {
+			return "", s.wrap(err)
+		}
+		n++
+		rec, err := DecodeRecord([]byte(doc))
+		switch {
+		case err != nil:
+			bad = append(bad, err.Error())
+		case rec.Episode != episode:
+			bad = append(bad, fmt.Sprintf("the record stored for episode %q names episode %q", episode, rec.Episode))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", s.wrap(err)
+	}
+	switch {
+	case len(bad) > 0:
+		return fmt.Sprintf("%d invalid records: %s", len(bad), strings.Join(bad, "; ")), nil
+	case n != expect:
+		return fmt.Sprintf("%d records are there, %d were expected", n, expect), nil
+	}
+	return "", nil
+}
+
+// Fail implements Store.
+func (s *sqlStore) Fail(ctx context.Context, id, reason string) error {
+	if reason == "" {
+		reason = "marked failed"
+	}
+	return s.tx(ctx, false, func(tx *sql.Tx) error {
+		st, err := s.state(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		switch st {
+		case StateFailed:
+			return nil
+		case StateCommitted:
+			return fmt.Errorf("fail checkpoint %q: %w: it is committed, and a committed checkpoint is never changed; delete it with: stasis ckpt rm %s", id, ErrState, id)
+		}
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, error = ? WHERE id = ?`), string(StateFailed), reason, id)
+		return s.wrap(err)
+	})
+}
+
+const selectCheckpoint = `SELECT c.id, c.created_ns, c.state, c.manifest, c.error, c.committed_ns,
+	(SELECT COUNT(*) FROM records r WHERE r.checkpoint_id = c.id) FROM checkpoints c`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanCheckpoint(sc scanner) (Checkpoint, error) {
+	var (
+		c         Checkpoint
+		created   int64
+		state     string
+		manifest  string
+		committed sql.NullInt64
+	)
+	if err := sc.Scan(&c.ID, &created, &state, &manifest, &c.Error, &committed, &c.Episodes); err != nil {
+		return Checkpoint{}, err
+	}
+	c.Created = time.Unix(0, created).UTC()
+	c.State = State(state)
+	if manifest != "" {
+		c.Manifest = json.RawMessage(manifest)
+	}
+	if committed.Valid {
+		t := time.Unix(0, committed.Int64).UTC()
+		c.Committed = &t
+	}
+	return c, nil
+}
+
+// Get implements Store.
+func (s *sqlStore) Get(ctx context.Context, id string) (Checkpoint, []Record, error) {
+	var (
+		c    Checkpoint
+		recs []Record
+	)
+	err := s.tx(ctx, true, func(tx *sql.Tx) error {
+		var err error
+		c, err = scanCheckpoint(tx.QueryRowContext(ctx, s.q(selectCheckpoint+` WHERE c.id = ?`), id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound(id)
+		}
+		if err != nil {
+			return s.wrap(err)
+		}
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT doc FROM records WHERE checkpoint_id = ? ORDER BY episode`), id)
+		if err != nil {
+			return s.wrap(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var doc string
+			if err := rows.Scan(&doc); err != nil {
+				return s.wrap(err)
+			}
+			rec, err := DecodeRecord([]byte(doc))
+			if err != nil {
+				return fmt.Errorf("checkpoint %q: %w", id, err)
+			}
+			recs = append(recs, rec)
+		}
+		return s.wrap(rows.Err())
+	})
+	if err != nil {
+		return Checkpoint{}, nil, err
+	}
+	return c, recs, nil
+}
+
+// List implements Store.
+func (s *sqlStore) List(ctx context.Context, opts ListOptions) ([]Checkpoint, error) {
+	switch opts.State {
+	case "", StatePending, StateCommitted, StateFailed:
+	default:
+		return nil, fmt.Errorf("list checkpoints: state %q is unknown: use pending, committed or failed", opts.State)
+	}
+	if opts.Limit < 0 {
+		return nil, fmt.Errorf("list checkpoints: limit %d is negative: use 0 for no limit", opts.Limit)
+	}
+	query, args := selectCheckpoint, []any{}
+	if opts.State != "" {
+		query += ` WHERE c.state = ?`
+		args = append(args, string(opts.State))
+	}
+	query += ` ORDER BY c.created_ns DESC, c.id DESC`
+	if opts.Limit > 0 {
+		query += ` LIMIT ?`
+		args = append(args, opts.Limit)
+	}
+	var out []Checkpoint
+	err := s.tx(ctx, true, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, s.q(query), args...)
+		if err != nil {
+			return s.wrap(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			c, err := scanCheckpoint(rows)
+			if err != nil {
+				return s.wrap(err)
+			}
+			out = append(out, c)
+		}
+		return s.wrap(rows.Err())
+	})
+	return out, err
+}
+
+// Latest implements Store.
+func (s *sqlStore) Latest(ctx context.Context) (Checkpoint, error) {
+	cs, err := s.List(ctx, ListOptions{State: StateCommitted, Limit: 1})
+	if err != nil {
+		return Checkpoint{}, err
+	}
+	if len(cs) == 0 {
+		return Checkpoint{}, fmt.Errorf("latest checkpoint: %w: no checkpoint has been committed in %s", ErrNotFound, s.where)
+	}
+	return cs[0], nil
+}
+
+// Delete implements Store.
+func (s *sqlStore) Delete(ctx context.Context, id string) ([]SnapshotRef, error) {
+	var freed []SnapshotRef
+	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+		st, err := s.state(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if st == StatePending {
+			return fmt.Errorf("delete checkpoint %q: %w: it is pending, so a save may still be writing it; once no save is running, mark it failed (stasis ckpt rm --force) and delete it", id, ErrState)
+		}
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT provider, snapshot_id FROM snapshot_refs WHERE checkpoint_id = ?`), id)
+		if err != nil {
+			return s.wrap(err)
+		}
+		var refs []SnapshotRef
+		for rows.Next() {
+			var r SnapshotRef
+			if err := rows.Scan(&r.Provider, &r.SnapshotID); err != nil {
+				rows.Close()
+				return s.wrap(err)
+			}
+			refs = append(refs, r)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return s.wrap(err)
+		}
+		for _, stmt := range []string{
+			`DELETE FROM snapshot_refs WHERE checkpoint_id = ?`,
+			`DELETE FROM records WHERE checkpoint_id = ?`,
+			`DELETE FROM checkpoints WHERE id = ?`,
+		} {
+			if _, err := tx.ExecContext(ctx, s.q(stmt), id); err != nil {
+				return s.wrap(err)
+			}
+		}
+		for _, r := range refs {
+			var n int
+			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM snapshot_refs WHERE provider = ? AND snapshot_id = ?`), r.Provider, r.SnapshotID).Scan(&n); err != nil {
+				return s.wrap(err)
+			}
+			if n == 0 {
+				freed = append(freed, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(freed, func(i, j int) bool {
+		if freed[i].Provider != freed[j].Provider {
+			return freed[i].Provider < freed[j].Provider
+		}
+		return freed[i].SnapshotID < freed[j].SnapshotID
+	})
+	return freed, nil
+}
+
+// RecoverPending implements Store.
+func (s *sqlStore) RecoverPending(ctx context.Context, olderThan time.Duration) ([]string, error) {
+	if olderThan < 0 {
+		return nil, fmt.Errorf("recover pending checkpoints: age %v is negative", olderThan)
+	}
+	now := s.now()
+	cutoff := now.Add(-olderThan).UnixNano()
+	var failed []string
+	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, created_ns FROM checkpoints WHERE state = ? AND created_ns <= ? ORDER BY created_ns`), string(StatePending), cutoff)
+		if err != nil {
+			return s.wrap(err)
+		}
+		type pending struct {
+			id      string
+			created int64
+		}
+		var ps []pending
+		for rows.Next() {
+			var p pending
+			if err := rows.Scan(&p.id, &p.created); err != nil {
+				rows.Close()
+				return s.wrap(err)
+			}
+			ps = append(ps, p)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return s.wrap(err)
+		}
+		for _, p := range ps {
+			age := now.Sub(time.Unix(0, p.created)).Round(time.Millisecond)
+			reason := fmt.Sprintf("interrupted save: still pending %v after it began; the previous committed checkpoint is unchanged", age)
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, error = ? WHERE id = ? AND state = ?`),
+				string(StateFailed), reason, p.id, string(StatePending)); err != nil {
+				return s.wrap(err)
+			}
+			failed = append(failed, p.id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return failed, nil
+}
+
+// Close implements Store.
+func (s *sqlStore) Close() error { return s.wrap(s.db.Close()) }

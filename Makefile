@@ -15,11 +15,15 @@ export PATH := $(TOOLS):$(PATH)
 all: build
 
 ## deps: system packages the build and the tests use (gcc for cgo and -race,
-## util-linux for setsid); installed with apt-get only when missing.
+## util-linux for setsid, nsenter and setpriv, bubblewrap for local
+## sandboxes, tar); installed with apt-get only when missing.
 deps:
 	@missing=""; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
 	command -v setsid >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	command -v nsenter >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v tar >/dev/null 2>&1 || missing="$$missing tar"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -3,8 +3,11 @@ module stasis
 go 1.26.8
 
 require (
+	github.com/restic/chunker v0.4.0
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.50.0
+	lukechampine.com/blake3 v1.4.1
+	modernc.org/sqlite v1.62.0
 )
 
 require (
@@ -16,9 +19,7 @@ require (
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
-	lukechampine.com/blake3 v1.4.1 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-	modernc.org/sqlite v1.62.0 // indirect
 )

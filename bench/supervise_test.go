@@ -87,3 +87,15 @@ func BenchmarkPause(b *testing.B) {
 		}
 	}
 }
+
+func TestSandboxStartMeasures(t *testing.T) {
+	home := t.TempDir()
+	r, err := bench.SandboxStart(context.Background(), bench.SandboxStartOptions{Exe: stasistest.Exe(), Env: stasistest.Env, Home: home, N: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.N != 3 || r.CreateExec.P50 <= 0 || r.CreateExec.P50 < r.Create.P50 || r.Bwrap.P50 <= 0 {
+		t.Fatalf("%+v", r)
+	}
+	stasistest.NoChildrenLeft(t)
+}

@@ -1,0 +1,68 @@
+// Package blob owns stasis's blob stores: immutable byte strings filed
+// under content keys (the lowercase hex of a 32-byte blake3 hash). Store is
+// the small interface the rest of stasis consumes (the content-addressed
+// tree store in package cas is its first user); Dir is the directory
+// implementation, the default on one host. A store does not hash what it
+// is given: the key is the caller's claim, and readers verify (package cas
+// checks every blob it reads).
+package blob
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// KeyLen is the length of every key: 64 lowercase hex digits, a 32-byte
+// blake3 hash.
+const KeyLen = 64
+
+var (
+	// ErrNotFound is returned (wrapped) by Get for a key that is not stored.
+	ErrNotFound = errors.New("blob not found")
+	// ErrInvalidKey is returned (wrapped) for a key that is not 64 lowercase
+	// hex digits.
+	ErrInvalidKey = errors.New("invalid blob key")
+)
+
+// Store holds blobs by key. Implementations are safe for concurrent use.
+type Store interface {
+	// Put stores data under key. It is idempotent: putting a key already
+	// stored changes nothing. When Put returns nil the blob is durable.
+	Put(ctx context.Context, key string, data []byte) error
+	// Get returns the blob stored under key; errors.Is(err, ErrNotFound)
+	// when there is none.
+	Get(ctx context.Context, key string) ([]byte, error)
+	// Has reports whether key is stored.
+	Has(ctx context.Context, key string) (bool, error)
+	// Delete removes key; deleting a key not stored is not an error.
+	Delete(ctx context.Context, key string) error
+	// Walk calls fn for every stored key with the blob's size, in no
+	// particular order; an error from fn stops the walk and is returned.
+	Walk(ctx context.Context, fn func(key string, size int64) error) error
+}
+
+// ValidKey reports whether key is a well-formed blob key.
+func ValidKey(key string) bool { return len(key) == KeyLen && lowerHex(key) }
+
+func lowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckKey returns an error wrapping ErrInvalidKey unless key is valid.
+func CheckKey(key string) error {
+	if ValidKey(key) {
+		return nil
+	}
+	show := key
+	if len(show) > 80 {
+		show = show[:80] + "..."
+	}
+	return fmt.Errorf("blob key %q: %w: want %d lowercase hex digits (a blake3-256 hash)", show, ErrInvalidKey, KeyLen)
+}

@@ -1,0 +1,388 @@
+// Package checkpoint owns the host side of the checkpoint protocol. Session
+// binds one sandbox, one session directory in it and one harness launch
+// under a supervisor, and drives pause and continue through the provider's
+// exec, so it works on every provider.
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"stasis/proc"
+	"stasis/sandbox"
+	"stasis/supervisor"
+)
+
+// BinaryPath is where a session places the stasis binary inside a sandbox.
+const BinaryPath = "/tmp/.stasis/bin/stasis"
+
+// SessionOptions configure NewSession.
+type SessionOptions struct {
+	Provider sandbox.Provider
+	// Sandbox is a sandbox to borrow; empty to create one from Spec, which
+	// the session then owns and deletes on Close.
+	Sandbox string
+	Spec    sandbox.Spec
+	// Episode names the session; it also names the session directory.
+	Episode string
+	// Dir is the session directory inside the sandbox (default
+	// /tmp/stasis/EPISODE).
+	Dir string
+	// PauseMode is fixed for the session's life: stop (default) or hold.
+	PauseMode supervisor.Mode
+	// Harness is the command the supervisor launches; ResumeCmd the shell
+	// command that relaunches it after an unconfirmed pause.
+	Harness            []string
+	ResumeCmd          string
+	Deadline           time.Duration
+	Grace              time.Duration
+	StopConfirmTimeout time.Duration
+	// Binary is the host's stasis binary to place in the sandbox (default:
+	// this executable); BinaryEnv is environment it needs (tests).
+	Binary    string
+	BinaryEnv map[string]string
+	// HarnessSession is the harness's own session id (for relaunch), if any.
+	HarnessSession string
+	Attempt        int
+}
+
+// Session is one harness launch under a supervisor in a sandbox.
+type Session struct {
+	o     SessionOptions
+	p     sandbox.Provider
+	id    string // sandbox id
+	owned bool
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	lastAck  *supervisor.Ack // the last pause acknowledgement
+	inForce  bool            // lastAck's pause is in force (not continued)
+	lastStat *supervisor.Status
+}
+
+// ErrHoldNeedsProcesses refuses hold mode on a file-only provider.
+var ErrHoldNeedsProcesses = errors.New("hold pause needs a provider whose snapshots keep processes")
+
+// NewSession checks the options, creates or borrows the sandbox, and places
+// the stasis binary in it. Start launches the harness.
+func NewSession(ctx context.Context, o SessionOptions) (*Session, error) {
+	if o.Provider == nil {
+		return nil, errors.New("session: no provider")
+	}
+	if o.PauseMode == "" {
+		o.PauseMode = supervisor.ModeStop
+	}
+	if _, err := supervisor.ParseMode(string(o.PauseMode)); err != nil {
+		return nil, fmt.Errorf("session: %w", err)
+	}
+	if o.PauseMode == supervisor.ModeHold && !o.Provider.Capabilities().KeepsProcesses {
+		return nil, fmt.Errorf("session %s: %w: the %s provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop", o.Episode, ErrHoldNeedsProcesses, o.Provider.Name())
+	}
+	if len(o.Harness) == 0 {
+		return nil, fmt.Errorf("session %s: no harness command", o.Episode)
+	}
+	if o.Episode == "" || strings.ContainsAny(o.Episode, "/ \x00") || o.Episode == "." || o.Episode == ".." {
+		return nil, fmt.Errorf("session: episode name %q must be non-empty, without slashes or spaces", o.Episode)
+	}
+	if o.Dir == "" {
+		o.Dir = path.Join("/tmp/stasis", o.Episode)
+	}
+	if o.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		o.Binary = exe
+	}
+	s := &Session{o: o, p: o.Provider, id: o.Sandbox}
+	if s.id == "" {
+		if o.Spec.Labels == nil {
+			o.Spec.Labels = map[string]string{}
+		}
+		o.Spec.Labels["stasis.episode"] = o.Episode
+		info, err := o.Provider.Create(ctx, o.Spec)
+		if err != nil {
+			return nil, fmt.Errorf("session %s: create a sandbox: %w", o.Episode, err)
+		}
+		s.id, s.owned = info.ID, true
+	} else if _, err := o.Provider.Get(ctx, s.id); err != nil {
+		return nil, fmt.Errorf("session %s: borrow sandbox %s: %w", o.Episode, s.id, err)
+	}
+	if err := s.placeBinary(ctx); err != nil {
+		_ = s.Close(ctx)
+		return nil, err
+	}
+	return s, nil
+}
+
+// SandboxID is the session's sandbox.
+func (s *Session) SandboxID() string { return s.id }
+
+// Dir is the session directory inside the sandbox.
+func (s *Session) Dir() string { return s.o.Dir }
+
+// placeBinary copies the stasis binary into the sandbox unless the same
+// version is already there.
+func (s *Session) placeBinary(ctx context.Context) error {
+	want, err := os.ReadFile(s.o.Binary)
+	if err != nil {
+		return fmt.Errorf("session %s: read the stasis binary %s: %w", s.o.Episode, s.o.Binary, err)
+	}
+	if have, err := s.p.ReadFile(ctx, s.id, BinaryPath); err == nil && bytes.Equal(have, want) {
+		return nil
+	}
+	if err := s.p.WriteFile(ctx, s.id, BinaryPath, want, 0o755); err != nil {
+		return fmt.Errorf("session %s: place the stasis binary in %s: %w", s.o.Episode, s.id, err)
+	}
+	return nil
+}
+
+// stasis runs the stasis binary inside the sandbox.
+func (s *Session) stasis(ctx context.Context, args ...string) (stdout []byte, code int, stderr string, err error) {
+	var out, errb bytes.Buffer
+	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
+		Argv: append([]string{BinaryPath}, args...), Env: s.o.BinaryEnv, Stdout: &out, Stderr: &errb, Timeout: 2 * time.Minute,
+	})
+	if err != nil {
+		return nil, 0, "", err
+	}
+	return out.Bytes(), res.ExitCode, strings.TrimSpace(errb.String()), nil
+}
+
+// Start launches the supervisor, which launches the harness, and waits
+// until its control socket answers.
+func (s *Session) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("session %s: closed", s.o.Episode)
+	}
+	if s.started {
+		return fmt.Errorf("session %s: already started", s.o.Episode)
+	}
+	args := []string{"supervise", "--dir", s.o.Dir, "--mode", string(s.o.PauseMode), "--log-format", "json"}
+	if s.o.Deadline > 0 {
+		args = append(args, "--deadline", s.o.Deadline.String())
+	}
+	if s.o.Grace > 0 {
+		args = append(args, "--grace", s.o.Grace.String())
+	}
+	if s.o.StopConfirmTimeout > 0 {
+		args = append(args, "--stop-confirm-timeout", s.o.StopConfirmTimeout.String())
+	}
+	if s.o.ResumeCmd != "" {
+		args = append(args, "--resume-cmd", s.o.ResumeCmd)
+	}
+	args = append(append(args, "--"), s.o.Harness...)
+	if res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
+		Argv: []string{"/bin/sh", "-c", `mkdir -p -- "$1"`, "mkdir", s.o.Dir},
+	}); err != nil || res.ExitCode != 0 {
+		return fmt.Errorf("session %s: make %s: %v (exit %d)", s.o.Episode, s.o.Dir, err, res.ExitCode)
+	}
+	if _, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
+		Argv: append([]string{BinaryPath}, args...), Env: s.o.BinaryEnv, Background: true, LogPath: path.Join(s.o.Dir, "supervisor.log"),
+	}); err != nil {
+		return fmt.Errorf("session %s: start the supervisor: %w", s.o.Episode, err)
+	}
+	s.started = true
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := s.statusLocked(ctx)
+		if err == nil && st.State != "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			log, _ := s.p.ReadFile(ctx, s.id, path.Join(s.o.Dir, "supervisor.log"))
+			return fmt.Errorf("session %s: the supervisor did not answer within 30s (%v); its log: %s", s.o.Episode, err, strings.TrimSpace(string(log)))
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+}
+
+// ctlError is a refusal or failure reported by `stasis ctl`.
+type ctlError struct {
+	Op     string
+	Code   string
+	Msg    string
+	Status *supervisor.Status
+}
+
+func (e *ctlError) Error() string { return e.Op + ": " + e.Msg }
+
+// IsRefused reports whether err is the supervisor refusing a request
+// (stale or repeated sequence numbers, a harness that has ended).
+func IsRefused(err error) bool {
+	var ce *ctlError
+	return errors.As(err, &ce) && ce.Code == supervisor.CodeRefused
+}
+
+func (s *Session) ctl(ctx context.Context, args ...string) ([]byte, error) {
+	out, code, errOut, err := s.stasis(ctx, append([]string{"ctl", "--dir", s.o.Dir}, args...)...)
+	if err != nil {
+		return nil, fmt.Errorf("session %s: ctl %s: %w", s.o.Episode, strings.Join(args, " "), err)
+	}
+	if code != 0 {
+		var doc struct {
+			Error  string             `json:"error"`
+			Code   string             `json:"code"`
+			Status *supervisor.Status `json:"status"`
+		}
+		if json.Unmarshal(out, &doc) == nil && doc.Error != "" {
+			return nil, &ctlError{Op: "session " + s.o.Episode + ": " + strings.Join(args, " "), Code: doc.Code, Msg: doc.Error, Status: doc.Status}
+		}
+		return nil, fmt.Errorf("session %s: ctl %s exited %d: %s", s.o.Episode, strings.Join(args, " "), code, errOut)
+	}
+	return out, nil
+}
+
+// Pause sends `pause n` and returns the acknowledgement.
+func (s *Session) Pause(ctx context.Context, n int64) (*supervisor.Ack, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out, err := s.ctl(ctx, "pause", strconv.FormatInt(n, 10))
+	if err != nil {
+		return nil, err
+	}
+	var a supervisor.Ack
+	if err := json.Unmarshal(out, &a); err != nil {
+		return nil, fmt.Errorf("session %s: pause %d: bad acknowledgement %q: %w", s.o.Episode, n, out, err)
+	}
+	s.lastAck, s.inForce = &a, true
+	if st, err := s.statusLocked(ctx); err == nil {
+		s.lastStat = st
+	}
+	return &a, nil
+}
+
+// Continue sends `continue n` and returns the acknowledgement.
+func (s *Session) Continue(ctx context.Context, n int64) (*supervisor.Ack, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out, err := s.ctl(ctx, "continue", strconv.FormatInt(n, 10))
+	if err != nil {
+		return nil, err
+	}
+	var a supervisor.Ack
+	if err := json.Unmarshal(out, &a); err != nil {
+		return nil, fmt.Errorf("session %s: continue %d: bad acknowledgement %q: %w", s.o.Episode, n, out, err)
+	}
+	if s.lastAck != nil && s.lastAck.Seq == n {
+		s.inForce = false
+	}
+	return &a, nil
+}
+
+// Status asks the supervisor for its status.
+func (s *Session) Status(ctx context.Context) (*supervisor.Status, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.statusLocked(ctx)
+}
+
+func (s *Session) statusLocked(ctx context.Context) (*supervisor.Status, error) {
+	out, err := s.ctl(ctx, "status")
+	if err != nil {
+		return nil, err
+	}
+	var st supervisor.Status
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("session %s: bad status %q: %w", s.o.Episode, out, err)
+	}
+	return &st, nil
+}
+
+// State is what a restore needs to know about a paused session: the fields
+// of its checkpoint record other than the snapshot.
+type State struct {
+	Episode        string          `json:"episode"`
+	Provider       string          `json:"provider"`
+	Sandbox        string          `json:"sandbox"`
+	Descriptor     json.RawMessage `json:"descriptor,omitempty"`
+	KeepsProcesses bool            `json:"keeps_processes"`
+	Dir            string          `json:"dir"`
+	PauseSeq       int64           `json:"pause_seq"`
+	PauseMode      supervisor.Mode `json:"pause_mode"`
+	PauseConfirmed bool            `json:"pause_confirmed"`
+	Identity       proc.Identity   `json:"identity"`
+	PauseWall      float64         `json:"pause_wall"`
+	PauseUptime    float64         `json:"pause_uptime"`
+	RelayDelivered *int64          `json:"relay_delivered,omitempty"`
+	HarnessSession string          `json:"harness_session,omitempty"`
+	Attempt        int             `json:"attempt"`
+	DeadlineLeftS  *float64        `json:"deadline_left_s,omitempty"`
+}
+
+// ErrNoPause: CheckpointState was asked while no pause is in force.
+var ErrNoPause = errors.New("no pause in force")
+
+// CheckpointState returns the record of the pause in force.
+func (s *Session) CheckpointState(ctx context.Context) (State, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastAck == nil || !s.inForce {
+		return State{}, fmt.Errorf("session %s: %w; pause it first", s.o.Episode, ErrNoPause)
+	}
+	a := s.lastAck
+	st := State{
+		Episode: s.o.Episode, Provider: s.p.Name(), Sandbox: s.id, KeepsProcesses: s.p.Capabilities().KeepsProcesses,
+		Dir: s.o.Dir, PauseSeq: a.Seq, PauseMode: a.Mode, PauseConfirmed: a.Confirmed, Identity: a.Identity,
+		PauseWall: a.Wall, PauseUptime: a.Uptime, RelayDelivered: a.RelayDelivered,
+		HarnessSession: s.o.HarnessSession, Attempt: s.o.Attempt,
+	}
+	if info, err := s.p.Get(ctx, s.id); err == nil {
+		st.Descriptor = info.Descriptor
+	}
+	if s.lastStat != nil {
+		st.DeadlineLeftS = s.lastStat.DeadlineLeft
+	}
+	return st, nil
+}
+
+// Close ends the session. An owned sandbox is deleted (with everything in
+// it); a borrowed one keeps running, and only the session's harness is
+// stopped and its directory removed. Close is idempotent and safe to retry
+// after an error.
+func (s *Session) Close(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	if s.owned {
+		if err := s.p.Delete(ctx, s.id); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+			return fmt.Errorf("session %s: delete sandbox %s: %w", s.o.Episode, s.id, err)
+		}
+		s.closed = true
+		return nil
+	}
+	if s.started {
+		// Ends the harness gracefully; answers from the receipt if it
+		// already ended.
+		if _, err := s.ctl(ctx, "stop"); err != nil && !errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired) {
+			var ce *ctlError
+			if !errors.As(err, &ce) {
+				return err
+			}
+		}
+	}
+	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{Argv: []string{"rm", "-rf", "--", s.o.Dir}})
+	switch {
+	case errors.Is(err, sandbox.ErrNotFound), errors.Is(err, sandbox.ErrExpired):
+	case err != nil:
+		return fmt.Errorf("session %s: remove %s: %w", s.o.Episode, s.o.Dir, err)
+	case res.ExitCode != 0:
+		return fmt.Errorf("session %s: remove %s: rm exited %d", s.o.Episode, s.o.Dir, res.ExitCode)
+	}
+	s.closed = true
+	return nil
+}

@@ -1,0 +1,173 @@
+package checkpoint_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"stasis/checkpoint"
+	"stasis/proc"
+	"stasis/sandbox"
+	"stasis/sandbox/local"
+	"stasis/stasistest"
+	"stasis/supervisor"
+)
+
+func TestMain(m *testing.M) { stasistest.Main(m) }
+
+var ctx = context.Background()
+
+func newLocal(t *testing.T) *local.Provider {
+	t.Helper()
+	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func opts(p sandbox.Provider, episode string) checkpoint.SessionOptions {
+	return checkpoint.SessionOptions{
+		Provider: p, Episode: episode, Spec: sandbox.Spec{Expiry: time.Now().Add(time.Hour)},
+		Harness:   []string{"/bin/sh", "-c", `while :; do echo x >> /work/progress; sleep 0.02; done`},
+		Binary:    stasistest.Exe(),
+		BinaryEnv: map[string]string{"STASIS_TEST_AS_CLI": "1"},
+		Deadline:  time.Hour,
+	}
+}
+
+func size(t *testing.T, p sandbox.Provider, id string) int {
+	b, err := p.ReadFile(ctx, id, "/work/progress")
+	if errors.Is(err, sandbox.ErrNotFound) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(b)
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 15s: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+}
+
+func TestSessionPausesThroughExec(t *testing.T) {
+	p := newLocal(t)
+	s, err := checkpoint.NewSession(ctx, opts(p, "ep-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the harness writes", func() bool { return size(t, p, s.SandboxID()) > 0 })
+	if _, err := s.CheckpointState(ctx); !errors.Is(err, checkpoint.ErrNoPause) {
+		t.Fatalf("state before a pause: %v", err)
+	}
+	a, err := s.Pause(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Confirmed || a.Mode != supervisor.ModeStop || a.Seq != 1 {
+		t.Fatalf("ack %+v", a)
+	}
+	n := size(t, p, s.SandboxID())
+	time.Sleep(150 * time.Millisecond) // observation window: a stopped harness writes nothing
+	if m := size(t, p, s.SandboxID()); m != n {
+		t.Fatalf("the harness wrote while paused: %d -> %d", n, m)
+	}
+	st, err := s.CheckpointState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PauseSeq != 1 || st.PauseMode != supervisor.ModeStop || !st.PauseConfirmed || st.Identity != a.Identity ||
+		st.PauseWall != a.Wall || st.PauseUptime != a.Uptime || st.Provider != "local" || st.KeepsProcesses || st.DeadlineLeftS == nil {
+		t.Fatalf("checkpoint state %+v", st)
+	}
+	up, _ := proc.Uptime()
+	if st.PauseUptime <= 0 || st.PauseUptime > up {
+		t.Fatalf("pause uptime %v, host uptime %v", st.PauseUptime, up)
+	}
+	// A stale pause is refused, and says so.
+	if _, err := s.Pause(ctx, 1); err != nil {
+		t.Fatalf("repeating the pause in force: %v", err)
+	}
+	if _, err := s.Continue(ctx, 5); !checkpoint.IsRefused(err) || !strings.Contains(err.Error(), "pause in force is 1") {
+		t.Fatalf("continue 5: %v", err)
+	}
+	if _, err := s.Continue(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the harness writes again", func() bool { return size(t, p, s.SandboxID()) > n })
+	if _, err := s.CheckpointState(ctx); !errors.Is(err, checkpoint.ErrNoPause) {
+		t.Fatalf("state after continue: %v", err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if _, err := p.Get(ctx, s.SandboxID()); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("an owned sandbox survived Close: %v", err)
+	}
+	stasistest.NoChildrenLeft(t)
+}
+
+func TestHoldRefusedOnFileOnlyProvider(t *testing.T) {
+	p := newLocal(t)
+	o := opts(p, "ep-hold")
+	o.PauseMode = supervisor.ModeHold
+	_, err := checkpoint.NewSession(ctx, o)
+	if !errors.Is(err, checkpoint.ErrHoldNeedsProcesses) || !strings.Contains(err.Error(), "file-only") {
+		t.Fatalf("hold on local: %v", err)
+	}
+	if list, _ := p.List(ctx, nil); len(list) != 0 {
+		t.Fatalf("a refused session made a sandbox: %+v", list)
+	}
+}
+
+func TestBorrowedSandboxSurvivesClose(t *testing.T) {
+	p := newLocal(t)
+	info, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Delete(ctx, info.ID) }()
+	o := opts(p, "ep-borrow")
+	o.Sandbox = info.ID
+	s, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the harness writes", func() bool { return size(t, p, info.ID) > 0 })
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Get(ctx, info.ID); err != nil {
+		t.Fatalf("a borrowed sandbox was deleted: %v", err)
+	}
+	if _, err := p.ReadFile(ctx, info.ID, s.Dir()+"/supervisor.json"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("the session directory survived Close: %v", err)
+	}
+	n := size(t, p, info.ID)
+	time.Sleep(150 * time.Millisecond) // observation window: the stopped harness writes nothing
+	if m := size(t, p, info.ID); m != n {
+		t.Fatal("the harness still runs after Close")
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+}

@@ -1,0 +1,526 @@
+// Package local is the embedded default sandbox provider: namespaces on this
+// host through bubblewrap, with file-only, content-addressed snapshots.
+//
+// Each sandbox is a directory under the state directory
+// ($STASIS_HOME/sandboxes/local/ID) holding its metadata and its writable
+// places (work → /work, home → $HOME, tmp → /tmp), and a keeper: a host
+// process (`stasis sandbox keeper`, detached in its own session) that runs
+// bubblewrap with its own PID, IPC, UTS, mount and network namespaces over a
+// read-only view of the host root, and kills it all at the sandbox's
+// absolute expiry. Exec enters the namespaces with nsenter and runs the
+// command with no capabilities. When the keeper dies, bubblewrap dies with
+// it (--die-with-parent), and with bubblewrap, as init of the PID namespace,
+// every process in the sandbox.
+//
+// Snapshots store the writable places in a cas.Store over a directory blob
+// store ($STASIS_HOME/blobs), deduplicated across snapshots and sandboxes;
+// forks materialise from it.
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"stasis/atomicfile"
+	"stasis/blob"
+	"stasis/cas"
+	"stasis/proc"
+	"stasis/sandbox"
+)
+
+// Name is the provider's name in records and on the command line.
+const Name = "local"
+
+// Options configure the provider.
+type Options struct {
+	// Home is the state directory ($STASIS_HOME).
+	Home string
+	// Exe is the stasis binary that runs keepers (default: this
+	// executable); ExeEnv is extra environment for it (tests run their own
+	// binary as stasis).
+	Exe    string
+	ExeEnv []string
+	// Binds are host paths bound into every sandbox at the same path
+	// (read-write), e.g. the directory of the relay's unix socket.
+	Binds []string
+	// ForkHook, when set, is called before each sandbox of a Fork is made,
+	// with its index; an error makes that one fail (tests use it to prove a
+	// partial fork leaves nothing).
+	ForkHook func(i int) error
+	// Now is the clock (tests); time.Now when nil.
+	Now func() time.Time
+}
+
+// Provider is the local provider.
+type Provider struct {
+	o       Options
+	dir     string // sandboxes
+	snapDir string // snapshot metadata
+	cas     *cas.Store
+	tools   struct{ bwrap, nsenter, setpriv, env string }
+	mu      sync.Mutex // serialises this process's rewrites of meta.json
+
+	retiredMu sync.Mutex
+	retired   map[string]int
+}
+
+// Retired says how many times this provider value retired sandbox id (for
+// the conformance suite: a sandbox is retired exactly once).
+func (p *Provider) Retired(id string) int {
+	p.retiredMu.Lock()
+	defer p.retiredMu.Unlock()
+	return p.retired[id]
+}
+
+// New opens the local provider over the state directory, checking that
+// bubblewrap and nsenter are installed.
+func New(o Options) (*Provider, error) {
+	if o.Home == "" {
+		return nil, errors.New("local provider: no state directory")
+	}
+	if o.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		o.Exe = exe
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	p := &Provider{o: o, dir: filepath.Join(o.Home, "sandboxes", Name), snapDir: filepath.Join(o.Home, "snapshots", Name)}
+	// Absolute paths: setpriv and env run after nsenter has changed root to
+	// the sandbox's, which shows the host's /usr read-only.
+	for _, t := range []struct {
+		name, pkg string
+		dst       *string
+	}{{"bwrap", "bubblewrap", &p.tools.bwrap}, {"nsenter", "util-linux", &p.tools.nsenter}, {"setpriv", "util-linux", &p.tools.setpriv}, {"env", "coreutils", &p.tools.env}} {
+		path, err := exec.LookPath(t.name)
+		if err != nil {
+			return nil, fmt.Errorf("local provider needs %s: install it with `apt-get install %s` (make installs it)", t.name, t.pkg)
+		}
+		if *t.dst, err = filepath.Abs(path); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range []string{p.dir, p.snapDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	bs, err := blob.NewDir(filepath.Join(o.Home, "blobs"))
+	if err != nil {
+		return nil, err
+	}
+	p.cas = cas.New(bs)
+	return p, nil
+}
+
+func (p *Provider) Name() string { return Name }
+
+func (p *Provider) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{KeepsProcesses: false, SnapshotOutlivesSource: true}
+}
+
+// meta is DIR/meta.json.
+type meta struct {
+	ID      string            `json:"id"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Created time.Time         `json:"created"`
+	Expiry  time.Time         `json:"expiry"`
+	Source  string            `json:"source,omitempty"`
+	// LastManifest is the cas manifest of the last snapshot (the base for
+	// the next incremental snapshot).
+	LastManifest string   `json:"last_manifest,omitempty"`
+	Home         string   `json:"home"` // $HOME inside
+	Hide         []string `json:"hide,omitempty"`
+	Binds        []string `json:"binds,omitempty"`
+}
+
+// Files in a sandbox's directory.
+const (
+	metaFile    = "meta.json"
+	keeperFile  = "keeper.json" // the keeper's identity and the sandbox init's pid
+	expiredFile = "expired"     // written by the keeper when it killed the sandbox at expiry
+	logFile     = "keeper.log"
+	rootDir     = "root" // writable places: root/work, root/home, root/tmp
+)
+
+// keeperInfo is DIR/keeper.json, written by the keeper once the sandbox runs.
+type keeperInfo struct {
+	Keeper proc.Identity `json:"keeper"`
+	Init   proc.Identity `json:"init"` // the sandbox's PID 1, as the host sees it
+}
+
+func newID(prefix string) string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+func validID(id, prefix string) bool {
+	if !strings.HasPrefix(id, prefix) || len(id) != len(prefix)+16 {
+		return false
+	}
+	_, err := hex.DecodeString(id[len(prefix):])
+	return err == nil && strings.ToLower(id) == id
+}
+
+func (p *Provider) sbDir(id string) string { return filepath.Join(p.dir, id) }
+
+func what(id string) string { return "sandbox " + id }
+
+func (p *Provider) readMeta(op, id string) (meta, error) {
+	var m meta
+	if !validID(id, "sb-") {
+		return m, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "not a local sandbox id (sb- and 16 hex digits)")
+	}
+	b, err := os.ReadFile(filepath.Join(p.sbDir(id), metaFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return m, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "no such sandbox (deleted, or never made here); `stasis sandbox ls` lists them")
+	}
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("%s %s: %s: %w", op, what(id), metaFile, err)
+	}
+	return m, nil
+}
+
+func (p *Provider) writeMeta(m meta) error {
+	return atomicfile.WriteJSON(filepath.Join(p.sbDir(m.ID), metaFile), m, 0o600)
+}
+
+func (p *Provider) readKeeper(id string) (keeperInfo, bool) {
+	var k keeperInfo
+	b, err := os.ReadFile(filepath.Join(p.sbDir(id), keeperFile))
+	if err != nil || json.Unmarshal(b, &k) != nil {
+		return k, false
+	}
+	return k, true
+}
+
+func (p *Provider) info(m meta, state string) sandbox.Info {
+	desc, _ := json.Marshal(map[string]string{"id": m.ID, "dir": p.sbDir(m.ID)})
+	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Descriptor: desc}
+}
+
+// live checks that a sandbox exists, has not expired and its keeper runs.
+func (p *Provider) live(op, id string) (meta, keeperInfo, error) {
+	m, err := p.readMeta(op, id)
+	if err != nil {
+		return m, keeperInfo{}, err
+	}
+	if _, err := os.Stat(filepath.Join(p.sbDir(id), expiredFile)); err == nil || !p.o.Now().Before(m.Expiry) {
+		return m, keeperInfo{}, sandbox.Errorf(sandbox.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc`", m.Expiry.Format(time.RFC3339))
+	}
+	k, ok := p.readKeeper(id)
+	if !ok || !proc.Alive(k.Keeper) || !proc.Alive(k.Init) {
+		return m, k, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "its keeper is not running (killed, or the host restarted); `stasis sandbox gc` removes it")
+	}
+	return m, k, nil
+}
+
+// Create makes a sandbox and returns once it runs.
+func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
+	if spec.Image != "" {
+		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrUnsupported, "create", "", "the local provider has no images; seed the work tree with a directory (--from)")
+	}
+	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
+		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+	}
+	if spec.Root != "" {
+		if fi, err := os.Stat(spec.Root); err != nil || !fi.IsDir() {
+			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
+		}
+	}
+	m := p.newMeta(spec.Labels, spec.Expiry)
+	m.Env = spec.Env
+	dir := p.sbDir(m.ID)
+	ok := false
+	defer func() {
+		if !ok {
+			_ = p.retire(m.ID)
+		}
+	}()
+	for _, d := range []string{"work", "home", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(dir, rootDir, d), 0o755); err != nil {
+			return sandbox.Info{}, err
+		}
+	}
+	if err := os.Chmod(filepath.Join(dir, rootDir, "tmp"), 0o1777); err != nil {
+		return sandbox.Info{}, err
+	}
+	if spec.Root != "" {
+		if err := copyTree(ctx, spec.Root, filepath.Join(dir, rootDir, "work")); err != nil {
+			return sandbox.Info{}, fmt.Errorf("create: seed the work tree from %s: %w", spec.Root, err)
+		}
+	}
+	if err := p.writeMeta(m); err != nil {
+		return sandbox.Info{}, err
+	}
+	if err := p.startKeeper(ctx, m.ID); err != nil {
+		return sandbox.Info{}, err
+	}
+	for path, data := range spec.Files {
+		if err := p.WriteFile(ctx, m.ID, path, data, 0o644); err != nil {
+			return sandbox.Info{}, fmt.Errorf("create: write %s: %w", path, err)
+		}
+	}
+	ok = true
+	return p.info(m, sandbox.StateRunning), nil
+}
+
+func (p *Provider) newMeta(labels map[string]string, expiry time.Time) meta {
+	home := os.Getenv("HOME")
+	if home == "" || home == "/" {
+		home = "/root"
+	}
+	m := meta{ID: newID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds}
+	// Hide the state directory from the sandbox when the read-only view of
+	// the host root would show it.
+	m.Hide = []string{p.o.Home}
+	return m
+}
+
+// copyTree seeds a work tree with cp -a (exact metadata, fast).
+func copyTree(ctx context.Context, src, dst string) error {
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--", src+"/.", dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cp -a: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// startKeeper starts the keeper, detached, and waits until it reports the
+// sandbox running.
+func (p *Provider) startKeeper(ctx context.Context, id string) error {
+	dir := p.sbDir(id)
+	logf, err := os.OpenFile(filepath.Join(dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(p.o.Exe, "sandbox", "keeper", "--dir", dir)
+	cmd.Env = append(os.Environ(), p.o.ExeEnv...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start the keeper of %s: %w", id, err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }() // reaps the keeper if it dies early; later it is init's
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if k, ok := p.readKeeper(id); ok && k.Keeper.PID == cmd.Process.Pid {
+			// Detach: the keeper now belongs to no one here. Its wait
+			// goroutine stays until the keeper ends.
+			return nil
+		}
+		select {
+		case err := <-waited:
+			b, _ := os.ReadFile(filepath.Join(dir, logFile))
+			return fmt.Errorf("the keeper of %s exited before the sandbox ran (%v): %s", id, err, strings.TrimSpace(string(b)))
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			return ctx.Err()
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			return fmt.Errorf("the keeper of %s did not start the sandbox within 30s; see %s", id, filepath.Join(dir, logFile))
+		}
+		nap(200 * time.Microsecond) // poll interval, bounded by the deadline above
+	}
+}
+
+func nap(d time.Duration) {
+	ts := unix.NsecToTimespec(d.Nanoseconds())
+	_ = unix.Nanosleep(&ts, nil)
+}
+
+// Get finds a sandbox by id.
+func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
+	m, _, err := p.live("get", id)
+	if errors.Is(err, sandbox.ErrExpired) {
+		return p.info(m, sandbox.StateExpired), err
+	}
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	return p.info(m, sandbox.StateRunning), nil
+}
+
+// List returns the sandboxes that carry every label given, expired ones
+// included (with State "expired").
+func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbox.Info, error) {
+	ents, err := os.ReadDir(p.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []sandbox.Info
+	for _, e := range ents {
+		if !validID(e.Name(), "sb-") {
+			continue
+		}
+		m, err := p.readMeta("list", e.Name())
+		if err != nil {
+			continue
+		}
+		match := true
+		for k, v := range labels {
+			if m.Labels[k] != v {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		state := sandbox.StateRunning
+		if _, _, err := p.live("list", m.ID); err != nil {
+			state = sandbox.StateExpired
+			if errors.Is(err, sandbox.ErrWrongState) {
+				state = "lost"
+			}
+		}
+		out = append(out, p.info(m, state))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+// SetExpiry moves the sandbox's absolute expiry; the keeper re-reads it.
+func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error {
+	m, k, err := p.live("set-expiry", id)
+	if err != nil {
+		return err
+	}
+	if !t.After(p.o.Now()) {
+		return sandbox.Errorf(sandbox.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
+	}
+	m.Expiry = t.UTC()
+	if err := p.writeMeta(m); err != nil {
+		return err
+	}
+	return unix.Kill(k.Keeper.PID, unix.SIGHUP)
+}
+
+// Delete retires a sandbox: kills everything in it and removes its
+// directory. Deleting a sandbox that is already gone returns nil.
+func (p *Provider) Delete(ctx context.Context, id string) error {
+	if !validID(id, "sb-") {
+		return sandbox.Errorf(sandbox.ErrNotFound, "delete", what(id), "not a local sandbox id")
+	}
+	return p.retire(id)
+}
+
+// retire kills and removes a sandbox exactly once: the directory is first
+// renamed aside, so of two concurrent calls only one proceeds.
+func (p *Provider) retire(id string) error {
+	dir := p.sbDir(id)
+	dead := filepath.Join(p.dir, ".retiring-"+id+"-"+newID(""))
+	if err := os.Rename(dir, dead); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("delete %s: %w", what(id), err)
+	}
+	p.retiredMu.Lock()
+	if p.retired == nil {
+		p.retired = map[string]int{}
+	}
+	p.retired[id]++
+	p.retiredMu.Unlock()
+	if k, ok := readKeeperAt(dead); ok {
+		killSandbox(k)
+	}
+	if err := os.RemoveAll(dead); err != nil {
+		return fmt.Errorf("delete %s: remove %s: %w", what(id), dead, err)
+	}
+	return nil
+}
+
+func readKeeperAt(dir string) (keeperInfo, bool) {
+	var k keeperInfo
+	b, err := os.ReadFile(filepath.Join(dir, keeperFile))
+	if err != nil || json.Unmarshal(b, &k) != nil {
+		return k, false
+	}
+	return k, true
+}
+
+// killSandbox ends the keeper and the sandbox's init (and so every process
+// in its PID namespace), and waits until they are gone.
+func killSandbox(k keeperInfo) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		alive := false
+		for _, id := range []proc.Identity{k.Init, k.Keeper} {
+			if id.PID > 0 && proc.Alive(id) {
+				alive = true
+				_ = unix.Kill(id.PID, unix.SIGKILL)
+			}
+		}
+		if !alive || time.Now().After(deadline) {
+			return
+		}
+		nap(time.Millisecond) // poll interval, bounded by the deadline above
+	}
+}
+
+// GC removes sandboxes whose keeper is gone (it was killed, the host
+// restarted, or it ended at the expiry) and returns their ids.
+func (p *Provider) GC(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(p.dir)
+	if err != nil {
+		return nil, err
+	}
+	var reaped []string
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasPrefix(name, ".retiring-") {
+			// An interrupted delete: finish it.
+			if k, ok := readKeeperAt(filepath.Join(p.dir, name)); ok {
+				killSandbox(k)
+			}
+			_ = os.RemoveAll(filepath.Join(p.dir, name))
+			continue
+		}
+		if !validID(name, "sb-") {
+			continue
+		}
+		k, ok := p.readKeeper(name)
+		if ok && proc.Alive(k.Keeper) {
+			continue
+		}
+		if !ok {
+			// No keeper.json: a create in progress, or one that died before
+			// the sandbox ran. Leave young ones alone.
+			fi, err := os.Stat(filepath.Join(p.dir, name))
+			if err != nil || time.Since(fi.ModTime()) < time.Minute {
+				continue
+			}
+		}
+		if err := p.retire(name); err != nil {
+			return reaped, err
+		}
+		reaped = append(reaped, name)
+	}
+	return reaped, nil
+}

@@ -1,0 +1,155 @@
+// Package sandbox owns the provider contract: the Provider interface every
+// kind of sandbox implements (local namespaces, microVMs, hosted services),
+// the Capabilities a provider reports, and the typed errors that the CLI and
+// the HTTP layers turn into messages and status codes. The conformance suite
+// every provider passes is in sandbox/sandboxtest.
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"time"
+)
+
+// Capabilities says what a provider's sandboxes and snapshots can do.
+type Capabilities struct {
+	// KeepsProcesses: a snapshot keeps running processes (a memory image);
+	// a fork continues them. False: file-only snapshots.
+	KeepsProcesses bool `json:"keeps_processes"`
+	// SnapshotOutlivesSource: a snapshot stays usable after its source
+	// sandbox is deleted.
+	SnapshotOutlivesSource bool `json:"snapshot_outlives_source"`
+	// ConsumesSnapshotOnRestore: forking a snapshot uses it up.
+	ConsumesSnapshotOnRestore bool `json:"consumes_snapshot_on_restore"`
+	// MaxFork is the most sandboxes one Fork call may make (0: no limit).
+	MaxFork int `json:"max_fork"`
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	// Root is a host directory whose contents seed the sandbox's work tree
+	// (/work); empty for an empty work tree.
+	Root string `json:"root,omitempty"`
+	// Image names a provider-specific image or template; providers that
+	// have none refuse a non-empty Image with ErrUnsupported.
+	Image string `json:"image,omitempty"`
+	// Files are written into the sandbox after it is made: absolute path
+	// inside the sandbox → content.
+	Files map[string][]byte `json:"-"`
+	// Env is added to every exec's environment.
+	Env    map[string]string `json:"env,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// Expiry is the absolute time at which the host kills the sandbox.
+	Expiry time.Time `json:"expiry"`
+}
+
+// State of a sandbox as Get reports it.
+const (
+	StateRunning = "running"
+	StateExpired = "expired"
+)
+
+// Info describes one sandbox.
+type Info struct {
+	ID       string            `json:"id"`
+	Provider string            `json:"provider"`
+	State    string            `json:"state"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Created  time.Time         `json:"created"`
+	Expiry   time.Time         `json:"expiry"`
+	// Source is the snapshot the sandbox was forked from, if any.
+	Source string `json:"source,omitempty"`
+	// Descriptor is what the provider needs to find the sandbox again
+	// (recorded in checkpoints).
+	Descriptor json.RawMessage `json:"descriptor,omitempty"`
+}
+
+// SnapshotInfo describes one snapshot.
+type SnapshotInfo struct {
+	ID       string    `json:"id"`
+	Name     string    `json:"name,omitempty"`
+	Sandbox  string    `json:"sandbox"`
+	Provider string    `json:"provider"`
+	Created  time.Time `json:"created"`
+	// KeepsProcesses is true when this snapshot holds running processes.
+	KeepsProcesses bool `json:"keeps_processes"`
+	// Bytes and NewBytes: the snapshot's logical size and what it added to
+	// storage; zero when the provider cannot say.
+	Bytes    int64 `json:"bytes,omitempty"`
+	NewBytes int64 `json:"new_bytes,omitempty"`
+}
+
+// ExecRequest is one command to run in a sandbox.
+type ExecRequest struct {
+	Argv []string
+	Env  map[string]string
+	// Cwd inside the sandbox; the provider's work directory when empty.
+	Cwd    string
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// Timeout bounds a foreground command: it is killed when it passes and
+	// Exec returns an error wrapping ErrTimeout.
+	Timeout time.Duration
+	// Background: start the command and return at once; it runs until it
+	// ends or the sandbox goes. Stdin, Stdout and Stderr are then ignored;
+	// output goes to LogPath inside the sandbox when set.
+	Background bool
+	LogPath    string
+}
+
+// ExecResult is the outcome of Exec.
+type ExecResult struct {
+	// ExitCode of a foreground command (minus the signal number when a
+	// signal ended it).
+	ExitCode int `json:"exit_code"`
+	// PID of a background command, as the sandbox sees it.
+	PID int `json:"pid,omitempty"`
+}
+
+// ForkSpec describes the sandboxes a fork makes.
+type ForkSpec struct {
+	Labels map[string]string
+	Expiry time.Time
+}
+
+// Provider creates, snapshots, forks and deletes sandboxes of one kind.
+//
+// Every method that names a sandbox or a snapshot returns an error matching
+// ErrNotFound for one that does not exist or was deleted, and ErrExpired for
+// a sandbox past its expiry.
+type Provider interface {
+	Name() string
+	Capabilities() Capabilities
+
+	Create(ctx context.Context, spec Spec) (Info, error)
+	// Get finds a sandbox by id, also one made by an earlier process.
+	Get(ctx context.Context, id string) (Info, error)
+	// List returns the sandboxes carrying every given label.
+	List(ctx context.Context, labels map[string]string) ([]Info, error)
+	// Delete retires a sandbox and everything running in it. Deleting one
+	// already gone returns nil.
+	Delete(ctx context.Context, id string) error
+	// SetExpiry moves the absolute expiry (earlier or later).
+	SetExpiry(ctx context.Context, id string, t time.Time) error
+
+	Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error)
+	ReadFile(ctx context.Context, id, path string) ([]byte, error)
+	WriteFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode) error
+	// Upload extracts a tar stream into dir inside the sandbox.
+	Upload(ctx context.Context, id, dir string, tar io.Reader) error
+	// Download writes dir inside the sandbox to w as a tar stream.
+	Download(ctx context.Context, id, dir string, w io.Writer) error
+
+	// Snapshot saves the sandbox; name is optional. Snapshot ids are never
+	// reused.
+	Snapshot(ctx context.Context, id, name string) (SnapshotInfo, error)
+	// Fork starts n sandboxes from a snapshot. All or nothing: if any fails,
+	// every sandbox it made is deleted and the error says which failed.
+	Fork(ctx context.Context, snapshot string, n int, spec ForkSpec) ([]Info, error)
+	GetSnapshot(ctx context.Context, snapshot string) (SnapshotInfo, error)
+	// DeleteSnapshot is idempotent, like Delete.
+	DeleteSnapshot(ctx context.Context, snapshot string) error
+}

@@ -66,3 +66,21 @@ func CheckKey(key string) error {
 	}
 	return fmt.Errorf("blob key %q: %w: want %d lowercase hex digits (a blake3-256 hash)", show, ErrInvalidKey, KeyLen)
 }
+
+// Batcher is implemented by stores that can make many blobs durable
+// together, which is far cheaper than one at a time.
+type Batcher interface {
+	NewBatch() Batch
+}
+
+// Batch collects blobs that become durable and visible together.
+type Batch interface {
+	// Stage adds a blob to the batch. It is neither durable nor visible to
+	// Get, Has or Walk before Commit returns.
+	Stage(ctx context.Context, key string, data []byte) error
+	// Commit makes every staged blob durable and visible: when it returns
+	// nil, all are; when it fails, each is either whole or absent.
+	Commit(ctx context.Context) error
+	// Abort drops whatever is staged and not committed.
+	Abort()
+}

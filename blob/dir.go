@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	"stasis/atomicfile"
 )
@@ -39,6 +40,15 @@ func NewDir(path string) (*Dir, error) {
 	}
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("blob store %s: not a directory; give the path of a directory (it is created when missing)", abs)
+	}
+	// Batches a crash cut short were never committed, so nothing refers to
+	// them. Only old ones go: another process may be staging right now.
+	if ents, err := os.ReadDir(filepath.Join(abs, stagingDir)); err == nil {
+		for _, e := range ents {
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > staleStaging {
+				_ = os.RemoveAll(filepath.Join(abs, stagingDir, e.Name()))
+			}
+		}
 	}
 	return &Dir{path: abs}, nil
 }

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/restic/chunker"
+
 	"golang.org/x/sys/unix"
+	"stasis/blob"
 )
 
 // Snapshot stores the tree rooted at dir and returns its manifest id. prev
@@ -42,6 +44,12 @@ func (s *Store) Snapshot(ctx context.Context, dir, prev string) (id string, st S
 		return "", st, fmt.Errorf("snapshot %s: not a directory; give the root directory of the tree to store", abs)
 	}
 	sn := &snapshotter{s: s, claimed: map[string]bool{}, links: map[devIno]name{}}
+	if b, ok := s.blobs.(blob.Batcher); ok {
+		// New blobs become durable together at the end: two flushes of the
+		// file system instead of two per blob.
+		sn.batch = b.NewBatch()
+		defer sn.batch.Abort() // a no-op after a successful commit
+	}
 	if prev != "" {
 		pm, err := s.loadManifest(ctx, prev)
 		if err != nil {
@@ -102,6 +110,13 @@ func (s *Store) Snapshot(ctx context.Context, dir, prev string) (id string, st S
 	if err := sn.put(ctx, id, b); err != nil {
 		return "", st, fmt.Errorf("snapshot %s: store manifest: %w", abs, err)
 	}
+	if sn.batch != nil {
+		// The manifest and every chunk it names become durable and visible
+		// at once.
+		if err := sn.batch.Commit(ctx); err != nil {
+			return "", st, fmt.Errorf("snapshot %s: %w", abs, err)
+		}
+	}
 	s.setComplete(id)
 	return id, sn.st, nil
 }
@@ -118,8 +133,9 @@ type fileJob struct {
 // the worker's until the workers are done; mu guards claimed and the
 // workers' counts.
 type snapshotter struct {
-	s    *Store
-	prev map[name]*entry // file entries of the previous snapshot, by path (hard links resolved)
+	s     *Store
+	batch blob.Batch      // nil when the blob store cannot batch
+	prev  map[name]*entry // file entries of the previous snapshot, by path (hard links resolved)
 	// prevComplete: the previous snapshot's chunks are known to be stored;
 	// otherwise each reused file's chunks are checked first.
 	prevComplete bool
@@ -332,7 +348,12 @@ func (sn *snapshotter) put(ctx context.Context, key string, data []byte) error {
 	if has {
 		return nil
 	}
-	if err := sn.s.blobs.Put(ctx, key, data); err != nil {
+	if sn.batch != nil {
+		err = sn.batch.Stage(ctx, key, data)
+	} else {
+		err = sn.s.blobs.Put(ctx, key, data)
+	}
+	if err != nil {
 		return err
 	}
 	sn.mu.Lock()

@@ -178,11 +178,21 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, spec sandbox.ForkSpe
 			_ = p.retire(m.ID)
 		}
 	}()
-	if _, err := p.cas.Restore(ctx, s.Manifest, filepath.Join(dir, rootDir)); err != nil {
+	// The index (the snapshot's manifest with this tree's inodes and ctimes)
+	// lets the fork's first snapshot read only what changed since the fork.
+	// The shared blob lock keeps a garbage collection from taking the index
+	// before meta.json names it.
+	unlock, err := p.blobLock(false)
+	if err != nil {
 		return sandbox.Info{}, err
 	}
-	m.LastManifest = s.Manifest
-	if err := p.writeMeta(m); err != nil {
+	index, _, err := p.cas.RestoreIndexed(ctx, s.Manifest, filepath.Join(dir, rootDir))
+	if err == nil {
+		m.LastManifest = index
+		err = p.writeMeta(m)
+	}
+	unlock()
+	if err != nil {
 		return sandbox.Info{}, err
 	}
 	if err := p.startKeeper(ctx, m.ID); err != nil {

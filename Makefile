@@ -60,10 +60,15 @@ FUZZTIME ?= 30s
 fuzz: deps
 	$(GO) test ./supervisor -run '^$$' -fuzz FuzzParseRequest -fuzztime $(FUZZTIME)
 	$(GO) test ./proc -run '^$$' -fuzz FuzzParseStat -fuzztime $(FUZZTIME)
+	$(GO) test ./store -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
+	$(GO) test ./cas -run '^$$' -fuzz FuzzDecodeManifest -fuzztime $(FUZZTIME)
+	$(GO) test ./cas -run '^$$' -fuzz FuzzChunkVerify -fuzztime $(FUZZTIME)
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build
 	./$(BIN) bench supervise
+	./$(BIN) bench snapshot
+	./$(BIN) bench sandbox
 	$(GO) test ./bench -run '^$$' -bench . -benchtime 200x
 
 clean:

@@ -3,6 +3,8 @@ package checkpoint_test
 import (
 	"context"
 	"errors"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,4 +172,74 @@ func TestBorrowedSandboxSurvivesClose(t *testing.T) {
 	if err := s.Close(ctx); err != nil {
 		t.Fatalf("second close: %v", err)
 	}
+}
+
+// TestExpiryKillsAPausedSupervisor: at its absolute expiry the host kills
+// the sandbox, also while its supervisor holds the harness stopped.
+func TestExpiryKillsAPausedSupervisor(t *testing.T) {
+	p := newLocal(t)
+	o := opts(p, "ep-expiry")
+	expiry := time.Now().Add(4 * time.Second)
+	o.Spec.Expiry = expiry
+	s, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close(ctx) }()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pause(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// The host sees the sandbox's processes by the STASIS_SANDBOX variable
+	// every exec sets: the supervisor, its shim and the stopped harness.
+	if n := sandboxProcs(s.SandboxID()); n < 3 || st.State != "running" {
+		t.Fatalf("%d processes of the sandbox seen before its expiry (state %s)", n, st.State)
+	}
+	deadline := expiry.Add(15 * time.Second)
+	for {
+		_, err := p.Get(ctx, s.SandboxID())
+		if errors.Is(err, sandbox.ErrExpired) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox not expired 15s after its expiry: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+	if time.Now().Before(expiry) {
+		t.Fatal("expired early")
+	}
+	if _, err := s.Status(ctx); err == nil {
+		t.Fatal("the supervisor answered after the expiry")
+	}
+	stasistest.NoChildrenLeft(t)
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		found := sandboxProcs(s.SandboxID())
+		if found == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d processes of the expired sandbox still run", found)
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+}
+
+func sandboxProcs(id string) int {
+	all, _ := proc.All()
+	found := 0
+	for pid := range all {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+		if strings.Contains(string(b), "STASIS_SANDBOX="+id) {
+			found++
+		}
+	}
+	return found
 }

@@ -179,8 +179,7 @@ func TestBorrowedSandboxSurvivesClose(t *testing.T) {
 func TestExpiryKillsAPausedSupervisor(t *testing.T) {
 	p := newLocal(t)
 	o := opts(p, "ep-expiry")
-	expiry := time.Now().Add(4 * time.Second)
-	o.Spec.Expiry = expiry
+	o.Spec.Expiry = time.Now().Add(time.Minute)
 	s, err := checkpoint.NewSession(ctx, o)
 	if err != nil {
 		t.Fatal(err)
@@ -200,6 +199,11 @@ func TestExpiryKillsAPausedSupervisor(t *testing.T) {
 	// every exec sets: the supervisor, its shim and the stopped harness.
 	if n := sandboxProcs(s.SandboxID()); n < 3 || st.State != "running" {
 		t.Fatalf("%d processes of the sandbox seen before its expiry (state %s)", n, st.State)
+	}
+	// Bring the expiry close, now that the harness is held stopped.
+	expiry := time.Now().Add(2 * time.Second)
+	if err := p.SetExpiry(ctx, s.SandboxID(), expiry); err != nil {
+		t.Fatal(err)
 	}
 	deadline := expiry.Add(15 * time.Second)
 	for {

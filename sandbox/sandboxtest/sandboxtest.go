@@ -393,13 +393,24 @@ func (s *suite) waitExpired(t *testing.T, id string, by time.Time) {
 	}
 }
 
+// shorten moves a sandbox's expiry to one step from now (creating it with a
+// short lease instead would race with a slow create on a loaded machine).
+func (s *suite) shorten(t *testing.T, id string) time.Time {
+	t.Helper()
+	expiry := time.Now().Add(s.h.ExpiryStep)
+	if err := s.p.SetExpiry(ctx, id, expiry); err != nil {
+		t.Fatal(err)
+	}
+	return expiry
+}
+
 func (s *suite) expiry(t *testing.T) {
 	t.Parallel()
-	expiry := time.Now().Add(s.h.ExpiryStep)
-	info := s.create(t, sandbox.Spec{Expiry: expiry})
+	info := s.create(t, sandbox.Spec{})
 	// A process stopped with SIGSTOP (as a paused supervisor's harness is)
 	// must die at the expiry too.
 	s.sh(t, info.ID, `setsid sh -c 'while :; do sleep 0.1; done' </dev/null >/dev/null 2>&1 & pid=$!; kill -STOP $pid; echo $pid > /work/stopped.pid`)
+	expiry := s.shorten(t, info.ID)
 	s.waitExpired(t, info.ID, expiry.Add(10*time.Second))
 	if time.Now().Before(expiry) {
 		t.Fatalf("expired before its expiry %s", expiry)
@@ -420,21 +431,18 @@ func (s *suite) expiry(t *testing.T) {
 
 func (s *suite) setExpiry(t *testing.T) {
 	t.Parallel()
-	// Extend: a sandbox due in one step, moved an hour on, outlives the step.
-	first := time.Now().Add(s.h.ExpiryStep)
-	ext := s.create(t, sandbox.Spec{Expiry: first})
+	// Shorten, then extend again: the sandbox outlives the short lease.
+	ext := s.create(t, sandbox.Spec{})
+	first := s.shorten(t, ext.ID)
 	if err := s.p.SetExpiry(ctx, ext.ID, time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	// Shorten: a sandbox due in an hour, moved to one step from now, expires.
 	short := s.create(t, sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
-	soon := time.Now().Add(s.h.ExpiryStep)
-	if err := s.p.SetExpiry(ctx, short.ID, soon); err != nil {
-		t.Fatal(err)
-	}
+	soon := s.shorten(t, short.ID)
 	s.waitExpired(t, short.ID, soon.Add(10*time.Second))
 	for time.Now().Before(first.Add(time.Second)) {
-		time.Sleep(20 * time.Millisecond) // let the extended sandbox pass its first expiry
+		time.Sleep(20 * time.Millisecond) // let the extended sandbox pass its short lease
 	}
 	if got, err := s.p.Get(ctx, ext.ID); err != nil || got.State != sandbox.StateRunning {
 		t.Fatalf("extended sandbox after its first expiry: %+v %v", got, err)

@@ -3,18 +3,21 @@ package cli
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"stasis/relay"
 	"stasis/supervisor"
 )
 
 func newSuperviseCmd() *cobra.Command {
 	var (
 		dir, mode, resume, logFormat, logLevel string
+		relayListen, relayUpstream, relayToken string
 		deadline, confirm, grace               time.Duration
 	)
 	cmd := &cobra.Command{
@@ -37,6 +40,13 @@ Pause modes:
         harness with --resume-cmd.
   hold  acknowledged at once, no signal; the relay holds model calls.
 In both modes paused time does not count against --deadline.
+
+With --relay-listen, --relay-upstream and --relay-token-file the supervisor
+also hosts the model relay the harness calls: a pause (in either mode)
+then starts no new model call and no new delivery, waits for a delivery under
+way, and the acknowledgement carries relay_delivered. At each continue the
+relay re-reads its token file; a raised attempt (a restore that kept the
+processes) makes it issue every undelivered call again.
 
 When the deadline passes the harness gets SIGTERM, then after --grace the
 whole tree gets SIGKILL, and the receipt says timed_out. SIGTERM or SIGINT to
@@ -78,8 +88,31 @@ the deadline ended it, 1 when the supervisor failed.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 			defer stop()
+			var gate supervisor.Gate
+			if relayListen != "" || relayUpstream != "" || relayToken != "" {
+				if relayListen == "" || relayUpstream == "" || relayToken == "" {
+					return &exitError{code: 2, err: fmt.Errorf("the relay needs all of --relay-listen, --relay-upstream and --relay-token-file")}
+				}
+				r, err := relay.New(relay.Config{Upstream: relayUpstream, TokenFile: relayToken, Logger: log.With("component", "relay")})
+				if err != nil {
+					return &exitError{code: 2, err: err}
+				}
+				ln, err := relay.Listen(relayListen)
+				if err != nil {
+					return &exitError{code: 1, err: fmt.Errorf("relay: %w", err)}
+				}
+				srv := &http.Server{Handler: r.Handler(), ReadHeaderTimeout: 30 * time.Second}
+				go func() { _ = srv.Serve(ln) }()
+				defer func() {
+					sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					_ = srv.Shutdown(sctx)
+				}()
+				gate = r
+			}
 			rc, err := supervisor.Run(ctx, supervisor.Options{
-				Dir: dir,
+				Gate: gate,
+				Dir:  dir,
 				Config: supervisor.Config{
 					Argv: args, ResumeArgv: resumeArgv, Mode: m,
 					Deadline: deadline, Grace: grace, StopConfirmTimeout: confirm,
@@ -112,6 +145,9 @@ the deadline ended it, 1 when the supervisor failed.`,
 	f.DurationVar(&confirm, "stop-confirm-timeout", 5*time.Second, "how long a stop pause waits for every process to show stopped")
 	f.DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the harness is ended")
 	f.StringVar(&resume, "resume-cmd", "", "shell command that relaunches the harness after an unconfirmed pause (default: the original command)")
+	f.StringVar(&relayListen, "relay-listen", "", "host the model relay here (host:port or unix:PATH); a pause then holds its calls")
+	f.StringVar(&relayUpstream, "relay-upstream", "", "the gateway's URL (http://, https:// or unix://PATH)")
+	f.StringVar(&relayToken, "relay-token-file", "", "the episode's credentials for the gateway (JSON; re-read at each continue)")
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

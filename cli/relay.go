@@ -1,0 +1,194 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"stasis/atomicfile"
+	"stasis/home"
+	"stasis/relay"
+)
+
+// serveUntilSignal serves h on ln until SIGTERM or SIGINT, then shuts down
+// gracefully.
+func serveUntilSignal(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+func newRelayCmd() *cobra.Command {
+	var listen, upstream, tokenFile, logLevel string
+	cmd := &cobra.Command{
+		Use:   "relay --listen ADDR --upstream URL --token-file FILE",
+		Short: "Run the model relay alone (inside a sandbox, without a supervisor)",
+		Long: `relay serves the OpenAI-compatible API a harness talks to (POST
+/v1/chat/completions, POST /v1/responses, GET /v1/models) and forwards each
+call to the gateway with the episode's token and attempt from FILE, which the
+harness never sees. It stores and forwards: a response reaches the harness
+only once the relay holds all of it, re-chunked as a stream when asked.
+Upstream 429 and 5xx answers are retried with backoff (Retry-After honoured).
+
+Usually the relay runs inside the supervisor (stasis supervise
+--relay-listen ...), where a pause holds it; alone it cannot be paused.
+ADDR is host:port or unix:PATH; URL is http://, https:// or unix://PATH.
+FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger("text", logLevel)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			r, err := relay.New(relay.Config{Upstream: upstream, TokenFile: tokenFile, Logger: log})
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			ln, err := relay.Listen(listen)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "relay listening on", ln.Addr())
+			return serveUntilSignal(cmd.Context(), ln, r.Handler(), log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:8787", "address the harness calls")
+	f.StringVar(&upstream, "upstream", "", "the gateway's URL")
+	f.StringVar(&tokenFile, "token-file", "", "the episode's credentials (JSON)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	_ = cmd.MarkFlagRequired("upstream")
+	_ = cmd.MarkFlagRequired("token-file")
+	return cmd
+}
+
+func gatewayStateDir(flag string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	return home.Sub("gateway")
+}
+
+func newGatewayCmd() *cobra.Command {
+	var listen, upstream, state, keyEnv, logLevel string
+	cmd := &cobra.Command{
+		Use:   "gateway --listen ADDR --upstream URL [--state DIR]",
+		Short: "Run the host end of the relay: authenticate episodes, record the ledger, forward to the model",
+		Long: `gateway is the host-side end of the model relay. Each episode has a bearer
+token (stasis gateway episode add); a call with an unknown token is refused
+(401), one from an older attempt is refused (409). Every response is appended
+to the episode's ledger (STATE/ledgers), fsync'd, before it is answered; a
+call id already in the ledger is answered from it without calling the model.
+Metrics in Prometheus format at /metrics.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger("text", logLevel)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			dir, err := gatewayStateDir(state)
+			if err != nil {
+				return err
+			}
+			g, err := relay.OpenGateway(relay.GatewayConfig{Upstream: upstream, State: dir, ModelKey: os.Getenv(keyEnv), Logger: log})
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			defer g.Close()
+			ln, err := relay.Listen(listen)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "gateway listening on", ln.Addr())
+			return serveUntilSignal(cmd.Context(), ln, g.Handler(), log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:8788", "address relays call")
+	f.StringVar(&upstream, "upstream", "", "the model server's URL")
+	f.StringVar(&state, "state", "", "state directory (default $STASIS_HOME/gateway)")
+	f.StringVar(&keyEnv, "model-key-env", "STASIS_MODEL_KEY", "environment variable holding the model server's API key, if it needs one")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	_ = cmd.MarkFlagRequired("upstream")
+	cmd.AddCommand(newGatewayEpisodeCmd())
+	return cmd
+}
+
+func newGatewayEpisodeCmd() *cobra.Command {
+	var state, tokenFile string
+	var delivered, nextCall int64
+	var inPlace, relaunch bool
+	cmd := &cobra.Command{
+		Use:   "episode (add EPISODE | restore EPISODE (--in-place --delivered N | --relaunch))",
+		Short: "Register an episode, or start its next attempt after a restore",
+		Long: `episode add EPISODE registers an episode and writes the credentials its
+relay needs (to --token-file, or stdout). episode restore starts its next
+attempt: --in-place cuts the ledger to N delivered calls (the pause's
+relay_delivered); --relaunch makes the gateway match the relaunched harness's
+first call against the ledger. The credentials are written again with the new
+attempt; calls of older attempts are refused from now on.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, err := gatewayStateDir(state)
+			if err != nil {
+				return err
+			}
+			g, err := relay.OpenGateway(relay.GatewayConfig{Upstream: "http://unused.invalid", State: dir})
+			if err != nil {
+				return err
+			}
+			defer g.Close()
+			var st relay.EpisodeState
+			switch args[0] {
+			case "add":
+				st, err = g.AddEpisode(args[1])
+			case "restore":
+				if inPlace == relaunch {
+					return &exitError{code: 2, err: errors.New("give exactly one of --in-place and --relaunch")}
+				}
+				st, err = g.Restore(args[1], inPlace, delivered)
+			default:
+				return &exitError{code: 2, err: fmt.Errorf("unknown action %q: use add or restore", args[0])}
+			}
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			creds := st.Credentials(nextCall)
+			if tokenFile != "" {
+				return atomicfile.WriteJSON(tokenFile, creds, 0o600)
+			}
+			b, _ := json.MarshalIndent(creds, "", "  ")
+			fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&state, "state", "", "the gateway's state directory (default $STASIS_HOME/gateway)")
+	f.StringVar(&tokenFile, "token-file", "", "write the relay's credentials here (mode 0600) instead of stdout")
+	f.BoolVar(&inPlace, "in-place", false, "restore: the snapshot kept the harness running")
+	f.BoolVar(&relaunch, "relaunch", false, "restore: the harness is relaunched from its saved session")
+	f.Int64Var(&delivered, "delivered", 0, "restore --in-place: the pause's relay_delivered")
+	f.Int64Var(&nextCall, "next-call", 0, "number the relaunched relay's first call (after the ledger's calls)")
+	return cmd
+}

@@ -1,0 +1,284 @@
+package ledger
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// Match is where a relaunched harness's conversation meets the ledger.
+type Match struct {
+	// Position is the logical length after the match: the ledger was cut
+	// to it, and the next entry is the harness's next call.
+	Position int64 `json:"position"`
+	// Start is where the conversation's assistant messages begin in the
+	// ledger: 0 when they are a prefix of it; more when the conversation
+	// was compacted and only its last turns matched as one run.
+	Start int64 `json:"start"`
+	// Fresh: the ledger was empty and the conversation has no assistant
+	// message: a first start, no boundary.
+	Fresh bool `json:"fresh,omitempty"`
+	// Boundary: the next appended entry is marked as the first after a
+	// relaunch.
+	Boundary bool `json:"boundary,omitempty"`
+}
+
+// Match matches the messages of a relaunched harness's first request (the
+// chat-completions "messages" array) against the logical ledger: its
+// assistant messages, in order, must be the responses of the ledger's
+// entries 1..k. Then the ledger is cut to k, the next entry is marked as a
+// boundary, and Match returns Position k. When they are not a prefix but
+// match exactly one contiguous run of entries (a compacted conversation),
+// the ledger is cut to the end of that run. No match, or a run found in
+// more than one place, appends a broken record and returns an error
+// wrapping ErrBroken: it is never taken for a new start.
+//
+// No assistant message at all is a fresh start when the ledger is empty (no
+// record is written), and a start-over (cut to 0, boundary) otherwise.
+func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
+	var want []string
+	for i, m := range messages {
+		var head struct {
+			Role string `json:"role"`
+		}
+		if err := json.Unmarshal(m, &head); err != nil {
+			return Match{}, fmt.Errorf("ledger match: message %d is not a JSON object: %v", i, err)
+		}
+		if head.Role == "assistant" {
+			want = append(want, messageFingerprint(m))
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.usable(); err != nil {
+		return Match{}, err
+	}
+	have := l.fps
+	k := int64(len(want))
+	if k == 0 && len(have) == 0 {
+		return Match{Fresh: true}, nil
+	}
+	if k <= int64(len(have)) && equalRun(have[:k], want) {
+		if err := l.cut(k, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries 1..%d", k, k), true); err != nil {
+			return Match{}, err
+		}
+		return Match{Position: k, Boundary: true}, nil
+	}
+	var at []int64
+	for p := int64(1); k > 0 && p+k <= int64(len(have)); p++ {
+		if equalRun(have[p:p+k], want) {
+			at = append(at, p)
+		}
+	}
+	var reason string
+	switch {
+	case len(at) == 1:
+		p := at[0]
+		if err := l.cut(p+k, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries %d..%d (compacted)", k, p+1, p+k), true); err != nil {
+			return Match{}, err
+		}
+		return Match{Position: p + k, Start: p, Boundary: true}, nil
+	case len(at) > 1:
+		reason = fmt.Sprintf("relaunch: the conversation's %d assistant messages match the ledger at %d places (entries %d.. and %d..); cannot tell which responses the harness acted on", k, len(at), at[0]+1, at[1]+1)
+	case k > int64(len(have)):
+		reason = fmt.Sprintf("relaunch: the conversation has %d assistant messages but the ledger only %d entries: the harness acted on responses the ledger does not hold", k, len(have))
+	default:
+		i := 0
+		for i < len(want) && want[i] == have[i] {
+			i++
+		}
+		reason = fmt.Sprintf("relaunch: the conversation's assistant message %d differs from entry %d's response, and its %d assistant messages match no run of the ledger's %d entries", i+1, i+1, k, len(have))
+	}
+	if err := l.markBroken(reason); err != nil {
+		return Match{}, err
+	}
+	return Match{}, fmt.Errorf("ledger %s: %w: %s", l.path, ErrBroken, reason)
+}
+
+func equalRun(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// assistant is an assistant message reduced to what its fingerprint covers.
+type assistant struct {
+	Content string     `json:"content"`
+	Calls   []toolCall `json:"tool_calls"`
+}
+
+type toolCall struct {
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+}
+
+// fingerprint hashes the role, the content text and each tool call's name
+// and arguments. Arguments that are JSON (as a string, the chat-completions
+// way, or inline) are canonicalised — keys sorted, whitespace dropped — so
+// key order and spacing do not matter; content text is compared with its
+// surrounding whitespace trimmed.
+func (a assistant) fingerprint() string {
+	var b bytes.Buffer
+	b.WriteString("assistant\x00")
+	b.WriteString(strings.TrimSpace(a.Content))
+	for _, c := range a.Calls {
+		b.WriteString("\x00call\x00")
+		b.WriteString(c.Name)
+		b.WriteByte(0)
+		b.Write(canonArgs(c.Arguments))
+	}
+	sum := sha256.Sum256(b.Bytes())
+	return hex.EncodeToString(sum[:])
+}
+
+// canonArgs returns tool-call arguments in canonical JSON: a JSON string
+// holding JSON is unwrapped; anything that is not JSON is kept as text.
+func canonArgs(raw json.RawMessage) []byte {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return []byte("{}")
+	}
+	var s string
+	if raw[0] == '"' && json.Unmarshal(raw, &s) == nil {
+		if strings.TrimSpace(s) == "" {
+			return []byte("{}")
+		}
+		raw = json.RawMessage(s)
+	}
+	if c, ok := canonValue(raw); ok {
+		return c
+	}
+	return raw
+}
+
+// canonValue re-encodes JSON with sorted keys and no whitespace.
+func canonValue(raw []byte) ([]byte, bool) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil || d.More() {
+		return nil, false
+	}
+	b, err := json.Marshal(v) // maps marshal with sorted keys
+	if err != nil {
+		return nil, false
+	}
+	return b, true
+}
+
+// contentText is the text of a message's content: a string, or the text of
+// an array of parts ({"type":"text","text":...}, responses-API
+// "output_text" and "input_text" parts), joined.
+func contentText(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Type    string `json:"type"`
+		Text    string `json:"text"`
+		Refusal string `json:"refusal"`
+	}
+	if json.Unmarshal(raw, &parts) != nil {
+		return string(raw)
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		switch p.Type {
+		case "", "text", "output_text", "input_text":
+			b.WriteString(p.Text)
+		case "refusal":
+			b.WriteString(p.Refusal)
+		}
+	}
+	return b.String()
+}
+
+// chatMessage is an assistant message in chat-completions form.
+type chatMessage struct {
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls []struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+	// FunctionCall is the legacy single function call.
+	FunctionCall *struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	} `json:"function_call"`
+}
+
+func (m chatMessage) assistant() assistant {
+	a := assistant{Content: contentText(m.Content)}
+	for _, c := range m.ToolCalls {
+		a.Calls = append(a.Calls, toolCall{Name: c.Function.Name, Arguments: c.Function.Arguments})
+	}
+	if m.FunctionCall != nil {
+		a.Calls = append(a.Calls, toolCall{Name: m.FunctionCall.Name, Arguments: m.FunctionCall.Arguments})
+	}
+	return a
+}
+
+// messageFingerprint fingerprints an assistant message of a request.
+func messageFingerprint(raw json.RawMessage) string {
+	var m chatMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		sum := sha256.Sum256(raw)
+		return "unparsable message:" + hex.EncodeToString(sum[:])
+	}
+	return m.assistant().fingerprint()
+}
+
+// responseFingerprint fingerprints the assistant message a response holds:
+// choices[0].message of a chat completion, or the message and function-call
+// output items of a responses-API object.
+func responseFingerprint(raw json.RawMessage) string {
+	var r struct {
+		Choices []struct {
+			Message *chatMessage `json:"message"`
+		} `json:"choices"`
+		Output []struct {
+			Type      string          `json:"type"`
+			Role      string          `json:"role"`
+			Content   json.RawMessage `json:"content"`
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+		} `json:"output"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		sum := sha256.Sum256(raw)
+		return "unparsable:" + hex.EncodeToString(sum[:])
+	}
+	if len(r.Choices) > 0 && r.Choices[0].Message != nil {
+		return r.Choices[0].Message.assistant().fingerprint()
+	}
+	var a assistant
+	var text strings.Builder
+	for _, it := range r.Output {
+		switch it.Type {
+		case "message":
+			text.WriteString(contentText(it.Content))
+		case "function_call":
+			a.Calls = append(a.Calls, toolCall{Name: it.Name, Arguments: it.Arguments})
+		}
+	}
+	a.Content = text.String()
+	return a.fingerprint()
+}

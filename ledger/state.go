@@ -1,0 +1,230 @@
+package ledger
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// state is what the records of a file add up to.
+type state struct {
+	episode      string
+	records      int   // complete, valid lines
+	off          int64 // bytes those lines take
+	head         string
+	entries      []Entry // the logical ledger
+	index        map[string]int
+	nextBoundary bool // the last control record was a cut with boundary and no entry followed
+	broken       bool
+	reason       string
+	total        int64 // entry records in the file, cut ones included
+	events       []Event
+}
+
+func newState(episode string) *state {
+	return &state{episode: episode, index: map[string]int{}}
+}
+
+// Event is a control record of the file: a cut or a broken mark.
+type Event struct {
+	Line     int       `json:"line"`
+	Kind     string    `json:"kind"` // "cut" or "broken"
+	To       int64     `json:"to"`   // cut: the new length; broken: the length then
+	From     int64     `json:"from"` // the logical length before
+	Reason   string    `json:"reason"`
+	Boundary bool      `json:"boundary,omitempty"` // cut by a relaunch match: the next entry is a boundary
+	At       time.Time `json:"at"`
+}
+
+// Problem is the first bad record of a file.
+type Problem struct {
+	Line int    `json:"line"`           // 1-based line number
+	Seq  int64  `json:"seq,omitempty"`  // the entry's seq, when the line is an entry that parsed
+	Kind string `json:"kind,omitempty"` // the record's kind, when it parsed
+	What string `json:"what"`           // what is wrong
+}
+
+func (p *Problem) String() string {
+	s := "line " + strconv.Itoa(p.Line)
+	if p.Seq > 0 {
+		s += " (seq " + strconv.FormatInt(p.Seq, 10) + ")"
+	} else if p.Kind != "" {
+		s += " (" + p.Kind + ")"
+	}
+	return s + ": " + p.What
+}
+
+// apply adds one decoded record (hash already checked) to the state.
+func (s *state) apply(r record) error {
+	if r.Parent != s.head {
+		if s.head == "" {
+			return fmt.Errorf("parent %.12s… but this is the first record (its parent must be empty): lines were removed before it", r.Parent)
+		}
+		return fmt.Errorf("parent %.12s… is not the previous record's hash %.12s…: a record was removed, inserted or reordered", r.Parent, s.head)
+	}
+	if (s.records == 0) != (r.Kind == kindHeader) {
+		if s.records == 0 {
+			return fmt.Errorf("the first record is a %s record; a ledger starts with its header (kind %q)", r.Kind, kindHeader)
+		}
+		return errors.New("a second ledger header: two ledgers were concatenated")
+	}
+	n := int64(len(s.entries))
+	switch r.Kind {
+	case kindHeader:
+		if r.Episode != s.episode {
+			return fmt.Errorf("this is the ledger of episode %q, not %q: the file was renamed or copied", r.Episode, s.episode)
+		}
+	case kindEntry:
+		if r.Seq != n+1 {
+			return fmt.Errorf("seq %d, but the logical ledger has %d entries here, so it must be %d", r.Seq, n, n+1)
+		}
+		if i, ok := s.index[r.CallID]; ok {
+			return fmt.Errorf("call %s is already live at seq %d: a call is recorded once", r.CallID, i+1)
+		}
+		s.index[r.CallID] = len(s.entries)
+		s.entries = append(s.entries, r.entry())
+		s.nextBoundary = false
+		s.total++
+	case kindCut:
+		to := *r.To
+		if to > n {
+			return fmt.Errorf("cut to %d, but the logical ledger has only %d entries here", to, n)
+		}
+		for _, e := range s.entries[to:] {
+			delete(s.index, e.CallID)
+		}
+		s.entries = s.entries[:to:to] // later appends must not overwrite entries a caller holds
+		s.nextBoundary = r.Boundary
+		s.events = append(s.events, Event{Line: s.records + 1, Kind: kindCut, To: to, From: n, Reason: r.Reason, Boundary: r.Boundary, At: r.At})
+	case kindBroken:
+		s.broken = true
+		s.reason = r.Reason
+		s.events = append(s.events, Event{Line: s.records + 1, Kind: kindBroken, To: n, From: n, Reason: r.Reason, At: r.At})
+	}
+	s.head = r.Hash
+	s.records++
+	return nil
+}
+
+// load walks a file's bytes. It stops at the first bad line and returns it
+// as a Problem; a last line without its newline is not a problem (a torn
+// append that was never acknowledged): it is left out, and st.off ends
+// before it.
+func load(data []byte, episode string) (*state, *Problem) {
+	st := newState(episode)
+	rest := data
+	for len(rest) > 0 {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			break // torn last line
+		}
+		line := rest[:i]
+		p := &Problem{Line: st.records + 1}
+		r, err := decodeRecord(line)
+		if err != nil {
+			p.What = err.Error()
+			return st, p
+		}
+		p.Kind, p.Seq = r.Kind, r.Seq
+		if err := st.apply(r); err != nil {
+			p.What = err.Error()
+			return st, p
+		}
+		st.off += int64(i + 1)
+		rest = rest[i+1:]
+	}
+	return st, nil
+}
+
+// Report is what Verify found.
+type Report struct {
+	Path    string `json:"path"`
+	Episode string `json:"episode"`
+	OK      bool   `json:"ok"`
+	// Bad is the first bad record; nil when OK.
+	Bad *Problem `json:"bad,omitempty"`
+	// Counts over the good records (up to Bad, when there is one).
+	Records      int    `json:"records"` // lines, the header included
+	Entries      int64  `json:"entries"` // entry records, cut ones included
+	Live         int64  `json:"live"`    // the logical length
+	Cuts         int    `json:"cuts"`
+	Broken       bool   `json:"broken"`
+	BrokenReason string `json:"broken_reason,omitempty"`
+	Head         string `json:"head"` // the last good record's hash
+	// TornBytes is the size of an unfinished last line (a crash in the
+	// middle of an append); it is ignored, and the next append removes it.
+	TornBytes int64 `json:"torn_bytes,omitempty"`
+}
+
+// Verify walks the whole ledger file of episode in dir — every hash, every
+// parent link, every sequence number — without locking it. A damaged file is
+// not an error: the Report says which record is bad. The error is for a
+// file that cannot be read (fs.ErrNotExist when there is none).
+func Verify(dir, episode string) (Report, error) {
+	path, err := Path(dir, episode)
+	if err != nil {
+		return Report{}, err
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Report{}, fmt.Errorf("ledger of episode %s: %w", episode, err)
+	}
+	st, prob := load(data, episode)
+	rep := Report{
+		Path: path, Episode: episode, OK: prob == nil, Bad: prob,
+		Records: st.records, Entries: st.total, Live: int64(len(st.entries)),
+		Broken: st.broken, BrokenReason: st.reason, Head: st.head,
+	}
+	for _, e := range st.events {
+		if e.Kind == kindCut {
+			rep.Cuts++
+		}
+	}
+	if prob == nil {
+		rep.TornBytes = int64(len(data)) - st.off
+	}
+	return rep, nil
+}
+
+// History is a ledger file as Read sees it.
+type History struct {
+	Path      string  `json:"path"`
+	Episode   string  `json:"episode"`
+	Entries   []Entry `json:"entries"` // the logical ledger
+	Events    []Event `json:"events"`  // cuts and broken marks, in file order
+	Total     int64   `json:"total"`   // entry records in the file, cut ones included
+	Broken    bool    `json:"broken"`
+	Reason    string  `json:"reason,omitempty"`
+	TornBytes int64   `json:"torn_bytes,omitempty"`
+}
+
+// Read loads the ledger of episode in dir without locking it (a gateway may
+// be appending). A damaged file fails with ErrCorrupt.
+func Read(dir, episode string) (History, error) {
+	path, err := Path(dir, episode)
+	if err != nil {
+		return History{}, err
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return History{}, fmt.Errorf("ledger of episode %s: %w", episode, err)
+	}
+	st, prob := load(data, episode)
+	if prob != nil {
+		return History{}, fmt.Errorf("ledger %s: %w: %s; run `stasis ledger verify %s` for details", path, ErrCorrupt, prob, episode)
+	}
+	h := History{
+		Path: path, Episode: episode, Entries: st.entries, Events: st.events, Total: st.total,
+		Broken: st.broken, Reason: st.reason, TornBytes: int64(len(data)) - st.off,
+	}
+	if h.Entries == nil {
+		h.Entries = []Entry{}
+	}
+	if h.Events == nil {
+		h.Events = []Event{}
+	}
+	return h, nil
+}

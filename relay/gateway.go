@@ -1,0 +1,530 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"stasis/atomicfile"
+	"stasis/ledger"
+)
+
+// EpisodeState is an episode as the gateway knows it:
+// STATE/episodes/EPISODE.json.
+type EpisodeState struct {
+	Episode string    `json:"episode"`
+	Token   string    `json:"token"`
+	Attempt int       `json:"attempt"`
+	Created time.Time `json:"created"`
+	// NeedMatch: the episode was relaunched; its next call is matched
+	// against the ledger (Ledger.Match) before it is recorded.
+	NeedMatch bool `json:"need_match,omitempty"`
+}
+
+// Credentials returns the relay's token file contents for this episode.
+func (e EpisodeState) Credentials(nextCall int64) Credentials {
+	return Credentials{Episode: e.Episode, Token: e.Token, Attempt: e.Attempt, NextCall: nextCall}
+}
+
+// GatewayConfig configures a Gateway.
+type GatewayConfig struct {
+	Upstream string // the model server
+	State    string // directory: episodes/ and ledgers/
+	// ModelKey is sent to the model server as a bearer token, if set.
+	ModelKey string
+	MaxBody  int64
+	Logger   *slog.Logger
+}
+
+// Gateway is the host end: it authenticates episodes by bearer token,
+// refuses stale attempts, answers a call id already recorded from the
+// ledger, and records every new response in the episode's ledger before it
+// answers.
+type Gateway struct {
+	up  *Upstream
+	cfg GatewayConfig
+	log *slog.Logger
+	reg *prometheus.Registry
+	m   gatewayMetrics
+
+	mu       sync.Mutex
+	episodes map[string]*EpisodeState
+	tokens   map[string]string // token → episode
+	ledgers  map[string]*ledger.Ledger
+	inflight map[string]chan struct{} // episode/call id being answered
+	epLocks  map[string]*sync.Mutex
+}
+
+type gatewayMetrics struct {
+	calls                            *prometheus.CounterVec
+	dedupe, stale, unauthorized, bad prometheus.Counter
+	upstream, added                  prometheus.Histogram
+}
+
+var episodeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// OpenGateway opens the gateway over its state directory.
+func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
+	up, err := ParseUpstream(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	for _, d := range []string{"episodes", "ledgers"} {
+		if err := os.MkdirAll(filepath.Join(cfg.State, d), 0o700); err != nil {
+			return nil, fmt.Errorf("gateway state: %w", err)
+		}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	g := &Gateway{up: up, cfg: cfg, log: log, reg: prometheus.NewRegistry(),
+		episodes: map[string]*EpisodeState{}, tokens: map[string]string{}, ledgers: map[string]*ledger.Ledger{},
+		inflight: map[string]chan struct{}{}, epLocks: map[string]*sync.Mutex{}}
+	buckets := prometheus.ExponentialBuckets(0.00005, 2, 18)
+	g.m = gatewayMetrics{
+		calls:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stasis_gateway_calls_total", Help: "Calls answered, by status code."}, []string{"code"}),
+		dedupe:       prometheus.NewCounter(prometheus.CounterOpts{Name: "stasis_gateway_dedupe_hits_total", Help: "Calls answered from the ledger without calling the model."}),
+		stale:        prometheus.NewCounter(prometheus.CounterOpts{Name: "stasis_gateway_stale_attempts_total", Help: "Calls refused for a stale attempt."}),
+		unauthorized: prometheus.NewCounter(prometheus.CounterOpts{Name: "stasis_gateway_unauthorized_total", Help: "Calls refused for an unknown token."}),
+		bad:          prometheus.NewCounter(prometheus.CounterOpts{Name: "stasis_gateway_bad_requests_total", Help: "Malformed or oversized calls."}),
+		upstream:     prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stasis_gateway_upstream_seconds", Help: "Model server round trip.", Buckets: buckets}),
+		added:        prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stasis_gateway_added_seconds", Help: "Time in the gateway beyond the model server's round trip (ledger write included).", Buckets: buckets}),
+	}
+	g.reg.MustRegister(g.m.calls, g.m.dedupe, g.m.stale, g.m.unauthorized, g.m.bad, g.m.upstream, g.m.added)
+	if err := g.reload(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Close closes the ledgers.
+func (g *Gateway) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var errs []error
+	for _, l := range g.ledgers {
+		errs = append(errs, l.Close())
+	}
+	g.ledgers = map[string]*ledger.Ledger{}
+	return errors.Join(errs...)
+}
+
+// LedgerDir is where the episodes' ledgers are.
+func (g *Gateway) LedgerDir() string { return filepath.Join(g.cfg.State, "ledgers") }
+
+func (g *Gateway) epPath(id string) string {
+	return filepath.Join(g.cfg.State, "episodes", id+".json")
+}
+
+// reload reads every episode file (another process may have added one).
+func (g *Gateway) reload() error {
+	ents, err := os.ReadDir(filepath.Join(g.cfg.State, "episodes"))
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !episodeName.MatchString(id) {
+			continue
+		}
+		b, err := os.ReadFile(g.epPath(id))
+		if err != nil {
+			continue
+		}
+		var st EpisodeState
+		if json.Unmarshal(b, &st) != nil || st.Episode != id {
+			continue
+		}
+		if old, ok := g.episodes[id]; ok {
+			delete(g.tokens, old.Token)
+		}
+		g.episodes[id] = &st
+		g.tokens[st.Token] = id
+	}
+	return nil
+}
+
+func (g *Gateway) saveLocked(st *EpisodeState) error {
+	return atomicfile.WriteJSON(g.epPath(st.Episode), st, 0o600)
+}
+
+// AddEpisode registers an episode with a fresh bearer token, attempt 0.
+func (g *Gateway) AddEpisode(id string) (EpisodeState, error) {
+	if !episodeName.MatchString(id) {
+		return EpisodeState{}, fmt.Errorf("episode name %q: use letters, digits, '.', '_' and '-' (at most 128)", id)
+	}
+	if err := g.reload(); err != nil {
+		return EpisodeState{}, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.episodes[id]; ok {
+		return EpisodeState{}, fmt.Errorf("episode %q already exists", id)
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	st := &EpisodeState{Episode: id, Token: hex.EncodeToString(b), Created: time.Now().UTC()}
+	if err := g.saveLocked(st); err != nil {
+		return EpisodeState{}, err
+	}
+	g.episodes[id] = st
+	g.tokens[st.Token] = id
+	return *st, nil
+}
+
+// Episode returns an episode's state.
+func (g *Gateway) Episode(id string) (EpisodeState, error) {
+	_ = g.reload()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st, ok := g.episodes[id]
+	if !ok {
+		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
+	return *st, nil
+}
+
+// ErrUnknownEpisode is returned for an episode the gateway has not
+// registered.
+var ErrUnknownEpisode = errors.New("unknown episode")
+
+// Restore starts the episode's next attempt. In place (the snapshot kept
+// the harness's processes), the ledger is cut to the relay's delivered
+// count; otherwise (a relaunch) the next call is matched against the
+// ledger. Calls of older attempts are refused from now on.
+func (g *Gateway) Restore(id string, inPlace bool, delivered int64) (EpisodeState, error) {
+	_ = g.reload()
+	l, err := g.ledger(id)
+	if err != nil {
+		return EpisodeState{}, err
+	}
+	lock := g.epLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	g.mu.Lock()
+	st, ok := g.episodes[id]
+	g.mu.Unlock()
+	if !ok {
+		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
+	if inPlace {
+		if delivered < 0 || delivered > l.Len() {
+			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), delivered)
+		}
+		if err := l.Cut(delivered, fmt.Sprintf("restore in place, attempt %d", st.Attempt+1)); err != nil {
+			return EpisodeState{}, err
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	next := *st
+	next.Attempt++
+	next.NeedMatch = !inPlace
+	if err := g.saveLocked(&next); err != nil {
+		return EpisodeState{}, err
+	}
+	*st = next
+	return next, nil
+}
+
+func (g *Gateway) epLock(id string) *sync.Mutex {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	l, ok := g.epLocks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		g.epLocks[id] = l
+	}
+	return l
+}
+
+func (g *Gateway) ledger(id string) (*ledger.Ledger, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if l, ok := g.ledgers[id]; ok {
+		return l, nil
+	}
+	l, err := ledger.Open(g.LedgerDir(), id)
+	if err != nil {
+		return nil, err
+	}
+	g.ledgers[id] = l
+	return l, nil
+}
+
+// Handler serves the relays: the OpenAI-compatible endpoints, /metrics and
+// /healthz.
+func (g *Gateway) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, q *http.Request) { g.serveCall(w, q, "/v1/chat/completions") })
+	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, q *http.Request) { g.serveCall(w, q, "/v1/responses") })
+	mux.HandleFunc("GET /v1/models", g.serveModels)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	return mux
+}
+
+// authenticate finds the episode of the bearer token.
+func (g *Gateway) authenticate(q *http.Request) (EpisodeState, bool) {
+	tok, ok := strings.CutPrefix(q.Header.Get("Authorization"), "Bearer ")
+	if !ok || tok == "" {
+		return EpisodeState{}, false
+	}
+	for pass := 0; pass < 2; pass++ {
+		g.mu.Lock()
+		id, found := g.tokens[tok]
+		var st EpisodeState
+		if found {
+			st = *g.episodes[id]
+		}
+		g.mu.Unlock()
+		if found {
+			return st, true
+		}
+		if pass == 0 {
+			_ = g.reload() // registered by another process since
+		}
+	}
+	return EpisodeState{}, false
+}
+
+func (g *Gateway) reply(w http.ResponseWriter, status int, typ, msg string) {
+	g.m.calls.WithLabelValues(strconv.Itoa(status)).Inc()
+	apiError(w, status, typ, msg)
+}
+
+// requestHash fingerprints a request body in the compact form the ledger
+// stores it in.
+func requestHash(b []byte) string {
+	if c, err := json.Marshal(json.RawMessage(b)); err == nil {
+		b = c
+	}
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string) {
+	start := time.Now()
+	st, ok := g.authenticate(q)
+	if !ok {
+		g.m.unauthorized.Inc()
+		g.reply(w, http.StatusUnauthorized, "authentication_error", "unknown or missing episode token")
+		return
+	}
+	attempt, err := strconv.Atoi(q.Header.Get(HeaderAttempt))
+	if err != nil {
+		g.m.bad.Inc()
+		g.reply(w, http.StatusBadRequest, "invalid_request_error", "missing or bad "+HeaderAttempt+" header")
+		return
+	}
+	if attempt != st.Attempt {
+		g.m.stale.Inc()
+		g.reply(w, http.StatusConflict, "stale_attempt", fmt.Sprintf("stale attempt %d: episode %s is at attempt %d", attempt, st.Episode, st.Attempt))
+		return
+	}
+	callID := q.Header.Get(HeaderCallID)
+	if n, ok := strings.CutPrefix(callID, st.Episode+"/"); !ok || n == "" {
+		g.m.bad.Inc()
+		g.reply(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("%s %q must be %s/N", HeaderCallID, callID, st.Episode))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, q.Body, g.cfg.MaxBody))
+	if err != nil {
+		g.m.bad.Inc()
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			g.reply(w, http.StatusRequestEntityTooLarge, "invalid_request_error", fmt.Sprintf("request body over %d bytes", g.cfg.MaxBody))
+			return
+		}
+		g.reply(w, http.StatusBadRequest, "invalid_request_error", "read request: "+err.Error())
+		return
+	}
+	var reqObj struct {
+		Messages []json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &reqObj); err != nil {
+		g.m.bad.Inc()
+		g.reply(w, http.StatusBadRequest, "invalid_request_error", "request body must be a JSON object: "+err.Error())
+		return
+	}
+	l, err := g.ledger(st.Episode)
+	if err != nil {
+		g.reply(w, http.StatusInternalServerError, "server_error", err.Error())
+		return
+	}
+	// One answer per call id at a time: a duplicate arriving while the first
+	// is being answered waits for it, then is answered from the ledger.
+	key := st.Episode + "\x00" + callID
+	for {
+		g.mu.Lock()
+		ch, busy := g.inflight[key]
+		if !busy {
+			g.inflight[key] = make(chan struct{})
+		}
+		g.mu.Unlock()
+		if !busy {
+			break
+		}
+		select {
+		case <-ch:
+		case <-q.Context().Done():
+			return
+		}
+	}
+	defer func() {
+		g.mu.Lock()
+		close(g.inflight[key])
+		delete(g.inflight, key)
+		g.mu.Unlock()
+	}()
+	// A relaunched harness re-sends its conversation: match it against the
+	// ledger first (which cuts what it never acted on), then dedupe.
+	if st.NeedMatch && path == "/v1/chat/completions" {
+		lock := g.epLock(st.Episode)
+		lock.Lock()
+		_, merr := l.Match(reqObj.Messages)
+		g.mu.Lock()
+		if cur := g.episodes[st.Episode]; cur != nil && cur.Attempt == st.Attempt {
+			cur.NeedMatch = false
+			_ = g.saveLocked(cur)
+		}
+		g.mu.Unlock()
+		lock.Unlock()
+		if merr != nil {
+			g.log.Warn("relaunch does not match the ledger: history marked broken", "episode", st.Episode, "err", merr)
+		}
+	}
+	if e, ok := l.Lookup(callID); ok {
+		if requestHash(e.Request) != requestHash(body) {
+			g.reply(w, http.StatusConflict, "call_id_reused", fmt.Sprintf("call id %s is already recorded with another request", callID))
+			return
+		}
+		g.m.dedupe.Inc()
+		g.answer(w, e)
+		return
+	}
+	t0 := time.Now()
+	status, header, respBody, err := g.forward(q.Context(), path, body)
+	upTime := time.Since(t0)
+	g.m.upstream.Observe(upTime.Seconds())
+	if err != nil {
+		g.reply(w, http.StatusBadGateway, "upstream_error", err.Error())
+		return
+	}
+	if status/100 != 2 {
+		g.m.calls.WithLabelValues(strconv.Itoa(status)).Inc()
+		for _, h := range []string{"Content-Type", "Retry-After"} {
+			if v := header.Get(h); v != "" {
+				w.Header().Set(h, v)
+			}
+		}
+		w.WriteHeader(status)
+		_, _ = w.Write(respBody)
+		return
+	}
+	if strings.HasPrefix(header.Get("Content-Type"), "text/event-stream") {
+		evs, err := ParseSSE(bytes.NewReader(respBody))
+		if err == nil {
+			respBody, err = AssembleChat(evs)
+		}
+		if err != nil {
+			g.reply(w, http.StatusBadGateway, "upstream_error", "model stream: "+err.Error())
+			return
+		}
+	}
+	var usage struct {
+		Usage json.RawMessage `json:"usage"`
+	}
+	_ = json.Unmarshal(respBody, &usage)
+	e, err := l.Append(ledger.Entry{
+		CallID: callID, Attempt: attempt, Request: body, Response: respBody, Usage: usage.Usage,
+		Tokens: ledger.ExtractTokens(respBody), Started: t0, Finished: time.Now(),
+	})
+	if err != nil {
+		g.log.Error("ledger append failed", "episode", st.Episode, "call", callID, "err", err)
+		g.reply(w, http.StatusInternalServerError, "server_error", "ledger: "+err.Error())
+		return
+	}
+	g.answer(w, e)
+	g.m.added.Observe((time.Since(start) - upTime).Seconds())
+}
+
+func (g *Gateway) answer(w http.ResponseWriter, e ledger.Entry) {
+	g.m.calls.WithLabelValues("200").Inc()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set(HeaderLedgerSeq, strconv.FormatInt(e.Seq, 10))
+	_, _ = w.Write(e.Response)
+}
+
+func (g *Gateway) forward(ctx context.Context, path string, body []byte) (int, http.Header, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.up.Base+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if g.cfg.ModelKey != "" {
+		req.Header.Set("Authorization", "Bearer "+g.cfg.ModelKey)
+	}
+	resp, err := g.up.Client.Do(req)
+	if err != nil {
+		return 0, nil, nil, fmt.Errorf("model server %s: %w", g.up.Base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+	if err != nil {
+		return 0, nil, nil, fmt.Errorf("model server %s: read: %w", g.up.Base, err)
+	}
+	if len(b) > maxResponse {
+		return 0, nil, nil, fmt.Errorf("model server answer over %d bytes", maxResponse)
+	}
+	return resp.StatusCode, resp.Header, b, nil
+}
+
+func (g *Gateway) serveModels(w http.ResponseWriter, q *http.Request) {
+	if _, ok := g.authenticate(q); !ok {
+		g.m.unauthorized.Inc()
+		g.reply(w, http.StatusUnauthorized, "authentication_error", "unknown or missing episode token")
+		return
+	}
+	req, err := http.NewRequestWithContext(q.Context(), http.MethodGet, g.up.Base+"/v1/models", nil)
+	if err != nil {
+		g.reply(w, http.StatusInternalServerError, "server_error", err.Error())
+		return
+	}
+	if g.cfg.ModelKey != "" {
+		req.Header.Set("Authorization", "Bearer "+g.cfg.ModelKey)
+	}
+	resp, err := g.up.Client.Do(req)
+	if err != nil {
+		g.reply(w, http.StatusBadGateway, "upstream_error", err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, io.LimitReader(resp.Body, maxResponse))
+}

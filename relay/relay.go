@@ -1,0 +1,524 @@
+// Package relay owns the path of model calls between a harness and the
+// policy model: the Relay, which lives inside the sandbox (hosted by the
+// supervisor so a pause gates it directly), and the Gateway on the host,
+// which authenticates episodes, refuses stale attempts, records every call
+// in the episode's ledger and forwards it to the model server.
+//
+// The relay stores and forwards: it asks upstream for a whole response
+// (stream false), and hands it to the harness only once it holds all of it,
+// re-chunked as server-sent events when the harness asked for a stream. So
+// a delivery is one short local write, and a pause can wait for it. Each
+// call gets a call id, EPISODE/N, stable across re-issues; it travels with
+// the episode's attempt in headers, and the bearer token the harness never
+// sees. The gateway answers with the entry's ledger position, and the relay
+// delivers in that order, so the count of deliveries is the ledger cut.
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Headers between relay and gateway.
+const (
+	HeaderCallID    = "X-Stasis-Call-Id"
+	HeaderAttempt   = "X-Stasis-Attempt"
+	HeaderEpisode   = "X-Stasis-Episode"
+	HeaderLedgerSeq = "X-Stasis-Ledger-Seq"
+	HeaderDedupe    = "X-Stasis-Dedupe"
+)
+
+// DefaultMaxBody bounds a request body.
+const DefaultMaxBody = 8 << 20
+
+// maxResponse bounds a response body read from upstream.
+const maxResponse = 64 << 20
+
+// Credentials are what the relay sends upstream: DIR/token file contents,
+// written by the host. On a restore the host rewrites the file (a new
+// attempt) before the continue.
+type Credentials struct {
+	Episode string `json:"episode"`
+	Token   string `json:"token"`
+	Attempt int    `json:"attempt"`
+	// NextCall numbers the first call of a relaunched relay after the
+	// calls already in the ledger (0: start at 1).
+	NextCall int64 `json:"next_call,omitempty"`
+}
+
+// ReadCredentials reads a token file.
+func ReadCredentials(path string) (Credentials, error) {
+	var c Credentials
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("relay token file: %w", err)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("relay token file %s: %w", path, err)
+	}
+	if c.Episode == "" || c.Token == "" || c.Attempt < 0 {
+		return c, fmt.Errorf("relay token file %s: needs episode, token and attempt", path)
+	}
+	return c, nil
+}
+
+// Retry bounds the retries of upstream 429 and 5xx answers.
+type Retry struct {
+	Max         int           // attempts after the first (default 6)
+	Initial     time.Duration // first backoff (default 200ms)
+	MaxInterval time.Duration // cap (default 10s)
+}
+
+// Config configures a Relay.
+type Config struct {
+	Upstream  string
+	TokenFile string
+	MaxBody   int64
+	Retry     Retry
+	Logger    *slog.Logger
+}
+
+// Relay is the in-sandbox end. It implements supervisor.Gate.
+type Relay struct {
+	up    *Upstream
+	cfg   Config
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	m     relayMetrics
+	mu    sync.Mutex
+	cond  *sync.Cond
+	cred  Credentials
+	held  bool
+	gen   int   // bumped when a restore raises the attempt
+	next  int64 // last call number handed out
+	deliv int64 // deliveries of recorded responses (the ledger cut)
+	// delivering counts deliveries under way; Hold waits for zero.
+	delivering int
+	cancels    map[int64]context.CancelFunc // upstream calls in flight
+}
+
+type relayMetrics struct {
+	calls, reissues, retries, delivered prometheus.Counter
+	held                                prometheus.Gauge
+	added                               prometheus.Histogram
+}
+
+// New makes a relay.
+func New(cfg Config) (*Relay, error) {
+	up, err := ParseUpstream(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	cred, err := ReadCredentials(cfg.TokenFile)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.Retry.Max == 0 {
+		cfg.Retry.Max = 6
+	}
+	if cfg.Retry.Initial == 0 {
+		cfg.Retry.Initial = 200 * time.Millisecond
+	}
+	if cfg.Retry.MaxInterval == 0 {
+		cfg.Retry.MaxInterval = 10 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	r := &Relay{up: up, cfg: cfg, log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, reg: prometheus.NewRegistry()}
+	if cred.NextCall > 0 {
+		r.next = cred.NextCall - 1
+	}
+	r.cond = sync.NewCond(&r.mu)
+	f := prometheus.NewCounter
+	r.m = relayMetrics{
+		calls:     f(prometheus.CounterOpts{Name: "stasis_relay_calls_total", Help: "Model calls the harness made."}),
+		reissues:  f(prometheus.CounterOpts{Name: "stasis_relay_reissues_total", Help: "Calls issued again after a restore."}),
+		retries:   f(prometheus.CounterOpts{Name: "stasis_relay_retries_total", Help: "Upstream 429/5xx answers retried."}),
+		delivered: f(prometheus.CounterOpts{Name: "stasis_relay_delivered_total", Help: "Recorded responses delivered to the harness."}),
+		held:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "stasis_relay_held_calls", Help: "Calls waiting on a hold."}),
+		added: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stasis_relay_added_seconds", Help: "Time a call spent in the relay beyond its upstream round trip.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
+	}
+	r.reg.MustRegister(r.m.calls, r.m.reissues, r.m.retries, r.m.delivered, r.m.held, r.m.added)
+	return r, nil
+}
+
+// Delivered is the number of recorded responses delivered so far.
+func (r *Relay) Delivered() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.deliv
+}
+
+// Hold stops new upstream calls and deliveries, waits for a delivery under
+// way to finish, and returns the deliveries so far.
+func (r *Relay) Hold() (int64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held = true
+	for r.delivering > 0 {
+		r.cond.Wait()
+	}
+	return r.deliv, nil
+}
+
+// Release lets calls proceed. It re-reads the token file first: a raised
+// attempt means the sandbox was restored from a snapshot that kept its
+// processes, so every call not yet delivered is issued again under the new
+// attempt (the old upstream connections are dead, and the ledger was cut
+// to the deliveries).
+func (r *Relay) Release() error {
+	cred, err := ReadCredentials(r.cfg.TokenFile)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil && cred.Attempt != r.cred.Attempt {
+		r.log.Info("attempt raised: re-issuing undelivered calls", "from", r.cred.Attempt, "to", cred.Attempt, "in_flight", len(r.cancels))
+		r.cred = cred
+		r.gen++
+		for _, cancel := range r.cancels {
+			cancel()
+		}
+		if tr, ok := r.up.Client.Transport.(*http.Transport); ok {
+			tr.CloseIdleConnections()
+		}
+	} else if err == nil {
+		r.cred.Token = cred.Token
+	}
+	r.held = false
+	r.cond.Broadcast()
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+// Handler serves the harness: the OpenAI-compatible endpoints, /metrics and
+// /healthz.
+func (r *Relay) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, q *http.Request) { r.serveCall(w, q, "/v1/chat/completions") })
+	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, q *http.Request) { r.serveCall(w, q, "/v1/responses") })
+	mux.HandleFunc("GET /v1/models", r.serveModels)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	return mux
+}
+
+// apiError writes an error in the OpenAI shape.
+func apiError(w http.ResponseWriter, status int, typ, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": http.StatusText(status)}})
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// ParseCall reads what the relay needs from a call's body: whether the
+// harness wants a stream (and usage in it), and the body to send upstream
+// (stream off, every other field untouched).
+func ParseCall(body []byte) (upstream []byte, stream, includeUsage bool, err error) {
+	o, err := decodeObj(body)
+	if err != nil {
+		return nil, false, false, fmt.Errorf("request body must be a JSON object: %v", err)
+	}
+	if s, ok := o["stream"]; ok {
+		if err := json.Unmarshal(s, &stream); err != nil {
+			return nil, false, false, fmt.Errorf("\"stream\" must be true or false")
+		}
+	}
+	if so, ok := o["stream_options"]; ok {
+		var opts struct {
+			IncludeUsage bool `json:"include_usage"`
+		}
+		_ = json.Unmarshal(so, &opts)
+		includeUsage = opts.IncludeUsage
+		delete(o, "stream_options")
+	}
+	o["stream"] = raw(false)
+	upstream, err = json.Marshal(o)
+	return upstream, stream, includeUsage, err
+}
+
+type result struct {
+	status int
+	header http.Header
+	body   []byte
+	seq    int64 // ledger position from the gateway; 0 when none
+	took   time.Duration
+}
+
+func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
+	start := time.Now()
+	body, err := io.ReadAll(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			apiError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", fmt.Sprintf("request body over %d bytes", r.cfg.MaxBody))
+			return
+		}
+		apiError(w, http.StatusBadRequest, "invalid_request_error", "read request: "+err.Error())
+		return
+	}
+	upBody, stream, includeUsage, err := ParseCall(body)
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	r.m.calls.Inc()
+	r.mu.Lock()
+	r.next++
+	n := r.next
+	r.mu.Unlock()
+	var res result
+	var upTime time.Duration
+	for {
+		r.mu.Lock()
+		if r.held {
+			r.m.held.Inc()
+			for r.held {
+				r.cond.Wait()
+			}
+			r.m.held.Dec()
+		}
+		gen, cred := r.gen, r.cred
+		// Not the harness's context: once issued, a call runs to its end even
+		// if the harness goes away, so the relay learns its ledger position
+		// and keeps deliveries in ledger order. Only a restore cancels it.
+		ctx, cancel := context.WithCancel(context.Background())
+		r.cancels[n] = cancel
+		r.mu.Unlock()
+
+		res, err = r.issue(ctx, path, upBody, n, cred)
+		cancel()
+		upTime += res.took
+		r.mu.Lock()
+		delete(r.cancels, n)
+		if r.gen != gen {
+			r.mu.Unlock()
+			r.m.reissues.Inc()
+			continue // restored meanwhile: issue again under the new attempt
+		}
+		if err != nil {
+			r.mu.Unlock()
+			apiError(w, http.StatusBadGateway, "upstream_error", err.Error())
+			return
+		}
+		// Wait for the hold to end and for earlier ledger entries to be
+		// delivered first.
+		waited := false
+		for r.held || (res.seq > r.deliv+1 && r.gen == gen) {
+			if !waited {
+				r.m.held.Inc()
+				waited = true
+			}
+			r.cond.Wait()
+		}
+		if waited {
+			r.m.held.Dec()
+		}
+		if r.gen != gen {
+			r.mu.Unlock()
+			r.m.reissues.Inc()
+			continue
+		}
+		r.delivering++
+		r.mu.Unlock()
+		break
+	}
+	r.deliver(w, path, res, stream, includeUsage)
+	r.mu.Lock()
+	r.delivering--
+	// A response already counted (a duplicate of a delivered entry) does
+	// not move the count.
+	if res.status/100 == 2 && (res.seq == 0 || res.seq == r.deliv+1) {
+		r.deliv++
+		r.m.delivered.Inc()
+	}
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	r.m.added.Observe((time.Since(start) - upTime).Seconds())
+}
+
+func (r *Relay) deliver(w http.ResponseWriter, path string, res result, stream, includeUsage bool) {
+	if res.status/100 != 2 {
+		for _, h := range []string{"Content-Type", "Retry-After"} {
+			if v := res.header.Get(h); v != "" {
+				w.Header().Set(h, v)
+			}
+		}
+		w.WriteHeader(res.status)
+		_, _ = w.Write(res.body)
+		return
+	}
+	if !stream {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(res.body)
+		return
+	}
+	var out []byte
+	var err error
+	if path == "/v1/responses" {
+		out, err = ResponsesEvents(res.body)
+	} else {
+		out, err = ChatChunks(res.body, includeUsage)
+	}
+	if err != nil {
+		apiError(w, http.StatusBadGateway, "upstream_error", "upstream answer is not a completion: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	_, _ = w.Write(out)
+}
+
+// issue makes one call upstream, retrying 429 and 5xx with bounded
+// exponential backoff and jitter, honouring Retry-After.
+func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cred Credentials) (result, error) {
+	var res result
+	wait := r.cfg.Retry.Initial
+	for try := 0; ; try++ {
+		t0 := time.Now()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.up.Base+path, bytes.NewReader(body))
+		if err != nil {
+			return res, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+cred.Token)
+		req.Header.Set(HeaderCallID, fmt.Sprintf("%s/%d", cred.Episode, n))
+		req.Header.Set(HeaderAttempt, strconv.Itoa(cred.Attempt))
+		req.Header.Set(HeaderEpisode, cred.Episode)
+		resp, err := r.up.Client.Do(req)
+		if err != nil {
+			res.took += time.Since(t0)
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			if try >= r.cfg.Retry.Max {
+				return res, fmt.Errorf("upstream %s: %w", r.up.Base, err)
+			}
+			r.m.retries.Inc()
+			if !sleepCtx(ctx, jitter(wait)) {
+				return res, ctx.Err()
+			}
+			wait = min(2*wait, r.cfg.Retry.MaxInterval)
+			continue
+		}
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+		resp.Body.Close()
+		res.took += time.Since(t0)
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			if try >= r.cfg.Retry.Max {
+				return res, fmt.Errorf("upstream %s: read: %w", r.up.Base, err)
+			}
+			r.m.retries.Inc()
+			if !sleepCtx(ctx, jitter(wait)) {
+				return res, ctx.Err()
+			}
+			wait = min(2*wait, r.cfg.Retry.MaxInterval)
+			continue
+		}
+		if len(b) > maxResponse {
+			return res, fmt.Errorf("upstream response over %d bytes", maxResponse)
+		}
+		if (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) && try < r.cfg.Retry.Max {
+			r.m.retries.Inc()
+			d := jitter(wait)
+			if ra := retryAfter(resp.Header.Get("Retry-After")); ra > 0 {
+				d = min(ra, r.cfg.Retry.MaxInterval*6)
+			}
+			r.log.Debug("upstream busy, retrying", "status", resp.StatusCode, "in", d, "try", try+1)
+			if !sleepCtx(ctx, d) {
+				return res, ctx.Err()
+			}
+			wait = min(2*wait, r.cfg.Retry.MaxInterval)
+			continue
+		}
+		res.status, res.header, res.body = resp.StatusCode, resp.Header, b
+		if resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && path == "/v1/chat/completions" {
+			evs, err := ParseSSE(bytes.NewReader(b))
+			if err == nil {
+				res.body, err = AssembleChat(evs)
+			}
+			if err != nil {
+				return res, fmt.Errorf("upstream stream: %w", err)
+			}
+		}
+		if s := resp.Header.Get(HeaderLedgerSeq); s != "" {
+			res.seq, _ = strconv.ParseInt(s, 10, 64)
+		}
+		return res, nil
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d)+1))
+}
+
+func retryAfter(h string) time.Duration {
+	if h == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(h)); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil {
+		return time.Until(t)
+	}
+	return 0
+}
+
+// sleepCtx waits d (a retry backoff) unless ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (r *Relay) serveModels(w http.ResponseWriter, q *http.Request) {
+	r.mu.Lock()
+	cred := r.cred
+	r.mu.Unlock()
+	req, err := http.NewRequestWithContext(q.Context(), http.MethodGet, r.up.Base+"/v1/models", nil)
+	if err != nil {
+		apiError(w, http.StatusInternalServerError, "server_error", err.Error())
+		return
+	}
+	req.Header.Set("Authorization", "Bearer "+cred.Token)
+	req.Header.Set(HeaderEpisode, cred.Episode)
+	resp, err := r.up.Client.Do(req)
+	if err != nil {
+		apiError(w, http.StatusBadGateway, "upstream_error", err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, io.LimitReader(resp.Body, maxResponse))
+}

@@ -24,6 +24,7 @@ deps:
 	command -v nsenter >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v tar >/dev/null 2>&1 || missing="$$missing tar"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

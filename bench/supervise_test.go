@@ -99,3 +99,13 @@ func TestSandboxStartMeasures(t *testing.T) {
 	}
 	stasistest.NoChildrenLeft(t)
 }
+
+func TestRelayMeasures(t *testing.T) {
+	r, err := bench.Relay(context.Background(), bench.RelayOptions{Concurrency: []int{1, 4}, LatencyCalls: 20, ThroughputCalls: 40, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Direct.P50 <= 0 || r.Relayed.P50 <= r.Direct.P50/2 || len(r.Rows) != 2 || r.Rows[1].Relayed <= 0 || r.Rows[1].Direct <= 0 {
+		t.Fatalf("%+v", r)
+	}
+}

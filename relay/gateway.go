@@ -363,12 +363,9 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 		g.reply(w, http.StatusBadRequest, "invalid_request_error", "read request: "+err.Error())
 		return
 	}
-	var reqObj struct {
-		Messages []json.RawMessage `json:"messages"`
-	}
-	if err := json.Unmarshal(body, &reqObj); err != nil {
+	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' || !json.Valid(body) {
 		g.m.bad.Inc()
-		g.reply(w, http.StatusBadRequest, "invalid_request_error", "request body must be a JSON object: "+err.Error())
+		g.reply(w, http.StatusBadRequest, "invalid_request_error", "request body must be a JSON object")
 		return
 	}
 	l, err := g.ledger(st.Episode)
@@ -404,6 +401,10 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 	// A relaunched harness re-sends its conversation: match it against the
 	// ledger first (which cuts what it never acted on), then dedupe.
 	if st.NeedMatch && path == "/v1/chat/completions" {
+		var reqObj struct {
+			Messages []json.RawMessage `json:"messages"`
+		}
+		_ = json.Unmarshal(body, &reqObj)
 		lock := g.epLock(st.Episode)
 		lock.Lock()
 		_, merr := l.Match(reqObj.Messages)

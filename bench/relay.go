@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"stasis/model"
+	"stasis/relay"
+)
+
+// RelayOptions configure Relay.
+type RelayOptions struct {
+	// Concurrency levels for the throughput runs (default 1, 64, 512).
+	Concurrency []int
+	// Calls per latency sample (default 2000) and per throughput run
+	// (default 4000).
+	LatencyCalls, ThroughputCalls int
+	// TokenDelay is the scripted model's time per generated token (default
+	// 0: the model answers at once, the hardest case for the relay).
+	TokenDelay time.Duration
+	Dir        string // state directory (default: a temporary one, removed after)
+	Progress   io.Writer
+}
+
+// RelayRow is the throughput at one concurrency.
+type RelayRow struct {
+	Concurrency int     `json:"concurrency"`
+	Direct      float64 `json:"direct_calls_per_s"`
+	Relayed     float64 `json:"relayed_calls_per_s"`
+	Ratio       float64 `json:"relayed_over_direct"`
+}
+
+// RelayResult is the latency a call gains through relay and gateway, and
+// the throughput with and without them, measured in the same run.
+type RelayResult struct {
+	Direct   Latency       `json:"direct"`
+	Relayed  Latency       `json:"relayed"`
+	AddedP50 time.Duration `json:"added_p50_ns"`
+	AddedP99 time.Duration `json:"added_p99_ns"`
+	Rows     []RelayRow    `json:"throughput"`
+}
+
+func serve(h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// Relay measures the path harness → relay → gateway (ledger fsync per call)
+// → scripted model against harness → model directly, on loopback, in this
+// process. Each concurrent caller is its own episode with its own relay and
+// ledger, as in training.
+func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
+	var res RelayResult
+	if len(o.Concurrency) == 0 {
+		o.Concurrency = []int{1, 64, 512}
+	}
+	if o.LatencyCalls <= 0 {
+		o.LatencyCalls = 2000
+	}
+	if o.ThroughputCalls <= 0 {
+		o.ThroughputCalls = 4000
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	dir := o.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "stasis-bench-relay-")
+		if err != nil {
+			return res, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	modelURL, stopModel, err := serve(model.New(model.Options{TokenDelay: o.TokenDelay}).Handler())
+	if err != nil {
+		return res, err
+	}
+	defer stopModel()
+	g, err := relay.OpenGateway(relay.GatewayConfig{Upstream: modelURL, State: filepath.Join(dir, "gateway")})
+	if err != nil {
+		return res, err
+	}
+	defer g.Close()
+	gwURL, stopGW, err := serve(g.Handler())
+	if err != nil {
+		return res, err
+	}
+	defer stopGW()
+
+	maxC := 1
+	for _, c := range o.Concurrency {
+		maxC = max(maxC, c)
+	}
+	relays := make([]string, maxC)
+	for i := range relays {
+		ep, err := g.AddEpisode(fmt.Sprintf("bench-%d", i))
+		if err != nil {
+			return res, err
+		}
+		tok := filepath.Join(dir, fmt.Sprintf("token-%d.json", i))
+		b, _ := json.Marshal(ep.Credentials(0))
+		if err := os.WriteFile(tok, b, 0o600); err != nil {
+			return res, err
+		}
+		r, err := relay.New(relay.Config{Upstream: gwURL, TokenFile: tok})
+		if err != nil {
+			return res, err
+		}
+		u, stop, err := serve(r.Handler())
+		if err != nil {
+			return res, err
+		}
+		defer stop()
+		relays[i] = u
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 1024}}
+	// Each caller's conversation grows by one turn per call (its own
+	// messages), so every call is distinct and the scripted model answers
+	// with a tool call or text as the turn says.
+	call := func(base string, caller, n int) (time.Duration, error) {
+		body := fmt.Sprintf(`{"model":"stasis-scripted","messages":[{"role":"user","content":"caller %d call %d: fix the bug"}]}`, caller, n)
+		t0 := time.Now()
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader([]byte(body)))
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return 0, fmt.Errorf("status %d from %s", resp.StatusCode, base)
+		}
+		return time.Since(t0), nil
+	}
+	// Latency: one caller, direct and relayed calls interleaved so both see
+	// the same machine.
+	fmt.Fprintf(o.Progress, "relay: latency, %d calls each way ...\n", o.LatencyCalls)
+	var direct, relayed []time.Duration
+	for i := 0; i < o.LatencyCalls; i++ {
+		d, err := call(modelURL, 0, i)
+		if err != nil {
+			return res, err
+		}
+		r, err := call(relays[0], 0, i)
+		if err != nil {
+			return res, err
+		}
+		direct, relayed = append(direct, d), append(relayed, r)
+	}
+	res.Direct, res.Relayed = summarise(direct), summarise(relayed)
+	res.AddedP50, res.AddedP99 = res.Relayed.P50-res.Direct.P50, res.Relayed.P99-res.Direct.P99
+	// Throughput at each concurrency.
+	next := o.LatencyCalls
+	run := func(c int, via bool) (float64, error) {
+		var done atomic.Int64
+		var wg sync.WaitGroup
+		var firstErr error
+		var mu sync.Mutex
+		per := o.ThroughputCalls / c
+		if per < 1 {
+			per = 1
+		}
+		t0 := time.Now()
+		for k := 0; k < c; k++ {
+			wg.Add(1)
+			go func(k int) {
+				defer wg.Done()
+				base := modelURL
+				if via {
+					base = relays[k]
+				}
+				for i := 0; i < per; i++ {
+					if ctx.Err() != nil {
+						return
+					}
+					if _, err := call(base, k, next+i); err != nil {
+						mu.Lock()
+						firstErr = err
+						mu.Unlock()
+						return
+					}
+					done.Add(1)
+				}
+			}(k)
+		}
+		wg.Wait()
+		next += per
+		if firstErr != nil {
+			return 0, firstErr
+		}
+		return float64(done.Load()) / time.Since(t0).Seconds(), nil
+	}
+	for _, c := range o.Concurrency {
+		fmt.Fprintf(o.Progress, "relay: throughput at %d concurrent calls ...\n", c)
+		d, err := run(c, false)
+		if err != nil {
+			return res, err
+		}
+		r, err := run(c, true)
+		if err != nil {
+			return res, err
+		}
+		res.Rows = append(res.Rows, RelayRow{Concurrency: c, Direct: d, Relayed: r, Ratio: r / d})
+	}
+	return res, ctx.Err()
+}

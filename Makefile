@@ -64,6 +64,10 @@ fuzz: deps
 	$(GO) test ./store -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
 	$(GO) test ./cas -run '^$$' -fuzz FuzzDecodeManifest -fuzztime $(FUZZTIME)
 	$(GO) test ./cas -run '^$$' -fuzz FuzzChunkVerify -fuzztime $(FUZZTIME)
+	$(GO) test ./ledger -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
+	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
+	$(GO) test ./relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
+	$(GO) test ./relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build

@@ -87,7 +87,9 @@ func gatewayStateDir(flag string) (string, error) {
 	if flag != "" {
 		return flag, nil
 	}
-	return home.Sub("gateway")
+	// $STASIS_HOME itself: episodes/ and ledgers/ sit beside the record
+	// store, where `stasis ledger` looks.
+	return home.Dir()
 }
 
 func newGatewayCmd() *cobra.Command {
@@ -127,7 +129,7 @@ Metrics in Prometheus format at /metrics.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8788", "address relays call")
 	f.StringVar(&upstream, "upstream", "", "the model server's URL")
-	f.StringVar(&state, "state", "", "state directory (default $STASIS_HOME/gateway)")
+	f.StringVar(&state, "state", "", "state directory: episodes/ and ledgers/ (default $STASIS_HOME)")
 	f.StringVar(&keyEnv, "model-key-env", "STASIS_MODEL_KEY", "environment variable holding the model server's API key, if it needs one")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	_ = cmd.MarkFlagRequired("upstream")
@@ -184,7 +186,7 @@ attempt; calls of older attempts are refused from now on.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&state, "state", "", "the gateway's state directory (default $STASIS_HOME/gateway)")
+	f.StringVar(&state, "state", "", "the gateway's state directory (default $STASIS_HOME)")
 	f.StringVar(&tokenFile, "token-file", "", "write the relay's credentials here (mode 0600) instead of stdout")
 	f.BoolVar(&inPlace, "in-place", false, "restore: the snapshot kept the harness running")
 	f.BoolVar(&relaunch, "relaunch", false, "restore: the harness is relaunched from its saved session")

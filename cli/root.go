@@ -75,7 +75,7 @@ it; everything else runs on the host.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSuperviseCmd(), newCtlCmd(), newRelayCmd(), newGatewayCmd(), newSandboxCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
+	root.AddCommand(newSuperviseCmd(), newCtlCmd(), newRelayCmd(), newGatewayCmd(), newLedgerCmd(), newModelCmd(), newSandboxCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
 	return root
 }
 

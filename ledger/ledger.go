@@ -246,12 +246,12 @@ func canonJSON(what string, m json.RawMessage) (json.RawMessage, error) {
 	if len(m) == 0 {
 		return nil, nil
 	}
-	if !json.Valid(m) {
-		return nil, fmt.Errorf("%s is not valid JSON", what)
-	}
-	b, err := json.Marshal(m)
+	b, err := json.Marshal(m) // validates and compacts
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		if u := errors.Unwrap(err); u != nil {
+			err = u // the syntax error, without encoding/json's wrapper
+		}
+		return nil, fmt.Errorf("%s is not valid JSON: %w", what, err)
 	}
 	return b, nil
 }

@@ -525,11 +525,11 @@ func TestEditedEntryIsFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.OK || rep.Bad == nil || rep.Bad.Line != 3 || rep.Bad.What != errHash.Error() || rep.Records != 2 {
+	if rep.OK || rep.Bad == nil || rep.Bad.Line != 3 || rep.Bad.Seq != 2 || rep.Bad.What != errHash.Error() || rep.Records != 2 {
 		t.Fatalf("verify: %+v %+v", rep, rep.Bad)
 	}
 	_, err = Open(dir, "ep")
-	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "line 3") || !strings.Contains(err.Error(), "stasis ledger verify ep") {
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "line 3 (seq 2)") || !strings.Contains(err.Error(), "stasis ledger verify ep") {
 		t.Fatalf("open: %v", err)
 	}
 	if _, err := Read(dir, "ep"); !errors.Is(err, ErrCorrupt) {

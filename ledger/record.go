@@ -97,7 +97,8 @@ var errHash = errors.New("hash mismatch: the record was changed after it was wri
 
 // decodeRecord parses one line (without its newline) and checks that it is
 // well formed and that its hash covers it. It does not check the parent link
-// or the sequence number: those depend on the lines before it.
+// or the sequence number: those depend on the lines before it. On a hash
+// mismatch the record is returned too, for the error report only.
 func decodeRecord(line []byte) (record, error) {
 	var r record
 	// The line must end with "hash":"<64 lowercase hex>"}.
@@ -125,7 +126,7 @@ func decodeRecord(line []byte) (record, error) {
 	pre = append(pre, `"}`...)
 	sum := sha256.Sum256(pre)
 	if hex.EncodeToString(sum[:]) != r.Hash {
-		return record{}, errHash
+		return r, errHash // r, though not to be trusted, says which record it is
 	}
 	if err := r.check(); err != nil {
 		return record{}, err

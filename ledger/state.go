@@ -124,11 +124,11 @@ func load(data []byte, episode string) (*state, *Problem) {
 		line := rest[:i]
 		p := &Problem{Line: st.records + 1}
 		r, err := decodeRecord(line)
+		p.Kind, p.Seq = r.Kind, r.Seq
 		if err != nil {
 			p.What = err.Error()
 			return st, p
 		}
-		p.Kind, p.Seq = r.Kind, r.Seq
 		if err := st.apply(r); err != nil {
 			p.What = err.Error()
 			return st, p

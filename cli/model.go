@@ -1,0 +1,171 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"stasis/model"
+)
+
+func newModelCmd() *cobra.Command {
+	var (
+		listen, scriptPath, name, logFormat, logLevel string
+		seed                                          int64
+		delay                                         time.Duration
+		failRate                                      float64
+	)
+	cmd := &cobra.Command{
+		Use:   "model --listen ADDR [--script FILE] [--seed N] [--token-delay D] [--fail RATE]",
+		Short: "Serve a scripted OpenAI-compatible model for tests, benchmarks and the demo",
+		Long: `model serves a scripted policy model over the OpenAI API:
+
+  POST /v1/chat/completions   streamed (SSE, ending with data: [DONE]) or not
+  POST /v1/responses          streamed or not (best effort)
+  GET  /v1/models             lists the model name (--name)
+  GET  /healthz               "ok"
+  GET  /metrics               Prometheus text: requests, faults, tokens
+
+ADDR is host:port (port 0 picks a free port) or unix:/path. Once listening,
+model prints the address on stdout, one line (host:port, or unix:/path), and
+serves until SIGTERM or SIGINT, then shuts down gracefully and exits 0.
+
+The answers come from a JSON script (--script; without it a built-in one
+reads README.md, runs ls, and answers). Turn k of the script answers a
+request that already holds k assistant messages, so a harness that re-sends
+its history gets the same next turn. A script is a list of turns, each tool
+calls or a final answer; a call may name alternatives for harnesses whose
+tools are named differently:
+
+  [{"tool_calls": [{"name": "read_file", "arguments": {"path": "README.md"},
+                    "alternatives": [{"name": "read", "arguments": {"filePath": "README.md"}}]}]},
+   {"content": "Done."}]
+
+Tool calls are made only when the request offers one of the names; otherwise
+the answer is a text saying so.
+
+Every response carries token ids of a byte-level tokenizer the way vLLM
+returns them (prompt_token_ids; token_ids and logprobs in the choice) and a
+usage that matches them. The same request and --seed give the same bytes.
+
+Faults: --fail RATE makes that fraction of requests answer 429 (with
+Retry-After) or 500, or drop the connection mid-stream, drawn from the seed,
+the request and how often the same request came before. The request header
+X-Stasis-Fault: 429|500|drop|none forces one.
+
+--token-delay D sleeps D per generated token, streamed or not, to simulate
+generation time.
+
+Exit status: 0 after a signal; 2 a usage error (bad flag or script); 1 the
+address cannot be listened on, or the server failed.`,
+		Example: `  stasis model --listen 127.0.0.1:0
+  stasis model --listen unix:/tmp/model.sock --script fix.json --seed 7 --token-delay 5ms --fail 0.1`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if listen == "" {
+				return &exitError{code: 2, err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
+			}
+			if delay < 0 {
+				return &exitError{code: 2, err: errors.New("--token-delay must not be negative")}
+			}
+			if math.IsNaN(failRate) || failRate < 0 || failRate > 1 {
+				return &exitError{code: 2, err: fmt.Errorf("--fail %v: give a fraction from 0 to 1", failRate)}
+			}
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			script := model.DefaultScript()
+			if scriptPath != "" {
+				if script, err = model.LoadScript(scriptPath); err != nil {
+					return &exitError{code: 2, err: err}
+				}
+			}
+			ln, shown, err := modelListen(listen)
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			log = log.With("component", "model")
+			srv := &http.Server{
+				Handler: model.New(model.Options{
+					Script: script, Seed: seed, TokenDelay: delay, FailRate: failRate, Name: name, Logger: log,
+				}),
+				ReadHeaderTimeout: 30 * time.Second,
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			fmt.Fprintln(cmd.OutOrStdout(), shown)
+			log.Info("serving", "addr", shown, "script", script.Name, "turns", len(script.Turns), "seed", seed,
+				"token_delay", delay, "fail", failRate, "model", srv.Handler.(*model.Server).Name())
+			select {
+			case err := <-served:
+				return &exitError{code: 1, err: fmt.Errorf("serving %s: %w", shown, err)}
+			case <-ctx.Done():
+			}
+			log.Info("shutting down", "addr", shown)
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(sctx); err != nil {
+				log.Warn("requests still running at shutdown; closing them", "err", err)
+				_ = srv.Close()
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path")
+	f.StringVar(&scriptPath, "script", "", "JSON script of the conversation (default: read README.md, run ls, answer)")
+	f.Int64Var(&seed, "seed", 0, "seed of ids, timestamps, logprobs and faults")
+	f.DurationVar(&delay, "token-delay", 0, "time to spend per generated token")
+	f.Float64Var(&failRate, "fail", 0, "fraction of requests that fail with 429, 500 or a dropped connection")
+	f.StringVar(&name, "name", model.DefaultName, "model name listed by /v1/models")
+	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+// modelListen listens on host:port or unix:/path and returns the listener
+// and the address to print. A unix socket left by a dead server is replaced;
+// one a live server answers on is refused.
+func modelListen(addr string) (net.Listener, string, error) {
+	path, isUnix := strings.CutPrefix(addr, "unix:")
+	if !isUnix {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
+		}
+		return ln, ln.Addr().String(), nil
+	}
+	if path == "" {
+		return nil, "", errors.New("--listen unix: needs a path, e.g. unix:/tmp/model.sock")
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, "", fmt.Errorf("--listen %s: %s exists and is not a socket; remove it or pick another path", addr, path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, "", fmt.Errorf("--listen %s: a server already answers on %s", addr, path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, "", fmt.Errorf("--listen %s: removing the stale socket: %w", addr, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
+	}
+	return ln, "unix:" + path, nil
+}

@@ -10,7 +10,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/cli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build demo test deps deps-test vet staticcheck unit fuzz bench clean
+.PHONY: all build demo test deps deps-test deps-opencode vet staticcheck unit fuzz bench clean
 
 all: build
 
@@ -35,7 +35,34 @@ $(STATICCHECK):
 	@mkdir -p $(TOOLS)
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-deps-test: deps $(STATICCHECK)
+## deps-opencode: OpenCode (npm package opencode-ai, pinned) for the harness
+## tests, in .tools/npm, with the same version of @opencode-ai/plugin, which
+## OpenCode would otherwise try to install into its config directory at run
+## time (harness/opencode links it there). npm runs only when either is
+## missing or at another version; the check runs OpenCode with a throwaway
+## home so it writes nothing outside .tools.
+NPM_PREFIX       := $(CURDIR)/.tools/npm
+OPENCODE         := $(NPM_PREFIX)/node_modules/.bin/opencode
+OPENCODE_VERSION := 1.18.33
+OPENCODE_PROBE   := env -u XDG_DATA_HOME -u XDG_CONFIG_HOME -u XDG_CACHE_HOME -u XDG_STATE_HOME HOME=$(NPM_PREFIX)/.probe-home $(OPENCODE)
+OPENCODE_PLUGIN_JSON := $(NPM_PREFIX)/node_modules/@opencode-ai/plugin/package.json
+
+deps-opencode:
+	@if [ "$$($(OPENCODE_PROBE) --version 2>/dev/null)" = "$(OPENCODE_VERSION)" ] && \
+	   grep -q '"version": *"$(OPENCODE_VERSION)"' $(OPENCODE_PLUGIN_JSON) 2>/dev/null; then :; else \
+		command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }; \
+		echo "installing opencode-ai $(OPENCODE_VERSION) into $(NPM_PREFIX)"; \
+		mkdir -p $(NPM_PREFIX) && \
+		npm install --prefix $(NPM_PREFIX) --save-exact --no-audit --no-fund \
+			opencode-ai@$(OPENCODE_VERSION) @opencode-ai/plugin@$(OPENCODE_VERSION) || exit 1; \
+		got="$$($(OPENCODE_PROBE) --version 2>&1)"; \
+		if [ "$$got" != "$(OPENCODE_VERSION)" ]; then \
+			echo "$(OPENCODE) --version printed '$$got', want $(OPENCODE_VERSION): the opencode-linux-* binary package did not install; rm -rf $(NPM_PREFIX) and run make deps-opencode again" >&2; \
+			exit 1; \
+		fi; \
+	fi
+
+deps-test: deps $(STATICCHECK) deps-opencode
 
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stasis

@@ -25,6 +25,7 @@ import (
 
 	"stasis/atomicfile"
 	"stasis/ledger"
+	"stasis/openapi"
 )
 
 // EpisodeState is an episode as the gateway knows it:
@@ -278,14 +279,20 @@ func (g *Gateway) ledger(id string) (*ledger.Ledger, error) {
 
 // Handler serves the relays: the OpenAI-compatible endpoints, /metrics and
 // /healthz.
-func (g *Gateway) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, q *http.Request) { g.serveCall(w, q, "/v1/chat/completions") })
-	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, q *http.Request) { g.serveCall(w, q, "/v1/responses") })
-	mux.HandleFunc("GET /v1/models", g.serveModels)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	return mux
+func (g *Gateway) Handler() http.Handler { return mux(g.routes()) }
+
+// Routes lists the operations the handler serves ("METHOD /path").
+func (g *Gateway) Routes() []string { return keys(g.routes()) }
+
+func (g *Gateway) routes() map[string]http.Handler {
+	return map[string]http.Handler{
+		"POST /v1/chat/completions": http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { g.serveCall(w, q, "/v1/chat/completions") }),
+		"POST /v1/responses":        http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { g.serveCall(w, q, "/v1/responses") }),
+		"GET /v1/models":            http.HandlerFunc(g.serveModels),
+		"GET /metrics":              promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}),
+		"GET /healthz":              http.HandlerFunc(healthz),
+		"GET /openapi.json":         document(openapi.Gateway),
+	}
 }
 
 // authenticate finds the episode of the bearer token.

@@ -25,6 +25,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"stasis/openapi"
 )
 
 // Headers between relay and gateway.
@@ -214,14 +217,48 @@ func (r *Relay) Release() error {
 
 // Handler serves the harness: the OpenAI-compatible endpoints, /metrics and
 // /healthz.
-func (r *Relay) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, q *http.Request) { r.serveCall(w, q, "/v1/chat/completions") })
-	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, q *http.Request) { r.serveCall(w, q, "/v1/responses") })
-	mux.HandleFunc("GET /v1/models", r.serveModels)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	return mux
+func (r *Relay) Handler() http.Handler { return mux(r.routes()) }
+
+// Routes lists the operations the handler serves ("METHOD /path"); a test
+// checks them against the OpenAPI document.
+func (r *Relay) Routes() []string { return keys(r.routes()) }
+
+func (r *Relay) routes() map[string]http.Handler {
+	return map[string]http.Handler{
+		"POST /v1/chat/completions": http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { r.serveCall(w, q, "/v1/chat/completions") }),
+		"POST /v1/responses":        http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { r.serveCall(w, q, "/v1/responses") }),
+		"GET /v1/models":            http.HandlerFunc(r.serveModels),
+		"GET /metrics":              promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}),
+		"GET /healthz":              http.HandlerFunc(healthz),
+		"GET /openapi.json":         document(openapi.Relay),
+	}
+}
+
+func mux(routes map[string]http.Handler) http.Handler {
+	m := http.NewServeMux()
+	for pattern, h := range routes {
+		m.Handle(pattern, h)
+	}
+	return m
+}
+
+func keys(routes map[string]http.Handler) []string {
+	out := make([]string, 0, len(routes))
+	for k := range routes {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func healthz(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
+
+func document(name string) http.Handler {
+	b := openapi.Raw(name)
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+	})
 }
 
 // apiError writes an error in the OpenAI shape.

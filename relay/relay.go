@@ -270,29 +270,87 @@ func apiError(w http.ResponseWriter, status int, typ, msg string) {
 }
 
 // ParseCall reads what the relay needs from a call's body: whether the
-// harness wants a stream (and usage in it), and the body to send upstream
-// (stream off, every other field untouched).
+// harness wants a stream (and usage in it), and the body to send upstream.
+// The upstream body is the harness's, byte for byte, except that the
+// top-level "stream" is false and "stream_options" is gone: the members are
+// cut out by their offsets rather than the whole body re-encoded, so unknown
+// fields, their order and their number formats pass through untouched, and
+// a large conversation costs one scan.
 func ParseCall(body []byte) (upstream []byte, stream, includeUsage bool, err error) {
-	o, err := decodeObj(body)
-	if err != nil {
-		return nil, false, false, fmt.Errorf("request body must be a JSON object: %v", err)
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil || tok != json.Delim('{') {
+		return nil, false, false, fmt.Errorf("request body must be a JSON object")
 	}
-	if s, ok := o["stream"]; ok {
-		if err := json.Unmarshal(s, &stream); err != nil {
-			return nil, false, false, fmt.Errorf("\"stream\" must be true or false")
+	type span struct{ from, to int64 }
+	var cut []span
+	prevEnd := dec.InputOffset() // just after '{' or after the previous member
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return nil, false, false, fmt.Errorf("request body must be a JSON object: %v", err)
 		}
-	}
-	if so, ok := o["stream_options"]; ok {
-		var opts struct {
-			IncludeUsage bool `json:"include_usage"`
+		key, _ := kt.(string)
+		var val json.RawMessage
+		if err := dec.Decode(&val); err != nil {
+			return nil, false, false, fmt.Errorf("request body must be a JSON object: %v", err)
 		}
-		_ = json.Unmarshal(so, &opts)
-		includeUsage = opts.IncludeUsage
-		delete(o, "stream_options")
+		end := dec.InputOffset()
+		switch key {
+		case "stream":
+			if err := json.Unmarshal(val, &stream); err != nil {
+				return nil, false, false, fmt.Errorf("\"stream\" must be true or false")
+			}
+			cut = append(cut, span{prevEnd, end})
+		case "stream_options":
+			var opts struct {
+				IncludeUsage bool `json:"include_usage"`
+			}
+			_ = json.Unmarshal(val, &opts)
+			includeUsage = opts.IncludeUsage
+			cut = append(cut, span{prevEnd, end})
+		}
+		prevEnd = end
 	}
-	o["stream"] = raw(false)
-	upstream, err = json.Marshal(o)
-	return upstream, stream, includeUsage, err
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, false, false, fmt.Errorf("request body must be a JSON object")
+	}
+	if dec.More() {
+		return nil, false, false, fmt.Errorf("request body must be one JSON object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false, false, fmt.Errorf("request body must be one JSON object")
+	}
+	// Splice: drop the cut members (each span starts at the separator
+	// before its key), then add "stream":false as the first member.
+	out := make([]byte, 0, len(body)+16)
+	open := bytes.IndexByte(body, '{')
+	out = append(out, body[:open+1]...)
+	out = append(out, `"stream":false`...)
+	rest := body[open+1:]
+	base := int64(open + 1)
+	pos := int64(0)
+	var kept []byte
+	for _, c := range cut {
+		kept = append(kept, rest[pos:c.from-base]...)
+		pos = c.to - base
+	}
+	kept = append(kept, rest[pos:]...)
+	// kept is the members after '{' (with their separators) and the closing
+	// '}': it may start with a ',' (a cut first member left the next one's
+	// comma) or with the first member itself.
+	t := bytes.TrimLeft(kept, " \t\r\n")
+	switch {
+	case len(t) > 0 && t[0] == '}':
+		out = append(out, kept...)
+	case len(t) > 0 && t[0] == ',':
+		out = append(out, kept...)
+	default:
+		out = append(out, ',')
+		out = append(out, kept...)
+	}
+	return out, stream, includeUsage, nil
 }
 
 type result struct {

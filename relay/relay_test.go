@@ -318,9 +318,18 @@ func FuzzParseCall(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var o map[string]json.RawMessage
-		if json.Unmarshal(up, &o) != nil || string(o["stream"]) != "false" || o["stream_options"] != nil {
+		var o, orig map[string]any
+		if json.Unmarshal(up, &o) != nil || o["stream"] != false || o["stream_options"] != nil {
 			t.Fatalf("upstream body %s", up)
+		}
+		// Every other member is unchanged.
+		if json.Unmarshal(b, &orig) == nil {
+			delete(orig, "stream")
+			delete(orig, "stream_options")
+			delete(o, "stream")
+			if mustJSON(o) != mustJSON(orig) {
+				t.Fatalf("members changed:\n%s\n%s", b, up)
+			}
 		}
 	})
 }

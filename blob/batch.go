@@ -9,10 +9,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"stasis/atomicfile"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // stagingDir holds the batches being written; it is never a fan-out
@@ -26,7 +25,7 @@ const staleStaging = time.Hour
 var _ Batcher = (*Dir)(nil)
 
 // NewBatch starts a batch. Staged blobs are written without fsync to a
-// private staging directory; Commit makes them durable with one syncfs(2),
+// private staging directory; Commit makes them durable with one atomicfile.SyncFS(2),
 // renames them into their fan-out directories, and makes the renames
 // durable with a second syncfs: two flushes of the file system instead of
 // two per blob.
@@ -78,7 +77,7 @@ func (b *dirBatch) Commit(ctx context.Context) error {
 	if len(b.staged) == 0 {
 		return nil
 	}
-	if err := syncfs(b.d.path); err != nil {
+	if err := atomicfile.SyncFS(b.d.path); err != nil {
 		return fmt.Errorf("commit blobs: %w", err)
 	}
 	for key, size := range b.staged {
@@ -96,7 +95,7 @@ func (b *dirBatch) Commit(ctx context.Context) error {
 			return fmt.Errorf("commit blob %s: %w", key, err)
 		}
 	}
-	if err := syncfs(b.d.path); err != nil {
+	if err := atomicfile.SyncFS(b.d.path); err != nil {
 		return fmt.Errorf("commit blobs: %w", err)
 	}
 	b.staged = map[string]int{}
@@ -113,17 +112,4 @@ func (b *dirBatch) Abort() {
 		_ = os.RemoveAll(b.dir)
 		b.made = false
 	}
-}
-
-// syncfs flushes the whole file system that holds dir.
-func syncfs(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: dir, Err: err}
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return &os.PathError{Op: "syncfs", Path: dir, Err: err}
-	}
-	return nil
 }

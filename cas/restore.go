@@ -54,7 +54,7 @@ func (s *Store) Restore(ctx context.Context, id, dst string) (st Stats, err erro
 	if err := r.build(ctx, m); err != nil {
 		return st, fmt.Errorf("restore %s into %s: %w", id, dst, err)
 	}
-	if err := syncfs(tmp); err != nil {
+	if err := atomicfile.SyncFS(tmp); err != nil {
 		return st, fmt.Errorf("restore %s into %s: %w", id, dst, err)
 	}
 	if err := renameNoReplace(tmp, dst); err != nil {
@@ -217,20 +217,6 @@ func setMeta(p string, m meta, symlink bool) error {
 	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(m.Mtime)}
 	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return &os.PathError{Op: "utimensat", Path: p, Err: err}
-	}
-	return nil
-}
-
-// syncfs makes everything written to the file system holding dir durable:
-// one call for the whole restored tree instead of an fsync per file.
-func syncfs(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: dir, Err: err}
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return &os.PathError{Op: "syncfs", Path: dir, Err: err}
 	}
 	return nil
 }

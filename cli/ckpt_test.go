@@ -1,11 +1,8 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,18 +21,7 @@ import (
 // dir and returns its stdout, stderr and exit code.
 func ckpt(t *testing.T, dir string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"ckpt"}, args...)...)
-	cmd.Env = append(os.Environ(), stasistest.Env[0], home.Env+"="+dir)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return stasistest.Run(t, []string{home.Env + "=" + dir}, "", append([]string{"ckpt"}, args...)...)
 }
 
 func ckptRecord(t *testing.T, doc string) store.Record {

@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -21,18 +20,7 @@ func TestMain(m *testing.M) { stasistest.Main(m) }
 // stdout, stderr and exit code.
 func stasis(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), stasistest.Env[0])
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return stasistest.Run(t, nil, "", args...)
 }
 
 func TestHelpListsEverySubcommand(t *testing.T) {

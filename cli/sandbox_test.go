@@ -1,10 +1,8 @@
 package cli_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,19 +14,7 @@ import (
 // inHome runs the CLI with STASIS_HOME set, and stdin.
 func inHome(t *testing.T, home, stdin string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(stasistest.Exe(), args...)
-	cmd.Env = append(os.Environ(), append(stasistest.Env, "STASIS_HOME="+home)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return stasistest.Run(t, []string{"STASIS_HOME=" + home}, stdin, args...)
 }
 
 func lastLine(s string) string {

@@ -520,21 +520,9 @@ func (g *Gateway) serveModels(w http.ResponseWriter, q *http.Request) {
 		g.reply(w, http.StatusUnauthorized, "authentication_error", "unknown or missing episode token")
 		return
 	}
-	req, err := http.NewRequestWithContext(q.Context(), http.MethodGet, g.up.Base+"/v1/models", nil)
-	if err != nil {
-		g.reply(w, http.StatusInternalServerError, "server_error", err.Error())
-		return
-	}
+	h := map[string]string{}
 	if g.cfg.ModelKey != "" {
-		req.Header.Set("Authorization", "Bearer "+g.cfg.ModelKey)
+		h["Authorization"] = "Bearer " + g.cfg.ModelKey
 	}
-	resp, err := g.up.Client.Do(req)
-	if err != nil {
-		g.reply(w, http.StatusBadGateway, "upstream_error", err.Error())
-		return
-	}
-	defer resp.Body.Close()
-	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
-	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, io.LimitReader(resp.Body, maxResponse))
+	proxyGet(w, q, g.up, "/v1/models", h)
 }

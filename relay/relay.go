@@ -600,14 +600,20 @@ func (r *Relay) serveModels(w http.ResponseWriter, q *http.Request) {
 	r.mu.Lock()
 	cred := r.cred
 	r.mu.Unlock()
-	req, err := http.NewRequestWithContext(q.Context(), http.MethodGet, r.up.Base+"/v1/models", nil)
+	proxyGet(w, q, r.up, "/v1/models", map[string]string{"Authorization": "Bearer " + cred.Token, HeaderEpisode: cred.Episode})
+}
+
+// proxyGet answers a GET with the upstream's answer to the same GET.
+func proxyGet(w http.ResponseWriter, q *http.Request, up *Upstream, path string, header map[string]string) {
+	req, err := http.NewRequestWithContext(q.Context(), http.MethodGet, up.Base+path, nil)
 	if err != nil {
 		apiError(w, http.StatusInternalServerError, "server_error", err.Error())
 		return
 	}
-	req.Header.Set("Authorization", "Bearer "+cred.Token)
-	req.Header.Set(HeaderEpisode, cred.Episode)
-	resp, err := r.up.Client.Do(req)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := up.Client.Do(req)
 	if err != nil {
 		apiError(w, http.StatusBadGateway, "upstream_error", err.Error())
 		return

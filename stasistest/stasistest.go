@@ -4,7 +4,10 @@
 package stasistest
 
 import (
+	"bytes"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,4 +54,23 @@ func NoChildrenLeft(t testing.TB) {
 		}
 		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
 	}
+}
+
+// Run runs this test binary as stasis with args, the extra environment env
+// (Env is added), and stdin; it returns stdout, stderr and the exit code.
+func Run(t testing.TB, env []string, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(Exe(), args...)
+	cmd.Env = append(append(os.Environ(), Env...), env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
 }

@@ -1,21 +1,15 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
-	"net"
-	"net/http"
-	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"stasis/model"
+	"stasis/serve"
 )
 
 func newModelCmd() *cobra.Command {
@@ -91,35 +85,19 @@ address cannot be listened on, or the server failed.`,
 					return &exitError{code: 2, err: err}
 				}
 			}
-			ln, shown, err := modelListen(listen)
+			ln, shown, err := serve.Listen(listen)
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitError{code: 1, err: fmt.Errorf("--listen: %w", err)}
 			}
 			log = log.With("component", "model")
-			srv := &http.Server{
-				Handler: model.New(model.Options{
-					Script: script, Seed: seed, TokenDelay: delay, FailRate: failRate, Name: name, Logger: log,
-				}),
-				ReadHeaderTimeout: 30 * time.Second,
-			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			served := make(chan error, 1)
-			go func() { served <- srv.Serve(ln) }()
+			h := model.New(model.Options{
+				Script: script, Seed: seed, TokenDelay: delay, FailRate: failRate, Name: name, Logger: log,
+			})
 			fmt.Fprintln(cmd.OutOrStdout(), shown)
 			log.Info("serving", "addr", shown, "script", script.Name, "turns", len(script.Turns), "seed", seed,
-				"token_delay", delay, "fail", failRate, "model", srv.Handler.(*model.Server).Name())
-			select {
-			case err := <-served:
-				return &exitError{code: 1, err: fmt.Errorf("serving %s: %w", shown, err)}
-			case <-ctx.Done():
-			}
-			log.Info("shutting down", "addr", shown)
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := srv.Shutdown(sctx); err != nil {
-				log.Warn("requests still running at shutdown; closing them", "err", err)
-				_ = srv.Close()
+				"token_delay", delay, "fail", failRate, "model", h.Name())
+			if err := serve.UntilSignal(cmd.Context(), ln, h, log); err != nil {
+				return &exitError{code: 1, err: err}
 			}
 			return nil
 		},
@@ -134,38 +112,4 @@ address cannot be listened on, or the server failed.`,
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd
-}
-
-// modelListen listens on host:port or unix:/path and returns the listener
-// and the address to print. A unix socket left by a dead server is replaced;
-// one a live server answers on is refused.
-func modelListen(addr string) (net.Listener, string, error) {
-	path, isUnix := strings.CutPrefix(addr, "unix:")
-	if !isUnix {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
-		}
-		return ln, ln.Addr().String(), nil
-	}
-	if path == "" {
-		return nil, "", errors.New("--listen unix: needs a path, e.g. unix:/tmp/model.sock")
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, "", fmt.Errorf("--listen %s: %s exists and is not a socket; remove it or pick another path", addr, path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, "", fmt.Errorf("--listen %s: a server already answers on %s", addr, path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, "", fmt.Errorf("--listen %s: removing the stale socket: %w", addr, err)
-		}
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
-	}
-	return ln, "unix:" + path, nil
 }

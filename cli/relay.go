@@ -1,43 +1,18 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"stasis/atomicfile"
 	"stasis/home"
 	"stasis/relay"
+	"stasis/serve"
 )
-
-// serveUntilSignal serves h on ln until SIGTERM or SIGINT, then shuts down
-// gracefully.
-func serveUntilSignal(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return srv.Shutdown(sctx)
-}
 
 func newRelayCmd() *cobra.Command {
 	var listen, upstream, tokenFile, logLevel string
@@ -65,12 +40,12 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
-			ln, err := relay.Listen(listen)
+			ln, shown, err := serve.Listen(listen)
 			if err != nil {
-				return err
+				return fmt.Errorf("--listen: %w", err)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), "relay listening on", ln.Addr())
-			return serveUntilSignal(cmd.Context(), ln, r.Handler(), log)
+			fmt.Fprintln(cmd.OutOrStdout(), "relay listening on", shown)
+			return serve.UntilSignal(cmd.Context(), ln, r.Handler(), log)
 		},
 	}
 	f := cmd.Flags()
@@ -118,12 +93,12 @@ Metrics in Prometheus format at /metrics.`,
 				return &exitError{code: 2, err: err}
 			}
 			defer g.Close()
-			ln, err := relay.Listen(listen)
+			ln, shown, err := serve.Listen(listen)
 			if err != nil {
-				return err
+				return fmt.Errorf("--listen: %w", err)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), "gateway listening on", ln.Addr())
-			return serveUntilSignal(cmd.Context(), ln, g.Handler(), log)
+			fmt.Fprintln(cmd.OutOrStdout(), "gateway listening on", shown)
+			return serve.UntilSignal(cmd.Context(), ln, g.Handler(), log)
 		},
 	}
 	f := cmd.Flags()

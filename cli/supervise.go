@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/relay"
+	"stasis/serve"
 	"stasis/supervisor"
 )
 
@@ -97,7 +98,7 @@ the deadline ended it, 1 when the supervisor failed.`,
 				if err != nil {
 					return &exitError{code: 2, err: err}
 				}
-				ln, err := relay.Listen(relayListen)
+				ln, _, err := serve.Listen(relayListen)
 				if err != nil {
 					return &exitError{code: 1, err: fmt.Errorf("relay: %w", err)}
 				}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"stasis/serve"
 )
 
 const completion = `{"id":"c1","object":"chat.completion","created":7,"model":"m","prompt_token_ids":[1,2,3],
@@ -283,7 +285,7 @@ func TestBadRequests(t *testing.T) {
 
 func TestUnixUpstream(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "up.sock")
-	ln, err := Listen("unix:" + sock)
+	ln, _, err := serve.Listen("unix:" + sock)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -51,22 +50,4 @@ func ParseUpstream(raw string) (*Upstream, error) {
 		return &Upstream{Base: "http://unix", Client: &http.Client{Transport: tr}}, nil
 	}
 	return nil, fmt.Errorf("upstream %q: scheme must be http, https or unix", raw)
-}
-
-// Listen opens a listener for ADDR: host:port, or unix:PATH / unix://PATH.
-func Listen(addr string) (net.Listener, error) {
-	if p, ok := strings.CutPrefix(addr, "unix://"); ok {
-		return listenUnix(p)
-	}
-	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
-		return listenUnix(p)
-	}
-	return net.Listen("tcp", addr)
-}
-
-func listenUnix(p string) (net.Listener, error) {
-	if p == "" {
-		return nil, errors.New("listen: empty unix socket path")
-	}
-	return net.Listen("unix", p)
 }

@@ -1,0 +1,81 @@
+// Package serve owns how stasis's HTTP servers (relay, gateway, scripted
+// model) take an address and run: listening on host:port or a unix socket
+// (replacing a socket a dead server left, refusing one a live server
+// answers on), and serving until SIGTERM or SIGINT with a graceful
+// shutdown.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Listen listens on host:port, or on a unix socket given as unix:PATH or
+// unix://PATH. It returns the listener and the address to show: host:port
+// (with the port chosen for :0), or unix:PATH.
+func Listen(addr string) (net.Listener, string, error) {
+	path, isUnix := strings.CutPrefix(addr, "unix://")
+	if !isUnix {
+		path, isUnix = strings.CutPrefix(addr, "unix:")
+	}
+	if !isUnix {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, "", fmt.Errorf("listen %s: %w", addr, err)
+		}
+		return ln, ln.Addr().String(), nil
+	}
+	if path == "" {
+		return nil, "", errors.New("listen unix: needs a path, e.g. unix:/tmp/model.sock")
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, "", fmt.Errorf("listen %s: %s exists and is not a socket; remove it or pick another path", addr, path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, "", fmt.Errorf("listen %s: a server already answers on %s", addr, path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, "", fmt.Errorf("listen %s: removing the stale socket: %w", addr, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, "", fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return ln, "unix:" + path, nil
+}
+
+// UntilSignal serves h on ln until ctx ends, SIGTERM or SIGINT arrives, or
+// serving fails; then it shuts down, giving requests under way 10 s before
+// closing them.
+func UntilSignal(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serving %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "addr", ln.Addr().String())
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("requests still running at shutdown; closing them", "err", err)
+		_ = srv.Close()
+	}
+	return nil
+}

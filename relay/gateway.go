@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"stasis/atomicfile"
 	"stasis/ledger"
@@ -139,33 +138,45 @@ func (g *Gateway) epPath(id string) string {
 	return filepath.Join(g.cfg.State, "episodes", id+".json")
 }
 
-// reload reads every episode file (another process may have added one).
+// reload reads every episode file (another process may have added one);
+// it runs at start and when a token is not known.
 func (g *Gateway) reload() error {
 	ents, err := os.ReadDir(filepath.Join(g.cfg.State, "episodes"))
 	if err != nil {
 		return err
 	}
+	for _, e := range ents {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			_ = g.load(id)
+		}
+	}
+	return nil
+}
+
+// load reads one episode's file into the gateway's maps; an episode without
+// a file gives an error wrapping ErrUnknownEpisode.
+func (g *Gateway) load(id string) error {
+	if !episodeName.MatchString(id) {
+		return fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
+	b, err := os.ReadFile(g.epPath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
+	if err != nil {
+		return err
+	}
+	var st EpisodeState
+	if err := json.Unmarshal(b, &st); err != nil || st.Episode != id {
+		return fmt.Errorf("episode %q: %s is damaged (%v)", id, g.epPath(id), err)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !episodeName.MatchString(id) {
-			continue
-		}
-		b, err := os.ReadFile(g.epPath(id))
-		if err != nil {
-			continue
-		}
-		var st EpisodeState
-		if json.Unmarshal(b, &st) != nil || st.Episode != id {
-			continue
-		}
-		if old, ok := g.episodes[id]; ok {
-			delete(g.tokens, old.Token)
-		}
-		g.episodes[id] = &st
-		g.tokens[st.Token] = id
+	if old, ok := g.episodes[id]; ok {
+		delete(g.tokens, old.Token)
 	}
+	g.episodes[id] = &st
+	g.tokens[st.Token] = id
 	return nil
 }
 
@@ -178,14 +189,11 @@ func (g *Gateway) AddEpisode(id string) (EpisodeState, error) {
 	if !episodeName.MatchString(id) {
 		return EpisodeState{}, fmt.Errorf("episode name %q: use letters, digits, '.', '_' and '-' (at most 128)", id)
 	}
-	if err := g.reload(); err != nil {
-		return EpisodeState{}, err
+	if err := g.load(id); !errors.Is(err, ErrUnknownEpisode) {
+		return EpisodeState{}, fmt.Errorf("episode %q already exists", id)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if _, ok := g.episodes[id]; ok {
-		return EpisodeState{}, fmt.Errorf("episode %q already exists", id)
-	}
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	st := &EpisodeState{Episode: id, Token: hex.EncodeToString(b), Created: time.Now().UTC()}
@@ -199,14 +207,12 @@ func (g *Gateway) AddEpisode(id string) (EpisodeState, error) {
 
 // Episode returns an episode's state.
 func (g *Gateway) Episode(id string) (EpisodeState, error) {
-	_ = g.reload()
+	if err := g.load(id); err != nil {
+		return EpisodeState{}, err
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st, ok := g.episodes[id]
-	if !ok {
-		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
-	}
-	return *st, nil
+	return *g.episodes[id], nil
 }
 
 // ErrUnknownEpisode is returned for an episode the gateway has not
@@ -218,7 +224,9 @@ var ErrUnknownEpisode = errors.New("unknown episode")
 // count; otherwise (a relaunch) the next call is matched against the
 // ledger. Calls of older attempts are refused from now on.
 func (g *Gateway) Restore(id string, inPlace bool, delivered int64) (EpisodeState, error) {
-	_ = g.reload()
+	if err := g.load(id); err != nil {
+		return EpisodeState{}, err
+	}
 	l, err := g.ledger(id)
 	if err != nil {
 		return EpisodeState{}, err
@@ -227,11 +235,8 @@ func (g *Gateway) Restore(id string, inPlace bool, delivered int64) (EpisodeStat
 	lock.Lock()
 	defer lock.Unlock()
 	g.mu.Lock()
-	st, ok := g.episodes[id]
+	st := g.episodes[id]
 	g.mu.Unlock()
-	if !ok {
-		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
-	}
 	if inPlace {
 		if delivered < 0 || delivered > l.Len() {
 			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), delivered)
@@ -285,14 +290,7 @@ func (g *Gateway) Handler() http.Handler { return mux(g.routes()) }
 func (g *Gateway) Routes() []string { return keys(g.routes()) }
 
 func (g *Gateway) routes() map[string]http.Handler {
-	return map[string]http.Handler{
-		"POST /v1/chat/completions": http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { g.serveCall(w, q, "/v1/chat/completions") }),
-		"POST /v1/responses":        http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { g.serveCall(w, q, "/v1/responses") }),
-		"GET /v1/models":            http.HandlerFunc(g.serveModels),
-		"GET /metrics":              promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}),
-		"GET /healthz":              http.HandlerFunc(healthz),
-		"GET /openapi.json":         document(openapi.Gateway),
-	}
+	return apiRoutes(g.serveCall, g.serveModels, g.reg, openapi.Gateway)
 }
 
 // authenticate finds the episode of the bearer token.

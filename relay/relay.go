@@ -224,14 +224,22 @@ func (r *Relay) Handler() http.Handler { return mux(r.routes()) }
 func (r *Relay) Routes() []string { return keys(r.routes()) }
 
 func (r *Relay) routes() map[string]http.Handler {
-	return map[string]http.Handler{
-		"POST /v1/chat/completions": http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { r.serveCall(w, q, "/v1/chat/completions") }),
-		"POST /v1/responses":        http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { r.serveCall(w, q, "/v1/responses") }),
-		"GET /v1/models":            http.HandlerFunc(r.serveModels),
-		"GET /metrics":              promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}),
-		"GET /healthz":              http.HandlerFunc(healthz),
-		"GET /openapi.json":         document(openapi.Relay),
+	return apiRoutes(r.serveCall, r.serveModels, r.reg, openapi.Relay)
+}
+
+// apiRoutes are the operations relay and gateway both serve: the two model
+// calls, the models list, metrics, liveness and the OpenAPI document.
+func apiRoutes(call func(http.ResponseWriter, *http.Request, string), models http.HandlerFunc, reg *prometheus.Registry, doc string) map[string]http.Handler {
+	routes := map[string]http.Handler{
+		"GET /v1/models":    models,
+		"GET /metrics":      promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		"GET /healthz":      http.HandlerFunc(healthz),
+		"GET /openapi.json": document(doc),
 	}
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses"} {
+		routes["POST "+path] = http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { call(w, q, path) })
+	}
+	return routes
 }
 
 func mux(routes map[string]http.Handler) http.Handler {

@@ -258,7 +258,8 @@ func canonJSON(what string, m json.RawMessage) (json.RawMessage, error) {
 
 // Append adds e as the next entry of the logical ledger and returns it with
 // Seq, Parent and Hash filled in; the record is on disk (fsync'd) when Append
-// returns. Tokens, when nil, are taken from the response (ExtractTokens).
+// returns. Tokens and Usage, when not given, are read from the response in
+// one pass (see ExtractTokens).
 // The first entry after a relaunch match is marked Boundary. A call id
 // that is already in the logical ledger is refused with ErrDuplicate.
 func (l *Ledger) Append(e Entry) (Entry, error) {
@@ -275,11 +276,17 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	if e.Request, err = canonJSON("request of "+e.CallID, e.Request); err != nil {
 		return Entry{}, fmt.Errorf("ledger append: %w", err)
 	}
+	if e.Tokens == nil || len(e.Usage) == 0 {
+		usage, tokens := extract(e.Response)
+		if e.Tokens == nil {
+			e.Tokens = tokens
+		}
+		if len(e.Usage) == 0 {
+			e.Usage = usage
+		}
+	}
 	if e.Usage, err = canonJSON("usage of "+e.CallID, e.Usage); err != nil {
 		return Entry{}, fmt.Errorf("ledger append: %w", err)
-	}
-	if e.Tokens == nil {
-		e.Tokens = ExtractTokens(e.Response)
 	}
 	fp := responseFingerprint(e.Response)
 

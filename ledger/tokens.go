@@ -15,22 +15,37 @@ type Tokens struct {
 // choices[0].token_ids, and choices[0].logprobs.content[].logprob. Absent,
 // null or mistyped fields are skipped; it returns nil when there are none.
 func ExtractTokens(response json.RawMessage) *Tokens {
+	_, t := extract(response)
+	return t
+}
+
+// extract reads, in one pass over the response, its usage and its tokens
+// (nil when it has none).
+func extract(response json.RawMessage) (usage json.RawMessage, tokens *Tokens) {
 	var r struct {
+		Usage     json.RawMessage   `json:"usage"`
 		PromptIDs json.RawMessage   `json:"prompt_token_ids"`
 		Choices   []json.RawMessage `json:"choices"`
 	}
 	if json.Unmarshal(response, &r) != nil {
-		return nil
+		return nil, nil
 	}
+	if string(r.Usage) != "null" {
+		usage = r.Usage
+	}
+	return usage, tokensOf(r.PromptIDs, r.Choices)
+}
+
+func tokensOf(promptIDs json.RawMessage, choices []json.RawMessage) *Tokens {
 	var t Tokens
-	t.PromptIDs = ids(r.PromptIDs)
-	if len(r.Choices) > 0 {
+	t.PromptIDs = ids(promptIDs)
+	if len(choices) > 0 {
 		var c struct {
 			PromptIDs json.RawMessage `json:"prompt_token_ids"`
 			TokenIDs  json.RawMessage `json:"token_ids"`
 			Logprobs  json.RawMessage `json:"logprobs"`
 		}
-		if json.Unmarshal(r.Choices[0], &c) == nil {
+		if json.Unmarshal(choices[0], &c) == nil {
 			if len(t.PromptIDs) == 0 {
 				t.PromptIDs = ids(c.PromptIDs)
 			}

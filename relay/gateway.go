@@ -464,13 +464,9 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 			return
 		}
 	}
-	var usage struct {
-		Usage json.RawMessage `json:"usage"`
-	}
-	_ = json.Unmarshal(respBody, &usage)
 	e, err := l.Append(ledger.Entry{
-		CallID: callID, Attempt: attempt, Request: body, Response: respBody, Usage: usage.Usage,
-		Tokens: ledger.ExtractTokens(respBody), Started: t0, Finished: time.Now(),
+		// Usage and tokens are read from the response by the ledger.
+		CallID: callID, Attempt: attempt, Request: body, Response: respBody, Started: t0, Finished: time.Now(),
 	})
 	if err != nil {
 		g.log.Error("ledger append failed", "episode", st.Episode, "call", callID, "err", err)

@@ -5,6 +5,7 @@ package stasistest
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -25,12 +26,38 @@ var Env = []string{envAsCLI + "=1"}
 // Main is TestMain for packages whose tests start stasis processes: with
 // STASIS_TEST_AS_CLI set the binary runs the real command line (so the
 // supervisors and shims under test are this very binary, built with -race
-// when the tests are); otherwise it runs the tests.
+// when the tests are); otherwise it runs the tests, and then fails the run
+// if any process they started is still there (parallel tests share the
+// test process, so only here, after all of them, is "no child left" a
+// question with one answer).
 func Main(m *testing.M) {
 	if os.Getenv(envAsCLI) == "1" {
 		os.Exit(cli.Main(os.Args[1:]))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if code == 0 {
+		if left := childrenLeft(10 * time.Second); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: processes left behind by the tests: %+v\n", left)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// childrenLeft waits up to timeout for the test process to have no
+// descendant, and returns those still there.
+func childrenLeft(timeout time.Duration) []proc.Stat {
+	deadline := time.Now().Add(timeout)
+	for {
+		kids, err := proc.Descendants(os.Getpid())
+		if err == nil && len(kids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return kids
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
 }
 
 // Exe is the binary to start as stasis, with Env.
@@ -40,19 +67,8 @@ func Exe() string { return os.Args[0] }
 // has no descendant left.
 func NoChildrenLeft(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		kids, err := proc.Descendants(os.Getpid())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(kids) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes left behind: %+v", kids)
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
+	if left := childrenLeft(10 * time.Second); len(left) > 0 {
+		t.Fatalf("processes left behind: %+v", left)
 	}
 }
 

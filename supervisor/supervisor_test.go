@@ -71,8 +71,7 @@ func (h *harness) track() []proc.Stat {
 }
 
 // cleanup ends the supervisor if the test left it running, then checks that
-// no process the test saw survives and that the test process has no
-// children left.
+// no process the test saw survives.
 func (h *harness) cleanup() {
 	select {
 	case <-h.c.Done():
@@ -95,12 +94,13 @@ func (h *harness) cleanup() {
 			}
 		}
 		h.mu.Unlock()
-		kids, _ := proc.Descendants(os.Getpid())
-		if len(alive) == 0 && len(kids) == 0 {
+		// Children of the test process as a whole are checked once all
+		// tests are done (stasistest.Main): parallel tests share it.
+		if len(alive) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			h.t.Errorf("processes left behind: %v; children of the test: %v", alive, kids)
+			h.t.Errorf("processes left behind: %v", alive)
 			break
 		}
 		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above

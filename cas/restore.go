@@ -83,42 +83,11 @@ func (r *restorer) at(p name) string { return filepath.Join(r.root, string(p)) }
 // directory does not change its mtime and a read-only directory is
 // finished last.
 func (r *restorer) build(ctx context.Context, m *manifest) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	jobs := make(chan *entry)
-	var (
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err; cancel() })
-	}
-	for i := 0; i < r.s.workers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for e := range jobs {
-				if ctx.Err() != nil {
-					continue // drain: the restore has failed
-				}
-				if err := r.file(ctx, e); err != nil {
-					fail(err)
-				}
-			}
-		}()
-	}
-	err := r.tops(ctx, m, jobs)
-	close(jobs)
-	wg.Wait()
+	err := fanOut(ctx, r.s.workers,
+		func(ctx context.Context, jobs chan *entry) error { return r.tops(ctx, m, jobs) },
+		func() func(context.Context, *entry) error { return r.file })
 	if err != nil {
-		fail(err)
-	}
-	if firstErr == nil && ctx.Err() != nil {
-		firstErr = ctx.Err()
-	}
-	if firstErr != nil {
-		return firstErr
+		return err
 	}
 	for i := range m.Entries {
 		if e := &m.Entries[i]; e.Type == typeHardlink {

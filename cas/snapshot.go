@@ -59,43 +59,14 @@ func (s *Store) Snapshot(ctx context.Context, dir, prev string) (id string, st S
 		sn.prevComplete = s.isComplete(prev)
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	jobs := make(chan fileJob)
-	var (
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err; cancel() })
-	}
-	for i := 0; i < s.workers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w := &chunkWorker{}
-			for j := range jobs {
-				if ctx.Err() != nil {
-					continue // drain: the snapshot has failed
-				}
-				if err := sn.storeFile(ctx, w, j.abs, j.e); err != nil {
-					fail(err)
-				}
-			}
-		}()
-	}
-	walkErr := sn.walk(ctx, abs, "", jobs)
-	close(jobs)
-	wg.Wait()
-	if walkErr != nil {
-		fail(walkErr)
-	}
-	if firstErr == nil && ctx.Err() != nil {
-		firstErr = ctx.Err()
-	}
-	if firstErr != nil {
-		return "", st, fmt.Errorf("snapshot %s: %w", abs, firstErr)
+	err = fanOut(ctx, s.workers,
+		func(ctx context.Context, jobs chan fileJob) error { return sn.walk(ctx, abs, "", jobs) },
+		func() func(context.Context, fileJob) error {
+			w := &chunkWorker{} // each worker's own chunk buffers
+			return func(ctx context.Context, j fileJob) error { return sn.storeFile(ctx, w, j.abs, j.e) }
+		})
+	if err != nil {
+		return "", st, fmt.Errorf("snapshot %s: %w", abs, err)
 	}
 
 	m := &manifest{Root: metaOf(&rootSt), Entries: make([]entry, len(sn.entries))}

@@ -62,12 +62,11 @@ type Session struct {
 	id    string // sandbox id
 	owned bool
 
-	mu       sync.Mutex
-	started  bool
-	closed   bool
-	lastAck  *supervisor.Ack // the last pause acknowledgement
-	inForce  bool            // lastAck's pause is in force (not continued)
-	lastStat *supervisor.Status
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	lastAck *supervisor.Ack // the last pause acknowledgement
+	inForce bool            // lastAck's pause is in force (not continued)
 }
 
 // ErrHoldNeedsProcesses refuses hold mode on a file-only provider.
@@ -258,9 +257,6 @@ func (s *Session) Pause(ctx context.Context, n int64) (*supervisor.Ack, error) {
 		return nil, fmt.Errorf("session %s: pause %d: bad acknowledgement %q: %w", s.o.Episode, n, out, err)
 	}
 	s.lastAck, s.inForce = &a, true
-	if st, err := s.statusLocked(ctx); err == nil {
-		s.lastStat = st
-	}
 	return &a, nil
 }
 
@@ -337,13 +333,10 @@ func (s *Session) CheckpointState(ctx context.Context) (State, error) {
 		Episode: s.o.Episode, Provider: s.p.Name(), Sandbox: s.id, KeepsProcesses: s.p.Capabilities().KeepsProcesses,
 		Dir: s.o.Dir, PauseSeq: a.Seq, PauseMode: a.Mode, PauseConfirmed: a.Confirmed, Identity: a.Identity,
 		PauseWall: a.Wall, PauseUptime: a.Uptime, RelayDelivered: a.RelayDelivered,
-		HarnessSession: s.o.HarnessSession, Attempt: s.o.Attempt,
+		HarnessSession: s.o.HarnessSession, Attempt: s.o.Attempt, DeadlineLeftS: a.DeadlineLeft,
 	}
 	if info, err := s.p.Get(ctx, s.id); err == nil {
 		st.Descriptor = info.Descriptor
-	}
-	if s.lastStat != nil {
-		st.DeadlineLeftS = s.lastStat.DeadlineLeft
 	}
 	return st, nil
 }

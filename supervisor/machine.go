@@ -167,15 +167,25 @@ func (m *Machine) seqText() string {
 
 func (m *Machine) ack(op string, seq int64, confirmed bool) *Ack {
 	return &Ack{
-		Seq:        seq,
-		Op:         op,
-		Mode:       m.cfg.Mode,
-		Identity:   m.id,
-		Wall:       m.clock.Wall(),
-		Uptime:     m.clock.Uptime(),
-		Confirmed:  confirmed,
-		HarnessPID: m.harnessPID,
+		Seq:          seq,
+		Op:           op,
+		Mode:         m.cfg.Mode,
+		Identity:     m.id,
+		Wall:         m.clock.Wall(),
+		Uptime:       m.clock.Uptime(),
+		Confirmed:    confirmed,
+		HarnessPID:   m.harnessPID,
+		DeadlineLeft: m.deadlineLeft(),
 	}
+}
+
+// deadlineLeft is the run budget left, in seconds; nil without a deadline.
+func (m *Machine) deadlineLeft() *float64 {
+	if m.cfg.Deadline <= 0 {
+		return nil
+	}
+	left := max((m.cfg.Deadline - m.usedNow()).Seconds(), 0)
+	return &left
 }
 
 // Pause handles "pause seq". The returned bool is true when the
@@ -326,13 +336,7 @@ func (m *Machine) Status() Status {
 		paused += m.clock.Now().Sub(m.pausedSince)
 	}
 	s.PausedTotal = paused.Seconds()
-	if m.cfg.Deadline > 0 {
-		left := (m.cfg.Deadline - m.usedNow()).Seconds()
-		if left < 0 {
-			left = 0
-		}
-		s.DeadlineLeft = &left
-	}
+	s.DeadlineLeft = m.deadlineLeft()
 	return s
 }
 

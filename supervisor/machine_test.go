@@ -168,8 +168,12 @@ func TestDeadlineCreditsPausedTime(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			m, p, c := newTestMachine(t, Config{Mode: mode, Deadline: 2 * time.Second, Grace: time.Second})
 			c.add(1500 * time.Millisecond)
-			if _, _, err := m.Pause(1); err != nil {
+			a, _, err := m.Pause(1)
+			if err != nil {
 				t.Fatal(err)
+			}
+			if a.DeadlineLeft == nil || *a.DeadlineLeft != 0.5 {
+				t.Fatalf("pause ack deadline_left_s %v, want 0.5", a.DeadlineLeft)
 			}
 			if !m.NextWake().IsZero() {
 				t.Fatal("no deadline timer while paused")
@@ -197,7 +201,7 @@ func TestDeadlineCreditsPausedTime(t *testing.T) {
 			if m.Status().State != "stopping" {
 				t.Fatal("not stopping at the deadline")
 			}
-			_, _, err := m.Pause(2)
+			_, _, err = m.Pause(2)
 			refused(t, err, "ending")
 			c.add(time.Second)
 			m.Tick()

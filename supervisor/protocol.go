@@ -124,6 +124,9 @@ type Ack struct {
 	// the harness when the pause took hold; present when a relay is attached.
 	RelayDelivered *int64 `json:"relay_delivered,omitempty"`
 	HarnessPID     int    `json:"harness_pid,omitempty"`
+	// DeadlineLeft is the run budget left, in seconds (paused time does not
+	// count); absent without a deadline.
+	DeadlineLeft *float64 `json:"deadline_left_s,omitempty"`
 	// Note says why a pause was not confirmed.
 	Note string `json:"note,omitempty"`
 }

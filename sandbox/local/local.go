@@ -58,9 +58,9 @@ type Options struct {
 	// (read-write), e.g. the directory of the relay's unix socket.
 	Binds []string
 	// ForkHook, when set, is called before each sandbox of a Fork is made,
-	// with its index; an error makes that one fail (tests use it to prove a
-	// partial fork leaves nothing).
-	ForkHook func(i int) error
+	// with the snapshot and the sandbox's index; an error makes that one
+	// fail (tests use it to prove a partial fork leaves nothing).
+	ForkHook func(snapshot string, i int) error
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { stasistest.Main(m) }
 
 // newProvider opens a local provider over a fresh state directory, run by
 // this test binary acting as stasis.
-func newProvider(t *testing.T, hook func(int) error) (*local.Provider, string) {
+func newProvider(t *testing.T, hook func(string, int) error) (*local.Provider, string) {
 	t.Helper()
 	home := t.TempDir()
 	p, err := local.New(local.Options{Home: home, Exe: stasistest.Exe(), ExeEnv: stasistest.Env, ForkHook: hook})
@@ -53,11 +53,11 @@ func hostProcesses(dir string) []int {
 
 func TestConformance(t *testing.T) {
 	var mu sync.Mutex
-	failAt := -1
-	p, home := newProvider(t, func(i int) error {
+	fail := map[string]int{} // snapshot → index of the fork sandbox that fails
+	p, home := newProvider(t, func(snapshot string, i int) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if i == failAt {
+		if k, ok := fail[snapshot]; ok && k == i {
 			return errors.New("injected fork failure")
 		}
 		return nil
@@ -65,11 +65,11 @@ func TestConformance(t *testing.T) {
 	t.Run("suite", func(t *testing.T) {
 		sandboxtest.Run(t, sandboxtest.Harness{
 			Provider: p,
-			FailFork: func(k int) func() {
+			FailFork: func(snapshot string, k int) func() {
 				mu.Lock()
-				failAt = k
+				fail[snapshot] = k
 				mu.Unlock()
-				return func() { mu.Lock(); failAt = -1; mu.Unlock() }
+				return func() { mu.Lock(); delete(fail, snapshot); mu.Unlock() }
 			},
 			Retired: p.Retired,
 			HostProcesses: func(id string) []int {

@@ -149,7 +149,7 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	}
 	for i := 0; i < n; i++ {
 		if p.o.ForkHook != nil {
-			if err := p.o.ForkHook(i); err != nil {
+			if err := p.o.ForkHook(snap, i); err != nil {
 				return fail(i, err)
 			}
 		}

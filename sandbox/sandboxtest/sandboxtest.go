@@ -22,9 +22,10 @@ import (
 // Harness hands the suite a provider and the hooks it needs.
 type Harness struct {
 	Provider sandbox.Provider
-	// FailFork makes the k-th sandbox (0-based) of the next Fork fail; the
+	// FailFork makes the k-th sandbox (0-based) of forks of this snapshot
+	// fail, and only those (other subtests fork at the same time); the
 	// returned function undoes it. Required.
-	FailFork func(k int) (undo func())
+	FailFork func(snapshot string, k int) (undo func())
 	// Retired reports how many times the provider retired a sandbox; nil
 	// skips that check (a remote provider counts delete calls instead).
 	Retired func(id string) int
@@ -356,7 +357,7 @@ func (s *suite) partialFork(t *testing.T) {
 	src := s.create(t, sandbox.Spec{})
 	snap := s.snapshot(t, src.ID)
 	label := map[string]string{"partial": t.Name()}
-	undo := s.h.FailFork(1)
+	undo := s.h.FailFork(snap.ID, 1)
 	_, err := s.p.Fork(ctx, snap.ID, 3, sandbox.ForkSpec{Labels: label, Expiry: time.Now().Add(time.Hour)})
 	undo()
 	if err == nil {
@@ -409,7 +410,9 @@ func (s *suite) expiry(t *testing.T) {
 	info := s.create(t, sandbox.Spec{})
 	// A process stopped with SIGSTOP (as a paused supervisor's harness is)
 	// must die at the expiry too.
-	s.sh(t, info.ID, `setsid sh -c 'while :; do sleep 0.1; done' </dev/null >/dev/null 2>&1 & pid=$!; kill -STOP $pid; echo $pid > /work/stopped.pid`)
+	// The group's redirections are in place before the fork, so the stopped
+	// process never holds the exec's output pipe open.
+	s.sh(t, info.ID, `{ setsid sh -c 'while :; do sleep 0.1; done' & echo $! > /work/stopped.pid; } </dev/null >/dev/null 2>&1; kill -STOP "$(cat /work/stopped.pid)"`)
 	expiry := s.shorten(t, info.ID)
 	s.waitExpired(t, info.ID, expiry.Add(10*time.Second))
 	if time.Now().Before(expiry) {

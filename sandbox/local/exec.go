@@ -186,7 +186,7 @@ func (p *Provider) hostPath(m meta, inside string) (root, rel string, ok bool) {
 
 // ReadFile reads a file as the sandbox sees it.
 func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error) {
-	m, k, err := p.live("read", id)
+	m, _, err := p.live("read", id)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +207,6 @@ func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error
 	}
 	var out, errb bytes.Buffer
 	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"cat", "--", name}, Stdout: &out, Stderr: &errb})
-	_ = k
 	if err != nil {
 		return nil, err
 	}

@@ -227,14 +227,22 @@ func (p *Provider) live(op, id string) (meta, keeperInfo, error) {
 	if err != nil {
 		return m, keeperInfo{}, err
 	}
+	k, err := p.running(op, m)
+	return m, k, err
+}
+
+// running checks a sandbox whose metadata is read: not expired, keeper and
+// init alive.
+func (p *Provider) running(op string, m meta) (keeperInfo, error) {
+	id := m.ID
 	if _, err := os.Stat(filepath.Join(p.sbDir(id), expiredFile)); err == nil || !p.o.Now().Before(m.Expiry) {
-		return m, keeperInfo{}, sandbox.Errorf(sandbox.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc`", m.Expiry.Format(time.RFC3339))
+		return keeperInfo{}, sandbox.Errorf(sandbox.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc`", m.Expiry.Format(time.RFC3339))
 	}
 	k, ok := p.readKeeper(id)
 	if !ok || !proc.Alive(k.Keeper) || !proc.Alive(k.Init) {
-		return m, k, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "its keeper is not running (killed, or the host restarted); `stasis sandbox gc` removes it")
+		return k, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "its keeper is not running (killed, or the host restarted); `stasis sandbox gc` removes it")
 	}
-	return m, k, nil
+	return k, nil
 }
 
 // Create makes a sandbox and returns once it runs.
@@ -393,7 +401,7 @@ func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbo
 			continue
 		}
 		state := sandbox.StateRunning
-		if _, _, err := p.live("list", m.ID); err != nil {
+		if _, err := p.running("list", m); err != nil {
 			state = sandbox.StateExpired
 			if errors.Is(err, sandbox.ErrWrongState) {
 				state = "lost"

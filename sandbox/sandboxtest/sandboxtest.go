@@ -294,8 +294,13 @@ func (s *suite) processes(t *testing.T) {
 		t.Fatalf("background exec: %+v %v", res, err)
 	}
 	alive := fmt.Sprintf(`[ "$(tr '\0' ' ' < /proc/%d/cmdline 2>/dev/null)" = "sleep %s " ] && echo alive || echo gone`, res.PID, secs)
-	if out := s.sh(t, src.ID, alive); out != "alive\n" {
-		t.Fatalf("background process not running in its sandbox: %q", out)
+	// The pid may still be running setsid for a moment before it execs sleep.
+	deadline := time.Now().Add(10 * time.Second)
+	for out := s.sh(t, src.ID, alive); out != "alive\n"; out = s.sh(t, src.ID, alive) {
+		if time.Now().After(deadline) {
+			t.Fatalf("background process not running in its sandbox: %q", out)
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval, bounded by the deadline above
 	}
 	snap := s.snapshot(t, src.ID)
 	f := s.fork(t, snap.ID, 1)[0]

@@ -415,9 +415,13 @@ func (s *suite) expiry(t *testing.T) {
 	info := s.create(t, sandbox.Spec{})
 	// A process stopped with SIGSTOP (as a paused supervisor's harness is)
 	// must die at the expiry too.
-	// The group's redirections are in place before the fork, so the stopped
-	// process never holds the exec's output pipe open.
-	s.sh(t, info.ID, `{ setsid sh -c 'while :; do sleep 0.1; done' & echo $! > /work/stopped.pid; } </dev/null >/dev/null 2>&1; kill -STOP "$(cat /work/stopped.pid)"`)
+	// Stop it only once it has exec'd its loop: stopped between fork and
+	// exec, it would keep the shell's saved copy of the exec's output pipe
+	// open, and the exec would never end.
+	s.sh(t, info.ID, `{ setsid sh -c 'while :; do sleep 0.1; done' & echo $! > /work/stopped.pid; } </dev/null >/dev/null 2>&1
+		pid=$(cat /work/stopped.pid)
+		until grep -q while /proc/$pid/cmdline 2>/dev/null; do sleep 0.01; done
+		kill -STOP $pid`)
 	expiry := s.shorten(t, info.ID)
 	s.waitExpired(t, info.ID, expiry.Add(10*time.Second))
 	if time.Now().Before(expiry) {

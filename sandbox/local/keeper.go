@@ -167,7 +167,8 @@ func keep(dir string, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("the sandbox's init %d: %w", info.ChildPID, err)
 	}
-	if err := atomicfile.WriteJSON(filepath.Join(dir, keeperFile), keeperInfo{Keeper: self, Init: initID}, 0o600); err != nil {
+	bwrapID, _ := proc.IdentityOf(cmd.Process.Pid) // gone already only if the sandbox failed
+	if err := atomicfile.WriteJSON(filepath.Join(dir, keeperFile), keeperInfo{Keeper: self, Init: initID, Bwrap: bwrapID}, 0o600); err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
 		return err

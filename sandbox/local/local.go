@@ -164,7 +164,8 @@ const (
 // keeperInfo is DIR/keeper.json, written by the keeper once the sandbox runs.
 type keeperInfo struct {
 	Keeper proc.Identity `json:"keeper"`
-	Init   proc.Identity `json:"init"` // the sandbox's PID 1, as the host sees it
+	Init   proc.Identity `json:"init"`  // the sandbox's PID 1, as the host sees it
+	Bwrap  proc.Identity `json:"bwrap"` // bubblewrap's outer process, the keeper's child
 }
 
 func newID(prefix string) string {
@@ -473,13 +474,13 @@ func readKeeperAt(dir string) (keeperInfo, bool) {
 	return k, true
 }
 
-// killSandbox ends the keeper and the sandbox's init (and so every process
+// killSandbox ends the keeper, bubblewrap and the sandbox's init (and so every process
 // in its PID namespace), and waits until they are gone.
 func killSandbox(k keeperInfo) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		alive := false
-		for _, id := range []proc.Identity{k.Init, k.Keeper} {
+		for _, id := range []proc.Identity{k.Init, k.Bwrap, k.Keeper} {
 			if id.PID > 0 && proc.Alive(id) {
 				alive = true
 				_ = unix.Kill(id.PID, unix.SIGKILL)

@@ -37,6 +37,9 @@ func opts(p sandbox.Provider, episode string) checkpoint.SessionOptions {
 		Binary:    stasistest.Exe(),
 		BinaryEnv: map[string]string{"STASIS_TEST_AS_CLI": "1"},
 		Deadline:  time.Hour,
+		// A writer can sit in D (disk sleep) for seconds on a loaded
+		// machine; these tests are about pausing, not the confirm timeout.
+		StopConfirmTimeout: time.Minute,
 	}
 }
 

@@ -193,7 +193,9 @@ func same(a, b *supervisor.Ack) bool {
 func TestStopPauseFreezesWholeTree(t *testing.T) {
 	t.Parallel()
 	out := t.TempDir()
-	h := start(t, []string{"--mode", "stop"}, treeScript, out)
+	// A generous confirm timeout: a writer can sit in D (disk sleep) for
+	// seconds on a loaded machine; this test is about freezing, not timing.
+	h := start(t, []string{"--mode", "stop", "--stop-confirm-timeout", "60s"}, treeScript, out)
 	growing(t, out)
 	tree := harnessTree(t, h)
 	sids := map[int]bool{}

@@ -242,7 +242,7 @@ func runEpisode(t *testing.T, pause bool) {
 	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
 		Exe: stasistest.Exe(), Env: append(append([]string{}, stasistest.Env...), opencode.Env(ocDir)...),
 		Dir: filepath.Join(base, "session"),
-		Flags: []string{"--mode", "stop", "--deadline", runBudget.String(), "--log-level", "warn",
+		Flags: []string{"--mode", "stop", "--stop-confirm-timeout", "60s", "--deadline", runBudget.String(), "--log-level", "warn",
 			"--relay-listen", relayAddr, "--relay-upstream", gw.URL, "--relay-token-file", tok},
 		Argv:   opencode.Argv(bin, work, prompt),
 		Stdout: out, Stderr: out,

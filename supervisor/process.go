@@ -221,6 +221,7 @@ func (p *procLayer) StopTree(timeout time.Duration) (bool, string, error) {
 		p.mu.Unlock()
 	}()
 	wait := 20 * time.Microsecond
+	var lastStragglers []string // from the last round that checked states
 	for {
 		tree, err := p.tree()
 		if err != nil {
@@ -237,6 +238,7 @@ func (p *procLayer) StopTree(timeout time.Duration) (bool, string, error) {
 		}
 		var stragglers []string
 		if !fresh {
+			inD := map[int]bool{}
 			for _, s := range tree {
 				states, err := proc.TaskStates(s.PID)
 				if err != nil {
@@ -245,6 +247,7 @@ func (p *procLayer) StopTree(timeout time.Duration) (bool, string, error) {
 				for _, st := range states {
 					if !proc.Stopped(st) {
 						stragglers = append(stragglers, fmt.Sprintf("pid %d (%s) in state %c", s.PID, s.Comm, st))
+						inD[s.PID] = inD[s.PID] || st == 'D'
 						break
 					}
 				}
@@ -252,8 +255,23 @@ func (p *procLayer) StopTree(timeout time.Duration) (bool, string, error) {
 			if len(stragglers) == 0 {
 				return true, "", nil
 			}
+			lastStragglers = stragglers
+			// A parent in vfork (dash, posix_spawn) waits in D until its
+			// child execs; if the SIGSTOP caught the child before its exec,
+			// neither would ever move. Let such children run on: the next
+			// round stops them again, by then (usually) exec'd, and the
+			// parent, released, stops on the SIGSTOP it already has.
+			for _, s := range tree {
+				if inD[s.PPID] && (s.State == 'T' || s.State == 't') {
+					_ = unix.Kill(s.PID, unix.SIGCONT)
+					delete(sent, s.PID)
+				}
+			}
 		}
 		if time.Now().After(deadline) {
+			if len(stragglers) == 0 {
+				stragglers = lastStragglers
+			}
 			if len(stragglers) == 0 {
 				stragglers = []string{"the tree kept forking"}
 			}

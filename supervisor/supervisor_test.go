@@ -454,7 +454,7 @@ func TestIdentityAndFiles(t *testing.T) {
 	}
 	hs, err := proc.ReadStat(st.HarnessPID)
 	if err != nil || hs.SID != st.HarnessPID || hs.PGID != st.HarnessPID {
-		t.Fatalf("harness %+v must lead its own session and group", hs)
+		t.Fatalf("harness %+v must lead its own session and group (%v)", hs, err)
 	}
 	a := h.ok(supervisor.OpPause, 5).Ack
 	if a.Identity != want || a.Wall <= 0 || a.Uptime <= 0 {

@@ -812,3 +812,18 @@ func TestRestartInUsedDirectory(t *testing.T) {
 		t.Fatalf("earlier receipt not kept: %v", err)
 	}
 }
+
+// TestStopPauseCatchesVforkChildren pauses a shell that runs external
+// commands back to back (dash starts them with vfork) many times: a SIGSTOP
+// that lands between a vfork and its exec must not leave the parent in D
+// and the pause unconfirmed.
+func TestStopPauseCatchesVforkChildren(t *testing.T) {
+	t.Parallel()
+	h := start(t, []string{"--mode", "stop", "--stop-confirm-timeout", "10s"}, `while :; do /bin/true; done`)
+	for i := int64(1); i <= 100; i++ {
+		if a := h.ok(supervisor.OpPause, i).Ack; !a.Confirmed {
+			t.Fatalf("pause %d not confirmed: %s", i, a.Note)
+		}
+		h.ok(supervisor.OpContinue, i)
+	}
+}

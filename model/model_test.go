@@ -611,14 +611,28 @@ func TestFaultsByHeader(t *testing.T) {
 	if code, _, body := post(t, url, req); code != 200 {
 		t.Errorf("after the faults: %d %s", code, body)
 	}
-	m := get(t, ts.URL+"/metrics")
-	for _, line := range []string{
+	want := []string{
 		`stasis_model_faults_injected_total{kind="429"} 1`,
 		`stasis_model_faults_injected_total{kind="500"} 1`,
 		`stasis_model_faults_injected_total{kind="drop"} 2`,
 		`stasis_model_requests_total{endpoint="chat_completions",code="dropped"} 2`,
 		`stasis_model_requests_total{endpoint="chat_completions",code="429"} 1`,
-	} {
+	}
+	// A dropped request is counted when its handler returns, which can be
+	// just after the client has seen the connection close: poll.
+	var m string
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		m = get(t, ts.URL+"/metrics")
+		all := true
+		for _, line := range want {
+			all = all && strings.Contains(m, line+"\n")
+		}
+		if all || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+	for _, line := range want {
 		if !strings.Contains(m, line+"\n") {
 			t.Errorf("metrics lack %q:\n%s", line, m)
 		}

@@ -40,7 +40,9 @@ $(STATICCHECK):
 ## OpenCode would otherwise try to install into its config directory at run
 ## time (harness/opencode links it there). npm runs only when either is
 ## missing or at another version; the check runs OpenCode with a throwaway
-## home so it writes nothing outside .tools.
+## home, and the install (whose script runs OpenCode) with its XDG
+## directories in .tools/npm, so nothing lands in ~ (npm keeps HOME for its
+## own config).
 NPM_PREFIX       := $(CURDIR)/.tools/npm
 OPENCODE         := $(NPM_PREFIX)/node_modules/.bin/opencode
 OPENCODE_VERSION := 1.18.33
@@ -53,6 +55,8 @@ deps-opencode:
 		command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }; \
 		echo "installing opencode-ai $(OPENCODE_VERSION) into $(NPM_PREFIX)"; \
 		mkdir -p $(NPM_PREFIX) && \
+		XDG_DATA_HOME=$(NPM_PREFIX)/.probe-home/.local/share XDG_CONFIG_HOME=$(NPM_PREFIX)/.probe-home/.config \
+		XDG_CACHE_HOME=$(NPM_PREFIX)/.probe-home/.cache XDG_STATE_HOME=$(NPM_PREFIX)/.probe-home/.local/state \
 		npm install --prefix $(NPM_PREFIX) --save-exact --no-audit --no-fund \
 			opencode-ai@$(OPENCODE_VERSION) @opencode-ai/plugin@$(OPENCODE_VERSION) || exit 1; \
 		got="$$($(OPENCODE_PROBE) --version 2>&1)"; \

@@ -29,8 +29,10 @@ const BinaryPath = "/tmp/.stasis/bin/stasis"
 type SessionOptions struct {
 	Provider sandbox.Provider
 	// Sandbox is a sandbox to borrow; empty to create one from Spec, which
-	// the session then owns and deletes on Close.
+	// the session then owns and deletes on Close. Adopt makes the session
+	// own a given Sandbox too (a fork made for it).
 	Sandbox string
+	Adopt   bool
 	Spec    sandbox.Spec
 	// Episode names the session; it also names the session directory.
 	Episode string
@@ -50,9 +52,28 @@ type SessionOptions struct {
 	// this executable); BinaryEnv is environment it needs (tests).
 	Binary    string
 	BinaryEnv map[string]string
+	// Env is added to the supervisor's environment, which the harness
+	// inherits.
+	Env map[string]string
+	// Relay, when set, makes the supervisor host the model relay.
+	Relay *RelayOptions
 	// HarnessSession is the harness's own session id (for relaunch), if any.
 	HarnessSession string
 	Attempt        int
+}
+
+// RelayOptions are the supervisor's relay flags; paths are inside the
+// sandbox.
+type RelayOptions struct {
+	// Listen is where the harness reaches the relay (host:port or
+	// unix:PATH).
+	Listen string
+	// Upstream is the gateway as the sandbox reaches it (http://,
+	// https:// or unix://PATH).
+	Upstream string
+	// TokenFile holds the episode's gateway credentials (written by the
+	// host before Start and before each continue that raises the attempt).
+	TokenFile string
 }
 
 // Session is one harness launch under a supervisor in a sandbox.
@@ -116,12 +137,22 @@ func NewSession(ctx context.Context, o SessionOptions) (*Session, error) {
 		s.id, s.owned = info.ID, true
 	} else if _, err := o.Provider.Get(ctx, s.id); err != nil {
 		return nil, fmt.Errorf("session %s: borrow sandbox %s: %w", o.Episode, s.id, err)
+	} else {
+		s.owned = o.Adopt
 	}
 	if err := s.placeBinary(ctx); err != nil {
 		_ = s.Close(ctx)
 		return nil, err
 	}
 	return s, nil
+}
+
+// SetHarnessSession records the harness's own session id (found once the
+// harness has saved one), for CheckpointState.
+func (s *Session) SetHarnessSession(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.o.HarnessSession = id
 }
 
 // SandboxID is the session's sandbox.
@@ -182,14 +213,24 @@ func (s *Session) Start(ctx context.Context) error {
 	if s.o.ResumeCmd != "" {
 		args = append(args, "--resume-cmd", s.o.ResumeCmd)
 	}
+	if r := s.o.Relay; r != nil {
+		args = append(args, "--relay-listen", r.Listen, "--relay-upstream", r.Upstream, "--relay-token-file", r.TokenFile)
+	}
 	args = append(append(args, "--"), s.o.Harness...)
 	if res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
 		Argv: []string{"/bin/sh", "-c", `mkdir -p -- "$1"`, "mkdir", s.o.Dir},
 	}); err != nil || res.ExitCode != 0 {
 		return fmt.Errorf("session %s: make %s: %v (exit %d)", s.o.Episode, s.o.Dir, err, res.ExitCode)
 	}
+	env := map[string]string{}
+	for k, v := range s.o.Env {
+		env[k] = v
+	}
+	for k, v := range s.o.BinaryEnv {
+		env[k] = v
+	}
 	if _, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
-		Argv: append([]string{BinaryPath}, args...), Env: s.o.BinaryEnv, Background: true, LogPath: path.Join(s.o.Dir, "supervisor.log"),
+		Argv: append([]string{BinaryPath}, args...), Env: env, Background: true, LogPath: path.Join(s.o.Dir, "supervisor.log"),
 	}); err != nil {
 		return fmt.Errorf("session %s: start the supervisor: %w", s.o.Episode, err)
 	}

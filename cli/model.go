@@ -10,11 +10,13 @@ import (
 
 	"stasis/model"
 	"stasis/serve"
+	"stasis/task"
 )
 
 func newModelCmd() *cobra.Command {
 	var (
 		listen, scriptPath, name, logFormat, logLevel string
+		tasksSpec, repos                              string
 		seed                                          int64
 		delay                                         time.Duration
 		failRate                                      float64
@@ -60,10 +62,16 @@ X-Stasis-Fault: 429|500|drop|none forces one.
 --token-delay D sleeps D per generated token, streamed or not, to simulate
 generation time.
 
+With --tasks it also solves tasks: a conversation whose user message holds a
+task's problem statement gets that task's script, made from its reference
+solution (look at the tree, read each file the fix changes, write it, run
+the tests, answer; one step per call). Other conversations get the script.
+
 Exit status: 0 after a signal; 2 a usage error (bad flag or script); 1 the
 address cannot be listened on, or the server failed.`,
 		Example: `  stasis model --listen 127.0.0.1:0
-  stasis model --listen unix:/tmp/model.sock --script fix.json --seed 7 --token-delay 5ms --fail 0.1`,
+  stasis model --listen unix:/tmp/model.sock --script fix.json --seed 7 --token-delay 5ms --fail 0.1
+  stasis model --listen 127.0.0.1:8080 --tasks builtin`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if listen == "" {
@@ -85,16 +93,29 @@ address cannot be listened on, or the server failed.`,
 					return &exitError{code: 2, err: err}
 				}
 			}
+			var scripts []*model.Script
+			if tasksSpec != "" {
+				ts, problems, err := task.Load(tasksSpec, repos)
+				if err != nil {
+					return &exitError{code: 2, err: err}
+				}
+				for _, p := range problems {
+					log.Warn("task not loaded", "err", p)
+				}
+				if scripts, err = task.Scripts(ts); err != nil {
+					return &exitError{code: 2, err: err}
+				}
+			}
 			ln, shown, err := serve.Listen(listen)
 			if err != nil {
 				return &exitError{code: 1, err: fmt.Errorf("--listen: %w", err)}
 			}
 			log = log.With("component", "model")
 			h := model.New(model.Options{
-				Script: script, Seed: seed, TokenDelay: delay, FailRate: failRate, Name: name, Logger: log,
+				Script: script, Scripts: scripts, Seed: seed, TokenDelay: delay, FailRate: failRate, Name: name, Logger: log,
 			})
 			fmt.Fprintln(cmd.OutOrStdout(), shown)
-			log.Info("serving", "addr", shown, "script", script.Name, "turns", len(script.Turns), "seed", seed,
+			log.Info("serving", "addr", shown, "script", script.Name, "turns", len(script.Turns), "task_scripts", len(scripts), "seed", seed,
 				"token_delay", delay, "fail", failRate, "model", h.Name())
 			if err := serve.UntilSignal(cmd.Context(), ln, h, log); err != nil {
 				return &exitError{code: 1, err: err}
@@ -105,6 +126,8 @@ address cannot be listened on, or the server failed.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path")
 	f.StringVar(&scriptPath, "script", "", "JSON script of the conversation (default: read README.md, run ls, answer)")
+	f.StringVar(&tasksSpec, "tasks", "", "also solve these tasks (builtin, a task directory, or SWE-bench JSONL with --repos) with their reference solutions")
+	f.StringVar(&repos, "repos", "", "the directory of git clones a SWE-bench --tasks file refers to")
 	f.Int64Var(&seed, "seed", 0, "seed of ids, timestamps, logprobs and faults")
 	f.DurationVar(&delay, "token-delay", 0, "time to spend per generated token")
 	f.Float64Var(&failRate, "fail", 0, "fraction of requests that fail with 429, 500 or a dropped connection")

@@ -94,7 +94,7 @@ func subID(key [32]byte, label string, n int) string {
 // pickTurn chooses the script turn for a conversation and resolves its tool
 // names against the tools the request offers.
 func (s *Server) pickTurn(c *conversation) (int, string, []genCall) {
-	turns := s.script.Turns
+	turns := s.scriptFor(c).Turns
 	idx := c.assistant
 	if idx >= len(turns) {
 		last := turns[len(turns)-1]
@@ -136,6 +136,25 @@ func (s *Server) pickTurn(c *conversation) (int, string, []genCall) {
 		calls = append(calls, genCall{name: names[found], args: string(args[found])})
 	}
 	return idx, t.Content, calls
+}
+
+// scriptFor is the script a conversation plays: the first of the Scripts
+// whose Match one of its user messages contains, else the Script.
+func (s *Server) scriptFor(c *conversation) *Script {
+	if len(s.scripts) == 0 {
+		return s.script
+	}
+	for _, m := range c.messages {
+		if m.role != "user" {
+			continue
+		}
+		for _, sc := range s.scripts {
+			if sc.Match != "" && len(sc.Turns) > 0 && strings.Contains(m.content, sc.Match) {
+				return sc
+			}
+		}
+	}
+	return s.script
 }
 
 // generate plays the script for one request.

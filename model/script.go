@@ -25,7 +25,11 @@ import (
 //	  {"content": "The typo is fixed and the tests pass."}
 //	]}
 type Script struct {
-	Name  string `json:"name,omitempty"`
+	Name string `json:"name,omitempty"`
+	// Match, when set, selects this script for a conversation one of
+	// whose user messages contains it (a task's problem statement, say);
+	// see Options.Scripts.
+	Match string `json:"match,omitempty"`
 	Turns []Turn `json:"turns"`
 }
 

@@ -45,7 +45,10 @@ const FaultHeader = "X-Stasis-Fault"
 
 // Options configure a Server.
 type Options struct {
-	Script       *Script       // nil: DefaultScript()
+	Script *Script // nil: DefaultScript()
+	// Scripts are played instead of Script for conversations they match
+	// (Script.Match); Script plays the rest.
+	Scripts      []*Script
 	Seed         int64         // varies ids, created and logprobs
 	TokenDelay   time.Duration // sleep per generated token
 	FailRate     float64       // fraction of requests that fail, 0 to 1
@@ -57,6 +60,7 @@ type Options struct {
 // Server is the scripted model; it is an http.Handler.
 type Server struct {
 	script  *Script
+	scripts []*Script
 	seed    int64
 	delay   time.Duration
 	rate    float64
@@ -74,7 +78,7 @@ type Server struct {
 // [0, 1] is clamped.
 func New(o Options) *Server {
 	s := &Server{
-		script: o.Script, seed: o.Seed, delay: o.TokenDelay, rate: o.FailRate,
+		script: o.Script, scripts: o.Scripts, seed: o.Seed, delay: o.TokenDelay, rate: o.FailRate,
 		name: o.Name, maxBody: o.MaxBodyBytes, log: o.Logger,
 		attempts: map[[32]byte]uint64{},
 	}

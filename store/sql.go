@@ -70,6 +70,13 @@ var migrations = [][]string{
 		)`,
 		`CREATE INDEX snapshot_refs_by_snapshot ON snapshot_refs (provider, snapshot_id)`,
 	},
+	{ // 2: the captured verify result of each episode, written once
+		`CREATE TABLE verdicts (
+			episode    TEXT NOT NULL PRIMARY KEY,
+			created_ns BIGINT NOT NULL,
+			doc        TEXT NOT NULL
+		)`,
+	},
 }
 
 // sqlStore is the Store over database/sql, for any dialect.
@@ -605,6 +612,54 @@ func (s *sqlStore) RecoverPending(ctx context.Context, olderThan time.Duration) 
 		return nil, err
 	}
 	return failed, nil
+}
+
+// PutVerdict implements Store.
+func (s *sqlStore) PutVerdict(ctx context.Context, episode string, doc json.RawMessage) (json.RawMessage, bool, error) {
+	if episode == "" {
+		return nil, false, errors.New("verdict: the episode id is empty")
+	}
+	if !json.Valid(doc) {
+		return nil, false, fmt.Errorf("verdict of episode %q: not valid JSON", episode)
+	}
+	var (
+		stored  json.RawMessage
+		created bool
+	)
+	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+		var have string
+		err := tx.QueryRowContext(ctx, s.q(`SELECT doc FROM verdicts WHERE episode = ?`+s.d.forUpdate), episode).Scan(&have)
+		switch {
+		case err == nil:
+			stored = json.RawMessage(have)
+			return nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return s.wrap(err)
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO verdicts (episode, created_ns, doc) VALUES (?, ?, ?)`),
+			episode, s.now().UnixNano(), string(doc)); err != nil {
+			return s.wrap(err)
+		}
+		stored, created = append(json.RawMessage(nil), doc...), true
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return stored, created, nil
+}
+
+// GetVerdict implements Store.
+func (s *sqlStore) GetVerdict(ctx context.Context, episode string) (json.RawMessage, error) {
+	var doc string
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT doc FROM verdicts WHERE episode = ?`), episode).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("verdict of episode %q: %w", episode, ErrNotFound)
+	}
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	return json.RawMessage(doc), nil
 }
 
 // Close implements Store.

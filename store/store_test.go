@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -561,5 +562,88 @@ func TestSQLIsPortable(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A verdict is written once: later puts, concurrent or after a reopen,
+// return the first document and change nothing.
+func TestVerdictOnce(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTemp(t)
+	if _, err := s.GetVerdict(ctx, "ep-1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetVerdict before any: %v", err)
+	}
+	if _, _, err := s.PutVerdict(ctx, "ep-1", json.RawMessage(`{"reward":`)); err == nil {
+		t.Fatal("PutVerdict took invalid JSON")
+	}
+	var wg sync.WaitGroup
+	var createdN atomic.Int32
+	docs := make([]string, 8)
+	for i := range docs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			doc := fmt.Sprintf(`{"reward":1,"writer":%d}`, i)
+			got, created, err := s.PutVerdict(ctx, "ep-1", json.RawMessage(doc))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if created {
+				createdN.Add(1)
+				if string(got) != doc {
+					t.Errorf("created %s, returned %s", doc, got)
+				}
+			}
+			docs[i] = string(got)
+		}()
+	}
+	wg.Wait()
+	if createdN.Load() != 1 {
+		t.Fatalf("%d puts created the verdict, want 1", createdN.Load())
+	}
+	for _, d := range docs[1:] {
+		if d != docs[0] {
+			t.Fatalf("puts returned different verdicts: %q", docs)
+		}
+	}
+	_ = s.Close()
+	s2, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	got, created, err := s2.PutVerdict(ctx, "ep-1", json.RawMessage(`{"reward":0}`))
+	if err != nil || created || string(got) != docs[0] {
+		t.Fatalf("put after reopen: %s %v %v", got, created, err)
+	}
+	if g, err := s2.GetVerdict(ctx, "ep-1"); err != nil || string(g) != docs[0] {
+		t.Fatalf("GetVerdict: %s %v", g, err)
+	}
+}
+
+// A store made by the first schema gains the verdicts table on open and
+// keeps its checkpoints.
+func TestMigrateFromSchema1(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTemp(t)
+	save(t, s, "A", "snap-1")
+	if _, err := s.db.Exec(`DROP TABLE verdicts`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.db.Exec(`UPDATE schema_version SET version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	s2, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if _, _, err := s2.Get(ctx, "A"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s2.PutVerdict(ctx, "ep", json.RawMessage(`{}`)); err != nil {
+		t.Fatal(err)
 	}
 }

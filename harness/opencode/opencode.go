@@ -216,16 +216,43 @@ func seedPlugin(bin, cd string) error {
 	if err := os.Symlink(nm, link); err != nil {
 		return fmt.Errorf("opencode: %w", err)
 	}
-	deps := map[string]string{pluginPkg: Version}
-	pkg, _ := json.Marshal(map[string]any{"dependencies": deps})
-	lock, _ := json.Marshal(map[string]any{"lockfileVersion": 3, "packages": map[string]any{"": map[string]any{"dependencies": deps}}})
-	for name, b := range map[string][]byte{"package.json": pkg, "package-lock.json": lock} {
-		if err := os.WriteFile(filepath.Join(cd, name), append(b, '\n'), 0o644); err != nil {
+	for name, b := range pluginFiles(cd) {
+		if err := os.WriteFile(name, b, 0o644); err != nil {
 			return fmt.Errorf("opencode: %w", err)
 		}
 	}
 	return nil
 }
+
+// pluginFiles are the files in config directory cd that declare
+// @opencode-ai/plugin installed: what OpenCode checks, beside a
+// node_modules directory, before it installs it.
+func pluginFiles(cd string) map[string][]byte {
+	deps := map[string]string{pluginPkg: Version}
+	pkg, _ := json.Marshal(map[string]any{"dependencies": deps})
+	lock, _ := json.Marshal(map[string]any{"lockfileVersion": 3, "packages": map[string]any{"": map[string]any{"dependencies": deps}}})
+	return map[string][]byte{
+		filepath.Join(cd, "package.json"):      append(pkg, '\n'),
+		filepath.Join(cd, "package-lock.json"): append(lock, '\n'),
+	}
+}
+
+// ConfigFiles are the files Prepare writes for an OpenCode directory dir,
+// given Config's output, by absolute path, for writing elsewhere (inside a
+// sandbox); PluginLink is then to point at the node_modules directory
+// holding @opencode-ai/plugin.
+func ConfigFiles(dir string, config []byte) (map[string][]byte, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("opencode: directory %q is not absolute", dir)
+	}
+	files := pluginFiles(configDir(dir))
+	files[configFile(dir)] = config
+	return files, nil
+}
+
+// PluginLink is the symlink in dir's config directory that must lead to a
+// node_modules directory holding @opencode-ai/plugin.
+func PluginLink(dir string) string { return filepath.Join(configDir(dir), "node_modules") }
 
 // Env is the environment (to add to the inherited one) that confines
 // OpenCode to dir: its XDG config, data, cache and state directories, the

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -74,6 +75,19 @@ func bwrapArgs(dir string, m meta) ([]string, error) {
 	)
 	for _, b := range m.Binds {
 		args = append(args, "--bind", b, b)
+	}
+	dsts := make([]string, 0, len(m.ROBinds))
+	src := map[string]string{}
+	for h, d := range m.ROBinds {
+		if !filepath.IsAbs(d) || !filepath.IsAbs(h) || under(d, "/work") || under(d, "/tmp") || under(d, m.Home) || filepath.Clean(d) == "/" {
+			return nil, fmt.Errorf("read-only bind %s → %s: both paths must be absolute, and the sandbox path outside /, /work, /tmp and %s", h, d, m.Home)
+		}
+		dsts = append(dsts, d)
+		src[d] = h
+	}
+	sort.Strings(dsts) // parents before children
+	for _, d := range dsts {
+		args = append(args, "--ro-bind", src[d], d)
 	}
 	// The holder says "ready" on fd 4 once it runs, that is once bubblewrap
 	// has built the whole root (the info on fd 3 comes earlier than that).

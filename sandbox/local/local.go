@@ -57,6 +57,11 @@ type Options struct {
 	// Binds are host paths bound into every sandbox at the same path
 	// (read-write), e.g. the directory of the relay's unix socket.
 	Binds []string
+	// ReadOnlyBinds are host paths (keys) bound read-only into every
+	// sandbox at other paths (values), e.g. a harness's installation. A
+	// sandbox path must be absolute and outside /work, /tmp and $HOME; a
+	// top-level one that the host lacks is made in the sandbox's root.
+	ReadOnlyBinds map[string]string
 	// ForkHook, when set, is called before each sandbox of a Fork is made,
 	// with the snapshot and the sandbox's index; an error makes that one
 	// fail (tests use it to prove a partial fork leaves nothing).
@@ -150,6 +155,8 @@ type meta struct {
 	Home         string   `json:"home"` // $HOME inside
 	Hide         []string `json:"hide,omitempty"`
 	Binds        []string `json:"binds,omitempty"`
+	// ROBinds: host path → sandbox path, bound read-only.
+	ROBinds map[string]string `json:"ro_binds,omitempty"`
 }
 
 // Files in a sandbox's directory.
@@ -301,7 +308,7 @@ func (p *Provider) newMeta(labels map[string]string, expiry time.Time) meta {
 	if home == "" || home == "/" {
 		home = "/root"
 	}
-	m := meta{ID: newID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds}
+	m := meta{ID: newID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds, ROBinds: p.o.ReadOnlyBinds}
 	// Hide the state directory from the sandbox when the read-only view of
 	// the host root would show it.
 	m.Hide = []string{p.o.Home}

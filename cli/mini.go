@@ -1,0 +1,152 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"stasis/harness/mini"
+)
+
+func newMiniCmd() *cobra.Command {
+	var (
+		endpoint, modelName, workdir, session, logFormat, logLevel string
+		maxSteps, outputLimit                                      int
+		cmdTimeout                                                 time.Duration
+		asJSON                                                     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "mini --endpoint URL --model NAME --workdir DIR --session FILE [flags] -- PROMPT",
+		Short: "Run mini, the small built-in coding agent, on a task (for sandboxes without OpenCode)",
+		Long: `mini is a small tool-calling coding agent built into stasis, for sandboxes
+that cannot run OpenCode. It talks the OpenAI chat-completions API
+(POST URL/chat/completions, not streamed) to --endpoint, normally the stasis
+relay, and works in --workdir with four tools:
+
+  run         run a shell command with /bin/sh -c in the work directory
+              (stdin empty; killed with its process group after
+              --command-timeout); the model gets the exit code and the
+              combined stdout and stderr
+  read_file   read a file
+  write_file  create or overwrite a file, creating missing directories
+  edit_file   replace exactly one occurrence of a text in a file (an error,
+              changing nothing, when it occurs zero or several times)
+
+Relative paths are relative to --workdir. A failing tool call, or one with
+malformed arguments, gives the model the error as its result, and the agent
+goes on. Each tool result keeps at most --output-limit bytes (the start and
+the end of a command's output, the start of a file), with a note saying what
+was left out.
+
+Each model reply without tool calls is the final answer: mini prints it and
+exits 0. A reply with tool calls runs them and calls the model again, up to
+--max-steps model replies per session.
+
+The session file (--session) holds the conversation, JSON with a format
+version. It is written atomically and durably after every model reply and
+after every tool result. When it exists at start, mini resumes it and the
+PROMPT is ignored (it may be left out): tool calls of the last reply that
+have no result yet run first, then the loop goes on, re-sending the saved
+history byte for byte, so the gateway matches it against its ledger. A
+session that already has a final answer prints it without calling the
+model. A malformed file, or one of another version, is an error and is left
+as it is; mini never starts over by itself (remove the file for that).
+
+Model calls that fail to connect, or answer 429 (Retry-After honoured) or
+5xx, are retried a few times with exponential backoff and jitter; any other
+4xx ends the run.
+
+Progress goes to stderr, one line per tool call:
+  step 3: run ` + "`go test ./...`" + ` → exit 1
+
+Exit status: 0 a final answer (printed; with --json the result as JSON);
+3 --max-steps replies without a final answer (the session can be resumed
+with a higher limit); 2 a usage error; 1 any other error, or SIGINT/SIGTERM
+(the session is saved: run the same command again to resume).`,
+		Example: `  stasis mini --endpoint http://127.0.0.1:8787/v1 --model stasis-scripted \
+      --workdir /work --session /tmp/mini/session.json -- "fix the failing test"
+  stasis mini --endpoint http://127.0.0.1:8787/v1 --model stasis-scripted \
+      --workdir /work --session /tmp/mini/session.json --json   # resume`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+				return &exitError{code: 2, err: errors.New(`put the prompt after --, e.g. stasis mini ... -- "fix the failing test"`)}
+			}
+			for _, f := range []struct{ name, val, what string }{
+				{"--endpoint", endpoint, "the OpenAI base URL including /v1, e.g. http://127.0.0.1:8787/v1"},
+				{"--model", modelName, "the model name to send"},
+				{"--session", session, "the session file to save the conversation to (and resume from)"},
+			} {
+				if f.val == "" {
+					return &exitError{code: 2, err: fmt.Errorf("%s is required: %s", f.name, f.what)}
+				}
+			}
+			if !strings.HasPrefix(endpoint, "http://") && !strings.HasPrefix(endpoint, "https://") {
+				return &exitError{code: 2, err: fmt.Errorf("--endpoint %q: give an http:// or https:// URL ending in /v1", endpoint)}
+			}
+			if maxSteps <= 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--max-steps %d: give a positive number", maxSteps)}
+			}
+			if cmdTimeout <= 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--command-timeout %s: give a positive duration", cmdTimeout)}
+			}
+			if outputLimit <= 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--output-limit %d: give a positive number of bytes", outputLimit)}
+			}
+			prompt := strings.TrimSpace(strings.Join(args, " "))
+			if prompt == "" {
+				if _, err := os.Stat(session); err != nil {
+					return &exitError{code: 2, err: fmt.Errorf("no prompt: give it after --, or a --session file to resume (%s: %v)", session, err)}
+				}
+			}
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			res, err := mini.Run(ctx, mini.Config{
+				Endpoint: endpoint, Model: modelName, WorkDir: workdir, SessionFile: session, Prompt: prompt,
+				MaxSteps: maxSteps, CommandTimeout: cmdTimeout, OutputLimit: outputLimit,
+				Log: cmd.ErrOrStderr(), Logger: log.With("component", "mini"),
+			})
+			if asJSON && (err == nil || errors.Is(err, mini.ErrMaxSteps)) {
+				b, jerr := json.MarshalIndent(res, "", "  ")
+				if jerr != nil {
+					return &exitError{code: 1, err: jerr}
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			}
+			switch {
+			case err == nil:
+				if !asJSON {
+					fmt.Fprintln(cmd.OutOrStdout(), res.Answer)
+				}
+				return nil
+			case errors.Is(err, mini.ErrMaxSteps):
+				return &exitError{code: 3, err: err}
+			case ctx.Err() != nil:
+				return &exitError{code: 1, err: fmt.Errorf("interrupted; the session is saved in %s: run the same command again to resume", session)}
+			}
+			return &exitError{code: 1, err: err}
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&endpoint, "endpoint", "", "OpenAI base URL including /v1 (normally the relay)")
+	f.StringVar(&modelName, "model", "", "model name to send")
+	f.StringVar(&workdir, "workdir", ".", "directory the tools work in")
+	f.StringVar(&session, "session", "", "session file: the saved conversation, resumed when it exists")
+	f.IntVar(&maxSteps, "max-steps", mini.DefaultMaxSteps, "most model replies per session")
+	f.DurationVar(&cmdTimeout, "command-timeout", mini.DefaultCommandTimeout, "time limit of each run tool call")
+	f.IntVar(&outputLimit, "output-limit", mini.DefaultOutputLimit, "bytes of each tool result kept")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON instead of the answer")
+	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn or error")
+	return cmd
+}

@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"stasis/task"
+)
+
+func newTasksCmd() *cobra.Command {
+	var (
+		asJSON      bool
+		spec, repos string
+	)
+	cmd := &cobra.Command{
+		Use:   "tasks",
+		Short: "List and inspect repository tasks (the built-in set, task directories, SWE-bench JSONL)",
+		Long: `tasks lists the repository tasks an episode can work on.
+
+--tasks says where they come from: builtin (the default: small repositories
+in Go, Python, JavaScript and shell shipped in stasis, each with a real
+bug, tests that fail before the fix and pass after, and a reference
+solution), a task directory (task.json, repo/, solution/), a directory of
+them, or a SWE-bench JSONL file whose instances are loaded from the git
+clones under --repos (checked out at base_commit with test_patch applied).
+Instances that cannot be loaded are listed with the reason, on stderr.`,
+		Example: `  stasis tasks ls
+  stasis tasks show go-lru-get-recency
+  stasis tasks ls --tasks swe.jsonl --repos ~/clones --json`,
+	}
+	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.PersistentFlags().StringVar(&spec, "tasks", "builtin", "builtin, a task directory, or a SWE-bench JSONL file")
+	cmd.PersistentFlags().StringVar(&repos, "repos", "", "the directory of git clones a SWE-bench file refers to")
+
+	load := func(cmd *cobra.Command) ([]*task.Task, error) {
+		ts, problems, err := task.Load(spec, repos)
+		if err != nil {
+			return nil, &exitError{code: 2, err: err}
+		}
+		for _, p := range problems {
+			fmt.Fprintf(cmd.ErrOrStderr(), "not loaded: %v\n", p)
+		}
+		return ts, nil
+	}
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List the tasks: id, language, tests, and title",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ts, err := load(cmd)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				type row struct {
+					*task.Task
+					Solution bool `json:"has_solution"`
+				}
+				rows := make([]row, len(ts))
+				for i, t := range ts {
+					rows[i] = row{t, t.Solution != nil}
+				}
+				return writeJSON(out, rows)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tLANGUAGE\tF2P\tP2P\tSOLUTION\tTITLE")
+			for _, t := range ts {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", t.ID, t.Language, len(t.FailToPass), len(t.PassToPass), yesNo(t.Solution != nil), t.Title)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%d tasks\n", len(ts))
+			return nil
+		},
+	}
+	show := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show one task: statement, test command, test lists, budget",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ts, err := load(cmd)
+			if err != nil {
+				return err
+			}
+			t, err := task.Lookup(ts, args[0])
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, t)
+			}
+			fmt.Fprintf(out, "%s (%s): %s\n\n%s\n\ntests:   %s  (parser %s)\nbudget:  %s\nF2P:     %v\nP2P:     %v\n",
+				t.ID, t.Language, t.Title, t.Statement, t.TestCmd, t.Parser, t.Budget(), t.FailToPass, t.PassToPass)
+			if t.Solution != nil {
+				if len(t.Solution.Files) > 0 {
+					fmt.Fprintf(out, "solution: writes %v\n", t.Solution.Paths())
+				} else {
+					fmt.Fprintln(out, "solution: a patch")
+				}
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, show)
+	return cmd
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,299 @@
+// Package episode owns one episode's life on a provider: a sandbox seeded
+// with a task's work tree, a harness launched in it under the supervisor,
+// the relay wired to the host's gateway, waiting for the harness to end,
+// capture-once verify, a snapshot of a paused episode, and the relaunch of
+// an episode from a fork of its snapshot (the harness continues its saved
+// session, and the gateway matches its history against the ledger). The
+// checkpoint coordinator and `stasis run` drive many of these.
+package episode
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"time"
+
+	"stasis/checkpoint"
+	"stasis/harness"
+	"stasis/relay"
+	"stasis/sandbox"
+	"stasis/supervisor"
+	"stasis/task"
+)
+
+// RelayAddr is where the harness reaches the relay inside a sandbox. Each
+// sandbox has its own network namespace, so one fixed port serves all.
+const RelayAddr = "127.0.0.1:7411"
+
+// callsPerAttempt spaces the call numbers of relaunched attempts: attempt
+// a's relay numbers its calls from a×callsPerAttempt+1, so that a relaunch
+// never reuses a call id the ledger holds.
+const callsPerAttempt = 1_000_000
+
+// Env is what the episodes of one run share.
+type Env struct {
+	Provider sandbox.Provider
+	Gateway  *relay.Gateway
+	// GatewayURL is the gateway as relays inside sandboxes reach it (for
+	// the local provider a unix:// socket in a directory bound into every
+	// sandbox).
+	GatewayURL string
+	// Model is the model name harnesses ask for.
+	Model    string
+	Verifier *task.Verifier
+	// Binary and BinaryEnv: the stasis binary placed in sandboxes (tests
+	// run their own test binary as stasis).
+	Binary    string
+	BinaryEnv map[string]string
+	// StopConfirmTimeout bounds a stop pause's wait (default 60s).
+	StopConfirmTimeout time.Duration
+}
+
+// Spec describes one episode.
+type Spec struct {
+	ID      string
+	Task    *task.Task
+	Harness harness.Adapter
+	// Expiry is the sandbox's absolute expiry (default: now + twice the
+	// task's budget + 10 minutes).
+	Expiry time.Time
+}
+
+// Episode is a running (or ended) episode.
+type Episode struct {
+	env     *Env
+	spec    Spec
+	sess    *checkpoint.Session
+	launch  harness.Launch
+	attempt int
+}
+
+// dirs inside the sandbox.
+func sessionDir(id string) string { return path.Join("/tmp/stasis", id) }
+func tokenFile(id string) string  { return path.Join(sessionDir(id), "token.json") }
+
+func (env *Env) launch(spec Spec) harness.Launch {
+	return harness.Launch{
+		Episode: spec.ID, Prompt: spec.Task.Prompt(), WorkDir: task.WorkDir,
+		Dir: path.Join(sessionDir(spec.ID), "harness"), ModelURL: "http://" + RelayAddr + "/v1", Model: env.Model,
+	}
+}
+
+func (env *Env) sessionOptions(spec Spec, cmd harness.Command, attempt int) checkpoint.SessionOptions {
+	menv := spec.Task.EnvMap()
+	for k, v := range cmd.Env {
+		menv[k] = v
+	}
+	sct := env.StopConfirmTimeout
+	if sct == 0 {
+		sct = time.Minute
+	}
+	return checkpoint.SessionOptions{
+		Provider: env.Provider, Episode: spec.ID, Dir: sessionDir(spec.ID), PauseMode: supervisor.ModeStop,
+		Harness: cmd.Argv, ResumeCmd: cmd.ResumeCmd, Deadline: spec.Task.Budget(), StopConfirmTimeout: sct,
+		Binary: env.Binary, BinaryEnv: env.BinaryEnv, Env: menv, Attempt: attempt,
+		Relay: &checkpoint.RelayOptions{Listen: RelayAddr, Upstream: env.GatewayURL, TokenFile: tokenFile(spec.ID)},
+	}
+}
+
+func (spec *Spec) check() error {
+	if spec.Task == nil || spec.Harness == nil {
+		return fmt.Errorf("episode %s: a task and a harness are needed", spec.ID)
+	}
+	if spec.Expiry.IsZero() {
+		spec.Expiry = time.Now().Add(2*spec.Task.Budget() + 10*time.Minute)
+	}
+	return nil
+}
+
+// Start makes the episode's sandbox from the task's work tree, installs and
+// prepares the harness, registers the episode with the gateway, and
+// launches the harness under the supervisor. On an error nothing is left
+// behind but the gateway's registration.
+func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
+	if err := spec.check(); err != nil {
+		return nil, err
+	}
+	tree, err := os.MkdirTemp("", "stasis-task-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tree)
+	if err := spec.Task.Materialize(tree); err != nil {
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	st, err := env.Gateway.AddEpisode(spec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: register with the gateway: %w", spec.ID, err)
+	}
+	e := &Episode{env: env, spec: spec, launch: env.launch(spec)}
+	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), 0)
+	o.Spec = sandbox.Spec{
+		Root: tree, Env: spec.Task.EnvMap(), Expiry: spec.Expiry,
+		Labels: map[string]string{"stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
+	}
+	sess, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	e.sess = sess
+	if err := e.boot(ctx, st.Credentials(0)); err != nil {
+		_ = sess.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return e, nil
+}
+
+// boot installs and prepares the harness, writes the relay's credentials,
+// and starts the supervisor.
+func (e *Episode) boot(ctx context.Context, cred relay.Credentials) error {
+	p, id := e.env.Provider, e.sess.SandboxID()
+	if err := e.spec.Harness.Install(ctx, p, id); err != nil {
+		return fmt.Errorf("episode %s: install %s: %w", e.spec.ID, e.spec.Harness.Name(), err)
+	}
+	if err := e.spec.Harness.Prepare(ctx, p, id, e.launch); err != nil {
+		return fmt.Errorf("episode %s: prepare %s: %w", e.spec.ID, e.spec.Harness.Name(), err)
+	}
+	b, err := json.Marshal(cred)
+	if err != nil {
+		return err
+	}
+	if err := p.WriteFile(ctx, id, tokenFile(e.spec.ID), b, 0o600); err != nil {
+		return fmt.Errorf("episode %s: write the relay's credentials: %w", e.spec.ID, err)
+	}
+	if err := e.sess.Start(ctx); err != nil {
+		return fmt.Errorf("episode %s: %w", e.spec.ID, err)
+	}
+	return nil
+}
+
+// ID is the episode's id.
+func (e *Episode) ID() string { return e.spec.ID }
+
+// SandboxID is the episode's sandbox.
+func (e *Episode) SandboxID() string { return e.sess.SandboxID() }
+
+// Attempt is the episode's attempt (0 before any restore).
+func (e *Episode) Attempt() int { return e.attempt }
+
+// Session is the episode's checkpoint session (pause, continue, status).
+func (e *Episode) Session() *checkpoint.Session { return e.sess }
+
+// Status asks the supervisor.
+func (e *Episode) Status(ctx context.Context) (*supervisor.Status, error) { return e.sess.Status(ctx) }
+
+// Wait polls until the supervisor has ended and returns its receipt.
+func (e *Episode) Wait(ctx context.Context) (*supervisor.Receipt, error) {
+	for {
+		st, err := e.sess.Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if st.State == "exited" && st.Receipt != nil {
+			return st.Receipt, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("episode %s: wait: %w (state %s)", e.spec.ID, ctx.Err(), st.State)
+		case <-time.After(100 * time.Millisecond): // poll interval
+		}
+	}
+}
+
+// ended confirms that the harness has ended and its cleanup is confirmed.
+func (e *Episode) ended(ctx context.Context) error {
+	st, err := e.sess.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if st.State != "exited" || st.Receipt == nil {
+		return fmt.Errorf("the supervisor reports %s", st.State)
+	}
+	if !st.Receipt.CleanupConfirmed {
+		return fmt.Errorf("the harness's processes were not all gone at its end (left: %v)", st.Receipt.Leftover)
+	}
+	return nil
+}
+
+// Verify runs the task's tests once the harness has ended (capture once:
+// see task.Verifier).
+func (e *Episode) Verify(ctx context.Context) (task.Verdict, bool, error) {
+	if e.env.Verifier == nil {
+		return task.Verdict{}, false, errors.New("episode: no verifier")
+	}
+	return e.env.Verifier.Verify(ctx, e.spec.ID, e.sess.SandboxID(), e.spec.Task, e.ended)
+}
+
+// Snapshot is a paused episode's snapshot and its checkpoint state.
+type Snapshot struct {
+	ID    string
+	State checkpoint.State
+}
+
+// PauseAndSnapshot pauses the episode (pause n, stop mode), records the
+// harness's session, snapshots the sandbox, and continues it when
+// continueAfter is set.
+func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter bool) (Snapshot, error) {
+	if _, err := e.sess.Pause(ctx, n); err != nil {
+		return Snapshot{}, err
+	}
+	if sid, err := e.spec.Harness.Session(ctx, e.env.Provider, e.sess.SandboxID(), e.launch); err == nil && sid != "" {
+		e.sess.SetHarnessSession(sid)
+	}
+	st, err := e.sess.CheckpointState(ctx)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	info, err := e.env.Provider.Snapshot(ctx, e.sess.SandboxID(), fmt.Sprintf("%s-p%d", e.spec.ID, n))
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("episode %s: snapshot: %w", e.spec.ID, err)
+	}
+	if continueAfter {
+		if _, err := e.sess.Continue(ctx, n); err != nil {
+			return Snapshot{}, err
+		}
+	}
+	return Snapshot{ID: info.ID, State: st}, nil
+}
+
+// Relaunch continues an episode in a fork of its snapshot by relaunching
+// its harness there: the gateway starts the next attempt (the ledger is
+// matched against the relaunched harness's history), the harness resumes
+// its saved session, and the fork belongs to the new Episode.
+func Relaunch(ctx context.Context, env *Env, spec Spec, snap Snapshot) (*Episode, error) {
+	if err := spec.check(); err != nil {
+		return nil, err
+	}
+	forks, err := env.Provider.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{
+		Labels: map[string]string{"stasis.episode": spec.ID, "stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
+		Expiry: spec.Expiry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: fork %s: %w", spec.ID, snap.ID, err)
+	}
+	st, err := env.Gateway.Restore(spec.ID, false, 0)
+	if err != nil {
+		_ = env.Provider.Delete(context.WithoutCancel(ctx), forks[0].ID)
+		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
+	}
+	e := &Episode{env: env, spec: spec, launch: env.launch(spec), attempt: st.Attempt}
+	o := env.sessionOptions(spec, spec.Harness.Resume(e.launch, snap.State.HarnessSession), st.Attempt)
+	o.Sandbox, o.Adopt, o.HarnessSession = forks[0].ID, true, snap.State.HarnessSession
+	sess, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		_ = env.Provider.Delete(context.WithoutCancel(ctx), forks[0].ID)
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	e.sess = sess
+	if err := e.boot(ctx, st.Credentials(int64(st.Attempt)*callsPerAttempt+1)); err != nil {
+		_ = sess.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return e, nil
+}
+
+// Close ends the episode and deletes its sandbox.
+func (e *Episode) Close(ctx context.Context) error { return e.sess.Close(ctx) }

@@ -1,0 +1,319 @@
+package episode_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"stasis/episode"
+	"stasis/harness"
+	"stasis/harness/opencode"
+	"stasis/ledger"
+	"stasis/model"
+	"stasis/relay"
+	"stasis/sandbox/local"
+	"stasis/stasistest"
+	"stasis/store"
+	"stasis/task"
+)
+
+func TestMain(m *testing.M) { stasistest.Main(m) }
+
+// gate holds one call of one episode at the model until it is opened.
+type gate struct {
+	episode string
+	call    int
+	arrived chan struct{}
+	open    chan struct{}
+	once    sync.Once
+	opened  sync.Once
+}
+
+func (g *gate) Open() { g.opened.Do(func() { close(g.open) }) }
+
+// rig is a model, a gateway on a unix socket bound into every sandbox, a
+// local provider, and a record store.
+type rig struct {
+	env   *episode.Env
+	gw    *relay.Gateway
+	gates sync.Map // episode → *gate
+	tasks []*task.Task
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	t.Cleanup(func() { stasistest.NoChildrenLeft(t) }) // runs last
+	ts, err := task.Builtin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripts, err := task.Scripts(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{tasks: ts}
+	m := model.New(model.Options{Scripts: scripts})
+	modelSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		call := q.Header.Get(relay.HeaderCallID)
+		ep, n, _ := strings.Cut(call, "/")
+		if v, ok := r.gates.Load(ep); ok && q.Header.Get(relay.HeaderAttempt) == "0" {
+			g := v.(*gate)
+			if strconv.Itoa(g.call) == n {
+				g.once.Do(func() { close(g.arrived) })
+				select {
+				case <-g.open:
+				case <-q.Context().Done():
+					return
+				}
+			}
+		}
+		m.ServeHTTP(w, q)
+	}))
+	t.Cleanup(modelSrv.Close)
+
+	gwDir, err := os.MkdirTemp("", "stasis-gw-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(gwDir) })
+	gw, err := relay.OpenGateway(relay.GatewayConfig{Upstream: modelSrv.URL, State: filepath.Join(t.TempDir(), "gateway")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(gwDir, "gw.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: gw.Handler()}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		_ = gw.Close()
+	})
+	r.gw = gw
+
+	ro := map[string]string{}
+	if bin, err := opencode.Binary(); err == nil {
+		real, _ := filepath.EvalSymlinks(bin)
+		// PREFIX/node_modules/opencode-ai/bin/opencode.exe → PREFIX
+		ro[filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(real))))] = harness.OpenCodeSandboxDir
+	}
+	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}, ReadOnlyBinds: ro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "store.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	r.env = &episode.Env{
+		Provider: p, Gateway: gw, GatewayURL: "unix://" + sock, Model: model.DefaultName,
+		Verifier: &task.Verifier{Store: st, Provider: p},
+		Binary:   stasistest.Exe(), BinaryEnv: map[string]string{"STASIS_TEST_AS_CLI": "1"},
+	}
+	return r
+}
+
+func (r *rig) gate(ep string, call int) *gate {
+	g := &gate{episode: ep, call: call, arrived: make(chan struct{}), open: make(chan struct{})}
+	r.gates.Store(ep, g)
+	return g
+}
+
+func adapter(t *testing.T, name string) harness.Adapter {
+	t.Helper()
+	if name == "opencode" {
+		if _, err := opencode.Binary(); err != nil {
+			t.Fatalf("OpenCode is not installed: %v (make deps-opencode; make test does it first)", err)
+		}
+	}
+	a, err := harness.New(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// finish waits for the episode's harness to end, verifies it, and checks
+// its ledger.
+func (r *rig) finish(t *testing.T, ctx context.Context, e *episode.Episode) task.Verdict {
+	t.Helper()
+	rc, err := e.Wait(ctx)
+	if err != nil {
+		r.dump(t, e)
+		t.Fatalf("%s: %v", e.ID(), err)
+	}
+	if rc.ReturnCode == nil || *rc.ReturnCode != 0 || !rc.CleanupConfirmed {
+		r.dump(t, e)
+		t.Fatalf("%s: the harness ended badly: %+v", e.ID(), rc)
+	}
+	v, recorded, err := e.Verify(ctx)
+	if err != nil || recorded {
+		t.Fatalf("%s: verify: %v (recorded before: %v)", e.ID(), err, recorded)
+	}
+	rep, err := ledger.Verify(r.gw.LedgerDir(), e.ID())
+	if err != nil || !rep.OK || rep.Broken || rep.Live < 3 {
+		t.Fatalf("%s: ledger: %+v %v", e.ID(), rep, err)
+	}
+	return v
+}
+
+func (r *rig) dump(t *testing.T, e *episode.Episode) {
+	t.Helper()
+	ctx := context.Background()
+	for _, f := range []string{"/tmp/stasis/" + e.ID() + "/supervisor.log"} {
+		b, err := r.env.Provider.ReadFile(ctx, e.SandboxID(), f)
+		t.Logf("%s (%v):\n%s", f, err, b)
+	}
+}
+
+// One episode per built-in task and harness, on the local provider with
+// the scripted model, runs to reward 1.
+func TestEveryBuiltinTaskSolves(t *testing.T) {
+	for _, h := range []string{"mini", "opencode"} {
+		t.Run(h, func(t *testing.T) {
+			r := newRig(t)
+			a := adapter(t, h)
+			par := 3
+			if h == "opencode" {
+				par = 2
+			}
+			sem := make(chan struct{}, par)
+			var wg sync.WaitGroup
+			for _, tk := range r.tasks {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					t.Run(tk.ID, func(t *testing.T) {
+						ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+						defer cancel()
+						start := time.Now()
+						e, err := episode.Start(ctx, r.env, episode.Spec{ID: h + "-" + tk.ID, Task: tk, Harness: a})
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer func() {
+							if err := e.Close(context.Background()); err != nil {
+								t.Error(err)
+							}
+						}()
+						v := r.finish(t, ctx, e)
+						if v.Reward != 1 {
+							t.Fatalf("reward %d: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
+						}
+						t.Logf("reward 1 in %s", time.Since(start).Round(time.Millisecond))
+					})
+				}()
+			}
+			wg.Wait()
+		})
+	}
+}
+
+// An episode stopped mid-way (a stop pause while its third model call is
+// at the model), snapshotted, and lost (its sandbox deleted, as a crash
+// would), is relaunched from a fork of the snapshot: the harness continues
+// its saved session, the gateway matches the relaunched history against the
+// ledger and marks the boundary, and the task is solved.
+func TestRelaunchFromSnapshotContinues(t *testing.T) {
+	for _, h := range []string{"mini", "opencode"} {
+		t.Run(h, func(t *testing.T) {
+			r := newRig(t)
+			a := adapter(t, h)
+			tk, err := task.Lookup(r.tasks, "py-ini-value-with-equals")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			id := h + "-relaunch"
+			g := r.gate(id, 3)
+			defer g.Open()
+			spec := episode.Spec{ID: id, Task: tk, Harness: a}
+			e, err := episode.Start(ctx, r.env, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			closed := false
+			defer func() {
+				if !closed {
+					_ = e.Close(context.Background())
+				}
+			}()
+			select {
+			case <-g.arrived:
+			case <-ctx.Done():
+				r.dump(t, e)
+				t.Fatal("the third model call never came")
+			}
+			snap, err := e.PauseAndSnapshot(ctx, 1, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !snap.State.PauseConfirmed || snap.State.RelayDelivered == nil || *snap.State.RelayDelivered != 2 {
+				t.Fatalf("pause state: %+v", snap.State)
+			}
+			if h == "opencode" && snap.State.HarnessSession == "" {
+				t.Fatal("no OpenCode session id recorded at the pause")
+			}
+			// The crash: the sandbox is gone with everything in it.
+			if err := e.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			closed = true
+			g.Open()
+
+			e2, err := episode.Relaunch(ctx, r.env, spec, snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := e2.Close(context.Background()); err != nil {
+					t.Error(err)
+				}
+				if err := r.env.Provider.DeleteSnapshot(context.Background(), snap.ID); err != nil {
+					t.Error(err)
+				}
+			}()
+			if e2.Attempt() != 1 {
+				t.Fatalf("attempt %d after a relaunch", e2.Attempt())
+			}
+			v := r.finish(t, ctx, e2)
+			if v.Reward != 1 {
+				t.Fatalf("reward %d after the relaunch: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
+			}
+			l, err := ledger.Open(r.gw.LedgerDir(), id)
+			if err != nil && !errors.Is(err, os.ErrExist) {
+				t.Logf("open the ledger: %v", err)
+			}
+			rep, _ := ledger.Verify(r.gw.LedgerDir(), id)
+			if l != nil {
+				es := l.Entries()
+				_ = l.Close()
+				boundary := -1
+				for i, en := range es {
+					if en.Boundary {
+						boundary = i
+					}
+				}
+				if boundary != 2 || es[2].Attempt != 1 || es[1].Attempt != 0 {
+					t.Fatalf("ledger after the relaunch: boundary at %d, %d entries", boundary, len(es))
+				}
+			}
+			t.Logf("%s: relaunched from %s; ledger %d live entries, %d cuts", h, snap.ID, rep.Live, rep.Cuts)
+		})
+	}
+}

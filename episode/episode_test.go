@@ -2,7 +2,7 @@ package episode_test
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -28,7 +28,7 @@ import (
 
 func TestMain(m *testing.M) { stasistest.Main(m) }
 
-// gate holds one call of one episode at the model until it is opened.
+// gate holds one call of one episode at the gateway until it is opened.
 type gate struct {
 	episode string
 	call    int
@@ -62,22 +62,7 @@ func newRig(t *testing.T) *rig {
 	}
 	r := &rig{tasks: ts}
 	m := model.New(model.Options{Scripts: scripts})
-	modelSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-		call := q.Header.Get(relay.HeaderCallID)
-		ep, n, _ := strings.Cut(call, "/")
-		if v, ok := r.gates.Load(ep); ok && q.Header.Get(relay.HeaderAttempt) == "0" {
-			g := v.(*gate)
-			if strconv.Itoa(g.call) == n {
-				g.once.Do(func() { close(g.arrived) })
-				select {
-				case <-g.open:
-				case <-q.Context().Done():
-					return
-				}
-			}
-		}
-		m.ServeHTTP(w, q)
-	}))
+	modelSrv := httptest.NewServer(m)
 	t.Cleanup(modelSrv.Close)
 
 	gwDir, err := os.MkdirTemp("", "stasis-gw-")
@@ -94,7 +79,24 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: gw.Handler()}
+	// Calls reach the gateway through the gates.
+	gh := gw.Handler()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		call := q.Header.Get(relay.HeaderCallID)
+		ep, n, _ := strings.Cut(call, "/")
+		if v, ok := r.gates.Load(ep); ok && q.Header.Get(relay.HeaderAttempt) == "0" {
+			g := v.(*gate)
+			if strconv.Itoa(g.call) == n {
+				g.once.Do(func() { close(g.arrived) })
+				select {
+				case <-g.open:
+				case <-q.Context().Done():
+					return
+				}
+			}
+		}
+		gh.ServeHTTP(w, q)
+	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() {
 		_ = srv.Close()
@@ -228,7 +230,12 @@ func TestEveryBuiltinTaskSolves(t *testing.T) {
 // would), is relaunched from a fork of the snapshot: the harness continues
 // its saved session, the gateway matches the relaunched history against the
 // ledger and marks the boundary, and the task is solved.
+var relaunchBudget = 5 * time.Minute
+
 func TestRelaunchFromSnapshotContinues(t *testing.T) {
+	if d, err := time.ParseDuration(os.Getenv("STASIS_TEST_RELAUNCH_BUDGET")); err == nil {
+		relaunchBudget = d
+	}
 	for _, h := range []string{"mini", "opencode"} {
 		t.Run(h, func(t *testing.T) {
 			r := newRig(t)
@@ -237,7 +244,7 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), relaunchBudget)
 			defer cancel()
 			id := h + "-relaunch"
 			g := r.gate(id, 3)
@@ -293,26 +300,46 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 			}
 			v := r.finish(t, ctx, e2)
 			if v.Reward != 1 {
-				t.Fatalf("reward %d after the relaunch: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
-			}
-			l, err := ledger.Open(r.gw.LedgerDir(), id)
-			if err != nil && !errors.Is(err, os.ErrExist) {
-				t.Logf("open the ledger: %v", err)
-			}
-			rep, _ := ledger.Verify(r.gw.LedgerDir(), id)
-			if l != nil {
-				es := l.Entries()
-				_ = l.Close()
-				boundary := -1
-				for i, en := range es {
-					if en.Boundary {
-						boundary = i
+				if hist, err := ledger.Read(r.gw.LedgerDir(), id); err == nil {
+					for i, en := range hist.Entries {
+						var req struct {
+							Messages []struct {
+								Role    string          `json:"role"`
+								Content json.RawMessage `json:"content"`
+							} `json:"messages"`
+						}
+						_ = json.Unmarshal(en.Request, &req)
+						var roles []string
+						for _, m := range req.Messages {
+							c := string(m.Content)
+							if len(c) > 60 {
+								c = c[:60]
+							}
+							roles = append(roles, m.Role+":"+c)
+						}
+						t.Logf("entry %d attempt %d boundary %v: %s\n  response %.300s", i, en.Attempt, en.Boundary, strings.Join(roles, " | "), en.Response)
 					}
 				}
-				if boundary != 2 || es[2].Attempt != 1 || es[1].Attempt != 0 {
-					t.Fatalf("ledger after the relaunch: boundary at %d, %d entries", boundary, len(es))
+				t.Fatalf("reward %d after the relaunch: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
+			}
+			hist, err := ledger.Read(r.gw.LedgerDir(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			es := hist.Entries
+			boundary := -1
+			for i, en := range es {
+				if en.Boundary {
+					boundary = i
 				}
 			}
+			// Entries 0 and 1 were delivered before the pause; the third call
+			// never reached the ledger; the relaunched harness's first call
+			// is entry 2, marked as the boundary.
+			if boundary != 2 || es[2].Attempt != 1 || es[1].Attempt != 0 || hist.Broken {
+				t.Fatalf("ledger after the relaunch: boundary at %d, %d entries, broken %v", boundary, len(es), hist.Broken)
+			}
+			rep, _ := ledger.Verify(r.gw.LedgerDir(), id)
 			t.Logf("%s: relaunched from %s; ledger %d live entries, %d cuts", h, snap.ID, rep.Live, rep.Cuts)
 		})
 	}

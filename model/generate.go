@@ -148,8 +148,12 @@ func (s *Server) scriptFor(c *conversation) *Script {
 		if m.role != "user" {
 			continue
 		}
+		// Backslashes are ignored on both sides: a harness may escape
+		// quotes in the prompt it was given (OpenCode quotes a message
+		// holding spaces and escapes the quotes inside).
+		text := strings.ReplaceAll(m.content, `\`, "")
 		for _, sc := range s.scripts {
-			if sc.Match != "" && len(sc.Turns) > 0 && strings.Contains(m.content, sc.Match) {
+			if sc.Match != "" && len(sc.Turns) > 0 && strings.Contains(text, strings.ReplaceAll(sc.Match, `\`, "")) {
 				return sc
 			}
 		}

@@ -60,7 +60,10 @@ type Credentials struct {
 	Token   string `json:"token"`
 	Attempt int    `json:"attempt"`
 	// NextCall numbers the first call of a relaunched relay after the
-	// calls already in the ledger (0: start at 1).
+	// calls already in the ledger (0: start at 1). A relay started with
+	// NextCall set is a relaunch: it does not know where in the ledger its
+	// harness resumes until the gateway has matched the first call, so it
+	// takes its delivered count from that call's ledger position.
 	NextCall int64 `json:"next_call,omitempty"`
 }
 
@@ -110,6 +113,9 @@ type Relay struct {
 	gen   int   // bumped when a restore raises the attempt
 	next  int64 // last call number handed out
 	deliv int64 // deliveries of recorded responses (the ledger cut)
+	// baseUnknown: a relaunched relay, whose deliv is set from its first
+	// recorded response's ledger position.
+	baseUnknown bool
 	// delivering counts deliveries under way; Hold waits for zero.
 	delivering int
 	cancels    map[int64]context.CancelFunc // upstream calls in flight
@@ -150,6 +156,7 @@ func New(cfg Config) (*Relay, error) {
 	r := &Relay{up: up, cfg: cfg, log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, reg: prometheus.NewRegistry()}
 	if cred.NextCall > 0 {
 		r.next = cred.NextCall - 1
+		r.baseUnknown = true
 	}
 	r.cond = sync.NewCond(&r.mu)
 	f := prometheus.NewCounter
@@ -371,7 +378,7 @@ type result struct {
 
 func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	start := time.Now()
-	body, err := io.ReadAll(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody))
+	body, err := readAll(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody), q.ContentLength)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -425,6 +432,9 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 			apiError(w, http.StatusBadGateway, "upstream_error", err.Error())
 			return
 		}
+		if r.baseUnknown && res.seq > 0 && res.status/100 == 2 {
+			r.deliv, r.baseUnknown = res.seq-1, false
+		}
 		// Wait for the hold to end and for earlier ledger entries to be
 		// delivered first.
 		waited := false
@@ -474,6 +484,7 @@ func (r *Relay) deliver(w http.ResponseWriter, path string, res result, stream, 
 	}
 	if !stream {
 		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(res.body)))
 		_, _ = w.Write(res.body)
 		return
 	}
@@ -506,7 +517,7 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+cred.Token)
-		req.Header.Set(HeaderCallID, fmt.Sprintf("%s/%d", cred.Episode, n))
+		req.Header.Set(HeaderCallID, cred.Episode+"/"+strconv.FormatInt(n, 10))
 		req.Header.Set(HeaderAttempt, strconv.Itoa(cred.Attempt))
 		req.Header.Set(HeaderEpisode, cred.Episode)
 		resp, err := r.up.Client.Do(req)
@@ -525,7 +536,7 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 			wait = min(2*wait, r.cfg.Retry.MaxInterval)
 			continue
 		}
-		b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+		b, err := readAll(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
 		resp.Body.Close()
 		res.took += time.Since(t0)
 		if err != nil {

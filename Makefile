@@ -16,7 +16,8 @@ all: build
 
 ## deps: system packages the build and the tests use (gcc for cgo and -race,
 ## util-linux for setsid, nsenter and setpriv, bubblewrap for local
-## sandboxes, tar); installed with apt-get only when missing.
+## sandboxes, tar; git, python3 and nodejs for the built-in tasks and the
+## SWE-bench loader); installed with apt-get only when missing.
 deps:
 	@missing=""; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
@@ -25,6 +26,9 @@ deps:
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v tar >/dev/null 2>&1 || missing="$$missing tar"; \
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
+	[ -x /usr/bin/python3 ] || missing="$$missing python3"; \
+	[ -x /usr/bin/node ] || command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -99,6 +103,9 @@ fuzz: deps
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)
+	$(GO) test ./task -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)
+	$(GO) test ./task -run '^$$' -fuzz FuzzParseDefinition -fuzztime $(FUZZTIME)
+	$(GO) test ./task -run '^$$' -fuzz FuzzInstance -fuzztime $(FUZZTIME)
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build

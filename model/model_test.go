@@ -968,3 +968,26 @@ func TestParseScript(t *testing.T) {
 		t.Errorf("default script %+v", d)
 	}
 }
+
+// With Scripts, a conversation whose user message holds a script's Match
+// (even with its quotes escaped, as OpenCode sends a prompt) plays that
+// script; any other plays the Script.
+func TestScriptsSelectedByMatch(t *testing.T) {
+	fix := &model.Script{Name: "fix", Match: `the "total" is wrong`, Turns: []model.Turn{{Content: "fix answer"}}}
+	other := &model.Script{Name: "other", Match: "unrelated", Turns: []model.Turn{{Content: "other answer"}}}
+	srv := httptest.NewServer(model.New(model.Options{Script: &model.Script{Turns: []model.Turn{{Content: "default answer"}}}, Scripts: []*model.Script{other, fix}}))
+	defer srv.Close()
+	for _, c := range []struct{ user, want string }{
+		{`Bug: the "total" is wrong for two items.`, "fix answer"},
+		{`"Bug: the \"total\" is wrong for two items."`, "fix answer"},
+		{"something unrelated", "other answer"},
+		{"hello", "default answer"},
+	} {
+		code, _, body := post(t, srv.URL+"/v1/chat/completions", map[string]any{
+			"model": model.DefaultName, "messages": []map[string]any{{"role": "system", "content": `the "total" is wrong`}, {"role": "user", "content": c.user}},
+		})
+		if code != 200 || !strings.Contains(string(body), c.want) {
+			t.Errorf("%q: %d %s, want %q", c.user, code, body, c.want)
+		}
+	}
+}

@@ -98,7 +98,23 @@ func cloneBundle(bundle, ref, dst string) error {
 	if ref == "" {
 		ref = "HEAD"
 	}
-	return git(dst, "checkout", "--quiet", "--detach", ref)
+	// A branch of the bundle is origin/BRANCH in the clone.
+	commit, err := gitOut(dst, "rev-parse", "--verify", "--quiet", ref+"^{commit}")
+	if err != nil {
+		if commit, err = gitOut(dst, "rev-parse", "--verify", "--quiet", "origin/"+ref+"^{commit}"); err != nil {
+			return fmt.Errorf("the bundle %s has no commit or branch %q", bundle, ref)
+		}
+	}
+	return git(dst, "checkout", "--quiet", "--detach", commit)
+}
+
+// gitOut runs git like git and returns its trimmed output.
+func gitOut(dir string, args ...string) (string, error) {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+	out, err := cmd.Output()
+	return strings.TrimSpace(string(out)), err
 }
 
 // git runs git in dir with a fixed identity and no user or system

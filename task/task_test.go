@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -380,5 +381,63 @@ func TestScript(t *testing.T) {
 	}
 	if !sort.StringsAreSorted(ids) {
 		t.Fatalf("Builtin is not sorted: %v", ids)
+	}
+}
+
+// A work tree from a tarball (gzip'd or not) or a git bundle; a tarball
+// entry that would land outside the tree is refused.
+func TestSources(t *testing.T) {
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, "pkg"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "pkg", "a.txt"), []byte("a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "run.sh"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tgz := filepath.Join(dir, "tree.tar.gz")
+	tarball := filepath.Join(dir, "tree.tar")
+	bundle := filepath.Join(dir, "tree.bundle")
+	for _, c := range [][]string{
+		{"tar", "-czf", tgz, "-C", src, "."},
+		{"tar", "-cf", tarball, "-C", src, "pkg", "run.sh"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v %s", c, err, out)
+		}
+	}
+	git(t, src, "init", "-q", "-b", "main")
+	git(t, src, "add", ".")
+	git(t, src, "commit", "-qm", "tree")
+	git(t, src, "bundle", "create", bundle, "main")
+	for _, s := range []task.Source{{Kind: "tar", Path: tgz}, {Kind: "tar", Path: tarball}, {Kind: "bundle", Path: bundle, Ref: "main"}, {Kind: "dir", Path: src}} {
+		tk := &task.Task{ID: "src", Source: s}
+		dst := filepath.Join(t.TempDir(), "tree")
+		if err := tk.Materialize(dst); err != nil {
+			t.Fatalf("%s: %v", s.Kind, err)
+		}
+		if b, err := os.ReadFile(filepath.Join(dst, "pkg", "a.txt")); err != nil || string(b) != "a\n" {
+			t.Fatalf("%s: %q %v", s.Kind, b, err)
+		}
+		if st, err := os.Stat(filepath.Join(dst, "run.sh")); err != nil || st.Mode().Perm()&0o100 == 0 {
+			t.Fatalf("%s: run.sh lost its exec bit: %v", s.Kind, err)
+		}
+		if err := tk.Materialize(dst); err == nil || !strings.Contains(err.Error(), "not empty") {
+			t.Fatalf("%s: materialize into a full directory: %v", s.Kind, err)
+		}
+	}
+	evil := filepath.Join(dir, "evil.tar")
+	if out, err := exec.Command("tar", "-cf", evil, "-C", src, "--transform", "s,^pkg,../escape,", "pkg/a.txt").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	dst := filepath.Join(t.TempDir(), "tree")
+	if err := (&task.Task{ID: "evil", Source: task.Source{Kind: "tar", Path: evil}}).Materialize(dst); err == nil || !strings.Contains(err.Error(), "outside the work tree") {
+		t.Fatalf("a tarball escaping its tree: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(dst), "escape")); err == nil {
+		t.Fatal("the escaping entry was written")
 	}
 }

@@ -378,7 +378,7 @@ type result struct {
 
 func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	start := time.Now()
-	body, err := readAll(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody), q.ContentLength)
+	body, err := io.ReadAll(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -536,7 +536,7 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 			wait = min(2*wait, r.cfg.Retry.MaxInterval)
 			continue
 		}
-		b, err := readAll(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
 		resp.Body.Close()
 		res.took += time.Since(t0)
 		if err != nil {

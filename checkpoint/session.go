@@ -33,6 +33,10 @@ type SessionOptions struct {
 	// own a given Sandbox too (a fork made for it).
 	Sandbox string
 	Adopt   bool
+	// Running: the supervisor already runs in Sandbox (a session found
+	// again after a restart, or in a fork that kept processes); Start is
+	// then refused and Close stops it.
+	Running bool
 	Spec    sandbox.Spec
 	// Episode names the session; it also names the session directory.
 	Episode string
@@ -124,7 +128,7 @@ func NewSession(ctx context.Context, o SessionOptions) (*Session, error) {
 		}
 		o.Binary = exe
 	}
-	s := &Session{o: o, p: o.Provider, id: o.Sandbox}
+	s := &Session{o: o, p: o.Provider, id: o.Sandbox, started: o.Running}
 	if s.id == "" {
 		if o.Spec.Labels == nil {
 			o.Spec.Labels = map[string]string{}

@@ -260,31 +260,53 @@ func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter b
 }
 
 // Relaunch continues an episode in a fork of its snapshot by relaunching
-// its harness there: the gateway starts the next attempt (the ledger is
-// matched against the relaunched harness's history), the harness resumes
-// its saved session, and the fork belongs to the new Episode.
+// its harness there (RelaunchIn); the fork belongs to the new Episode.
 func Relaunch(ctx context.Context, env *Env, spec Spec, snap Snapshot) (*Episode, error) {
 	if err := spec.check(); err != nil {
 		return nil, err
 	}
-	forks, err := env.Provider.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{
-		Labels: map[string]string{"stasis.episode": spec.ID, "stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
-		Expiry: spec.Expiry,
-	})
+	forks, err := env.Provider.Fork(ctx, snap.ID, 1, ForkSpec(spec))
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: fork %s: %w", spec.ID, snap.ID, err)
 	}
-	st, err := env.Gateway.Restore(spec.ID, false, 0)
+	e, err := RelaunchIn(ctx, env, spec, forks[0].ID, snap.State.HarnessSession)
 	if err != nil {
 		_ = env.Provider.Delete(context.WithoutCancel(ctx), forks[0].ID)
+		return nil, err
+	}
+	return e, nil
+}
+
+// ForkSpec is how a restore forks an episode's snapshot.
+func ForkSpec(spec Spec) sandbox.ForkSpec {
+	if spec.Expiry.IsZero() && spec.Task != nil {
+		spec.Expiry = time.Now().Add(2*spec.Task.Budget() + 10*time.Minute)
+	}
+	return sandbox.ForkSpec{
+		Labels: map[string]string{"stasis.episode": spec.ID, "stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
+		Expiry: spec.Expiry,
+	}
+}
+
+// RelaunchIn continues an episode in sandbox (a fork of its snapshot) by
+// relaunching its harness: the gateway starts the next attempt and will
+// match the relaunched harness's history against the ledger, and the
+// harness resumes its saved session (harnessSession, or its latest). The
+// sandbox belongs to the new Episode, also when RelaunchIn fails (it is
+// then deleted).
+func RelaunchIn(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSession string) (*Episode, error) {
+	if err := spec.check(); err != nil {
+		return nil, err
+	}
+	st, err := env.Gateway.Restore(spec.ID, false, 0)
+	if err != nil {
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
 	}
 	e := &Episode{env: env, spec: spec, launch: env.launch(spec), attempt: st.Attempt}
-	o := env.sessionOptions(spec, spec.Harness.Resume(e.launch, snap.State.HarnessSession), st.Attempt)
-	o.Sandbox, o.Adopt, o.HarnessSession = forks[0].ID, true, snap.State.HarnessSession
+	o := env.sessionOptions(spec, spec.Harness.Resume(e.launch, harnessSession), st.Attempt)
+	o.Sandbox, o.Adopt, o.HarnessSession = sandboxID, true, harnessSession
 	sess, err := checkpoint.NewSession(ctx, o)
 	if err != nil {
-		_ = env.Provider.Delete(context.WithoutCancel(ctx), forks[0].ID)
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
 	e.sess = sess
@@ -294,6 +316,77 @@ func Relaunch(ctx context.Context, env *Env, spec Spec, snap Snapshot) (*Episode
 	}
 	return e, nil
 }
+
+// ErrNotSameLaunch: a fork's supervisor is not the launch a record names
+// (the snapshot did not keep it), so the episode must be relaunched.
+var ErrNotSameLaunch = errors.New("the supervisor in the fork is not the recorded launch")
+
+// ResumeInPlace continues an episode whose snapshot kept its processes: the
+// supervisor in sandbox must report the recorded identity; the gateway cuts
+// the ledger to the relay's delivered count and raises the attempt, the
+// relay's credentials are rewritten, and `continue seq` resumes the
+// harness (the relay re-issues the calls it had not delivered). On
+// ErrNotSameLaunch nothing has changed and the caller relaunches instead.
+func ResumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State) (*Episode, error) {
+	if err := spec.check(); err != nil {
+		return nil, err
+	}
+	e := &Episode{env: env, spec: spec, launch: env.launch(spec), attempt: rec.Attempt}
+	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), rec.Attempt)
+	o.Sandbox, o.Adopt, o.Running, o.HarnessSession = sandboxID, true, true, rec.HarnessSession
+	sess, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	e.sess = sess
+	st, err := sess.Status(ctx)
+	if err != nil || st.Identity != rec.Identity {
+		return nil, fmt.Errorf("episode %s: %w (status %+v, %v)", spec.ID, ErrNotSameLaunch, st, err)
+	}
+	var delivered int64
+	if rec.RelayDelivered != nil {
+		delivered = *rec.RelayDelivered
+	}
+	gst, err := env.Gateway.Restore(spec.ID, true, delivered)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
+	}
+	e.attempt = gst.Attempt
+	b, err := json.Marshal(gst.Credentials(0))
+	if err != nil {
+		return nil, err
+	}
+	if err := env.Provider.WriteFile(ctx, sandboxID, tokenFile(spec.ID), b, 0o600); err != nil {
+		return nil, fmt.Errorf("episode %s: write the relay's credentials: %w", spec.ID, err)
+	}
+	if _, err := sess.Continue(ctx, rec.PauseSeq); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Attach finds a running episode again (after a restart of the host
+// process): its supervisor already runs in sandboxID.
+func Attach(ctx context.Context, env *Env, spec Spec, sandboxID string, attempt int) (*Episode, error) {
+	if err := spec.check(); err != nil {
+		return nil, err
+	}
+	if _, err := env.Provider.Get(ctx, sandboxID); err != nil {
+		return nil, fmt.Errorf("episode %s: sandbox %s: %w", spec.ID, sandboxID, err)
+	}
+	e := &Episode{env: env, spec: spec, launch: env.launch(spec), attempt: attempt}
+	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), attempt)
+	o.Sandbox, o.Adopt, o.Running = sandboxID, true, true
+	sess, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	e.sess = sess
+	return e, nil
+}
+
+// Spec is the episode's spec.
+func (e *Episode) Spec() Spec { return e.spec }
 
 // Close ends the episode and deletes its sandbox.
 func (e *Episode) Close(ctx context.Context) error { return e.sess.Close(ctx) }

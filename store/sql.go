@@ -77,6 +77,15 @@ var migrations = [][]string{
 			doc        TEXT NOT NULL
 		)`,
 	},
+	{ // 3: episodes, so that any server on the store can drive them
+		`CREATE TABLE episodes (
+			id         TEXT NOT NULL PRIMARY KEY,
+			created_ns BIGINT NOT NULL,
+			state      TEXT NOT NULL,
+			doc        TEXT NOT NULL
+		)`,
+		`CREATE INDEX episodes_by_state ON episodes (state, created_ns)`,
+	},
 }
 
 // sqlStore is the Store over database/sql, for any dialect.

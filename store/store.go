@@ -101,6 +101,12 @@ type Store interface {
 	// GetVerdict returns an episode's recorded verify result, or an error
 	// matching ErrNotFound when none is recorded.
 	GetVerdict(ctx context.Context, episode string) (json.RawMessage, error)
+	// PutEpisode creates or replaces an episode; GetEpisode finds one
+	// (ErrNotFound); ListEpisodes lists those in a state ("" for all),
+	// oldest first.
+	PutEpisode(ctx context.Context, e Episode) error
+	GetEpisode(ctx context.Context, id string) (Episode, error)
+	ListEpisodes(ctx context.Context, state string) ([]Episode, error)
 	// Close releases the store.
 	Close() error
 }

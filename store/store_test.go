@@ -628,8 +628,10 @@ func TestMigrateFromSchema1(t *testing.T) {
 	ctx := context.Background()
 	s, path := openTemp(t)
 	save(t, s, "A", "snap-1")
-	if _, err := s.db.Exec(`DROP TABLE verdicts`); err != nil {
-		t.Fatal(err)
+	for _, stmt := range []string{`DROP TABLE verdicts`, `DROP TABLE episodes`} {
+		if _, err := s.db.Exec(stmt); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := s.db.Exec(`UPDATE schema_version SET version = 1`); err != nil {
 		t.Fatal(err)
@@ -645,5 +647,40 @@ func TestMigrateFromSchema1(t *testing.T) {
 	}
 	if _, _, err := s2.PutVerdict(ctx, "ep", json.RawMessage(`{}`)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestEpisodes(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTemp(t)
+	if _, err := s.GetEpisode(ctx, "ep-1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetEpisode of none: %v", err)
+	}
+	if err := s.PutEpisode(ctx, Episode{ID: "ep-1", State: "paused"}); err == nil {
+		t.Fatal("took an unknown state")
+	}
+	for _, id := range []string{"ep-1", "ep-2"} {
+		if err := s.PutEpisode(ctx, Episode{ID: id, Task: "t", Harness: "mini", Provider: "local", Sandbox: "sb-" + id, State: EpisodeRunning}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, _ := s.GetEpisode(ctx, "ep-1")
+	e.State, e.Attempt = EpisodeEnded, 2
+	if err := s.PutEpisode(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	s2, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	all, err := s2.ListEpisodes(ctx, "")
+	if err != nil || len(all) != 2 || all[0].ID != "ep-1" || all[0].Attempt != 2 || !all[0].Created.Equal(e.Created) {
+		t.Fatalf("ListEpisodes: %+v %v", all, err)
+	}
+	running, err := s2.ListEpisodes(ctx, EpisodeRunning)
+	if err != nil || len(running) != 1 || running[0].ID != "ep-2" || running[0].Sandbox != "sb-ep-2" {
+		t.Fatalf("running episodes: %+v %v", running, err)
 	}
 }

@@ -1,0 +1,662 @@
+// Package coordinator owns checkpoints of many episodes at once: starting
+// episodes, Prepare (pause, snapshot and record every live episode with
+// bounded concurrency, commit in one atomic step, continue), Restore
+// (validate every record before touching a provider, fork every snapshot,
+// then resume each episode in place or relaunch it, all or nothing), and
+// Retire. Its durable state is the record store: episodes, checkpoints,
+// records and verdicts, so a coordinator made on the same store after a
+// crash or a restart finds the live episodes again.
+//
+// It sits above package episode (one episode on a provider) rather than in
+// package checkpoint, which episode itself builds on.
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"stasis/checkpoint"
+	"stasis/episode"
+	"stasis/harness"
+	"stasis/sandbox"
+	"stasis/store"
+	"stasis/supervisor"
+	"stasis/task"
+)
+
+// Options configure a Coordinator.
+type Options struct {
+	Env   *episode.Env
+	Store store.Store
+	// Tasks are the tasks episodes may name.
+	Tasks []*task.Task
+	// Concurrency bounds the episodes worked on at once in a prepare or a
+	// restore (default 16).
+	Concurrency int
+	// Progress, when set, is told of each episode done in a phase.
+	Progress func(Progress)
+	Logger   *slog.Logger
+}
+
+// Progress reports one step of a long operation.
+type Progress struct {
+	Phase   string // start, prepare, commit, continue, validate, fork, resume
+	Episode string
+	Done    int
+	Total   int
+}
+
+// Coordinator drives the episodes of one record store.
+type Coordinator struct {
+	o   Options
+	log *slog.Logger
+
+	mu   sync.Mutex
+	live map[string]*episode.Episode
+	// op serialises prepares, restores and retires.
+	op sync.Mutex
+}
+
+// New makes a coordinator over the store and finds its running episodes
+// again: each one whose sandbox still exists is attached; one whose sandbox
+// is gone (a crash took it) is marked lost, for a restore to bring back.
+func New(ctx context.Context, o Options) (*Coordinator, error) {
+	if o.Env == nil || o.Store == nil {
+		return nil, errors.New("coordinator: an episode environment and a store are needed")
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 16
+	}
+	c := &Coordinator{o: o, log: o.Logger, live: map[string]*episode.Episode{}}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	rows, err := o.Store.ListEpisodes(ctx, store.EpisodeRunning)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		spec, err := c.spec(r.ID, r.Task, r.Harness)
+		if err != nil {
+			return nil, err
+		}
+		e, err := episode.Attach(ctx, o.Env, spec, r.Sandbox, r.Attempt)
+		if err != nil {
+			if errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, sandbox.ErrExpired) {
+				c.log.Warn("episode lost: its sandbox is gone", "episode", r.ID, "sandbox", r.Sandbox)
+				r.State = store.EpisodeLost
+				if err := o.Store.PutEpisode(ctx, r); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			return nil, err
+		}
+		c.live[r.ID] = e
+	}
+	return c, nil
+}
+
+func (c *Coordinator) spec(id, taskID, harnessName string) (episode.Spec, error) {
+	t, err := task.Lookup(c.o.Tasks, taskID)
+	if err != nil {
+		return episode.Spec{}, fmt.Errorf("episode %s: %w", id, err)
+	}
+	a, err := harness.New(harnessName)
+	if err != nil {
+		return episode.Spec{}, fmt.Errorf("episode %s: %w", id, err)
+	}
+	return episode.Spec{ID: id, Task: t, Harness: a}, nil
+}
+
+func (c *Coordinator) progress(p Progress) {
+	if c.o.Progress != nil {
+		c.o.Progress(p)
+	}
+}
+
+// Start starts an episode of a task with a harness.
+func (c *Coordinator) Start(ctx context.Context, id, taskID, harnessName string) (store.Episode, error) {
+	spec, err := c.spec(id, taskID, harnessName)
+	if err != nil {
+		return store.Episode{}, err
+	}
+	if _, err := c.o.Store.GetEpisode(ctx, id); err == nil {
+		return store.Episode{}, fmt.Errorf("episode %s: %w", id, store.ErrExists)
+	}
+	e, err := episode.Start(ctx, c.o.Env, spec)
+	if err != nil {
+		return store.Episode{}, err
+	}
+	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning}
+	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
+		_ = e.Close(context.WithoutCancel(ctx))
+		return store.Episode{}, err
+	}
+	c.mu.Lock()
+	c.live[id] = e
+	c.mu.Unlock()
+	return c.o.Store.GetEpisode(ctx, id)
+}
+
+// Live returns the live episode id, if any.
+func (c *Coordinator) Live(id string) (*episode.Episode, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.live[id]
+	return e, ok
+}
+
+// LiveIDs lists the live episodes, sorted.
+func (c *Coordinator) LiveIDs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := make([]string, 0, len(c.live))
+	for id := range c.live {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// Verify verifies an episode once its harness has ended (capture once).
+func (c *Coordinator) Verify(ctx context.Context, id string) (task.Verdict, bool, error) {
+	if e, ok := c.Live(id); ok {
+		v, rec, err := e.Verify(ctx)
+		if err == nil {
+			c.markEnded(ctx, id)
+		}
+		return v, rec, err
+	}
+	v, ok, err := c.o.Env.Verifier.Recorded(ctx, id)
+	if err != nil {
+		return task.Verdict{}, false, err
+	}
+	if !ok {
+		if _, err := c.o.Store.GetEpisode(ctx, id); err != nil {
+			return task.Verdict{}, false, err
+		}
+		return task.Verdict{}, false, fmt.Errorf("episode %s is not live and was never verified: restore it first", id)
+	}
+	return v, true, nil
+}
+
+func (c *Coordinator) markEnded(ctx context.Context, id string) {
+	row, err := c.o.Store.GetEpisode(ctx, id)
+	if err == nil && row.State == store.EpisodeRunning {
+		row.State = store.EpisodeEnded
+		_ = c.o.Store.PutEpisode(ctx, row)
+	}
+}
+
+// EpisodeFigures are one episode's part of a prepare or a restore.
+type EpisodeFigures struct {
+	Episode   string  `json:"episode"`
+	Finished  bool    `json:"finished,omitempty"`
+	Snapshot  string  `json:"snapshot,omitempty"`
+	PauseS    float64 `json:"pause_s,omitempty"`
+	SnapshotS float64 `json:"snapshot_s,omitempty"`
+	Bytes     int64   `json:"bytes,omitempty"`
+	NewBytes  int64   `json:"new_bytes,omitempty"`
+	Resume    string  `json:"resume,omitempty"` // in_place | relaunch | none
+	Reward    *int    `json:"reward,omitempty"`
+}
+
+// Result is a prepare's or a restore's outcome.
+type Result struct {
+	Checkpoint string           `json:"checkpoint"`
+	Episodes   []EpisodeFigures `json:"episodes"`
+	// Seconds per phase: pause+snapshot+record (prepare), commit,
+	// continue; validate, fork, resume (restore).
+	Phases  map[string]float64 `json:"phases"`
+	Seconds float64            `json:"seconds"`
+}
+
+// each runs fn for every id with bounded concurrency, reporting progress,
+// and returns the errors joined.
+func (c *Coordinator) each(ids []string, phase string, fn func(id string) error) error {
+	sem := make(chan struct{}, c.o.Concurrency)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		done int
+	)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			err := fn(id)
+			mu.Lock()
+			done++
+			if err != nil {
+				errs = append(errs, err)
+			}
+			n := done
+			mu.Unlock()
+			c.progress(Progress{Phase: phase, Episode: id, Done: n, Total: len(ids)})
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Prepare takes checkpoint id of every live episode: each is paused (stop
+// mode), snapshotted and recorded, with bounded concurrency; an episode
+// whose harness has ended is recorded as finished with its verify result;
+// then the checkpoint is committed (every record durable, then one atomic
+// mark) and every paused episode continues. If any episode fails, the
+// checkpoint is marked failed, the snapshots it made are deleted, and every
+// episode continues; the previous committed checkpoint is untouched.
+func (c *Coordinator) Prepare(ctx context.Context, id string) (Result, error) {
+	c.op.Lock()
+	defer c.op.Unlock()
+	start := time.Now()
+	ids := c.LiveIDs()
+	manifest, _ := json.Marshal(map[string]any{"episodes": ids, "provider": c.o.Env.Provider.Name()})
+	if err := c.o.Store.Begin(ctx, id, manifest); err != nil {
+		return Result{}, err
+	}
+	res := Result{Checkpoint: id, Phases: map[string]float64{}}
+	var (
+		mu      sync.Mutex
+		figs    = map[string]EpisodeFigures{}
+		paused  = map[string]int64{} // episode → pause seq in force
+		snaps   []string
+		records int
+	)
+	err := c.each(ids, "prepare", func(eid string) error {
+		f, seq, rec, err := c.prepareOne(ctx, eid)
+		mu.Lock()
+		defer mu.Unlock()
+		if seq > 0 {
+			paused[eid] = seq
+		}
+		if f.Snapshot != "" {
+			snaps = append(snaps, f.Snapshot)
+		}
+		if err != nil {
+			return err
+		}
+		figs[eid] = f
+		if err := c.o.Store.Put(ctx, id, rec); err != nil {
+			return fmt.Errorf("episode %s: record: %w", eid, err)
+		}
+		records++
+		return nil
+	})
+	res.Phases["prepare"] = time.Since(start).Seconds()
+	if err == nil {
+		t := time.Now()
+		err = c.o.Store.Commit(ctx, id, records)
+		res.Phases["commit"] = time.Since(t).Seconds()
+		c.progress(Progress{Phase: "commit", Done: 1, Total: 1})
+	} else {
+		_ = c.o.Store.Fail(context.WithoutCancel(ctx), id, err.Error())
+	}
+	t := time.Now()
+	cerr := c.continueAll(ctx, paused)
+	res.Phases["continue"] = time.Since(t).Seconds()
+	if err != nil {
+		for _, s := range snaps {
+			if derr := c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), s); derr != nil {
+				c.log.Warn("delete a snapshot of a failed checkpoint", "snapshot", s, "err", derr)
+			}
+		}
+		return res, fmt.Errorf("checkpoint %s failed: %w", id, errors.Join(err, cerr))
+	}
+	for _, eid := range ids {
+		res.Episodes = append(res.Episodes, figs[eid])
+	}
+	res.Seconds = time.Since(start).Seconds()
+	return res, cerr
+}
+
+// prepareOne pauses, snapshots and records one episode. seq is the pause
+// in force (0 when none).
+func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigures, seq int64, rec store.Record, err error) {
+	f.Episode = eid
+	e, ok := c.Live(eid)
+	if !ok {
+		return f, 0, rec, fmt.Errorf("episode %s is not live", eid)
+	}
+	row, err := c.o.Store.GetEpisode(ctx, eid)
+	if err != nil {
+		return f, 0, rec, err
+	}
+	st, err := e.Status(ctx)
+	if err != nil {
+		return f, 0, rec, fmt.Errorf("episode %s: status: %w", eid, err)
+	}
+	if st.State == "exited" {
+		rec, err = c.finishedRecord(ctx, e, row)
+		f.Finished = true
+		return f, 0, rec, err
+	}
+	seq = row.PauseSeq + 1
+	row.PauseSeq = seq
+	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
+		return f, 0, rec, err
+	}
+	t := time.Now()
+	snap, err := e.PauseAndSnapshot(ctx, seq, false)
+	if err != nil {
+		if checkpoint.IsRefused(err) {
+			// The harness ended between the status and the pause.
+			rec, err = c.finishedRecord(ctx, e, row)
+			f.Finished = true
+			return f, 0, rec, err
+		}
+		// The pause may be in force; continue it with the rest.
+		return f, seq, rec, fmt.Errorf("episode %s: %w", eid, err)
+	}
+	f.SnapshotS = time.Since(t).Seconds()
+	f.Snapshot = snap.ID
+	if info, err := c.o.Env.Provider.GetSnapshot(ctx, snap.ID); err == nil {
+		f.Bytes, f.NewBytes = info.Bytes, info.NewBytes
+	}
+	s := snap.State
+	pw, pu := s.PauseWall, s.PauseUptime
+	id := s.Identity
+	rec = store.Record{
+		Schema: store.RecordSchema, Episode: eid, Provider: s.Provider, Sandbox: s.Descriptor,
+		SnapshotID: snap.ID, KeepsProcesses: s.KeepsProcesses, PauseSeq: s.PauseSeq, PauseMode: string(s.PauseMode),
+		PauseConfirmed: s.PauseConfirmed, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
+		RelayDelivered: s.RelayDelivered, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
+	}
+	if len(rec.Sandbox) == 0 {
+		rec.Sandbox, _ = json.Marshal(map[string]string{"id": e.SandboxID()})
+	}
+	return f, seq, rec, nil
+}
+
+// finishedRecord verifies an ended episode (capture once) and records it
+// as finished.
+func (c *Coordinator) finishedRecord(ctx context.Context, e *episode.Episode, row store.Episode) (store.Record, error) {
+	v, _, err := e.Verify(ctx)
+	if err != nil {
+		return store.Record{}, err
+	}
+	c.markEnded(ctx, row.ID)
+	doc, err := json.Marshal(v)
+	if err != nil {
+		return store.Record{}, err
+	}
+	desc, _ := json.Marshal(map[string]string{"id": e.SandboxID()})
+	return store.Record{
+		Schema: store.RecordSchema, Episode: row.ID, Provider: row.Provider, Sandbox: desc,
+		Attempt: e.Attempt(), Finished: true, Result: doc,
+	}, nil
+}
+
+func (c *Coordinator) continueAll(ctx context.Context, paused map[string]int64) error {
+	ids := make([]string, 0, len(paused))
+	for id := range paused {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return c.each(ids, "continue", func(id string) error {
+		e, ok := c.Live(id)
+		if !ok {
+			return nil
+		}
+		if _, err := e.Session().Continue(context.WithoutCancel(ctx), paused[id]); err != nil && !checkpoint.IsRefused(err) {
+			return fmt.Errorf("episode %s: continue %d: %w", id, paused[id], err)
+		}
+		return nil
+	})
+}
+
+// Restore brings back every episode of committed checkpoint id. Every
+// record is checked first, before any provider is touched; then every
+// snapshot is forked; then each episode resumes in place (its snapshot kept
+// the processes and the fork's supervisor shows the recorded identity) or
+// is relaunched from its saved session, with the ledger cut or matched and
+// the attempt raised. All or nothing: if any step fails, every sandbox the
+// restore made is deleted and no episode's record in the store changes.
+func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
+	c.op.Lock()
+	defer c.op.Unlock()
+	start := time.Now()
+	res := Result{Checkpoint: id, Phases: map[string]float64{}}
+	ck, recs, err := c.o.Store.Get(ctx, id)
+	if err != nil {
+		return res, err
+	}
+	if ck.State != store.StateCommitted {
+		return res, fmt.Errorf("checkpoint %s is %s: only a committed checkpoint restores", id, ck.State)
+	}
+	// Validate everything first.
+	var problems []string
+	specs := map[string]episode.Spec{}
+	for _, r := range recs {
+		if r.Provider != c.o.Env.Provider.Name() {
+			problems = append(problems, fmt.Sprintf("episode %s: recorded on provider %s, this coordinator runs %s", r.Episode, r.Provider, c.o.Env.Provider.Name()))
+		}
+		if _, live := c.Live(r.Episode); live {
+			problems = append(problems, fmt.Sprintf("episode %s is live: retire it before restoring it", r.Episode))
+		}
+		row, err := c.o.Store.GetEpisode(ctx, r.Episode)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("episode %s: %v", r.Episode, err))
+			continue
+		}
+		if row.State == store.EpisodeRetired && !r.Finished {
+			problems = append(problems, fmt.Sprintf("episode %s is retired", r.Episode))
+		}
+		spec, err := c.spec(r.Episode, row.Task, row.Harness)
+		if err != nil {
+			problems = append(problems, err.Error())
+			continue
+		}
+		specs[r.Episode] = spec
+		if !r.Finished {
+			if _, err := c.o.Env.Provider.GetSnapshot(ctx, r.SnapshotID); err != nil {
+				problems = append(problems, fmt.Sprintf("episode %s: snapshot %s: %v", r.Episode, r.SnapshotID, err))
+			}
+		}
+	}
+	res.Phases["validate"] = time.Since(start).Seconds()
+	c.progress(Progress{Phase: "validate", Done: 1, Total: 1})
+	if len(problems) > 0 {
+		return res, fmt.Errorf("checkpoint %s cannot be restored; nothing was changed:\n  %s", id, strings.Join(problems, "\n  "))
+	}
+
+	// Fork every snapshot.
+	t := time.Now()
+	var (
+		mu    sync.Mutex
+		forks = map[string]string{}
+	)
+	toFork := []string{}
+	byEp := map[string]store.Record{}
+	for _, r := range recs {
+		byEp[r.Episode] = r
+		if !r.Finished {
+			toFork = append(toFork, r.Episode)
+		}
+	}
+	cleanup := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, sb := range forks {
+			if err := c.o.Env.Provider.Delete(context.WithoutCancel(ctx), sb); err != nil {
+				c.log.Warn("delete a fork of a failed restore", "sandbox", sb, "err", err)
+			}
+		}
+	}
+	err = c.each(toFork, "fork", func(eid string) error {
+		r := byEp[eid]
+		fs, err := c.o.Env.Provider.Fork(ctx, r.SnapshotID, 1, episode.ForkSpec(specs[eid]))
+		if err != nil {
+			return fmt.Errorf("episode %s: fork %s: %w", eid, r.SnapshotID, err)
+		}
+		mu.Lock()
+		forks[eid] = fs[0].ID
+		mu.Unlock()
+		return nil
+	})
+	res.Phases["fork"] = time.Since(t).Seconds()
+	if err != nil {
+		cleanup()
+		return res, fmt.Errorf("checkpoint %s: restore failed, every fork deleted, nothing changed: %w", id, err)
+	}
+
+	// Resume or relaunch each.
+	t = time.Now()
+	resumed := map[string]*episode.Episode{}
+	how := map[string]string{}
+	err = c.each(toFork, "resume", func(eid string) error {
+		r := byEp[eid]
+		mu.Lock()
+		sb := forks[eid]
+		mu.Unlock()
+		var e *episode.Episode
+		mode := "relaunch"
+		if r.KeepsProcesses && r.Identity != nil {
+			st := checkpoint.State{Episode: eid, PauseSeq: r.PauseSeq, Identity: *r.Identity, RelayDelivered: r.RelayDelivered, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+			var err error
+			e, err = episode.ResumeInPlace(ctx, c.o.Env, specs[eid], sb, st)
+			if err == nil {
+				mode = "in_place"
+			} else if !errors.Is(err, episode.ErrNotSameLaunch) {
+				return err
+			}
+		}
+		if e == nil {
+			var err error
+			e, err = episode.RelaunchIn(ctx, c.o.Env, specs[eid], sb, r.HarnessSession)
+			if err != nil {
+				return err
+			}
+		}
+		mu.Lock()
+		resumed[eid], how[eid] = e, mode
+		mu.Unlock()
+		return nil
+	})
+	res.Phases["resume"] = time.Since(t).Seconds()
+	if err != nil {
+		for _, e := range resumed {
+			_ = e.Close(context.WithoutCancel(ctx))
+		}
+		cleanup()
+		return res, fmt.Errorf("checkpoint %s: restore failed, every sandbox it made deleted: %w", id, err)
+	}
+
+	// Commit the new state of every episode.
+	for _, r := range recs {
+		row, _ := c.o.Store.GetEpisode(ctx, r.Episode)
+		f := EpisodeFigures{Episode: r.Episode, Finished: r.Finished, Resume: "none"}
+		if r.Finished {
+			row.State = store.EpisodeEnded
+			var v task.Verdict
+			if json.Unmarshal(r.Result, &v) == nil {
+				f.Reward = &v.Reward
+			}
+		} else {
+			e := resumed[r.Episode]
+			row.Sandbox, row.Attempt, row.State, row.Resume, row.PauseSeq = e.SandboxID(), e.Attempt(), store.EpisodeRunning, how[r.Episode], max(row.PauseSeq, r.PauseSeq)
+			f.Resume = how[r.Episode]
+			c.mu.Lock()
+			c.live[r.Episode] = e
+			c.mu.Unlock()
+		}
+		if err := c.o.Store.PutEpisode(ctx, row); err != nil {
+			return res, err
+		}
+		res.Episodes = append(res.Episodes, f)
+	}
+	res.Seconds = time.Since(start).Seconds()
+	return res, nil
+}
+
+// Retire deletes an episode's sandbox (once) and marks it retired. Its
+// snapshots stay while a checkpoint names them; deleting the checkpoint
+// (DeleteCheckpoint) frees them.
+func (c *Coordinator) Retire(ctx context.Context, id string) error {
+	c.op.Lock()
+	defer c.op.Unlock()
+	row, err := c.o.Store.GetEpisode(ctx, id)
+	if err != nil {
+		return err
+	}
+	if row.State == store.EpisodeRetired {
+		return nil
+	}
+	c.mu.Lock()
+	e, live := c.live[id]
+	delete(c.live, id)
+	c.mu.Unlock()
+	if live {
+		if err := e.Close(ctx); err != nil {
+			c.mu.Lock()
+			c.live[id] = e
+			c.mu.Unlock()
+			return err
+		}
+	} else if row.Sandbox != "" {
+		if err := c.o.Env.Provider.Delete(ctx, row.Sandbox); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+			return err
+		}
+	}
+	row.State = store.EpisodeRetired
+	return c.o.Store.PutEpisode(ctx, row)
+}
+
+// DeleteCheckpoint removes a checkpoint and deletes the snapshots no other
+// checkpoint names.
+func (c *Coordinator) DeleteCheckpoint(ctx context.Context, id string) ([]store.SnapshotRef, error) {
+	c.op.Lock()
+	defer c.op.Unlock()
+	freed, err := c.o.Store.Delete(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	for _, ref := range freed {
+		if ref.Provider != c.o.Env.Provider.Name() {
+			continue
+		}
+		if err := c.o.Env.Provider.DeleteSnapshot(ctx, ref.SnapshotID); err != nil {
+			return freed, err
+		}
+	}
+	return freed, nil
+}
+
+// Wait waits for an episode's harness to end.
+func (c *Coordinator) Wait(ctx context.Context, id string) (*supervisor.Receipt, error) {
+	e, ok := c.Live(id)
+	if !ok {
+		return nil, fmt.Errorf("episode %s is not live", id)
+	}
+	return e.Wait(ctx)
+}
+
+// Close forgets the live episodes without stopping them (a server going
+// down leaves its sandboxes running for the next one).
+func (c *Coordinator) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.live = map[string]*episode.Episode{}
+}
+
+// Shutdown retires every live episode's sandbox (nothing left running).
+func (c *Coordinator) Shutdown(ctx context.Context) error {
+	var errs []error
+	for _, id := range c.LiveIDs() {
+		if err := c.Retire(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

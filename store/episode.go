@@ -1,0 +1,117 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Episode states in the record store.
+const (
+	EpisodeRunning = "running" // its harness runs (or is paused) in Sandbox
+	EpisodeEnded   = "ended"   // its harness has ended; the sandbox is kept for verify
+	EpisodeRetired = "retired" // its sandbox is deleted
+	EpisodeLost    = "lost"    // its sandbox was gone when a server looked (a crash); a restore brings it back
+)
+
+// Episode is what the store keeps about one live or past episode: enough
+// for any server on the same store to find its sandbox again and to go on
+// driving it.
+type Episode struct {
+	ID       string `json:"id"`
+	Task     string `json:"task"`
+	Harness  string `json:"harness"`
+	Provider string `json:"provider"`
+	// Sandbox is the provider's sandbox id of the current attempt.
+	Sandbox string `json:"sandbox"`
+	Attempt int    `json:"attempt"`
+	// PauseSeq is the last pause number sent to its supervisor; the next
+	// pause uses PauseSeq+1.
+	PauseSeq int64 `json:"pause_seq"`
+	State    string `json:"state"`
+	// Resume says how the last restore continued it: in_place, relaunch,
+	// or empty.
+	Resume  string    `json:"resume,omitempty"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+}
+
+// PutEpisode creates or replaces an episode.
+func (s *sqlStore) PutEpisode(ctx context.Context, e Episode) error {
+	if e.ID == "" {
+		return errors.New("episode: the id is empty")
+	}
+	switch e.State {
+	case EpisodeRunning, EpisodeEnded, EpisodeRetired, EpisodeLost:
+	default:
+		return fmt.Errorf("episode %s: state %q is not running, ended or retired", e.ID, e.State)
+	}
+	if e.Created.IsZero() {
+		e.Created = s.now().UTC()
+	}
+	e.Updated = s.now().UTC()
+	doc, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return s.tx(ctx, false, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE episodes SET state = ?, doc = ? WHERE id = ?`), e.State, string(doc), e.ID)
+		if err != nil {
+			return s.wrap(err)
+		}
+		if n, _ := res.RowsAffected(); n > 0 {
+			return nil
+		}
+		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO episodes (id, created_ns, state, doc) VALUES (?, ?, ?, ?)`),
+			e.ID, e.Created.UnixNano(), e.State, string(doc))
+		return s.wrap(err)
+	})
+}
+
+// GetEpisode returns an episode (ErrNotFound if there is none).
+func (s *sqlStore) GetEpisode(ctx context.Context, id string) (Episode, error) {
+	var doc string
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT doc FROM episodes WHERE id = ?`), id).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Episode{}, fmt.Errorf("episode %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Episode{}, s.wrap(err)
+	}
+	var e Episode
+	if err := json.Unmarshal([]byte(doc), &e); err != nil {
+		return Episode{}, fmt.Errorf("episode %q: unreadable: %w", id, err)
+	}
+	return e, nil
+}
+
+// ListEpisodes returns the episodes in a state ("" for all), oldest first.
+func (s *sqlStore) ListEpisodes(ctx context.Context, state string) ([]Episode, error) {
+	q := `SELECT doc FROM episodes ORDER BY created_ns, id`
+	var args []any
+	if state != "" {
+		q = `SELECT doc FROM episodes WHERE state = ? ORDER BY created_ns, id`
+		args = append(args, state)
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	defer rows.Close()
+	var out []Episode
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, s.wrap(err)
+		}
+		var e Episode
+		if err := json.Unmarshal([]byte(doc), &e); err != nil {
+			return nil, fmt.Errorf("an episode is unreadable: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, s.wrap(rows.Err())
+}

@@ -30,7 +30,7 @@ type Episode struct {
 	Attempt int    `json:"attempt"`
 	// PauseSeq is the last pause number sent to its supervisor; the next
 	// pause uses PauseSeq+1.
-	PauseSeq int64 `json:"pause_seq"`
+	PauseSeq int64  `json:"pause_seq"`
 	State    string `json:"state"`
 	// Resume says how the last restore continued it: in_place, relaunch,
 	// or empty.

@@ -1,0 +1,285 @@
+package coordinator_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"stasis/coordinator"
+	"stasis/episode"
+	"stasis/ledger"
+	"stasis/model"
+	"stasis/relay"
+	"stasis/sandbox/local"
+	"stasis/stasistest"
+	"stasis/store"
+	"stasis/task"
+)
+
+func TestMain(m *testing.M) { stasistest.Main(m) }
+
+// world is what a coordinator runs on: a scripted model, a gateway on a
+// unix socket bound into every sandbox (gating chosen calls), the local
+// provider and a record store, all in directories that outlive a "crash"
+// of the coordinator.
+type world struct {
+	t        *testing.T
+	env      *episode.Env
+	st       store.Store
+	dbPath   string
+	gw       *relay.Gateway
+	gwState  string
+	modelURL string
+	sock     string
+	srv      *http.Server
+	tasks    []*task.Task
+	hold     sync.Map // "EPISODE/N" → chan struct{} (closed to release)
+	arrived  sync.Map // "EPISODE/N" → chan struct{}
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
+	ts, err := task.Builtin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripts, err := task.Scripts(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msrv := httptest.NewServer(model.New(model.Options{Scripts: scripts}))
+	t.Cleanup(msrv.Close)
+	gwDir, err := os.MkdirTemp("", "stasis-gw-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(gwDir) })
+	w := &world{t: t, tasks: ts, sock: filepath.Join(gwDir, "gw.sock"), gwState: filepath.Join(t.TempDir(), "gateway"), dbPath: filepath.Join(t.TempDir(), "store.db")}
+	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.env = &episode.Env{
+		Provider: p, GatewayURL: "unix://" + w.sock, Model: model.DefaultName,
+		Binary: stasistest.Exe(), BinaryEnv: map[string]string{"STASIS_TEST_AS_CLI": "1"},
+	}
+	w.modelURL = msrv.URL
+	w.open(msrv.URL)
+	t.Cleanup(w.closeServices)
+	return w
+}
+
+// open starts the gateway and opens the store (again, after a crash).
+func (w *world) open(modelURL string) {
+	t := w.t
+	gw, err := relay.OpenGateway(relay.GatewayConfig{Upstream: modelURL, State: w.gwState})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(w.sock)
+	ln, err := net.Listen("unix", w.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := gw.Handler()
+	w.srv = &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, q *http.Request) {
+		call := q.Header.Get(relay.HeaderCallID)
+		if ch, ok := w.hold.Load(call + "@" + q.Header.Get(relay.HeaderAttempt)); ok {
+			if a, ok := w.arrived.Load(call); ok {
+				select {
+				case <-a.(chan struct{}):
+				default:
+					close(a.(chan struct{}))
+				}
+			}
+			select {
+			case <-ch.(chan struct{}):
+			case <-q.Context().Done():
+				return
+			}
+		}
+		h.ServeHTTP(rw, q)
+	})}
+	go func() { _ = w.srv.Serve(ln) }()
+	w.gw = gw
+	st, err := store.OpenSQLite(w.dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.st = st
+	w.env.Gateway = gw
+	w.env.Verifier = &task.Verifier{Store: st, Provider: w.env.Provider}
+}
+
+func (w *world) closeServices() {
+	if w.srv != nil {
+		_ = w.srv.Close()
+		_ = w.gw.Close()
+		_ = w.st.Close()
+		w.srv = nil
+	}
+}
+
+// holdCall makes call N of an episode (attempt 0) wait at the gateway.
+func (w *world) holdCall(ep string, n int) (arrived, release chan struct{}) {
+	call := ep + "/" + strconv.Itoa(n)
+	arrived, release = make(chan struct{}), make(chan struct{})
+	w.arrived.Store(call, arrived)
+	w.hold.Store(call+"@0", release)
+	return arrived, release
+}
+
+func (w *world) coordinator(ctx context.Context) *coordinator.Coordinator {
+	c, err := coordinator.New(ctx, coordinator.Options{Env: w.env, Store: w.st, Tasks: w.tasks, Concurrency: 4})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return c
+}
+
+func waitClosed(t *testing.T, ctx context.Context, ch chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		t.Fatalf("%s: %v", what, ctx.Err())
+	}
+}
+
+// Three episodes: one ends before the checkpoint, two are held mid-way.
+// The checkpoint records the ended one as finished with its verdict and the
+// two others paused and snapshotted; then everything "crashes" (the
+// sandboxes are deleted and the coordinator forgotten), a new coordinator
+// on the same store finds the episodes lost, and the restore relaunches
+// the two from their snapshots; they finish with reward 1 and their ledgers
+// verify. A second restore of the same checkpoint while they are live is
+// refused and changes nothing.
+func TestCheckpointCrashRestore(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	c := w.coordinator(ctx)
+	type ep struct{ id, task string }
+	eps := []ep{{"ep-a", "py-ini-value-with-equals"}, {"ep-b", "sh-renext-spaces"}, {"ep-c", "js-slugify-single-replace"}}
+	var arrivals []chan struct{}
+	var releases []chan struct{}
+	for _, e := range eps[1:] {
+		a, r := w.holdCall(e.id, 3)
+		arrivals, releases = append(arrivals, a), append(releases, r)
+	}
+	defer func() {
+		for _, r := range releases {
+			select {
+			case <-r:
+			default:
+				close(r)
+			}
+		}
+	}()
+	for _, e := range eps {
+		if _, err := c.Start(ctx, e.id, e.task, "mini"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Wait(ctx, "ep-a"); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range arrivals {
+		waitClosed(t, ctx, a, "call 3 of "+eps[i+1].id)
+	}
+	res, err := c.Prepare(ctx, "ckpt-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Episodes) != 3 || !res.Episodes[0].Finished || res.Episodes[1].Snapshot == "" || res.Episodes[2].Snapshot == "" {
+		t.Fatalf("prepare: %+v", res)
+	}
+	ck, recs, err := w.st.Get(ctx, "ckpt-1")
+	if err != nil || ck.State != store.StateCommitted || len(recs) != 3 {
+		t.Fatalf("checkpoint: %+v %d records %v", ck, len(recs), err)
+	}
+	if !recs[0].Finished || len(recs[0].Result) == 0 || recs[1].RelayDelivered == nil || *recs[1].RelayDelivered != 2 {
+		t.Fatalf("records: %+v / %+v", recs[0], recs[1])
+	}
+
+	// The crash: every sandbox gone, the coordinator's memory dropped, the
+	// gateway and the store closed and opened again from disk.
+	for _, e := range eps {
+		row, _ := w.st.GetEpisode(ctx, e.id)
+		if err := w.env.Provider.Delete(ctx, row.Sandbox); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	for _, r := range releases {
+		close(r)
+	}
+	releases = nil
+	w.closeServices()
+	w.open(w.modelURL)
+	c = w.coordinator(ctx)
+	if ids := c.LiveIDs(); len(ids) != 0 {
+		t.Fatalf("live after the crash: %v", ids)
+	}
+	lost, _ := w.st.ListEpisodes(ctx, store.EpisodeLost)
+	if len(lost) != 2 {
+		t.Fatalf("lost episodes: %+v", lost)
+	}
+
+	res, err = c.Restore(ctx, "ckpt-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.Episodes {
+		want := "relaunch"
+		if f.Episode == "ep-a" {
+			want = "none"
+		}
+		if f.Resume != want {
+			t.Fatalf("%s resumed %q, want %q", f.Episode, f.Resume, want)
+		}
+	}
+	// A second restore while they are live: refused, naming each.
+	if _, err := c.Restore(ctx, "ckpt-1"); err == nil || !strings.Contains(err.Error(), "ep-b is live") || !strings.Contains(err.Error(), "ep-c is live") {
+		t.Fatalf("restore over live episodes: %v", err)
+	}
+	for _, e := range eps {
+		if e.id != "ep-a" {
+			if _, err := c.Wait(ctx, e.id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		v, _, err := c.Verify(ctx, e.id)
+		if err != nil || v.Reward != 1 {
+			t.Fatalf("%s: reward %d %v\n%s", e.id, v.Reward, err, v.Output)
+		}
+		rep, err := ledger.Verify(w.gw.LedgerDir(), e.id)
+		if err != nil || !rep.OK || rep.Broken {
+			t.Fatalf("%s: ledger %+v %v", e.id, rep, err)
+		}
+	}
+	for _, e := range eps {
+		if err := c.Retire(ctx, e.id); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Retire(ctx, e.id); err != nil {
+			t.Fatalf("a second retire: %v", err)
+		}
+	}
+	freed, err := c.DeleteCheckpoint(ctx, "ckpt-1")
+	if err != nil || len(freed) != 2 {
+		t.Fatalf("delete checkpoint: %v %v", freed, err)
+	}
+	if infos, _ := w.env.Provider.List(ctx, nil); len(infos) != 0 {
+		t.Fatalf("sandboxes left: %+v", infos)
+	}
+}

@@ -1,0 +1,164 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"stasis/job"
+)
+
+func newRunCmd() *cobra.Command {
+	var (
+		o                   job.Options
+		asJSON, noProgress  bool
+		logFormat, logLevel string
+	)
+	cmd := &cobra.Command{
+		Use:   "run [--tasks builtin|DIR|FILE] [--episodes N] [--harness mini|opencode|mixed] [--provider local] [--checkpoint-at FRACTION] [--crash] [--json]",
+		Short: "Run episodes, checkpoint them mid-way, optionally crash everything, restore, finish, verify, report",
+		Long: `run is the main job. It runs N episodes on the embedded defaults (the local
+provider, SQLite, the scripted model solving the tasks with their reference
+solutions) through a real ` + "`stasis serve`" + ` child process, as a trainer drives it:
+
+  1. start the episodes (tasks taken in turn; --harness mixed alternates mini
+     and OpenCode);
+  2. when about --checkpoint-at of their model calls are made, take a
+     checkpoint (pause, snapshot, record, commit, continue);
+  3. with --crash, kill the server and every sandbox with SIGKILL (no clean
+     shutdown), start a new server on the same state, and restore the
+     checkpoint (each episode is relaunched from its snapshot, or resumed in
+     place where the snapshot kept its processes);
+  4. let every episode finish, verify each (capture once), and report: per
+     episode the task, harness, provider, how it was resumed, its reward, its
+     model calls and whether its ledger verifies; and the checkpoint and
+     restore seconds and the episodes resolved.
+
+Nothing is left running when it returns; the state directory (a fresh one
+under $TMPDIR unless --state) is removed unless --keep.
+
+Exit status: 0 when every episode is resolved and every ledger verifies; 3
+when the run completed but some episode is not resolved or a ledger does not
+verify; 2 a usage error; 1 the run failed.`,
+		Example: `  stasis run --episodes 8 --harness mixed --crash
+  stasis run --episodes 4 --checkpoint-at 0.3 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			o.Log = log
+			errOut := cmd.ErrOrStderr()
+			if !noProgress && !asJSON {
+				if f, ok := errOut.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+					o.Progress = &bars{w: errOut}
+				} else {
+					o.Progress = &phaseLines{w: errOut}
+				}
+			}
+			rep, err := job.Run(cmd.Context(), o)
+			if err != nil {
+				var usage *job.UsageError
+				if errors.As(err, &usage) {
+					return &exitError{code: 2, err: err}
+				}
+				return &exitError{code: 1, err: err}
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if err := writeJSON(out, rep); err != nil {
+					return err
+				}
+			} else {
+				printRunReport(out, rep)
+			}
+			ok := rep.Resolved == len(rep.Episodes)
+			for _, e := range rep.Episodes {
+				ok = ok && e.LedgerVerified
+			}
+			if !ok {
+				return &exitError{code: 3, err: fmt.Errorf("%d of %d episodes resolved; see the report", rep.Resolved, len(rep.Episodes))}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Tasks, "tasks", "builtin", "builtin, a task directory (or a directory of them), or a SWE-bench JSONL file")
+	f.StringVar(&o.Repos, "repos", "", "the directory of git clones a SWE-bench file refers to")
+	f.IntVar(&o.N, "episodes", 4, "how many episodes")
+	f.StringVar(&o.Harness, "harness", "mini", "mini, opencode, or mixed (alternating)")
+	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider")
+	f.Float64Var(&o.CheckpointAt, "checkpoint-at", 0.5, "take the checkpoint when about this fraction of the model calls is made")
+	f.BoolVar(&o.Crash, "crash", false, "after the checkpoint, kill the server and every sandbox, start again and restore")
+	f.BoolVar(&asJSON, "json", false, "print the report as one JSON document")
+	f.BoolVar(&noProgress, "no-progress", false, "print no progress")
+	f.StringVar(&o.State, "state", "", "state directory (default: a fresh one, removed at the end)")
+	f.BoolVar(&o.Keep, "keep", false, "keep the state directory (store, ledgers, logs) and print where it is")
+	f.DurationVar(&o.TokenDelay, "token-delay", 0, "the scripted model's time per token (default 2ms), so a checkpoint falls mid-episode")
+	f.DurationVar(&o.Timeout, "timeout", 0, "give up after this long (default 20m)")
+	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn or error")
+	return cmd
+}
+
+func printRunReport(out io.Writer, rep *job.Report) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EPISODE\tTASK\tHARNESS\tPROVIDER\tRESUME\tREWARD\tCALLS\tLEDGER")
+	for _, e := range rep.Episodes {
+		ledger := "verified"
+		if !e.LedgerVerified {
+			ledger = "NOT VERIFIED"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.ID, e.Task, e.Harness, e.Provider, e.Resume, e.Reward, e.ModelCalls, ledger)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(out, "\ncheckpoint %s: %d episodes in %.2fs\n", rep.Checkpoint.ID, rep.Checkpoint.Episodes, rep.Checkpoint.Seconds)
+	if rep.Crashed {
+		fmt.Fprintf(out, "crash: the server and %d sandboxes killed\n", rep.Killed)
+	}
+	if rep.Restore != nil {
+		fmt.Fprintf(out, "restore: %.2fs\n", rep.Restore.Seconds)
+	}
+	fmt.Fprintf(out, "resolved: %d of %d (%d already at the checkpoint) in %.1fs\n", rep.Resolved, len(rep.Episodes), rep.ResolvedBefore, rep.Seconds)
+	if rep.State != "" {
+		fmt.Fprintf(out, "state kept in %s\n", rep.State)
+	}
+}
+
+// bars draws one progress bar per phase on a terminal.
+type bars struct {
+	w   io.Writer
+	bar *progressbar.ProgressBar
+}
+
+func (b *bars) Phase(name string, total int) {
+	b.bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(b.w), progressbar.OptionSetDescription(fmt.Sprintf("%-22s", name)),
+		progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(), progressbar.OptionShowElapsedTimeOnFinish())
+}
+func (b *bars) Set(n int) { _ = b.bar.Set(n) }
+func (b *bars) Done() {
+	_ = b.bar.Finish()
+	fmt.Fprintln(b.w)
+}
+
+// phaseLines prints a line per phase when stderr is not a terminal.
+type phaseLines struct {
+	w     io.Writer
+	name  string
+	total int
+	last  int
+}
+
+func (p *phaseLines) Phase(name string, total int) {
+	p.name, p.total, p.last = name, total, 0
+	fmt.Fprintf(p.w, "%s ...\n", name)
+}
+func (p *phaseLines) Set(n int) { p.last = n }
+func (p *phaseLines) Done()     { fmt.Fprintf(p.w, "%s: %d/%d\n", p.name, p.last, p.total) }

@@ -1,0 +1,607 @@
+// Package job owns `stasis run`, the main job: N episodes on the embedded
+// defaults (the local provider, SQLite, the scripted model), a checkpoint
+// when they are about a given fraction done, and, with a crash, everything
+// killed as a crash would kill it (the server, the supervisors and the
+// sandboxes), the server started again on its state, the checkpoint
+// restored, every episode finished and verified, and a report.
+//
+// The job drives a real `stasis serve` child process over its HTTP API, as
+// a trainer would, and hosts the scripted model itself (a model server is
+// not part of what crashes).
+package job
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"stasis/harness/opencode"
+	"stasis/model"
+	"stasis/sandbox/local"
+	"stasis/task"
+)
+
+// Options configure a run.
+type Options struct {
+	Tasks   string // builtin, a task directory, or SWE-bench JSONL
+	Repos   string
+	N       int    // episodes
+	Harness string // mini, opencode, mixed
+	// Provider is the sandbox provider (local).
+	Provider string
+	// CheckpointAt is the fraction of the episodes' model calls after which
+	// the checkpoint is taken (0 < x < 1).
+	CheckpointAt float64
+	Crash        bool
+	// State is the run's state directory (default: a fresh directory under
+	// $TMPDIR, removed at the end unless Keep).
+	State string
+	Keep  bool
+	// TokenDelay slows the scripted model so that a checkpoint falls
+	// mid-episode (default 2ms per token).
+	TokenDelay time.Duration
+	// Exe and ExeEnv run the server (default: this executable).
+	Exe    string
+	ExeEnv []string
+	// Progress receives progress (nil: none).
+	Progress Progress
+	Log      *slog.Logger
+	Timeout  time.Duration // the whole run (default 20 minutes)
+}
+
+// Progress is told what the run does; Bars draws bars on a terminal.
+type Progress interface {
+	Phase(name string, total int)
+	Set(done int)
+	Done()
+}
+
+// EpisodeReport is one episode's line of the report.
+type EpisodeReport struct {
+	ID             string `json:"id"`
+	Task           string `json:"task"`
+	Harness        string `json:"harness"`
+	Provider       string `json:"provider"`
+	Resume         string `json:"resume"` // in_place | relaunch | none
+	Reward         int    `json:"reward"`
+	ModelCalls     int    `json:"model_calls"`
+	LedgerVerified bool   `json:"ledger_verified"`
+	// ResolvedAtCheckpoint: the episode had already ended, resolved, when
+	// the checkpoint was taken.
+	ResolvedAtCheckpoint bool `json:"resolved_at_checkpoint"`
+}
+
+// Report is the run's result.
+type Report struct {
+	Episodes   []EpisodeReport `json:"episodes"`
+	Checkpoint struct {
+		ID       string  `json:"id"`
+		Seconds  float64 `json:"seconds"`
+		Episodes int     `json:"episodes"`
+	} `json:"checkpoint"`
+	Restore *struct {
+		Seconds float64 `json:"seconds"`
+	} `json:"restore"`
+	// Resolved counts episodes with reward 1 at the end; ResolvedBefore
+	// those resolved when the checkpoint was taken.
+	Resolved       int     `json:"resolved"`
+	ResolvedBefore int     `json:"resolved_before"`
+	Crashed        bool    `json:"crashed"`
+	Killed         int     `json:"sandboxes_killed,omitempty"`
+	Seconds        float64 `json:"seconds"`
+	State          string  `json:"state,omitempty"`
+}
+
+// episodeView is the part of the server's episode view the job reads.
+type episodeView struct {
+	ID         string `json:"id"`
+	Task       string `json:"task"`
+	Harness    string `json:"harness"`
+	Provider   string `json:"provider"`
+	State      string `json:"state"`
+	Resume     string `json:"resume"`
+	Live       bool   `json:"live"`
+	ModelCalls int    `json:"model_calls"`
+	LedgerOK   bool   `json:"ledger_ok"`
+	Reward     *int   `json:"reward"`
+	Status     *struct {
+		State string `json:"state"`
+	} `json:"status"`
+}
+
+func (v episodeView) ended() bool {
+	return v.State == "ended" || (v.Status != nil && v.Status.State == "exited")
+}
+
+// Run runs the job and returns its report. Nothing it started is left
+// running when it returns.
+func Run(ctx context.Context, o Options) (rep *Report, err error) {
+	start := time.Now()
+	if err := o.defaults(); err != nil {
+		return nil, &UsageError{err}
+	}
+	if o.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+	}
+	ts, problems, err := task.Load(o.Tasks, o.Repos)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range problems {
+		o.Log.Warn("task not loaded", "err", p)
+	}
+	var solvable []*task.Task
+	for _, t := range ts {
+		if t.Solution != nil {
+			solvable = append(solvable, t)
+		}
+	}
+	if len(solvable) == 0 {
+		return nil, fmt.Errorf("tasks %s: none has a reference solution, so the scripted model cannot solve any", o.Tasks)
+	}
+	scripts, err := task.Scripts(solvable)
+	if err != nil {
+		return nil, err
+	}
+	turns := map[string]int{}
+	for i, s := range scripts {
+		turns[solvable[i].ID] = len(s.Turns)
+	}
+
+	// The state directory, removed at the end unless kept.
+	madeState := false
+	if o.State == "" {
+		if o.State, err = os.MkdirTemp("", "stasis-run-"); err != nil {
+			return nil, err
+		}
+		madeState = true
+	} else if err := os.MkdirAll(o.State, 0o755); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if madeState && !o.Keep {
+			if rerr := os.RemoveAll(o.State); rerr != nil && err == nil {
+				err = rerr
+			}
+		}
+	}()
+
+	// The model, in this process, outlives the server.
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	msrv := &http.Server{Handler: model.New(model.Options{Scripts: scripts, TokenDelay: o.TokenDelay})}
+	go func() { _ = msrv.Serve(mln) }()
+	defer msrv.Close()
+	modelURL := "http://" + mln.Addr().String()
+
+	srv, err := startServer(ctx, o, modelURL)
+	if err != nil {
+		return nil, err
+	}
+	// Whatever happens: no server, no sandbox left.
+	defer func() {
+		if cerr := cleanup(srv, o); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+
+	rep = &Report{Crashed: o.Crash}
+	if o.Keep {
+		rep.State = o.State
+	}
+	// Start the episodes.
+	type planned struct{ id, task, harness string }
+	var plan []planned
+	for i := range o.N {
+		h := o.Harness
+		if h == "mixed" {
+			h = []string{"mini", "opencode"}[i%2]
+		}
+		t := solvable[i%len(solvable)]
+		plan = append(plan, planned{fmt.Sprintf("ep-%03d", i+1), t.ID, h})
+	}
+	o.Progress.Phase("start episodes", len(plan))
+	for i, p := range plan {
+		if err := srv.call(ctx, "POST", "/v1/episodes", map[string]any{"id": p.id, "task": p.task, "harness": p.harness}, nil); err != nil {
+			return rep, fmt.Errorf("start %s: %w", p.id, err)
+		}
+		o.Progress.Set(i + 1)
+	}
+	o.Progress.Done()
+
+	// Run until about CheckpointAt of the calls are made (or all ended).
+	expected := 0
+	for _, p := range plan {
+		expected += turns[p.task]
+	}
+	o.Progress.Phase(fmt.Sprintf("episodes to %.0f%%", 100*o.CheckpointAt), expected)
+	var views []episodeView
+	for {
+		if views, err = srv.episodes(ctx); err != nil {
+			return rep, err
+		}
+		made, ended := 0, 0
+		for _, v := range views {
+			made += min(v.ModelCalls, turns[v.Task])
+			if v.ended() {
+				ended++
+			}
+		}
+		o.Progress.Set(made)
+		if float64(made) >= o.CheckpointAt*float64(expected) || ended == len(views) {
+			break
+		}
+		if err := pause(ctx, 100*time.Millisecond); err != nil {
+			return rep, err
+		}
+	}
+	o.Progress.Done()
+
+	// The checkpoint.
+	o.Progress.Phase("checkpoint", 1)
+	ckID := "ckpt-" + time.Now().UTC().Format("20060102T150405")
+	var ck struct {
+		Checkpoint string  `json:"checkpoint"`
+		Seconds    float64 `json:"seconds"`
+		Episodes   []struct {
+			Episode  string `json:"episode"`
+			Finished bool   `json:"finished"`
+			Reward   *int   `json:"reward"`
+		} `json:"episodes"`
+	}
+	t0 := time.Now()
+	if err := srv.call(ctx, "POST", "/v1/checkpoints", map[string]any{"id": ckID}, &ck); err != nil {
+		return rep, fmt.Errorf("checkpoint: %w", err)
+	}
+	rep.Checkpoint.ID, rep.Checkpoint.Seconds, rep.Checkpoint.Episodes = ckID, time.Since(t0).Seconds(), len(ck.Episodes)
+	o.Progress.Set(1)
+	o.Progress.Done()
+	finishedAt := map[string]bool{}
+	for _, e := range ck.Episodes {
+		finishedAt[e.Episode] = e.Finished
+	}
+
+	if o.Crash {
+		// Everything dies at once: the server and every sandbox, no
+		// clean shutdown.
+		o.Progress.Phase("crash", 1)
+		_ = srv.cmd.Process.Signal(syscall.SIGKILL)
+		_ = srv.cmd.Wait()
+		n, err := local.Crash(filepath.Join(o.State, "local"))
+		if err != nil {
+			return rep, fmt.Errorf("crash: %w", err)
+		}
+		rep.Killed = n
+		o.Progress.Set(1)
+		o.Progress.Done()
+		// A new server on the same state, and the restore.
+		if srv, err = startServer(ctx, o, modelURL); err != nil {
+			return rep, err
+		}
+		o.Progress.Phase("restore", 1)
+		t0 := time.Now()
+		var res struct {
+			Seconds float64 `json:"seconds"`
+		}
+		if err := srv.call(ctx, "POST", "/v1/checkpoints/"+ckID+"/restore", nil, &res); err != nil {
+			return rep, fmt.Errorf("restore: %w", err)
+		}
+		rep.Restore = &struct {
+			Seconds float64 `json:"seconds"`
+		}{time.Since(t0).Seconds()}
+		o.Progress.Set(1)
+		o.Progress.Done()
+	}
+
+	// Let every episode finish.
+	o.Progress.Phase("episodes to the end", len(plan))
+	for {
+		if views, err = srv.episodes(ctx); err != nil {
+			return rep, err
+		}
+		ended := 0
+		for _, v := range views {
+			if v.ended() {
+				ended++
+			}
+		}
+		o.Progress.Set(ended)
+		if ended == len(views) {
+			break
+		}
+		if err := pause(ctx, 200*time.Millisecond); err != nil {
+			return rep, fmt.Errorf("waiting for the episodes to end: %w", err)
+		}
+	}
+	o.Progress.Done()
+
+	// Verify, and read each episode's figures.
+	o.Progress.Phase("verify", len(plan))
+	for i, p := range plan {
+		var vr struct {
+			Verdict struct {
+				Reward int `json:"reward"`
+			} `json:"verdict"`
+		}
+		if err := srv.call(ctx, "POST", "/v1/episodes/"+p.id+"/verify", nil, &vr); err != nil {
+			return rep, fmt.Errorf("verify %s: %w", p.id, err)
+		}
+		var v episodeView
+		if err := srv.call(ctx, "GET", "/v1/episodes/"+p.id, nil, &v); err != nil {
+			return rep, err
+		}
+		resume := v.Resume
+		if resume == "" {
+			resume = "none"
+		}
+		er := EpisodeReport{ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume,
+			Reward: vr.Verdict.Reward, ModelCalls: v.ModelCalls, LedgerVerified: v.LedgerOK,
+			ResolvedAtCheckpoint: finishedAt[p.id] && vr.Verdict.Reward == 1}
+		if er.Reward == 1 {
+			rep.Resolved++
+		}
+		if er.ResolvedAtCheckpoint {
+			rep.ResolvedBefore++
+		}
+		rep.Episodes = append(rep.Episodes, er)
+		o.Progress.Set(i + 1)
+	}
+	o.Progress.Done()
+	rep.Seconds = time.Since(start).Seconds()
+	return rep, nil
+}
+
+// UsageError is a bad option.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+func (o *Options) defaults() error {
+	if o.N <= 0 {
+		return errors.New("--episodes must be at least 1")
+	}
+	switch o.Harness {
+	case "":
+		o.Harness = "mini"
+	case "mini", "opencode", "mixed":
+	default:
+		return fmt.Errorf("--harness %q: want mini, opencode or mixed", o.Harness)
+	}
+	if o.Harness != "mini" {
+		if _, err := opencode.Binary(); err != nil {
+			return fmt.Errorf("--harness %s needs OpenCode: %w", o.Harness, err)
+		}
+	}
+	if o.Provider == "" {
+		o.Provider = "local"
+	}
+	if o.Provider != "local" {
+		return fmt.Errorf("--provider %q: stasis run runs on the local provider for now", o.Provider)
+	}
+	if o.CheckpointAt == 0 {
+		o.CheckpointAt = 0.5
+	}
+	if o.CheckpointAt <= 0 || o.CheckpointAt >= 1 {
+		return fmt.Errorf("--checkpoint-at %v: give a fraction between 0 and 1", o.CheckpointAt)
+	}
+	if o.Tasks == "" {
+		o.Tasks = "builtin"
+	}
+	if o.TokenDelay == 0 {
+		o.TokenDelay = 2 * time.Millisecond
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 20 * time.Minute
+	}
+	if o.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		o.Exe = exe
+	}
+	if o.Progress == nil {
+		o.Progress = nopProgress{}
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d): // poll interval
+		return nil
+	}
+}
+
+type nopProgress struct{}
+
+func (nopProgress) Phase(string, int) {}
+func (nopProgress) Set(int)           {}
+func (nopProgress) Done()             {}
+
+// server is a `stasis serve` child and its address.
+type server struct {
+	cmd  *exec.Cmd
+	base string
+	c    *http.Client
+	log  *os.File
+}
+
+// startServer starts `stasis serve` on the state directory and waits for
+// its address.
+func startServer(ctx context.Context, o Options, modelURL string) (*server, error) {
+	logf, err := os.OpenFile(filepath.Join(o.State, "serve.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", o.State, "--tasks", o.Tasks, "--model-upstream", modelURL, "--log-format", "json"}
+	if o.Repos != "" {
+		args = append(args, "--repos", o.Repos)
+	}
+	cmd := exec.Command(o.Exe, args...)
+	cmd.Env = append(os.Environ(), o.ExeEnv...)
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start stasis serve: %w", err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			addr <- strings.TrimSpace(sc.Text())
+		}
+		close(addr)
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	s := &server{cmd: cmd, c: &http.Client{}, log: logf}
+	select {
+	case a, ok := <-addr:
+		if !ok || a == "" {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			logf.Close()
+			tail, _ := os.ReadFile(logf.Name())
+			return nil, fmt.Errorf("stasis serve did not start; its log:\n%s", lastLines(tail, 20))
+		}
+		s.base = "http://" + a
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logf.Close()
+		return nil, errors.New("stasis serve did not print its address within 60s")
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logf.Close()
+		return nil, ctx.Err()
+	}
+	return s, nil
+}
+
+func lastLines(b []byte, n int) string {
+	ls := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// call does one API request; out, when given, receives the JSON answer.
+func (s *server) call(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.base+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+			return fmt.Errorf("%s %s: %d: %s", method, path, resp.StatusCode, e.Error.Message)
+		}
+		return fmt.Errorf("%s %s: %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("%s %s: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+func (s *server) episodes(ctx context.Context) ([]episodeView, error) {
+	var l struct {
+		Episodes []episodeView `json:"episodes"`
+	}
+	if err := s.call(ctx, "GET", "/v1/episodes", nil, &l); err != nil {
+		return nil, err
+	}
+	sort.Slice(l.Episodes, func(i, j int) bool { return l.Episodes[i].ID < l.Episodes[j].ID })
+	return l.Episodes, nil
+}
+
+// cleanup retires every episode through the server (deleting their
+// sandboxes), stops the server, and kills any sandbox still there.
+func cleanup(s *server, o Options) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var errs []error
+	if s != nil && s.cmd.ProcessState == nil {
+		if views, err := s.episodes(ctx); err == nil {
+			for _, v := range views {
+				if v.State != "retired" {
+					if err := s.call(ctx, "POST", "/v1/episodes/"+v.ID+"/retire", nil, nil); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- s.cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = s.cmd.Process.Kill()
+			<-done
+		}
+		s.log.Close()
+	}
+	// Nothing may outlive the run.
+	if n, err := local.Crash(filepath.Join(o.State, "local")); err != nil {
+		errs = append(errs, err)
+	} else if n > 0 {
+		o.Log.Warn("killed sandboxes the server left", "n", n)
+	}
+	return errors.Join(errs...)
+}

@@ -35,7 +35,7 @@ func opts(p sandbox.Provider, episode string) checkpoint.SessionOptions {
 		Provider: p, Episode: episode, Spec: sandbox.Spec{Expiry: time.Now().Add(time.Hour)},
 		Harness:   []string{"/bin/sh", "-c", `while :; do echo x >> /work/progress; sleep 0.02; done`},
 		Binary:    stasistest.Exe(),
-		BinaryEnv: map[string]string{"STASIS_TEST_AS_CLI": "1"},
+		BinaryEnv: stasistest.EnvMap,
 		Deadline:  time.Hour,
 		// A writer can sit in D (disk sleep) for seconds on a loaded
 		// machine; these tests are about pausing, not the confirm timeout.

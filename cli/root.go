@@ -76,7 +76,7 @@ it; everything else runs on the host.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newSuperviseCmd(), newCtlCmd(), newRelayCmd(), newGatewayCmd(), newLedgerCmd(), newModelCmd(), newSandboxCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
-	root.AddCommand(newMiniCmd(), newTasksCmd(), newRunCmd())
+	root.AddCommand(newMiniCmd(), newTasksCmd(), newRunCmd(), newServeCmd())
 	return root
 }
 

@@ -70,7 +70,7 @@ func newWorld(t *testing.T) *world {
 	}
 	w.env = &episode.Env{
 		Provider: p, GatewayURL: "unix://" + w.sock, Model: model.DefaultName,
-		Binary: stasistest.Exe(), BinaryEnv: map[string]string{"STASIS_TEST_AS_CLI": "1"},
+		Binary: stasistest.Exe(), BinaryEnv: stasistest.EnvMap,
 	}
 	w.modelURL = msrv.URL
 	w.open(msrv.URL)

@@ -122,7 +122,7 @@ func newRig(t *testing.T) *rig {
 	r.env = &episode.Env{
 		Provider: p, Gateway: gw, GatewayURL: "unix://" + sock, Model: model.DefaultName,
 		Verifier: &task.Verifier{Store: st, Provider: p},
-		Binary:   stasistest.Exe(), BinaryEnv: map[string]string{"STASIS_TEST_AS_CLI": "1"},
+		Binary:   stasistest.Exe(), BinaryEnv: stasistest.EnvMap,
 	}
 	return r
 }

@@ -19,6 +19,7 @@ const (
 	Relay   = "relay.json"   // the relay, as the harness calls it
 	Gateway = "gateway.json" // the gateway, as relays call it
 	Model   = "model.json"   // the scripted model
+	Server  = "server.json"  // the environment server (stasis serve)
 )
 
 // Raw returns a document's bytes (servers serve it at GET /openapi.json).

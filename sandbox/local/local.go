@@ -62,6 +62,10 @@ type Options struct {
 	// sandbox path must be absolute and outside /work, /tmp and $HOME; a
 	// top-level one that the host lacks is made in the sandbox's root.
 	ReadOnlyBinds map[string]string
+	// Hide are more host paths that sandboxes must not see (an empty
+	// directory is mounted over each), beside Home, which is always
+	// hidden: a server's state directory, say.
+	Hide []string
 	// ForkHook, when set, is called before each sandbox of a Fork is made,
 	// with the snapshot and the sandbox's index; an error makes that one
 	// fail (tests use it to prove a partial fork leaves nothing).
@@ -311,7 +315,7 @@ func (p *Provider) newMeta(labels map[string]string, expiry time.Time) meta {
 	m := meta{ID: newID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds, ROBinds: p.o.ReadOnlyBinds}
 	// Hide the state directory from the sandbox when the read-only view of
 	// the host root would show it.
-	m.Hide = []string{p.o.Home}
+	m.Hide = append([]string{p.o.Home}, p.o.Hide...)
 	return m
 }
 

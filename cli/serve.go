@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"stasis/serve"
+	"stasis/server"
+	"stasis/task"
+)
+
+// selfEnv is the environment this binary runs with that copies of it
+// placed in sandboxes need too: STASIS_TEST_AS_CLI makes a test binary act
+// as stasis (stasistest), and GORACE sets a race-enabled binary's detector
+// (the tests turn off its one-second sleep at exit).
+func selfEnv() map[string]string {
+	env := map[string]string{}
+	for _, k := range []string{"STASIS_TEST_AS_CLI", "GORACE"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+func newServeCmd() *cobra.Command {
+	var (
+		listen, state, tasksSpec, repos, upstream, keyEnv, modelName string
+		concurrency                                                  int
+		logFormat, logLevel                                          string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve --listen ADDR --state DIR [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
+		Short: "Serve the environment API: episodes, checkpoints, the gateway's model endpoint",
+		Long: `serve is the environment server: an HTTP JSON API for trainers.
+
+  POST   /v1/episodes                   start {"task", "harness": "mini|opencode"} (201)
+  GET    /v1/episodes                   list (?state=running|ended|retired|lost&task=T&harness=H)
+  GET    /v1/episodes/ID                one episode: its record, supervisor status, ledger, reward
+  POST   /v1/episodes/ID/verify         run the task's tests once the harness ended (capture once)
+  POST   /v1/episodes/ID/retire         delete its sandbox
+  POST   /v1/checkpoints                pause, snapshot and record every live episode, commit (201)
+  GET    /v1/checkpoints[/ID]           list, or one with its records
+  POST   /v1/checkpoints/ID/restore     fork, resume in place or relaunch; all or nothing
+  DELETE /v1/checkpoints/ID             delete it and the snapshots no other one names
+  POST   /gateway/v1/chat/completions   the gateway's model endpoint (also /gateway/v1/responses, /gateway/v1/models)
+  GET    /metrics, /healthz, /openapi.json
+
+Errors are {"error": {"type", "message"}} with 400 (bad JSON, unknown field,
+bad value), 404 (unknown episode or checkpoint), 409 (exists, wrong state),
+413 (body over 1 MiB) or 500.
+
+DIR (--state, made if missing) holds everything durable: the record store
+(DIR/store.db), the gateway's episodes and ledgers (DIR/gateway) and the
+local provider's sandboxes and snapshots (DIR/local). The relays inside the
+sandboxes reach the gateway on a unix socket, /tmp/stasis-gw-HASH/gw.sock,
+the same for every server on DIR. Without --model-upstream the server runs
+the scripted model in-process, solving the tasks it loaded; with it the
+gateway forwards the model calls there.
+
+ADDR is host:port (port 0 picks a free port) or unix:/path. Once serving,
+serve prints the address on stdout, one line, and serves until SIGTERM or
+SIGINT; then it stops and leaves the sandboxes running. Started again on the
+same DIR (also after a crash), it finds its running episodes again and goes
+on serving them; an episode whose sandbox is gone is marked lost, for a
+restore to bring back.
+
+A session with curl (jq for the fields):
+
+  stasis serve --listen 127.0.0.1:8080 --state /var/lib/stasis &
+  curl -s -XPOST localhost:8080/v1/episodes -d '{"id":"ep-1","task":"py-ini-value-with-equals","harness":"mini"}'
+  curl -s localhost:8080/v1/episodes/ep-1 | jq .status.state      # running ... exited
+  curl -s -XPOST localhost:8080/v1/checkpoints -d '{"id":"ckpt-1"}'
+  # a crash takes the server and the sandboxes; started again, ep-1 is lost
+  curl -s -XPOST localhost:8080/v1/checkpoints/ckpt-1/restore
+  curl -s -XPOST localhost:8080/v1/episodes/ep-1/verify | jq .verdict.reward   # once exited
+  curl -s -XPOST localhost:8080/v1/episodes/ep-1/retire
+
+Exit status: 0 after a signal; 2 a usage error; 1 the server could not
+start or failed.`,
+		Example: `  stasis serve --listen 127.0.0.1:8080 --state /var/lib/stasis
+  stasis serve --listen 127.0.0.1:0 --state ./state --tasks swe.jsonl --repos ~/clones --model-upstream http://127.0.0.1:8000`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if listen == "" {
+				return &exitError{code: 2, err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
+			}
+			if state == "" {
+				return &exitError{code: 2, err: errors.New("--state is required: the directory that holds the store, the gateway and the sandboxes")}
+			}
+			if concurrency < 1 {
+				return &exitError{code: 2, err: fmt.Errorf("--concurrency %d: give at least 1", concurrency)}
+			}
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			ts, problems, err := task.Load(tasksSpec, repos)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			for _, p := range problems {
+				log.Warn("task not loaded", "err", p)
+			}
+			if len(ts) == 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--tasks %s: no task loaded", tasksSpec)}
+			}
+			o := server.Options{
+				State: state, Tasks: ts, ModelUpstream: upstream, ModelKey: os.Getenv(keyEnv), Model: modelName,
+				Concurrency: concurrency, Logger: log, BinaryEnv: selfEnv(),
+			}
+			ln, shown, err := serve.Listen(listen)
+			if err != nil {
+				return &exitError{code: 1, err: fmt.Errorf("--listen: %w", err)}
+			}
+			srv, err := server.New(cmd.Context(), o)
+			if err != nil {
+				_ = ln.Close()
+				return &exitError{code: 1, err: err}
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), shown)
+			log.Info("serving", "addr", shown)
+			err = serve.UntilSignal(cmd.Context(), ln, srv.Handler(), log)
+			if cerr := srv.Close(); cerr != nil {
+				log.Warn("closing the server", "err", cerr)
+			}
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path")
+	f.StringVar(&state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")
+	f.StringVar(&tasksSpec, "tasks", "builtin", "the tasks episodes may name: builtin, a task directory, or SWE-bench JSONL with --repos")
+	f.StringVar(&repos, "repos", "", "the directory of git clones a SWE-bench --tasks file refers to")
+	f.StringVar(&upstream, "model-upstream", "", "the model server the gateway forwards to (default: the scripted model, in-process)")
+	f.StringVar(&keyEnv, "model-key-env", "STASIS_MODEL_KEY", "environment variable holding the model server's API key, if it needs one")
+	f.StringVar(&modelName, "model", "", "the model name harnesses ask for (default: the scripted model's)")
+	f.IntVar(&concurrency, "concurrency", 16, "episodes a checkpoint or a restore works on at once")
+	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}

@@ -1,0 +1,577 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"stasis/coordinator"
+	"stasis/harness"
+	"stasis/ledger"
+	"stasis/openapi"
+	"stasis/sandbox/local"
+	"stasis/store"
+	"stasis/supervisor"
+	"stasis/task"
+)
+
+// MaxBody is the largest request body the API reads (413 beyond).
+const MaxBody = 1 << 20
+
+// Handler serves the API, the gateway's model endpoint under /gateway/,
+// /metrics, /healthz and /openapi.json.
+func (s *Server) Handler() http.Handler {
+	m := http.NewServeMux()
+	for pattern, h := range s.routes() {
+		m.Handle(pattern, h)
+	}
+	return s.instrument(m)
+}
+
+// Routes lists the operations the handler serves ("METHOD /path"), sorted;
+// a test checks them against the OpenAPI document.
+func (s *Server) Routes() []string {
+	r := s.routes()
+	out := make([]string, 0, len(r))
+	for k := range r {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (s *Server) routes() map[string]http.Handler {
+	gw := http.StripPrefix("/gateway", s.gw.Handler())
+	doc := openapi.Raw(openapi.Server)
+	return map[string]http.Handler{
+		"POST /v1/episodes":                 http.HandlerFunc(s.startEpisode),
+		"GET /v1/episodes":                  http.HandlerFunc(s.listEpisodes),
+		"GET /v1/episodes/{id}":             http.HandlerFunc(s.getEpisode),
+		"POST /v1/episodes/{id}/verify":     http.HandlerFunc(s.verifyEpisode),
+		"POST /v1/episodes/{id}/retire":     http.HandlerFunc(s.retireEpisode),
+		"POST /v1/checkpoints":              http.HandlerFunc(s.createCheckpoint),
+		"GET /v1/checkpoints":               http.HandlerFunc(s.listCheckpoints),
+		"GET /v1/checkpoints/{id}":          http.HandlerFunc(s.getCheckpoint),
+		"POST /v1/checkpoints/{id}/restore": http.HandlerFunc(s.restoreCheckpoint),
+		"DELETE /v1/checkpoints/{id}":       http.HandlerFunc(s.deleteCheckpoint),
+
+		"POST /gateway/v1/chat/completions": gw,
+		"POST /gateway/v1/responses":        gw,
+		"GET /gateway/v1/models":            gw,
+		"GET /gateway/metrics":              gw,
+
+		"GET /metrics": s.m.handler(),
+		"GET /healthz": http.HandlerFunc(s.healthz),
+		"GET /openapi.json": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(doc)
+		}),
+	}
+}
+
+// Error types, with their status codes.
+const (
+	errInvalid     = "invalid_request" // 400
+	errNotFound    = "not_found"       // 404
+	errConflict    = "conflict"        // 409
+	errTooLarge    = "too_large"       // 413
+	errInternal    = "internal"        // 500
+	errUnavailable = "unavailable"     // 503 (shutting down)
+)
+
+// apiError is an error with the status and type to answer it with.
+type apiError struct {
+	status int
+	typ    string
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func bad(format string, args ...any) *apiError {
+	return &apiError{http.StatusBadRequest, errInvalid, fmt.Sprintf(format, args...)}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, errInternal, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	b, _ := json.Marshal(map[string]any{"error": map[string]string{"type": typ, "message": msg}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// fail answers err: an *apiError as it says, a store's not-found 404, its
+// exists and wrong-state 409, a verify before the harness ended 409, and
+// anything else 500.
+func (s *Server) fail(w http.ResponseWriter, q *http.Request, err error) {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+	case errors.Is(err, store.ErrNotFound):
+		ae = &apiError{http.StatusNotFound, errNotFound, err.Error()}
+	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrState), errors.Is(err, task.ErrNotEnded):
+		ae = &apiError{http.StatusConflict, errConflict, err.Error()}
+	default:
+		ae = &apiError{http.StatusInternalServerError, errInternal, err.Error()}
+		s.log.Error("request failed", "method", q.Method, "path", q.URL.Path, "err", err)
+	}
+	writeError(w, ae.status, ae.typ, ae.msg)
+}
+
+// decode reads a JSON object of at most MaxBody bytes into dst, refusing
+// unknown fields and trailing data. An empty body leaves dst as it is
+// when allowEmpty.
+func decode(w http.ResponseWriter, q *http.Request, dst any, allowEmpty bool) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, q.Body, MaxBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return &apiError{http.StatusRequestEntityTooLarge, errTooLarge, fmt.Sprintf("the request body is over %d bytes", MaxBody)}
+		}
+		return bad("reading the request body: %v", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return bad("the request needs a JSON object as its body")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return bad("the request body is not the JSON object this operation takes: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return bad("the request body has data after its JSON object")
+	}
+	return nil
+}
+
+// newID is prefix and 12 random hex digits.
+func newID(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// episodeID is what the gateway accepts as an episode name.
+var episodeID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// checkpointID is what the record store accepts as a checkpoint id.
+var checkpointID = regexp.MustCompile(`^[A-Za-z0-9._:@+-]{1,200}$`)
+
+// TokenPath is where an episode's relay credentials are inside its
+// sandbox.
+func TokenPath(episodeID string) string { return path.Join("/tmp/stasis", episodeID, "token.json") }
+
+// EpisodeView is an episode as the API shows it: the record store's row
+// and what the server knows of it now.
+type EpisodeView struct {
+	store.Episode
+	// Live: this server drives it (its sandbox runs).
+	Live bool `json:"live"`
+	// Status is its supervisor's status when live, else null.
+	Status      *supervisor.Status `json:"status"`
+	StatusError string             `json:"status_error,omitempty"`
+	// ModelCalls is the live length of its ledger (0 when it has none).
+	ModelCalls int64 `json:"model_calls"`
+	// LedgerOK: the ledger's hash chain verifies and its history is not
+	// broken (false when there is no ledger).
+	LedgerOK bool `json:"ledger_ok"`
+	// Reward is the recorded verdict's, or null before any verify.
+	Reward *int `json:"reward"`
+	// TokenPath is set in the answer to a start only.
+	TokenPath string `json:"token_path,omitempty"`
+}
+
+func (s *Server) view(ctx context.Context, row store.Episode) EpisodeView {
+	v := EpisodeView{Episode: row}
+	if e, ok := s.coord.Live(row.ID); ok {
+		v.Live = true
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		st, err := e.Status(sctx)
+		cancel()
+		if err != nil {
+			v.StatusError = err.Error()
+		} else {
+			v.Status = st
+		}
+	}
+	if rep, err := ledger.Verify(s.gw.LedgerDir(), row.ID); err == nil {
+		v.ModelCalls = rep.Live
+		v.LedgerOK = rep.OK && !rep.Broken
+	}
+	if vd, ok, err := s.env.Verifier.Recorded(ctx, row.ID); err == nil && ok {
+		r := vd.Reward
+		v.Reward = &r
+	}
+	return v
+}
+
+// views makes the views of rows, a few at a time (a live episode's status
+// is an exec in its sandbox).
+func (s *Server) views(ctx context.Context, rows []store.Episode) []EpisodeView {
+	out := make([]EpisodeView, len(rows))
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for i, r := range rows {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out[i] = s.view(ctx, r)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// StartRequest is the body of POST /v1/episodes.
+type StartRequest struct {
+	ID        string   `json:"id,omitempty"`
+	Task      string   `json:"task"`
+	Harness   string   `json:"harness"`
+	Provider  string   `json:"provider,omitempty"`
+	PauseMode string   `json:"pause_mode,omitempty"`
+	DeadlineS *float64 `json:"deadline_s,omitempty"`
+}
+
+func (s *Server) startEpisode(w http.ResponseWriter, q *http.Request) {
+	var req StartRequest
+	if err := decode(w, q, &req, false); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if err := s.checkStart(&req); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	ctx := context.WithoutCancel(q.Context()) // a client that goes away does not leave a half-started episode
+	if _, err := s.store.GetEpisode(ctx, req.ID); err == nil {
+		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("episode %s already exists", req.ID)})
+		return
+	}
+	s.startMu.Lock()
+	if s.starting[req.ID] {
+		s.startMu.Unlock()
+		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("episode %s is being started", req.ID)})
+		return
+	}
+	s.starting[req.ID] = true
+	s.startMu.Unlock()
+	defer func() {
+		s.startMu.Lock()
+		delete(s.starting, req.ID)
+		s.startMu.Unlock()
+	}()
+	row, err := s.coord.Start(ctx, req.ID, req.Task, req.Harness)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	v := s.view(ctx, row)
+	v.TokenPath = TokenPath(row.ID)
+	writeJSON(w, http.StatusCreated, v)
+}
+
+// checkStart checks a start request and fills in its defaults.
+func (s *Server) checkStart(req *StartRequest) error {
+	if req.ID == "" {
+		req.ID = newID("ep-")
+	}
+	if !episodeID.MatchString(req.ID) {
+		return bad("episode id %q: use letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128", req.ID)
+	}
+	if req.Task == "" {
+		return bad(`"task" is required: one of the server's tasks (stasis tasks ls)`)
+	}
+	if _, err := task.Lookup(s.tasks, req.Task); err != nil {
+		return bad("%v", err)
+	}
+	if req.Harness == "" {
+		return bad(`"harness" is required: %s`, strings.Join(harness.Names(), " or "))
+	}
+	if _, err := harness.New(req.Harness); err != nil {
+		return bad("%v", err)
+	}
+	if req.Harness == "opencode" && !s.opencode {
+		return bad("OpenCode is not installed on this server (`make deps-opencode`, or $STASIS_OPENCODE): use the mini harness")
+	}
+	switch req.Provider {
+	case "", local.Name:
+		req.Provider = local.Name
+	default:
+		return bad("provider %q: this server runs the %s provider only", req.Provider, local.Name)
+	}
+	switch supervisor.Mode(req.PauseMode) {
+	case "", supervisor.ModeStop:
+		req.PauseMode = string(supervisor.ModeStop)
+	case supervisor.ModeHold:
+		return bad("pause mode hold: the local provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop")
+	default:
+		return bad("pause mode %q: use stop", req.PauseMode)
+	}
+	if req.DeadlineS != nil && *req.DeadlineS != 0 {
+		t, _ := task.Lookup(s.tasks, req.Task)
+		return bad("deadline_s: an episode runs on its task's budget (%s for %s) and this server cannot override it yet; leave deadline_s out", t.Budget(), t.ID)
+	}
+	return nil
+}
+
+func (s *Server) listEpisodes(w http.ResponseWriter, q *http.Request) {
+	qs := q.URL.Query()
+	state := qs.Get("state")
+	switch state {
+	case "", store.EpisodeRunning, store.EpisodeEnded, store.EpisodeRetired, store.EpisodeLost:
+	default:
+		s.fail(w, q, bad("state %q: use running, ended, retired or lost", state))
+		return
+	}
+	rows, err := s.store.ListEpisodes(q.Context(), state)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	taskID, h := qs.Get("task"), qs.Get("harness")
+	kept := rows[:0]
+	for _, r := range rows {
+		if (taskID == "" || r.Task == taskID) && (h == "" || r.Harness == h) {
+			kept = append(kept, r)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"episodes": s.views(q.Context(), kept)})
+}
+
+func (s *Server) getEpisode(w http.ResponseWriter, q *http.Request) {
+	row, err := s.store.GetEpisode(q.Context(), q.PathValue("id"))
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.view(q.Context(), row))
+}
+
+// VerifyResponse is the answer to POST /v1/episodes/{id}/verify.
+type VerifyResponse struct {
+	Verdict task.Verdict `json:"verdict"`
+	// Recorded: the verdict was recorded before this call (nothing ran).
+	Recorded bool `json:"recorded"`
+}
+
+func (s *Server) verifyEpisode(w http.ResponseWriter, q *http.Request) {
+	id := q.PathValue("id")
+	ctx := context.WithoutCancel(q.Context())
+	if _, err := s.store.GetEpisode(ctx, id); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	_, live := s.coord.Live(id)
+	v, rec, err := s.coord.Verify(ctx, id)
+	if err != nil {
+		if !live && !errors.Is(err, store.ErrNotFound) {
+			// Neither live nor verified: nothing to run the tests in.
+			err = &apiError{http.StatusConflict, errConflict, err.Error()}
+		}
+		s.fail(w, q, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, VerifyResponse{Verdict: v, Recorded: rec})
+}
+
+func (s *Server) retireEpisode(w http.ResponseWriter, q *http.Request) {
+	id := q.PathValue("id")
+	ctx := context.WithoutCancel(q.Context())
+	if _, err := s.store.GetEpisode(ctx, id); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if err := s.coord.Retire(ctx, id); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	row, err := s.store.GetEpisode(ctx, id)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.view(ctx, row))
+}
+
+// CheckpointRequest is the body of POST /v1/checkpoints.
+type CheckpointRequest struct {
+	ID string `json:"id,omitempty"`
+}
+
+// CheckpointResponse is the answer to POST /v1/checkpoints: the
+// coordinator's result, and when the checkpoint committed but an episode
+// could not be continued after it, why.
+type CheckpointResponse struct {
+	coordinator.Result
+	ContinueError string `json:"continue_error,omitempty"`
+}
+
+func (s *Server) createCheckpoint(w http.ResponseWriter, q *http.Request) {
+	var req CheckpointRequest
+	if err := decode(w, q, &req, true); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if req.ID == "" {
+		req.ID = "ckpt-" + time.Now().UTC().Format("20060102T150405Z") + "-" + newID("")[:8]
+	}
+	if !checkpointID.MatchString(req.ID) {
+		s.fail(w, q, bad("checkpoint id %q: use at most 200 letters, digits and - _ . : @ +", req.ID))
+		return
+	}
+	ctx := context.WithoutCancel(q.Context()) // a checkpoint under way finishes whatever the client does
+	start := time.Now()
+	res, err := s.coord.Prepare(ctx, req.ID)
+	if err != nil {
+		if errors.Is(err, store.ErrExists) {
+			s.fail(w, q, err)
+			return
+		}
+		if ck, _, gerr := s.store.Get(ctx, req.ID); gerr == nil && ck.State == store.StateCommitted {
+			s.m.checkpoints.WithLabelValues("committed").Inc()
+			s.m.checkpointSeconds.Observe(time.Since(start).Seconds())
+			writeJSON(w, http.StatusCreated, CheckpointResponse{Result: res, ContinueError: err.Error()})
+			return
+		}
+		s.m.checkpoints.WithLabelValues("failed").Inc()
+		s.fail(w, q, err)
+		return
+	}
+	s.m.checkpoints.WithLabelValues("committed").Inc()
+	s.m.checkpointSeconds.Observe(time.Since(start).Seconds())
+	if res.Episodes == nil {
+		res.Episodes = []coordinator.EpisodeFigures{}
+	}
+	writeJSON(w, http.StatusCreated, CheckpointResponse{Result: res})
+}
+
+func (s *Server) listCheckpoints(w http.ResponseWriter, q *http.Request) {
+	qs := q.URL.Query()
+	opts := store.ListOptions{State: store.State(qs.Get("state"))}
+	switch opts.State {
+	case "", store.StatePending, store.StateCommitted, store.StateFailed:
+	default:
+		s.fail(w, q, bad("state %q: use pending, committed or failed", opts.State))
+		return
+	}
+	if l := qs.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			s.fail(w, q, bad("limit %q: give a number, 0 for no limit", l))
+			return
+		}
+		opts.Limit = n
+	}
+	cks, err := s.store.List(q.Context(), opts)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if cks == nil {
+		cks = []store.Checkpoint{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"checkpoints": cks})
+}
+
+func (s *Server) getCheckpoint(w http.ResponseWriter, q *http.Request) {
+	ck, recs, err := s.store.Get(q.Context(), q.PathValue("id"))
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if recs == nil {
+		recs = []store.Record{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"checkpoint": ck, "records": recs})
+}
+
+func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
+	id := q.PathValue("id")
+	ctx := context.WithoutCancel(q.Context())
+	ck, recs, err := s.store.Get(ctx, id)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if ck.State != store.StateCommitted {
+		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("checkpoint %s is %s: only a committed checkpoint restores", id, ck.State)})
+		return
+	}
+	var live []string
+	for _, r := range recs {
+		if _, ok := s.coord.Live(r.Episode); ok {
+			live = append(live, r.Episode)
+		}
+	}
+	if len(live) > 0 {
+		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("checkpoint %s names live episodes (%s): retire them before restoring them; nothing was changed", id, strings.Join(live, ", "))})
+		return
+	}
+	start := time.Now()
+	res, err := s.coord.Restore(ctx, id)
+	if err != nil {
+		s.m.restores.WithLabelValues("failed").Inc()
+		if strings.Contains(err.Error(), "cannot be restored") {
+			// The coordinator's validation refused it before touching anything.
+			err = &apiError{http.StatusConflict, errConflict, err.Error()}
+		}
+		s.fail(w, q, err)
+		return
+	}
+	s.m.restores.WithLabelValues("restored").Inc()
+	s.m.restoreSeconds.Observe(time.Since(start).Seconds())
+	if res.Episodes == nil {
+		res.Episodes = []coordinator.EpisodeFigures{}
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) deleteCheckpoint(w http.ResponseWriter, q *http.Request) {
+	freed, err := s.coord.DeleteCheckpoint(context.WithoutCancel(q.Context()), q.PathValue("id"))
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if freed == nil {
+		freed = []store.SnapshotRef{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"freed": freed})
+}
+
+func (s *Server) healthz(w http.ResponseWriter, q *http.Request) {
+	ctx, cancel := context.WithTimeout(q.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := s.store.List(ctx, store.ListOptions{Limit: 1}); err != nil {
+		http.Error(w, "record store unreachable: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = io.WriteString(w, "ok\n")
+}

@@ -1,0 +1,667 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"stasis/coordinator"
+	"stasis/openapi"
+	"stasis/relay"
+	"stasis/sandbox/local"
+	"stasis/server"
+	"stasis/stasistest"
+	"stasis/store"
+	"stasis/task"
+)
+
+func TestMain(m *testing.M) { stasistest.Main(m) }
+
+// binaryEnv makes the test binary act as stasis in the sandboxes, without
+// the race detector's one-second sleep at each exit.
+var binaryEnv = map[string]string{"STASIS_TEST_AS_CLI": "1", "GORACE": "atexit_sleep_ms=0"}
+
+// view is the part of an episode's view the tests read.
+type view struct {
+	store.Episode
+	Live       bool    `json:"live"`
+	Status     *status `json:"status"`
+	ModelCalls int64   `json:"model_calls"`
+	LedgerOK   bool    `json:"ledger_ok"`
+	Reward     *int    `json:"reward"`
+	TokenPath  string  `json:"token_path"`
+}
+
+type status struct {
+	State   string `json:"state"`
+	Receipt *struct {
+		ReturnCode       *int `json:"return_code"`
+		CleanupConfirmed bool `json:"cleanup_confirmed"`
+	} `json:"receipt"`
+}
+
+type verifyResponse struct {
+	Verdict  task.Verdict `json:"verdict"`
+	Recorded bool         `json:"recorded"`
+}
+
+type apiErr struct {
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// client calls a server's API.
+type client struct {
+	t    *testing.T
+	base string
+}
+
+// do sends body (a string as it is, anything else as JSON) and returns the
+// status and the answer.
+func (c *client) do(method, path string, body any) (int, []byte) {
+	c.t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		r = strings.NewReader(b)
+	case []byte:
+		r = bytes.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		r = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, c.base+path, r)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return resp.StatusCode, out
+}
+
+// call expects status want and decodes the answer into out (if not nil).
+func (c *client) call(method, path string, body any, want int, out any) {
+	c.t.Helper()
+	code, b := c.do(method, path, body)
+	if code != want {
+		c.t.Fatalf("%s %s: %d, want %d: %s", method, path, code, want, b)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			c.t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+}
+
+// refuse expects an error answer with status want and type typ.
+func (c *client) refuse(method, path string, body any, want int, typ, says string) {
+	c.t.Helper()
+	code, b := c.do(method, path, body)
+	var e apiErr
+	if code != want || json.Unmarshal(b, &e) != nil || e.Error.Type != typ || !strings.Contains(e.Error.Message, says) {
+		c.t.Errorf("%s %s: %d %s, want %d %s saying %q", method, path, code, b, want, typ, says)
+	}
+}
+
+func (c *client) episode(id string) view {
+	c.t.Helper()
+	var v view
+	c.call("GET", "/v1/episodes/"+id, nil, http.StatusOK, &v)
+	return v
+}
+
+func (c *client) list(query string) []view {
+	c.t.Helper()
+	var l struct {
+		Episodes []view `json:"episodes"`
+	}
+	c.call("GET", "/v1/episodes"+query, nil, http.StatusOK, &l)
+	return l.Episodes
+}
+
+// waitExited polls an episode until its supervisor has exited.
+func (c *client) waitExited(ctx context.Context, id string) view {
+	c.t.Helper()
+	for {
+		v := c.episode(id)
+		if v.Status != nil && v.Status.State == "exited" {
+			if r := v.Status.Receipt; r == nil || r.ReturnCode == nil || *r.ReturnCode != 0 || !r.CleanupConfirmed {
+				c.t.Fatalf("%s ended badly: %+v", id, v.Status.Receipt)
+			}
+			return v
+		}
+		if !v.Live {
+			c.t.Fatalf("%s is not live: %+v", id, v)
+		}
+		select {
+		case <-ctx.Done():
+			c.t.Fatalf("%s did not end: %+v", id, v.Status)
+		case <-time.After(100 * time.Millisecond): // poll interval, bounded by ctx
+		}
+	}
+}
+
+// verify verifies an episode and expects reward 1.
+func (c *client) verify(id string, recorded bool) task.Verdict {
+	c.t.Helper()
+	var vr verifyResponse
+	c.call("POST", "/v1/episodes/"+id+"/verify", nil, http.StatusOK, &vr)
+	if vr.Verdict.Reward != 1 || vr.Recorded != recorded || vr.Verdict.Episode != id {
+		c.t.Fatalf("verify %s: reward %d recorded %v (want %v): %v %v\n%s", id, vr.Verdict.Reward, vr.Recorded, recorded,
+			vr.Verdict.FailToPass, vr.Verdict.PassToPass, vr.Verdict.Output)
+	}
+	return vr.Verdict
+}
+
+// gate holds call n of attempt 0 of one episode at the gateway until it
+// is opened.
+type gate struct {
+	episode string
+	call    int
+	arrived chan struct{}
+	open    chan struct{}
+	once    sync.Once
+	opened  sync.Once
+}
+
+func newGate(episode string, call int) *gate {
+	return &gate{episode: episode, call: call, arrived: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *gate) Open() { g.opened.Do(func() { close(g.open) }) }
+
+func (g *gate) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		ep, n, _ := strings.Cut(q.Header.Get(relay.HeaderCallID), "/")
+		if ep == g.episode && n == strconv.Itoa(g.call) && q.Header.Get(relay.HeaderAttempt) == "0" {
+			g.once.Do(func() { close(g.arrived) })
+			select {
+			case <-g.open:
+			case <-q.Context().Done():
+			}
+			if q.Context().Err() != nil {
+				return // the server that held it is gone
+			}
+		}
+		next.ServeHTTP(w, q)
+	})
+}
+
+// running is a server under test behind httptest.
+type running struct {
+	srv *server.Server
+	ts  *httptest.Server
+	api *client
+}
+
+func (r *running) Close() {
+	r.ts.Close()
+	if err := r.srv.Close(); err != nil {
+		r.api.t.Error(err)
+	}
+}
+
+// startServer starts a server on state, in this process.
+func startServer(t *testing.T, ctx context.Context, state string, mw func(http.Handler) http.Handler) *running {
+	t.Helper()
+	srv, err := server.New(ctx, server.Options{
+		State: state, Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binary: stasistest.Exe(), BinaryEnv: binaryEnv,
+		GatewayMiddleware: mw, Concurrency: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	return &running{srv: srv, ts: ts, api: &client{t: t, base: ts.URL}}
+}
+
+// cleanState makes sure, at the end of a test, that no sandbox of state
+// is left (deleting any a failure left), then removes the gateway's socket
+// directory and checks that no process is left.
+func cleanState(t *testing.T, state string) {
+	t.Helper()
+	t.Cleanup(func() { stasistest.NoChildrenLeft(t) }) // runs last
+	sock, err := server.GatewaySocket(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.RemoveAll(filepath.Dir(sock)); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Cleanup(func() {
+		p, err := local.New(local.Options{Home: filepath.Join(state, "local"), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		left, err := p.List(context.Background(), nil)
+		if err != nil {
+			t.Error(err)
+		}
+		for _, sb := range left {
+			t.Errorf("sandbox %s left behind (%s)", sb.ID, sb.State)
+			if err := p.Delete(context.Background(), sb.ID); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+}
+
+// The API end to end with real episodes: three mini episodes (the third
+// held at its third model call), list with filters, verify (capture once),
+// a checkpoint while one runs, a crash (server closed, every sandbox
+// killed), a new server that finds the held episode lost, a restore that
+// relaunches it to reward 1, retire, delete the checkpoint; and every kind
+// of bad request.
+func TestAPI(t *testing.T) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	state := t.TempDir()
+	cleanState(t, state)
+	g := newGate("ep-c", 3)
+	defer g.Open()
+	r := startServer(t, ctx, state, g.middleware)
+	closed := false
+	defer func() {
+		if !closed {
+			r.Close()
+		}
+	}()
+	api := r.api
+	lap := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+
+	// Three episodes at once.
+	eps := []struct{ id, task string }{{"ep-a", "py-ini-value-with-equals"}, {"ep-b", "sh-renext-spaces"}, {"ep-c", "sh-envget-unanchored-key"}}
+	var wg sync.WaitGroup
+	started := make([]view, len(eps))
+	codes := make([]int, len(eps))
+	bodies := make([][]byte, len(eps))
+	for i, e := range eps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, b := api.do("POST", "/v1/episodes", map[string]any{"id": e.id, "task": e.task, "harness": "mini"})
+			codes[i], bodies[i] = code, b
+			_ = json.Unmarshal(b, &started[i])
+		}()
+	}
+	wg.Wait()
+	for i, e := range eps {
+		v := started[i]
+		if codes[i] != http.StatusCreated || v.ID != e.id || v.Task != e.task || v.Harness != "mini" || v.Provider != "local" ||
+			v.State != store.EpisodeRunning || !v.Live || v.Sandbox == "" || v.TokenPath != "/tmp/stasis/"+e.id+"/token.json" || v.Reward != nil {
+			t.Fatalf("start %s: %d %s", e.id, codes[i], bodies[i])
+		}
+	}
+	lap("three episodes started")
+	api.refuse("POST", "/v1/episodes", map[string]any{"id": "ep-a", "task": "sh-renext-spaces", "harness": "mini"}, 409, "conflict", "already exists")
+
+	// Lists and filters.
+	if l := api.list("?state=running"); len(l) != 3 {
+		t.Errorf("state=running: %d episodes", len(l))
+	}
+	if l := api.list("?task=py-ini-value-with-equals"); len(l) != 1 || l[0].ID != "ep-a" {
+		t.Errorf("task filter: %+v", l)
+	}
+	if l := api.list("?harness=mini&state=running&task=sh-renext-spaces"); len(l) != 1 || l[0].ID != "ep-b" {
+		t.Errorf("three filters: %+v", l)
+	}
+	if l := api.list("?harness=opencode"); len(l) != 0 {
+		t.Errorf("harness=opencode: %+v", l)
+	}
+	if l := api.list("?state=ended"); len(l) != 0 {
+		t.Errorf("state=ended before any verify: %+v", l)
+	}
+	api.refuse("GET", "/v1/episodes?state=sleeping", nil, 400, "invalid_request", "state")
+
+	// ep-c is held at its third model call: its harness has not ended.
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		t.Fatal("ep-c's third model call never came")
+	}
+	api.refuse("POST", "/v1/episodes/ep-c/verify", nil, 409, "conflict", "has not ended")
+
+	// ep-a and ep-b run to the end; verify twice each (capture once).
+	for _, id := range []string{"ep-a", "ep-b"} {
+		api.waitExited(ctx, id)
+	}
+	lap("ep-a and ep-b exited")
+	for _, id := range []string{"ep-a", "ep-b"} {
+		first := api.verify(id, false)
+		second := api.verify(id, true)
+		if !first.Started.Equal(second.Started) {
+			t.Errorf("%s: the second verify ran again", id)
+		}
+		v := api.episode(id)
+		if v.State != store.EpisodeEnded || v.Reward == nil || *v.Reward != 1 || v.ModelCalls < 3 || !v.LedgerOK || !v.Live {
+			t.Errorf("%s after verify: %+v", id, v)
+		}
+	}
+	if l := api.list("?state=ended"); len(l) != 2 {
+		t.Errorf("state=ended: %d episodes", len(l))
+	}
+	lap("verified")
+
+	// A checkpoint while ep-c runs (held): ep-a and ep-b are recorded
+	// finished, ep-c paused and snapshotted, then continued.
+	var ck server.CheckpointResponse
+	api.call("POST", "/v1/checkpoints", map[string]any{"id": "ckpt-api-1"}, 201, &ck)
+	if ck.Checkpoint != "ckpt-api-1" || len(ck.Episodes) != 3 || ck.ContinueError != "" {
+		t.Fatalf("checkpoint: %+v", ck)
+	}
+	figs := map[string]coordinator.EpisodeFigures{}
+	for _, f := range ck.Episodes {
+		figs[f.Episode] = f
+	}
+	if !figs["ep-a"].Finished || !figs["ep-b"].Finished || figs["ep-c"].Finished || figs["ep-c"].Snapshot == "" {
+		t.Fatalf("checkpoint figures: %+v", ck.Episodes)
+	}
+	if st := api.episode("ep-c").Status; st == nil || st.State != "running" {
+		t.Fatalf("ep-c after the checkpoint: %+v", st)
+	}
+	lap("checkpoint taken")
+	api.refuse("POST", "/v1/checkpoints", map[string]any{"id": "ckpt-api-1"}, 409, "conflict", "exists")
+	api.refuse("POST", "/v1/checkpoints/ckpt-api-1/restore", nil, 409, "conflict", "live")
+
+	// A default id, and an empty body, take a checkpoint too.
+	var ck2 server.CheckpointResponse
+	api.call("POST", "/v1/checkpoints", nil, 201, &ck2)
+	if !strings.HasPrefix(ck2.Checkpoint, "ckpt-") || len(ck2.Episodes) != 3 {
+		t.Fatalf("checkpoint with a default id: %+v", ck2)
+	}
+
+	// Checkpoints: list, get.
+	var cl struct {
+		Checkpoints []store.Checkpoint `json:"checkpoints"`
+	}
+	api.call("GET", "/v1/checkpoints?state=committed", nil, 200, &cl)
+	if len(cl.Checkpoints) != 2 || cl.Checkpoints[1].ID != "ckpt-api-1" || cl.Checkpoints[1].Episodes != 3 {
+		t.Fatalf("checkpoints: %+v", cl.Checkpoints)
+	}
+	api.call("GET", "/v1/checkpoints?limit=1", nil, 200, &cl)
+	if len(cl.Checkpoints) != 1 || cl.Checkpoints[0].ID != ck2.Checkpoint {
+		t.Fatalf("checkpoints, limit 1: %+v", cl.Checkpoints)
+	}
+	var cd struct {
+		Checkpoint store.Checkpoint  `json:"checkpoint"`
+		Records    []json.RawMessage `json:"records"`
+	}
+	api.call("GET", "/v1/checkpoints/ckpt-api-1", nil, 200, &cd)
+	if cd.Checkpoint.State != store.StateCommitted || len(cd.Records) != 3 {
+		t.Fatalf("checkpoint detail: %+v", cd)
+	}
+	var rc store.Record
+	if err := json.Unmarshal(cd.Records[2], &rc); err != nil || rc.Episode != "ep-c" || rc.SnapshotID != figs["ep-c"].Snapshot || rc.Finished {
+		t.Fatalf("ep-c's record: %+v %v", rc, err)
+	}
+	// The second checkpoint goes; its snapshot of ep-c is freed.
+	var freed struct {
+		Freed []store.SnapshotRef `json:"freed"`
+	}
+	api.call("DELETE", "/v1/checkpoints/"+ck2.Checkpoint, nil, 200, &freed)
+	if len(freed.Freed) != 1 || freed.Freed[0].SnapshotID == figs["ep-c"].Snapshot {
+		t.Fatalf("freed: %+v", freed)
+	}
+	api.refuse("GET", "/v1/checkpoints/"+ck2.Checkpoint, nil, 404, "not_found", "not found")
+
+	// Metrics of this server.
+	_, m := api.do("GET", "/metrics", nil)
+	for _, want := range []string{
+		`stasis_server_requests_total{code="201",route="POST /v1/episodes"} 3`,
+		`stasis_server_checkpoints_total{result="committed"} 2`,
+		`stasis_server_checkpoint_seconds_count 2`,
+		`stasis_server_episodes{state="ended"} 2`,
+		`stasis_server_episodes{state="running"} 1`,
+		`stasis_server_live_episodes 3`,
+	} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// The crash: the server goes, and every sandbox is killed. (Closed
+	// while sandboxes run, the server leaves its socket directory to them.)
+	r.Close()
+	closed = true
+	if sock, _ := server.GatewaySocket(state); !dirExists(filepath.Dir(sock)) {
+		t.Fatalf("the server removed %s while sandboxes bind it", filepath.Dir(sock))
+	}
+	g.Open()
+	n, err := local.Crash(filepath.Join(state, "local"))
+	if err != nil || n != 3 {
+		t.Fatalf("crash: %d sandboxes killed, %v", n, err)
+	}
+	lap("crashed")
+
+	// A new server on the same state: ep-c is lost; ep-a and ep-b keep
+	// their verdicts (ended, or lost with their sandboxes: the coordinator
+	// decides).
+	r = startServer(t, ctx, state, nil)
+	closed = false
+	api = r.api
+	lap("new server")
+	if v := api.episode("ep-c"); v.State != store.EpisodeLost || v.Live || v.Status != nil || v.ModelCalls != 2 {
+		t.Fatalf("ep-c after the crash: %+v", v)
+	}
+	if v := api.episode("ep-a"); v.State != store.EpisodeEnded && v.State != store.EpisodeLost || v.Live || v.Reward == nil || *v.Reward != 1 {
+		t.Fatalf("ep-a after the crash: %+v", v)
+	}
+	api.verify("ep-a", true)
+	api.refuse("POST", "/v1/episodes/ep-c/verify", nil, 409, "conflict", "restore it first")
+
+	// The restore relaunches ep-c from its snapshot; it runs to reward 1.
+	var res coordinator.Result
+	api.call("POST", "/v1/checkpoints/ckpt-api-1/restore", nil, 200, &res)
+	how := map[string]string{}
+	for _, f := range res.Episodes {
+		how[f.Episode] = f.Resume
+	}
+	if len(res.Episodes) != 3 || how["ep-c"] != "relaunch" || how["ep-a"] != "none" || how["ep-b"] != "none" {
+		t.Fatalf("restore: %+v", res)
+	}
+	if v := api.episode("ep-c"); v.State != store.EpisodeRunning || !v.Live || v.Attempt != 1 || v.Resume != "relaunch" {
+		t.Fatalf("ep-c after the restore: %+v", v)
+	}
+	lap("restored")
+	api.waitExited(ctx, "ep-c")
+	api.verify("ep-c", false)
+	if v := api.episode("ep-c"); !v.LedgerOK || v.ModelCalls < 3 || v.Reward == nil || *v.Reward != 1 {
+		t.Fatalf("ep-c at the end: %+v", v)
+	}
+	lap("ep-c relaunched, verified")
+
+	// Retire everything; the checkpoint goes and frees ep-c's snapshot.
+	for _, e := range eps {
+		var v view
+		api.call("POST", "/v1/episodes/"+e.id+"/retire", nil, 200, &v)
+		if v.State != store.EpisodeRetired || v.Live || v.Reward == nil || *v.Reward != 1 {
+			t.Errorf("%s after retire: %+v", e.id, v)
+		}
+	}
+	if l := api.list("?state=retired"); len(l) != 3 {
+		t.Errorf("state=retired: %d", len(l))
+	}
+	api.refuse("POST", "/v1/checkpoints/ckpt-api-1/restore", nil, 409, "conflict", "retired")
+	api.call("DELETE", "/v1/checkpoints/ckpt-api-1", nil, 200, &freed)
+	if len(freed.Freed) != 1 || freed.Freed[0].SnapshotID != figs["ep-c"].Snapshot {
+		t.Fatalf("freed: %+v", freed)
+	}
+	api.refuse("DELETE", "/v1/checkpoints/ckpt-api-1", nil, 404, "not_found", "not found")
+
+	// Bad requests.
+	big := `{"task": "` + strings.Repeat("x", server.MaxBody) + `", "harness": "mini"}`
+	for _, c := range []struct {
+		method, path string
+		body         any
+		code         int
+		typ, says    string
+	}{
+		{"POST", "/v1/episodes", `{"task": "sh-renext-spaces", "harness": `, 400, "invalid_request", "JSON"},
+		{"POST", "/v1/episodes", `{"task": "sh-renext-spaces", "harness": "mini"} {}`, 400, "invalid_request", "after"},
+		{"POST", "/v1/episodes", ``, 400, "invalid_request", "JSON object"},
+		{"POST", "/v1/episodes", `["sh-renext-spaces"]`, 400, "invalid_request", "JSON"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "colour": "red"}, 400, "invalid_request", `unknown field "colour"`},
+		{"POST", "/v1/episodes", map[string]any{"task": "no-such-task", "harness": "mini"}, 400, "invalid_request", `no task "no-such-task"`},
+		{"POST", "/v1/episodes", map[string]any{"harness": "mini"}, 400, "invalid_request", `"task" is required`},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "claude"}, 400, "invalid_request", `no harness "claude"`},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "pause_mode": "hold"}, 400, "invalid_request", "file-only"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "pause_mode": "freeze"}, 400, "invalid_request", "pause mode"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "provider": "modal"}, 400, "invalid_request", "local provider only"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "deadline_s": 30}, 400, "invalid_request", "deadline_s"},
+		{"POST", "/v1/episodes", map[string]any{"id": "../x", "task": "sh-renext-spaces", "harness": "mini"}, 400, "invalid_request", "episode id"},
+		{"POST", "/v1/episodes", big, 413, "too_large", "over"},
+		{"POST", "/v1/checkpoints", `{"id": 7}`, 400, "invalid_request", "JSON"},
+		{"POST", "/v1/checkpoints", `{"id": "a b"}`, 400, "invalid_request", "checkpoint id"},
+		{"POST", "/v1/checkpoints", `{"name": "x"}`, 400, "invalid_request", `unknown field "name"`},
+		{"GET", "/v1/checkpoints?state=done", nil, 400, "invalid_request", "state"},
+		{"GET", "/v1/checkpoints?limit=-1", nil, 400, "invalid_request", "limit"},
+		{"GET", "/v1/episodes/ep-nope", nil, 404, "not_found", "ep-nope"},
+		{"POST", "/v1/episodes/ep-nope/verify", nil, 404, "not_found", "ep-nope"},
+		{"POST", "/v1/episodes/ep-nope/retire", nil, 404, "not_found", "ep-nope"},
+		{"GET", "/v1/checkpoints/ckpt-nope", nil, 404, "not_found", "ckpt-nope"},
+		{"POST", "/v1/checkpoints/ckpt-nope/restore", nil, 404, "not_found", "ckpt-nope"},
+		{"DELETE", "/v1/checkpoints/ckpt-nope", nil, 404, "not_found", "ckpt-nope"},
+	} {
+		api.refuse(c.method, c.path, c.body, c.code, c.typ, c.says)
+	}
+	if l := api.list(""); len(l) != 3 {
+		t.Errorf("a bad request started an episode: %d episodes", len(l))
+	}
+
+	// Liveness, the document, the gateway's endpoint, this server's metrics.
+	if code, b := api.do("GET", "/healthz", nil); code != 200 || strings.TrimSpace(string(b)) != "ok" {
+		t.Errorf("/healthz: %d %s", code, b)
+	}
+	if code, b := api.do("GET", "/openapi.json", nil); code != 200 || !bytes.Equal(b, openapi.Raw(openapi.Server)) {
+		t.Errorf("/openapi.json: %d", code)
+	}
+	if code, b := api.do("GET", "/gateway/v1/models", nil); code != 401 {
+		t.Errorf("/gateway/v1/models without a token: %d %s", code, b)
+	}
+	if code, b := api.do("GET", "/gateway/metrics", nil); code != 200 || !strings.Contains(string(b), "stasis_gateway_calls_total") {
+		t.Errorf("/gateway/metrics: %d", code)
+	}
+	_, m = api.do("GET", "/metrics", nil)
+	for _, want := range []string{
+		`stasis_server_restores_total{result="restored"} 1`,
+		`stasis_server_restore_seconds_count 1`,
+		`stasis_server_episodes{state="retired"} 3`,
+		`stasis_server_live_episodes 0`,
+		`stasis_server_requests_total{code="413",route="POST /v1/episodes"} 1`,
+		`stasis_server_request_seconds_count{code="200",route="POST /v1/episodes/{id}/verify"}`,
+	} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	r.Close()
+	closed = true
+	// No sandbox runs: the gateway's socket directory is gone with the server.
+	if sock, _ := server.GatewaySocket(state); dirExists(filepath.Dir(sock)) {
+		t.Errorf("%s is left after the last sandbox and the server", filepath.Dir(sock))
+	}
+	lap("done")
+}
+
+func dirExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// TestOpenAPIMatchesHandlers: the server's document declares exactly the
+// operations its handler routes, and each one answers: not the mux's 404
+// or 405 (a 404 of an unknown episode or checkpoint is the API's JSON
+// error).
+func TestOpenAPIMatchesHandlers(t *testing.T) {
+	ctx := context.Background()
+	state := t.TempDir()
+	cleanState(t, state)
+	r := startServer(t, ctx, state, nil)
+	defer r.Close()
+	ops, err := openapi.Operations(openapi.Server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, op := range ops {
+		got = append(got, string(op))
+	}
+	if strings.Join(got, "\n") != strings.Join(r.srv.Routes(), "\n") {
+		t.Errorf("the document declares\n%s\nthe handler routes\n%s", strings.Join(got, "\n"), strings.Join(r.srv.Routes(), "\n"))
+	}
+	h := r.srv.Handler()
+	for _, op := range ops {
+		method, path, _ := strings.Cut(string(op), " ")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(method, path, strings.NewReader(`{"messages":[]}`)))
+		if w.Code == http.StatusMethodNotAllowed || w.Code == http.StatusNotFound && !strings.Contains(w.Body.String(), `"not_found"`) {
+			t.Errorf("%s answers %d: %s", op, w.Code, w.Body)
+		}
+		if w.Code >= 500 {
+			t.Errorf("%s answers %d: %s", op, w.Code, w.Body)
+		}
+	}
+	for _, op := range []string{"DELETE /v1/episodes", "PUT /v1/checkpoints", "GET /v1/nothing"} {
+		method, path, _ := strings.Cut(op, " ")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(method, path, nil))
+		if w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed {
+			t.Errorf("undeclared %s answered %d", op, w.Code)
+		}
+	}
+	// Every operation says what it answers, and each schema it names exists.
+	var doc struct {
+		Paths      map[string]map[string]json.RawMessage `json:"paths"`
+		Components struct {
+			Schemas map[string]json.RawMessage `json:"schemas"`
+		} `json:"components"`
+	}
+	raw := openapi.Raw(openapi.Server)
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for path, methods := range doc.Paths {
+		for m, b := range methods {
+			var op struct {
+				Responses map[string]json.RawMessage `json:"responses"`
+			}
+			if err := json.Unmarshal(b, &op); err != nil || len(op.Responses) == 0 {
+				t.Errorf("%s %s: no responses (%v)", m, path, err)
+			}
+		}
+	}
+	for _, ref := range strings.Split(string(raw), `"$ref": "#/components/schemas/`)[1:] {
+		name, _, _ := strings.Cut(ref, `"`)
+		if _, ok := doc.Components.Schemas[name]; !ok {
+			t.Errorf("the document refers to schema %s, which it lacks", name)
+		}
+	}
+}

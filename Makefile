@@ -75,9 +75,11 @@ deps-test: deps $(STATICCHECK) deps-opencode
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stasis
 
-## demo: the supervisor pausing a process tree in stop and in hold mode.
-demo: build
-	./$(BIN) demo
+## demo: the main job: 8 episodes (mini and OpenCode alternating) on the
+## built-in tasks, a checkpoint mid-way, a crash of everything, the restore,
+## and the report.
+demo: build deps-opencode
+	./$(BIN) run --episodes 8 --harness mixed --crash
 
 vet:
 	$(GO) vet ./...

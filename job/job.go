@@ -155,6 +155,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	if len(solvable) == 0 {
 		return nil, fmt.Errorf("tasks %s: none has a reference solution, so the scripted model cannot solve any", o.Tasks)
 	}
+	solvable = interleave(solvable)
 	scripts, err := task.Scripts(solvable)
 	if err != nil {
 		return nil, err
@@ -374,6 +375,31 @@ type UsageError struct{ Err error }
 
 func (e *UsageError) Error() string { return e.Err.Error() }
 func (e *UsageError) Unwrap() error { return e.Err }
+
+// interleave orders tasks so that languages take turns (go, javascript,
+// python, shell, go, ...), each language's tasks in id order: a short run
+// sees every language, not three slow Go builds first.
+func interleave(ts []*task.Task) []*task.Task {
+	by := map[string][]*task.Task{}
+	var langs []string
+	for _, t := range ts {
+		if _, ok := by[t.Language]; !ok {
+			langs = append(langs, t.Language)
+		}
+		by[t.Language] = append(by[t.Language], t)
+	}
+	sort.Strings(langs)
+	var out []*task.Task
+	for len(out) < len(ts) {
+		for _, l := range langs {
+			if len(by[l]) > 0 {
+				out = append(out, by[l][0])
+				by[l] = by[l][1:]
+			}
+		}
+	}
+	return out
+}
 
 func (o *Options) defaults() error {
 	if o.N <= 0 {

@@ -56,6 +56,11 @@ type SessionOptions struct {
 	// this executable); BinaryEnv is environment it needs (tests).
 	Binary    string
 	BinaryEnv map[string]string
+	// BinaryInSandbox, when set, is where the stasis binary already is in
+	// the sandbox (a provider that binds it in read-only, as the local one
+	// can): the session then copies nothing, and snapshots do not carry
+	// the binary.
+	BinaryInSandbox string
 	// Env is added to the supervisor's environment, which the harness
 	// inherits.
 	Env map[string]string
@@ -159,6 +164,14 @@ func (s *Session) SetHarnessSession(id string) {
 	s.o.HarnessSession = id
 }
 
+// binPath is the stasis binary inside the sandbox.
+func (s *Session) binPath() string {
+	if s.o.BinaryInSandbox != "" {
+		return s.o.BinaryInSandbox
+	}
+	return BinaryPath
+}
+
 // SandboxID is the session's sandbox.
 func (s *Session) SandboxID() string { return s.id }
 
@@ -168,6 +181,9 @@ func (s *Session) Dir() string { return s.o.Dir }
 // placeBinary copies the stasis binary into the sandbox unless the same
 // version is already there.
 func (s *Session) placeBinary(ctx context.Context) error {
+	if s.o.BinaryInSandbox != "" {
+		return nil
+	}
 	want, err := os.ReadFile(s.o.Binary)
 	if err != nil {
 		return fmt.Errorf("session %s: read the stasis binary %s: %w", s.o.Episode, s.o.Binary, err)
@@ -185,7 +201,7 @@ func (s *Session) placeBinary(ctx context.Context) error {
 func (s *Session) stasis(ctx context.Context, args ...string) (stdout []byte, code int, stderr string, err error) {
 	var out, errb bytes.Buffer
 	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
-		Argv: append([]string{BinaryPath}, args...), Env: s.o.BinaryEnv, Stdout: &out, Stderr: &errb, Timeout: 2 * time.Minute,
+		Argv: append([]string{s.binPath()}, args...), Env: s.o.BinaryEnv, Stdout: &out, Stderr: &errb, Timeout: 2 * time.Minute,
 	})
 	if err != nil {
 		return nil, 0, "", err
@@ -234,7 +250,7 @@ func (s *Session) Start(ctx context.Context) error {
 		env[k] = v
 	}
 	if _, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
-		Argv: append([]string{BinaryPath}, args...), Env: env, Background: true, LogPath: path.Join(s.o.Dir, "supervisor.log"),
+		Argv: append([]string{s.binPath()}, args...), Env: env, Background: true, LogPath: path.Join(s.o.Dir, "supervisor.log"),
 	}); err != nil {
 		return fmt.Errorf("session %s: start the supervisor: %w", s.o.Episode, err)
 	}

@@ -48,6 +48,10 @@ type Env struct {
 	// run their own test binary as stasis).
 	Binary    string
 	BinaryEnv map[string]string
+	// BinaryInSandbox, when set, is where the provider binds the stasis
+	// binary into every sandbox (read-only; see harness.BoundBinaryPath):
+	// nothing is copied and snapshots do not carry it.
+	BinaryInSandbox string
 	// StopConfirmTimeout bounds a stop pause's wait (default 60s).
 	StopConfirmTimeout time.Duration
 }
@@ -79,6 +83,7 @@ func (env *Env) launch(spec Spec) harness.Launch {
 	return harness.Launch{
 		Episode: spec.ID, Prompt: spec.Task.Prompt(), WorkDir: task.WorkDir,
 		Dir: path.Join(sessionDir(spec.ID), "harness"), ModelURL: "http://" + RelayAddr + "/v1", Model: env.Model,
+		Stasis: env.BinaryInSandbox,
 	}
 }
 
@@ -94,7 +99,7 @@ func (env *Env) sessionOptions(spec Spec, cmd harness.Command, attempt int) chec
 	return checkpoint.SessionOptions{
 		Provider: env.Provider, Episode: spec.ID, Dir: sessionDir(spec.ID), PauseMode: supervisor.ModeStop,
 		Harness: cmd.Argv, ResumeCmd: cmd.ResumeCmd, Deadline: spec.Task.Budget(), StopConfirmTimeout: sct,
-		Binary: env.Binary, BinaryEnv: env.BinaryEnv, Env: menv, Attempt: attempt,
+		Binary: env.Binary, BinaryEnv: env.BinaryEnv, BinaryInSandbox: env.BinaryInSandbox, Env: menv, Attempt: attempt,
 		Relay: &checkpoint.RelayOptions{Listen: RelayAddr, Upstream: env.GatewayURL, TokenFile: tokenFile(spec.ID)},
 	}
 }
@@ -141,10 +146,32 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	}
 	e.sess = sess
 	if err := e.boot(ctx, st.Credentials(0)); err != nil {
-		_ = sess.Close(context.WithoutCancel(ctx))
+		if cerr := closeRetrying(ctx, sess); cerr != nil {
+			return nil, fmt.Errorf("%w; and its sandbox %s could not be deleted: %v", err, sess.SandboxID(), cerr)
+		}
 		return nil, err
 	}
 	return e, nil
+}
+
+// cleanupTries bounds the attempts at a cleanup: one transient failure of
+// the provider must not leave a sandbox behind.
+const cleanupTries = 5
+
+// closeRetrying closes a session (deleting the sandbox it owns), retrying
+// transient failures; Close is safe to retry.
+func closeRetrying(ctx context.Context, sess *checkpoint.Session) error {
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	for i := range cleanupTries {
+		if err = sess.Close(ctx); err == nil {
+			return nil
+		}
+		if i < cleanupTries-1 {
+			time.Sleep(time.Duration(10<<i) * time.Millisecond) // backoff between retries
+		}
+	}
+	return err
 }
 
 // boot installs and prepares the harness, writes the relay's credentials,

@@ -35,6 +35,8 @@ type Launch struct {
 	// reaches it inside the sandbox (http://127.0.0.1:PORT/v1).
 	ModelURL string
 	Model    string
+	// Stasis is the stasis binary inside the sandbox (default BinaryPath).
+	Stasis string
 }
 
 // Command is a harness command for the supervisor to launch.

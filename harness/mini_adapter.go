@@ -8,8 +8,12 @@ import (
 )
 
 // BinaryPath is where the stasis binary is inside a sandbox (the checkpoint
-// session places it there); mini is one of its commands.
-const BinaryPath = "/tmp/.stasis/bin/stasis"
+// session places it there); mini is one of its commands. BoundBinaryPath is
+// where a provider that binds the host's binary in read-only puts it.
+const (
+	BinaryPath      = "/tmp/.stasis/bin/stasis"
+	BoundBinaryPath = "/stasis/bin/stasis"
+)
 
 // Mini is the adapter of mini, the agent built into stasis: it needs
 // nothing installed but the stasis binary, and it saves its conversation in
@@ -23,16 +27,19 @@ func (Mini) Name() string { return "mini" }
 // SessionFile is mini's saved conversation for a launch.
 func (Mini) SessionFile(l Launch) string { return join(l.Dir, "mini-session.json") }
 
-// Install implements Adapter: the stasis binary must be in place.
+// Install implements Adapter: the stasis binary must be in place, copied
+// or bound in.
 func (Mini) Install(ctx context.Context, p sandbox.Provider, id string) error {
-	ok, err := exists(ctx, p, id, BinaryPath)
-	if err != nil {
-		return fmt.Errorf("mini: %w", err)
+	for _, b := range []string{BoundBinaryPath, BinaryPath} {
+		ok, err := exists(ctx, p, id, b)
+		if err != nil {
+			return fmt.Errorf("mini: %w", err)
+		}
+		if ok {
+			return nil
+		}
 	}
-	if !ok {
-		return fmt.Errorf("mini: the stasis binary is not at %s in sandbox %s: start a checkpoint session there first", BinaryPath, id)
-	}
-	return nil
+	return fmt.Errorf("mini: the stasis binary is neither at %s nor at %s in sandbox %s: start a checkpoint session there first", BoundBinaryPath, BinaryPath, id)
 }
 
 // Prepare implements Adapter.
@@ -41,7 +48,11 @@ func (Mini) Prepare(ctx context.Context, p sandbox.Provider, id string, l Launch
 }
 
 func (m Mini) argv(l Launch) []string {
-	return []string{BinaryPath, "mini", "--endpoint", l.ModelURL, "--model", l.Model,
+	bin := l.Stasis
+	if bin == "" {
+		bin = BinaryPath
+	}
+	return []string{bin, "mini", "--endpoint", l.ModelURL, "--model", l.Model,
 		"--workdir", l.WorkDir, "--session", m.SessionFile(l), "--", l.Prompt}
 }
 

@@ -214,6 +214,15 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 			s.opencode = true
 		}
 	}
+	// The stasis binary is bound into every sandbox read-only (nothing to
+	// copy per episode, nothing of it in the snapshots).
+	bin := o.Binary
+	if bin == "" {
+		if bin, err = os.Executable(); err != nil {
+			return s, err
+		}
+	}
+	ro[bin] = harness.BoundBinaryPath
 	if s.provider, err = local.New(local.Options{
 		Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, Binds: []string{filepath.Dir(s.sock)}, ReadOnlyBinds: ro,
 		// The state directory holds every episode's gateway token and the
@@ -246,7 +255,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	s.env = &episode.Env{
 		Provider: s.provider, Gateway: s.gw, GatewayURL: "unix://" + s.sock, Model: o.Model,
 		Verifier: &task.Verifier{Store: s.store, Provider: s.provider},
-		Binary:   o.Binary, BinaryEnv: o.BinaryEnv,
+		Binary:   bin, BinaryEnv: o.BinaryEnv, BinaryInSandbox: harness.BoundBinaryPath,
 	}
 	s.m = newMetrics(s)
 	clog := log.With("component", "coordinator")

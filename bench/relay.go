@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"stasis/model"
@@ -38,6 +39,10 @@ type RelayRow struct {
 	Direct      float64 `json:"direct_calls_per_s"`
 	Relayed     float64 `json:"relayed_calls_per_s"`
 	Ratio       float64 `json:"relayed_over_direct"`
+	// CPU time of this process (user and system: callers, relays, gateway
+	// and model together) per call, in microseconds, over each run.
+	DirectCPU  float64 `json:"direct_cpu_us_per_call"`
+	RelayedCPU float64 `json:"relayed_cpu_us_per_call"`
 }
 
 // RelayResult is the latency a call gains through relay and gateway, and
@@ -166,7 +171,7 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 	res.AddedP50, res.AddedP99 = res.Relayed.P50-res.Direct.P50, res.Relayed.P99-res.Direct.P99
 	// Throughput at each concurrency.
 	next := o.LatencyCalls
-	run := func(c int, via bool) (float64, error) {
+	run := func(c int, via bool) (rate, cpuPerCall float64, err error) {
 		var done atomic.Int64
 		var wg sync.WaitGroup
 		var firstErr error
@@ -175,7 +180,7 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 		if per < 1 {
 			per = 1
 		}
-		t0 := time.Now()
+		t0, cpu0 := time.Now(), processCPU()
 		for k := 0; k < c; k++ {
 			wg.Add(1)
 			go func(k int) {
@@ -199,23 +204,34 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 			}(k)
 		}
 		wg.Wait()
+		took, cpu := time.Since(t0), processCPU()-cpu0
 		next += per
 		if firstErr != nil {
-			return 0, firstErr
+			return 0, 0, firstErr
 		}
-		return float64(done.Load()) / time.Since(t0).Seconds(), nil
+		n := float64(done.Load())
+		return n / took.Seconds(), float64(cpu.Microseconds()) / n, nil
 	}
 	for _, c := range o.Concurrency {
 		fmt.Fprintf(o.Progress, "relay: throughput at %d concurrent calls ...\n", c)
-		d, err := run(c, false)
+		d, dcpu, err := run(c, false)
 		if err != nil {
 			return res, err
 		}
-		r, err := run(c, true)
+		r, rcpu, err := run(c, true)
 		if err != nil {
 			return res, err
 		}
-		res.Rows = append(res.Rows, RelayRow{Concurrency: c, Direct: d, Relayed: r, Ratio: r / d})
+		res.Rows = append(res.Rows, RelayRow{Concurrency: c, Direct: d, Relayed: r, Ratio: r / d, DirectCPU: dcpu, RelayedCPU: rcpu})
 	}
 	return res, ctx.Err()
+}
+
+// processCPU is the CPU time this process has used (user and system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

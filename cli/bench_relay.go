@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/bench"
+	"stasis/serve"
 )
 
 func newBenchRelayCmd() *cobra.Command {
@@ -26,12 +27,14 @@ caller (each its own episode and ledger) on loopback in this process, and
 measures a call through harness → relay → gateway (ledger entry fsync'd) →
 model against the same call made to the model directly, interleaved in the
 same run: the latency added at p50 and p99 with one caller, and the
-throughput at each concurrency. --token-delay makes the model take time per
+throughput at each concurrency with the CPU time the process spent per call
+(callers, relays, gateway and model all share it). --token-delay makes the model take time per
 generated token, as a real one does; 0 is the relay's hardest case.
 
 Targets: <= 1 ms added at p50; >= 90% of direct throughput at 512.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			serve.ProcsForFsync() // the gateway fsyncs each ledger entry
 			r, err := bench.Relay(cmd.Context(), bench.RelayOptions{Concurrency: conc, LatencyCalls: lat, ThroughputCalls: thr, TokenDelay: tokenDelay, Progress: cmd.ErrOrStderr()})
 			if err != nil {
 				return err
@@ -50,10 +53,10 @@ Targets: <= 1 ms added at p50; >= 90% of direct throughput at 512.`,
 			tw.Flush()
 			fmt.Fprintln(out)
 			tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "CONCURRENT\tDIRECT calls/s\tRELAYED calls/s\tRELAYED/DIRECT\t")
+			fmt.Fprintln(tw, "CONCURRENT\tDIRECT calls/s\tRELAYED calls/s\tRELAYED/DIRECT\tCPU µs/call DIRECT\tRELAYED\t")
 			var at512 *bench.RelayRow
 			for i, row := range r.Rows {
-				fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.2f\t\n", row.Concurrency, row.Direct, row.Relayed, row.Ratio)
+				fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t\n", row.Concurrency, row.Direct, row.Relayed, row.Ratio, row.DirectCPU, row.RelayedCPU)
 				if row.Concurrency == 512 {
 					at512 = &r.Rows[i]
 				}

@@ -80,6 +80,7 @@ call id already in the ledger is answered from it without calling the model.
 Metrics in Prometheus format at /metrics.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			serve.ProcsForFsync() // each ledger entry is fsync'd before its answer
 			log, err := newLogger("text", logLevel)
 			if err != nil {
 				return &exitError{code: 2, err: err}

@@ -85,6 +85,7 @@ start or failed.`,
   stasis serve --listen 127.0.0.1:0 --state ./state --tasks swe.jsonl --repos ~/clones --model-upstream http://127.0.0.1:8000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			serve.ProcsForFsync() // the gateway fsyncs each ledger entry
 			if listen == "" {
 				return &exitError{code: 2, err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
 			}

@@ -48,7 +48,6 @@
 package ledger
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -200,18 +199,25 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 	if l.st.head == "" && l.st.records == 0 {
 		recs = append([]record{{Kind: kindHeader, Format: formatVersion, Episode: l.episode, At: time.Now().UTC()}}, recs...)
 	}
-	var buf bytes.Buffer
+	bp := linePool.Get().(*[]byte)
+	buf := (*bp)[:0]
+	defer func() {
+		if cap(buf) <= maxPooledLine {
+			*bp = buf[:0]
+			linePool.Put(bp)
+		}
+	}()
 	parent := l.st.head
 	for i := range recs {
 		recs[i].Parent = parent
-		line, h, err := encodeRecord(recs[i])
-		if err != nil {
+		var h string
+		var err error
+		if buf, h, err = appendRecordLine(buf, &recs[i], recs[i].canon); err != nil {
 			return nil, err
 		}
 		recs[i].Hash = h
 		parent = h
-		buf.Write(line)
-		buf.WriteByte('\n')
+		buf = append(buf, '\n')
 	}
 	if l.torn {
 		if err := l.f.Truncate(l.off); err != nil {
@@ -219,7 +225,7 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 		}
 		l.torn = false
 	}
-	if _, err := l.f.WriteAt(buf.Bytes(), l.off); err != nil {
+	if _, err := l.f.WriteAt(buf, l.off); err != nil {
 		l.torn = true
 		return nil, fmt.Errorf("ledger %s: write: %w", l.path, err)
 	}
@@ -230,7 +236,7 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 		l.torn = true
 		return nil, fmt.Errorf("ledger %s: fsync: %w", l.path, err)
 	}
-	l.off += int64(buf.Len())
+	l.off += int64(len(buf))
 	for _, r := range recs {
 		if err := l.st.apply(r); err != nil { // cannot happen: the records were built valid
 			l.err = err
@@ -240,13 +246,23 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 	return recs, nil
 }
 
+// linePool holds the buffers records are encoded into before their write.
+// Buffers grown past maxPooledLine (a huge response) are left to the
+// garbage collector.
+var linePool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+const maxPooledLine = 1 << 20
+
 // canonJSON returns m as the file will hold it (compact), or an error for
 // bytes that are not JSON.
 func canonJSON(what string, m json.RawMessage) (json.RawMessage, error) {
 	if len(m) == 0 {
 		return nil, nil
 	}
-	b, err := json.Marshal(m) // validates and compacts
+	if b, ok := appendCanon(make([]byte, 0, len(m)), m); ok {
+		return b, nil
+	}
+	b, err := json.Marshal(m) // validates and compacts; says what is wrong
 	if err != nil {
 		if u := errors.Unwrap(err); u != nil {
 			err = u // the syntax error, without encoding/json's wrapper
@@ -276,8 +292,14 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	if e.Request, err = canonJSON("request of "+e.CallID, e.Request); err != nil {
 		return Entry{}, fmt.Errorf("ledger append: %w", err)
 	}
+	// One pass over the (now canonical, so valid) response finds usage,
+	// tokens and the assistant message's fingerprint.
+	scan := scanResponse(e.Response)
 	if e.Tokens == nil || len(e.Usage) == 0 {
-		usage, tokens := extract(e.Response)
+		usage, tokens := scan.usage, scan.tokens
+		if !scan.tokensOK {
+			usage, tokens = extractJSON(e.Response)
+		}
 		if e.Tokens == nil {
 			e.Tokens = tokens
 		}
@@ -288,7 +310,10 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	if e.Usage, err = canonJSON("usage of "+e.CallID, e.Usage); err != nil {
 		return Entry{}, fmt.Errorf("ledger append: %w", err)
 	}
-	fp := responseFingerprint(e.Response)
+	fp := scan.fp
+	if !scan.fpOK {
+		fp = responseFingerprintJSON(e.Response)
+	}
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -300,7 +325,9 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	}
 	e.Seq = int64(len(l.st.entries)) + 1
 	e.Boundary = e.Boundary || l.st.nextBoundary
-	recs, err := l.write(entryRecord(e))
+	rec := entryRecord(e)
+	rec.canon = true
+	recs, err := l.write(rec)
 	if err != nil {
 		return Entry{}, err
 	}

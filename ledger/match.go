@@ -250,6 +250,17 @@ func messageFingerprint(raw json.RawMessage) string {
 // choices[0].message of a chat completion, or the message and function-call
 // output items of a responses-API object.
 func responseFingerprint(raw json.RawMessage) string {
+	if json.Valid(raw) {
+		if s := scanResponse(raw); s.fpOK {
+			return s.fp
+		}
+	}
+	return responseFingerprintJSON(raw)
+}
+
+// responseFingerprintJSON is responseFingerprint by encoding/json: what
+// scanResponse must agree with, and what it falls back to.
+func responseFingerprintJSON(raw json.RawMessage) string {
 	var r struct {
 		Choices []struct {
 			Message *chatMessage `json:"message"`

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"time"
 )
 
@@ -51,6 +53,9 @@ type record struct {
 	At       time.Time       `json:"at,omitzero"`
 	Parent   string          `json:"parent"`
 	Hash     string          `json:"hash"`
+	// canon: Request, Response and Usage are canonical already (Append
+	// made them so), and are written as they are.
+	canon bool
 }
 
 func entryRecord(e Entry) record {
@@ -74,6 +79,38 @@ func (r record) entry() Entry {
 // in (r.Hash is ignored). The hash is SHA-256 over the line as written with
 // an empty hash value.
 func encodeRecord(r record) ([]byte, string, error) {
+	line, h, err := appendRecordLine(nil, &r, false)
+	return line, h, err
+}
+
+// appendRecordLine appends r's line (without the newline, with its hash) to
+// dst and returns it and the hash. canon says r's raw JSON fields are
+// already canonical (canonJSON's output), so they are copied as they are.
+// The bytes are json.Marshal's (see encodeRecordJSON, which a test holds
+// them to and which any value this encoder does not handle goes to).
+func appendRecordLine(dst []byte, r *record, canon bool) ([]byte, string, error) {
+	start := len(dst)
+	b, ok := appendRecord(dst, r, canon)
+	if !ok {
+		line, h, err := encodeRecordJSON(*r)
+		if err != nil {
+			return dst, "", err
+		}
+		return append(dst, line...), h, nil
+	}
+	// b ends with "hash":""}: hash those bytes, then put the hash between
+	// the quotes.
+	sum := sha256.Sum256(b[start:])
+	var h [hashLen]byte
+	hex.Encode(h[:], sum[:])
+	b = append(b[:len(b)-2], h[:]...)
+	b = append(b, '"', '}')
+	return b, string(h[:]), nil
+}
+
+// encodeRecordJSON is encodeRecord by encoding/json: the reference the fast
+// encoder is tested against, and its fallback.
+func encodeRecordJSON(r record) ([]byte, string, error) {
 	r.Hash = ""
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -89,6 +126,164 @@ func encodeRecord(r record) ([]byte, string, error) {
 	line = append(line, h...)
 	line = append(line, `"}`...)
 	return line, h, nil
+}
+
+// appendRecord appends r as json.Marshal would write it with an empty hash:
+// fields in the struct's order, omitempty and omitzero as tagged, strings
+// with encoding/json's escaping. ok is false for a value it leaves to
+// encoding/json (a float that is not finite, a time it cannot write, raw
+// JSON that is not valid).
+func appendRecord(b []byte, r *record, canon bool) (_ []byte, ok bool) {
+	b = append(b, `{"kind":`...)
+	b = appendString(b, r.Kind)
+	if r.Format != 0 {
+		b = append(b, `,"format":`...)
+		b = strconv.AppendInt(b, int64(r.Format), 10)
+	}
+	if r.Episode != "" {
+		b = append(b, `,"episode":`...)
+		b = appendString(b, r.Episode)
+	}
+	if r.Seq != 0 {
+		b = append(b, `,"seq":`...)
+		b = strconv.AppendInt(b, r.Seq, 10)
+	}
+	if r.CallID != "" {
+		b = append(b, `,"call_id":`...)
+		b = appendString(b, r.CallID)
+	}
+	if r.Attempt != 0 {
+		b = append(b, `,"attempt":`...)
+		b = strconv.AppendInt(b, int64(r.Attempt), 10)
+	}
+	for _, f := range [...]struct {
+		key string
+		raw json.RawMessage
+	}{{`,"request":`, r.Request}, {`,"response":`, r.Response}, {`,"usage":`, r.Usage}} {
+		if len(f.raw) == 0 {
+			continue
+		}
+		b = append(b, f.key...)
+		if canon {
+			b = append(b, f.raw...)
+		} else if b, ok = appendCanon(b, f.raw); !ok {
+			return b, false
+		}
+	}
+	if r.Tokens != nil {
+		b = append(b, `,"tokens":{`...)
+		n := len(b)
+		if len(r.Tokens.PromptIDs) > 0 {
+			b = appendInts(append(b, `"prompt_token_ids":`...), r.Tokens.PromptIDs)
+		}
+		if len(r.Tokens.CompletionIDs) > 0 {
+			if len(b) > n {
+				b = append(b, ',')
+			}
+			b = appendInts(append(b, `"completion_token_ids":`...), r.Tokens.CompletionIDs)
+		}
+		if len(r.Tokens.Logprobs) > 0 {
+			if len(b) > n {
+				b = append(b, ',')
+			}
+			if b, ok = appendFloats(append(b, `"logprobs":`...), r.Tokens.Logprobs); !ok {
+				return b, false
+			}
+		}
+		b = append(b, '}')
+	}
+	for _, f := range [...]struct {
+		key string
+		t   time.Time
+	}{{`,"started":`, r.Started}, {`,"finished":`, r.Finished}} {
+		if f.t.IsZero() {
+			continue
+		}
+		if b, ok = appendTime(append(b, f.key...), f.t); !ok {
+			return b, false
+		}
+	}
+	if r.To != nil {
+		b = append(b, `,"to":`...)
+		b = strconv.AppendInt(b, *r.To, 10)
+	}
+	if r.Reason != "" {
+		b = append(b, `,"reason":`...)
+		b = appendString(b, r.Reason)
+	}
+	if r.Boundary {
+		b = append(b, `,"boundary":true`...)
+	}
+	if !r.At.IsZero() {
+		if b, ok = appendTime(append(b, `,"at":`...), r.At); !ok {
+			return b, false
+		}
+	}
+	b = append(b, `,"parent":`...)
+	b = appendString(b, r.Parent)
+	return append(b, `,"hash":""}`...), true
+}
+
+// appendString appends s as a JSON string the way encoding/json writes it
+// (HTML characters escaped). Plain printable ASCII is copied; anything else
+// is left to encoding/json.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always marshals
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+func appendInts(b []byte, v []int64) []byte {
+	b = append(b, '[')
+	for i, x := range v {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, x, 10)
+	}
+	return append(b, ']')
+}
+
+// appendFloats writes floats as encoding/json does (ES6 number form); ok is
+// false for NaN or an infinity, which it refuses.
+func appendFloats(b []byte, v []float64) ([]byte, bool) {
+	b = append(b, '[')
+	for i, f := range v {
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return b, false
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		format := byte('f')
+		if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+			format = 'e'
+		}
+		b = strconv.AppendFloat(b, f, format, -1, 64)
+		if format == 'e' {
+			// clean up e-09 to e-9
+			n := len(b)
+			if n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+				b[n-2] = b[n-1]
+				b = b[:n-1]
+			}
+		}
+	}
+	return append(b, ']'), true
+}
+
+func appendTime(b []byte, t time.Time) ([]byte, bool) {
+	q, err := t.MarshalJSON()
+	if err != nil {
+		return b, false
+	}
+	return append(b, q...), true
 }
 
 // errHash is the decoder's complaint about a hash that does not cover the

@@ -22,6 +22,17 @@ func ExtractTokens(response json.RawMessage) *Tokens {
 // extract reads, in one pass over the response, its usage and its tokens
 // (nil when it has none).
 func extract(response json.RawMessage) (usage json.RawMessage, tokens *Tokens) {
+	if json.Valid(response) {
+		if s := scanResponse(response); s.tokensOK {
+			return s.usage, s.tokens
+		}
+	}
+	return extractJSON(response)
+}
+
+// extractJSON is extract by encoding/json: what scanResponse must agree
+// with, and what it falls back to.
+func extractJSON(response json.RawMessage) (usage json.RawMessage, tokens *Tokens) {
 	var r struct {
 		Usage     json.RawMessage   `json:"usage"`
 		PromptIDs json.RawMessage   `json:"prompt_token_ids"`

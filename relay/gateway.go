@@ -69,12 +69,14 @@ type Gateway struct {
 	episodes map[string]*EpisodeState
 	tokens   map[string]string // token → episode
 	ledgers  map[string]*ledger.Ledger
+	opening  map[string]chan struct{} // episode whose ledger is being opened
 	inflight map[string]chan struct{} // episode/call id being answered
 	epLocks  map[string]*sync.Mutex
 }
 
 type gatewayMetrics struct {
 	calls                            *prometheus.CounterVec
+	ok                               prometheus.Counter // calls{code="200"}
 	dedupe, stale, unauthorized, bad prometheus.Counter
 	upstream, added                  prometheus.Histogram
 }
@@ -101,7 +103,7 @@ func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 	}
 	g := &Gateway{up: up, cfg: cfg, log: log, reg: prometheus.NewRegistry(),
 		episodes: map[string]*EpisodeState{}, tokens: map[string]string{}, ledgers: map[string]*ledger.Ledger{},
-		inflight: map[string]chan struct{}{}, epLocks: map[string]*sync.Mutex{}}
+		opening: map[string]chan struct{}{}, inflight: map[string]chan struct{}{}, epLocks: map[string]*sync.Mutex{}}
 	buckets := prometheus.ExponentialBuckets(0.00005, 2, 18)
 	g.m = gatewayMetrics{
 		calls:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stasis_gateway_calls_total", Help: "Calls answered, by status code."}, []string{"code"}),
@@ -112,6 +114,7 @@ func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 		upstream:     prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stasis_gateway_upstream_seconds", Help: "Model server round trip.", Buckets: buckets}),
 		added:        prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stasis_gateway_added_seconds", Help: "Time in the gateway beyond the model server's round trip (ledger write included).", Buckets: buckets}),
 	}
+	g.m.ok = g.m.calls.WithLabelValues("200")
 	g.reg.MustRegister(g.m.calls, g.m.dedupe, g.m.stale, g.m.unauthorized, g.m.bad, g.m.upstream, g.m.added)
 	if err := g.reload(); err != nil {
 		return nil, err
@@ -268,18 +271,36 @@ func (g *Gateway) epLock(id string) *sync.Mutex {
 	return l
 }
 
+// ledger returns the episode's open ledger, opening it on its first call.
+// The open (a file created, its directory fsync'd, an old file read and
+// checked) happens outside g.mu, so one episode's first call does not stall
+// every other episode's calls; a second caller for the same episode waits
+// for the first one's open.
 func (g *Gateway) ledger(id string) (*ledger.Ledger, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if l, ok := g.ledgers[id]; ok {
-		return l, nil
+	for {
+		g.mu.Lock()
+		if l, ok := g.ledgers[id]; ok {
+			g.mu.Unlock()
+			return l, nil
+		}
+		if ch, ok := g.opening[id]; ok {
+			g.mu.Unlock()
+			<-ch
+			continue
+		}
+		ch := make(chan struct{})
+		g.opening[id] = ch
+		g.mu.Unlock()
+		l, err := ledger.Open(g.LedgerDir(), id)
+		g.mu.Lock()
+		delete(g.opening, id)
+		close(ch)
+		if err == nil {
+			g.ledgers[id] = l
+		}
+		g.mu.Unlock()
+		return l, err
 	}
-	l, err := ledger.Open(g.LedgerDir(), id)
-	if err != nil {
-		return nil, err
-	}
-	g.ledgers[id] = l
-	return l, nil
 }
 
 // Handler serves the relays: the OpenAI-compatible endpoints, /metrics and
@@ -357,7 +378,7 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 		g.reply(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("%s %q must be %s/N", HeaderCallID, callID, st.Episode))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, q.Body, g.cfg.MaxBody))
+	body, err := readAll(http.MaxBytesReader(w, q.Body, g.cfg.MaxBody), q.ContentLength)
 	if err != nil {
 		g.m.bad.Inc()
 		var mbe *http.MaxBytesError
@@ -436,7 +457,10 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 		return
 	}
 	t0 := time.Now()
-	status, header, respBody, err := g.forward(q.Context(), path, body)
+	status, header, respBody, buf, err := g.forward(q.Context(), path, body)
+	// The ledger keeps its own copy of the answer, so the buffer it was
+	// read into goes back to the pool when this call is answered.
+	defer releaseBody(buf)
 	upTime := time.Since(t0)
 	g.m.upstream.Observe(upTime.Seconds())
 	if err != nil {
@@ -478,16 +502,18 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 }
 
 func (g *Gateway) answer(w http.ResponseWriter, e ledger.Entry) {
-	g.m.calls.WithLabelValues("200").Inc()
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set(HeaderLedgerSeq, strconv.FormatInt(e.Seq, 10))
+	g.m.ok.Inc()
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(e.Response)))
+	h.Set(HeaderLedgerSeq, strconv.FormatInt(e.Seq, 10))
 	_, _ = w.Write(e.Response)
 }
 
-func (g *Gateway) forward(ctx context.Context, path string, body []byte) (int, http.Header, []byte, error) {
+func (g *Gateway) forward(ctx context.Context, path string, body []byte) (int, http.Header, []byte, *[]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.up.Base+path, bytes.NewReader(body))
 	if err != nil {
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if g.cfg.ModelKey != "" {
@@ -495,17 +521,19 @@ func (g *Gateway) forward(ctx context.Context, path string, body []byte) (int, h
 	}
 	resp, err := g.up.Client.Do(req)
 	if err != nil {
-		return 0, nil, nil, fmt.Errorf("model server %s: %w", g.up.Base, err)
+		return 0, nil, nil, nil, fmt.Errorf("model server %s: %w", g.up.Base, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+	b, buf, err := readPooled(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
 	if err != nil {
-		return 0, nil, nil, fmt.Errorf("model server %s: read: %w", g.up.Base, err)
+		releaseBody(buf)
+		return 0, nil, nil, nil, fmt.Errorf("model server %s: read: %w", g.up.Base, err)
 	}
 	if len(b) > maxResponse {
-		return 0, nil, nil, fmt.Errorf("model server answer over %d bytes", maxResponse)
+		releaseBody(buf)
+		return 0, nil, nil, nil, fmt.Errorf("model server answer over %d bytes", maxResponse)
 	}
-	return resp.StatusCode, resp.Header, b, nil
+	return resp.StatusCode, resp.Header, b, buf, nil
 }
 
 func (g *Gateway) serveModels(w http.ResponseWriter, q *http.Request) {

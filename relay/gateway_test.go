@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -262,4 +263,81 @@ func TestConcurrentDuplicatesCallTheModelOnce(t *testing.T) {
 	}
 	var m map[string]any
 	_ = json.Unmarshal([]byte(bodies[0]), &m)
+}
+
+// The first calls of many episodes arrive together: each episode's ledger
+// is opened once (a second Open would fail: the ledger is locked), the
+// opens do not wait on one another, and every call is recorded.
+func TestFirstCallsOfManyEpisodesAtOnce(t *testing.T) {
+	model := newFakeModel(t)
+	g, srv := newTestGateway(t, model.srv.URL)
+	const episodes, callsEach = 16, 3
+	eps := make([]EpisodeState, episodes)
+	for i := range eps {
+		var err error
+		if eps[i], err = g.AddEpisode(fmt.Sprintf("ep%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range episodes {
+		for c := 1; c <= callsEach; c++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, b := gwCall(t, srv.URL, eps[i].Token, 0, fmt.Sprintf("ep%d/%d", i, c), `{"messages":[]}`)
+				if resp.StatusCode != 200 {
+					t.Errorf("ep%d/%d: %d %s", i, c, resp.StatusCode, b)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for i := range episodes {
+		l, err := g.ledger(fmt.Sprintf("ep%d", i))
+		if err != nil || l.Len() != callsEach {
+			t.Fatalf("ep%d: %v, %d entries", i, err, l.Len())
+		}
+	}
+	// Many goroutines asking for one ledger at once get the same one.
+	var mu sync.Mutex
+	seen := map[*ledger.Ledger]bool{}
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := g.ledger("fresh")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			seen[l] = true
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if len(seen) != 1 {
+		t.Fatalf("%d ledgers opened for one episode", len(seen))
+	}
+}
+
+// A ledger that cannot be opened fails each call that needs it, every
+// time, and does not leave later calls waiting for the failed open.
+func TestLedgerThatWillNotOpen(t *testing.T) {
+	model := newFakeModel(t)
+	g, srv := newTestGateway(t, model.srv.URL)
+	ep, _ := g.AddEpisode("ep")
+	if err := os.WriteFile(filepath.Join(g.LedgerDir(), "ep.ledger"), []byte("not a ledger\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for c := 1; c <= 2; c++ {
+		resp, b := gwCall(t, srv.URL, ep.Token, 0, fmt.Sprintf("ep/%d", c), `{"messages":[]}`)
+		if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(b), "damaged") {
+			t.Fatalf("call %d: %d %s", c, resp.StatusCode, b)
+		}
+	}
+	if model.n.Load() != 0 {
+		t.Fatalf("the model was called %d times", model.n.Load())
+	}
 }

@@ -372,13 +372,14 @@ type result struct {
 	status int
 	header http.Header
 	body   []byte
-	seq    int64 // ledger position from the gateway; 0 when none
+	buf    *[]byte // the pooled buffer body was read into, if it was
+	seq    int64   // ledger position from the gateway; 0 when none
 	took   time.Duration
 }
 
 func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	start := time.Now()
-	body, err := io.ReadAll(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody))
+	body, err := readAll(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody), q.ContentLength)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -458,6 +459,7 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 		break
 	}
 	r.deliver(w, path, res, stream, includeUsage)
+	releaseBody(res.buf)
 	r.mu.Lock()
 	r.delivering--
 	// A response already counted (a duplicate of a delivered entry) does
@@ -536,10 +538,11 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 			wait = min(2*wait, r.cfg.Retry.MaxInterval)
 			continue
 		}
-		b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+		b, buf, err := readPooled(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
 		resp.Body.Close()
 		res.took += time.Since(t0)
 		if err != nil {
+			releaseBody(buf)
 			if ctx.Err() != nil {
 				return res, ctx.Err()
 			}
@@ -554,9 +557,11 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 			continue
 		}
 		if len(b) > maxResponse {
+			releaseBody(buf)
 			return res, fmt.Errorf("upstream response over %d bytes", maxResponse)
 		}
 		if (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) && try < r.cfg.Retry.Max {
+			releaseBody(buf)
 			r.m.retries.Inc()
 			d := jitter(wait)
 			if ra := retryAfter(resp.Header.Get("Retry-After")); ra > 0 {
@@ -569,7 +574,7 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 			wait = min(2*wait, r.cfg.Retry.MaxInterval)
 			continue
 		}
-		res.status, res.header, res.body = resp.StatusCode, resp.Header, b
+		res.status, res.header, res.body, res.buf = resp.StatusCode, resp.Header, b, buf
 		if resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && path == "/v1/chat/completions" {
 			evs, err := ParseSSE(bytes.NewReader(b))
 			if err == nil {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -78,4 +79,20 @@ func UntilSignal(ctx context.Context, ln net.Listener, h http.Handler, log *slog
 		_ = srv.Close()
 	}
 	return nil
+}
+
+// ProcsForFsync raises GOMAXPROCS to four per CPU unless $GOMAXPROCS is
+// set, for servers that fsync on their request path (the gateway's ledger
+// appends). A goroutine blocked in fsync keeps its P until the runtime's
+// monitor takes it back, and the monitor looks only every few milliseconds
+// when it is idle; with one P per CPU a gateway then leaves CPUs idle while
+// calls wait. More Ps than CPUs let other goroutines run meanwhile. It
+// returns the new setting.
+func ProcsForFsync() int {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return runtime.GOMAXPROCS(0)
+	}
+	n := 4 * runtime.NumCPU()
+	runtime.GOMAXPROCS(n)
+	return n
 }

@@ -102,6 +102,8 @@ fuzz: deps
 	$(GO) test ./cas -run '^$$' -fuzz FuzzDecodeManifest -fuzztime $(FUZZTIME)
 	$(GO) test ./cas -run '^$$' -fuzz FuzzChunkVerify -fuzztime $(FUZZTIME)
 	$(GO) test ./ledger -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
+	$(GO) test ./ledger -run '^$$' -fuzz FuzzCanon -fuzztime $(FUZZTIME)
+	$(GO) test ./ledger -run '^$$' -fuzz FuzzScan -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)

@@ -67,8 +67,8 @@ type CheckpointResult struct {
 // episodes on the local provider, for each size: every episode runs a
 // built-in task (Python, shell and JavaScript ones, in turn) until its third
 // model call, which the gateway holds; then the checkpoint is taken (the
-// held calls are released as it begins), every sandbox is deleted as a
-// crash would lose it, and the checkpoint is restored by relaunch. The
+// held calls are released once it is committed), every sandbox is killed
+// as a crash would, and the checkpoint is restored by relaunch. The
 // restored episodes are retired without waiting for them to finish.
 func Checkpoint(ctx context.Context, o CheckpointOptions) ([]CheckpointResult, error) {
 	if len(o.Sizes) == 0 {
@@ -226,8 +226,10 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 	}
 
 	fmt.Fprintf(o.Progress, "checkpoint bench: %d episodes held at their third call; checkpoint\n", n)
-	releaseOnce() // the pause finds each call in flight or just delivered
+	// Each pause finds its episode waiting on a model call in flight, as a
+	// checkpoint mid-episode usually does; the calls go on after it.
 	pr, err := c.Prepare(ctx, "bench")
+	releaseOnce()
 	if err != nil {
 		return res, err
 	}
@@ -261,6 +263,16 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 		return res, err
 	}
 	res.ValidateS, res.ForkS, res.ResumeS, res.RestoreS = rr.Phases["validate"], rr.Phases["fork"], rr.Phases["resume"], rr.Seconds
+	relaunched := 0
+	for _, f := range rr.Episodes {
+		if f.Resume == "relaunch" {
+			relaunched++
+		}
+	}
+	fmt.Fprintf(o.Progress, "checkpoint bench: prepare recorded %d episodes; restore relaunched %d of %d\n", len(pr.Episodes), relaunched, len(rr.Episodes))
+	if relaunched == 0 {
+		return res, fmt.Errorf("the restore relaunched no episode: %+v", rr)
+	}
 	res.PeakRSSKiB = peakRSS(os.Getpid())
 	return res, nil
 }

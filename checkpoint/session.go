@@ -255,18 +255,17 @@ func (s *Session) Start(ctx context.Context) error {
 		return fmt.Errorf("session %s: start the supervisor: %w", s.o.Episode, err)
 	}
 	s.started = true
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, err := s.statusLocked(ctx)
-		if err == nil && st.State != "" {
+	// One exec that waits for the supervisor to answer.
+	out, err := s.ctl(ctx, "--wait", "30s", "status")
+	if err == nil {
+		var st supervisor.Status
+		if json.Unmarshal(out, &st) == nil && st.State != "" {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			log, _ := s.p.ReadFile(ctx, s.id, path.Join(s.o.Dir, "supervisor.log"))
-			return fmt.Errorf("session %s: the supervisor did not answer within 30s (%v); its log: %s", s.o.Episode, err, strings.TrimSpace(string(log)))
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
+		err = fmt.Errorf("bad status %q", out)
 	}
+	log, _ := s.p.ReadFile(ctx, s.id, path.Join(s.o.Dir, "supervisor.log"))
+	return fmt.Errorf("session %s: the supervisor did not answer within 30s (%v); its log: %s", s.o.Episode, err, strings.TrimSpace(string(log)))
 }
 
 // ctlError is a refusal or failure reported by `stasis ctl`.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -13,7 +14,10 @@ import (
 )
 
 func newCtlCmd() *cobra.Command {
-	var dir string
+	var (
+		dir  string
+		wait time.Duration
+	)
 	cmd := &cobra.Command{
 		Use:   "ctl --dir DIR (pause N | continue N | status | stop)",
 		Short: "Send a control command to a supervisor and print its JSON reply",
@@ -29,6 +33,9 @@ document on stdout. The host runs exactly this through a provider's exec API.
   stop        end the harness gracefully, as at the deadline; prints the
               receipt.
 
+--wait D retries for up to D while no supervisor answers (one that is still
+starting), so a host needs one exec rather than a polling loop.
+
 Exit status: 0 done; 2 refused or malformed (nothing changed; the JSON says
 the supervisor's state); 1 no supervisor reachable or another failure.`,
 		Example: `  stasis ctl --dir /tmp/ep1 pause 1
@@ -43,10 +50,11 @@ the supervisor's state); 1 no supervisor reachable or another failure.`,
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
-			return runCtl(cmd, dir, req)
+			return runCtl(cmd, dir, req, wait)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "the supervisor's session directory")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "retry for up to this long while no supervisor answers")
 	return cmd
 }
 
@@ -71,13 +79,17 @@ func ctlRequest(args []string) (supervisor.Request, error) {
 	return supervisor.Request{}, fmt.Errorf("unknown command %q: use pause N, continue N, status or stop", op)
 }
 
-func runCtl(cmd *cobra.Command, dir string, req supervisor.Request) error {
+func runCtl(cmd *cobra.Command, dir string, req supervisor.Request, wait time.Duration) error {
 	out := cmd.OutOrStdout()
 	print := func(v any) {
 		b, _ := json.MarshalIndent(v, "", "  ")
 		fmt.Fprintln(out, string(b))
 	}
 	r, err := supervisor.Call(context.Background(), dir, req)
+	for deadline := time.Now().Add(wait); err != nil && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond) // poll interval, bounded by --wait
+		r, err = supervisor.Call(context.Background(), dir, req)
+	}
 	if err != nil {
 		print(map[string]string{"error": err.Error(), "code": "unreachable"})
 		return &exitError{code: 1, err: err}

@@ -64,9 +64,11 @@ type Coordinator struct {
 	op sync.Mutex
 }
 
-// New makes a coordinator over the store and finds its running episodes
-// again: each one whose sandbox still exists is attached; one whose sandbox
-// is gone (a crash took it) is marked lost, for a restore to bring back.
+// New makes a coordinator over the store and finds its episodes again:
+// each running or ended one whose sandbox still runs is attached; one whose
+// sandbox is gone or dead (a crash took it) is marked lost, for a restore
+// to bring back (an ended one whose verdict is captured stays ended), and
+// what is left of its sandbox is deleted.
 func New(ctx context.Context, o Options) (*Coordinator, error) {
 	if o.Env == nil || o.Store == nil {
 		return nil, errors.New("coordinator: an episode environment and a store are needed")
@@ -78,33 +80,88 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	rows, err := o.Store.ListEpisodes(ctx, store.EpisodeRunning)
-	if err != nil {
-		return nil, err
+	var rows []store.Episode
+	// An ended episode keeps its sandbox (for verify) until it is retired.
+	for _, state := range []string{store.EpisodeRunning, store.EpisodeEnded} {
+		rs, err := o.Store.ListEpisodes(ctx, state)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, rs...)
 	}
 	for _, r := range rows {
-		spec, err := c.spec(r.ID, r.Task, r.Harness)
+		spec, err := c.spec(r.ID, r.Task, r.Harness, r.DeadlineS)
 		if err != nil {
 			return nil, err
 		}
 		e, err := episode.Attach(ctx, o.Env, spec, r.Sandbox, r.Attempt)
-		if err != nil {
-			if errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, sandbox.ErrExpired) {
-				c.log.Warn("episode lost: its sandbox is gone", "episode", r.ID, "sandbox", r.Sandbox)
-				r.State = store.EpisodeLost
-				if err := o.Store.PutEpisode(ctx, r); err != nil {
-					return nil, err
-				}
-				continue
-			}
+		if err == nil {
+			c.live[r.ID] = e
+			continue
+		}
+		if !errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired) && !errors.Is(err, sandbox.ErrWrongState) {
 			return nil, err
 		}
-		c.live[r.ID] = e
+		c.log.Warn("episode lost: its sandbox is gone", "episode", r.ID, "sandbox", r.Sandbox, "err", err)
+		gone := errors.Is(err, sandbox.ErrNotFound)
+		if !gone {
+			// Expired, or its keeper died: delete what is left of it. If
+			// that fails, the row keeps naming it and Retire deletes it.
+			if derr := c.deleteSandbox(ctx, r.Sandbox); derr != nil {
+				c.log.Warn("delete a dead sandbox", "episode", r.ID, "sandbox", r.Sandbox, "err", derr)
+			} else {
+				gone = true
+			}
+		}
+		if gone {
+			r.Sandbox = ""
+		}
+		// An ended episode whose verdict is captured lost nothing but its
+		// sandbox; any other needs a restore.
+		if _, verr := o.Store.GetVerdict(ctx, r.ID); r.State != store.EpisodeEnded || verr != nil {
+			r.State = store.EpisodeLost
+		}
+		if err := o.Store.PutEpisode(ctx, r); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
 
-func (c *Coordinator) spec(id, taskID, harnessName string) (episode.Spec, error) {
+// cleanupTries bounds the attempts at a cleanup (deleting a sandbox or a
+// snapshot, continuing a paused episode): one transient failure of the
+// provider must not leave a sandbox, a snapshot or a paused harness behind.
+const cleanupTries = 5
+
+// retry runs a cleanup step until it succeeds, at most cleanupTries times,
+// with a short backoff; it runs even when ctx is done.
+func retry(fn func() error) error {
+	var err error
+	for i := range cleanupTries {
+		if err = fn(); err == nil {
+			return nil
+		}
+		if i < cleanupTries-1 {
+			time.Sleep(time.Duration(10<<i) * time.Millisecond) // backoff between retries
+		}
+	}
+	return err
+}
+
+// deleteSandbox deletes a sandbox the coordinator owns, unless it is
+// already gone (a session that failed deletes its own), retrying transient
+// failures: every sandbox is deleted once.
+func (c *Coordinator) deleteSandbox(ctx context.Context, id string) error {
+	ctx = context.WithoutCancel(ctx)
+	return retry(func() error {
+		if _, err := c.o.Env.Provider.Get(ctx, id); errors.Is(err, sandbox.ErrNotFound) {
+			return nil
+		}
+		return c.o.Env.Provider.Delete(ctx, id)
+	})
+}
+
+func (c *Coordinator) spec(id, taskID, harnessName string, deadlineS float64) (episode.Spec, error) {
 	t, err := task.Lookup(c.o.Tasks, taskID)
 	if err != nil {
 		return episode.Spec{}, fmt.Errorf("episode %s: %w", id, err)
@@ -113,7 +170,7 @@ func (c *Coordinator) spec(id, taskID, harnessName string) (episode.Spec, error)
 	if err != nil {
 		return episode.Spec{}, fmt.Errorf("episode %s: %w", id, err)
 	}
-	return episode.Spec{ID: id, Task: t, Harness: a}, nil
+	return episode.Spec{ID: id, Task: t, Harness: a, Deadline: time.Duration(deadlineS * float64(time.Second))}, nil
 }
 
 func (c *Coordinator) progress(p Progress) {
@@ -122,9 +179,18 @@ func (c *Coordinator) progress(p Progress) {
 	}
 }
 
-// Start starts an episode of a task with a harness.
+// Start starts an episode of a task with a harness, on the task's budget.
 func (c *Coordinator) Start(ctx context.Context, id, taskID, harnessName string) (store.Episode, error) {
-	spec, err := c.spec(id, taskID, harnessName)
+	return c.StartWithDeadline(ctx, id, taskID, harnessName, 0)
+}
+
+// StartWithDeadline is Start with the harness's time budget given (0: the
+// task's); the store keeps it, so re-attaches and relaunches keep it too.
+func (c *Coordinator) StartWithDeadline(ctx context.Context, id, taskID, harnessName string, deadline time.Duration) (store.Episode, error) {
+	if deadline < 0 {
+		return store.Episode{}, fmt.Errorf("episode %s: the deadline %s is negative", id, deadline)
+	}
+	spec, err := c.spec(id, taskID, harnessName, deadline.Seconds())
 	if err != nil {
 		return store.Episode{}, err
 	}
@@ -135,7 +201,7 @@ func (c *Coordinator) Start(ctx context.Context, id, taskID, harnessName string)
 	if err != nil {
 		return store.Episode{}, err
 	}
-	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning}
+	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds()}
 	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
 		_ = e.Close(context.WithoutCancel(ctx))
 		return store.Episode{}, err
@@ -308,7 +374,7 @@ func (c *Coordinator) Prepare(ctx context.Context, id string) (Result, error) {
 	res.Phases["continue"] = time.Since(t).Seconds()
 	if err != nil {
 		for _, s := range snaps {
-			if derr := c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), s); derr != nil {
+			if derr := retry(func() error { return c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), s) }); derr != nil {
 				c.log.Warn("delete a snapshot of a failed checkpoint", "snapshot", s, "err", derr)
 			}
 		}
@@ -409,7 +475,15 @@ func (c *Coordinator) continueAll(ctx context.Context, paused map[string]int64) 
 		if !ok {
 			return nil
 		}
-		if _, err := e.Session().Continue(context.WithoutCancel(ctx), paused[id]); err != nil && !checkpoint.IsRefused(err) {
+		// Retried: an episode must not stay paused because one exec failed
+		// (a repeated continue is answered with its acknowledgement).
+		err := retry(func() error {
+			if _, err := e.Session().Continue(context.WithoutCancel(ctx), paused[id]); err != nil && !checkpoint.IsRefused(err) {
+				return err
+			}
+			return nil
+		})
+		if err != nil {
 			return fmt.Errorf("episode %s: continue %d: %w", id, paused[id], err)
 		}
 		return nil
@@ -450,10 +524,7 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 			problems = append(problems, fmt.Sprintf("episode %s: %v", r.Episode, err))
 			continue
 		}
-		if row.State == store.EpisodeRetired && !r.Finished {
-			problems = append(problems, fmt.Sprintf("episode %s is retired", r.Episode))
-		}
-		spec, err := c.spec(r.Episode, row.Task, row.Harness)
+		spec, err := c.spec(r.Episode, row.Task, row.Harness, row.DeadlineS)
 		if err != nil {
 			problems = append(problems, err.Error())
 			continue
@@ -485,11 +556,13 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 			toFork = append(toFork, r.Episode)
 		}
 	}
+	// cleanup deletes every fork, once: a relaunch that failed may have
+	// deleted its own already.
 	cleanup := func() {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, sb := range forks {
-			if err := c.o.Env.Provider.Delete(context.WithoutCancel(ctx), sb); err != nil {
+			if err := c.deleteSandbox(ctx, sb); err != nil {
 				c.log.Warn("delete a fork of a failed restore", "sandbox", sb, "err", err)
 			}
 		}
@@ -546,9 +619,6 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	})
 	res.Phases["resume"] = time.Since(t).Seconds()
 	if err != nil {
-		for _, e := range resumed {
-			_ = e.Close(context.WithoutCancel(ctx))
-		}
 		cleanup()
 		return res, fmt.Errorf("checkpoint %s: restore failed, every sandbox it made deleted: %w", id, err)
 	}
@@ -558,7 +628,8 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 		row, _ := c.o.Store.GetEpisode(ctx, r.Episode)
 		f := EpisodeFigures{Episode: r.Episode, Finished: r.Finished, Resume: "none"}
 		if r.Finished {
-			row.State = store.EpisodeEnded
+			// It ended before the checkpoint: no sandbox, its verdict kept.
+			row.State, row.Sandbox = store.EpisodeEnded, ""
 			var v task.Verdict
 			if json.Unmarshal(r.Result, &v) == nil {
 				f.Reward = &v.Reward
@@ -622,15 +693,18 @@ func (c *Coordinator) DeleteCheckpoint(ctx context.Context, id string) ([]store.
 	if err != nil {
 		return nil, err
 	}
+	// The checkpoint is gone from the store: nothing would name these
+	// snapshots again, so every one is deleted, retrying transient failures.
+	var errs []error
 	for _, ref := range freed {
 		if ref.Provider != c.o.Env.Provider.Name() {
 			continue
 		}
-		if err := c.o.Env.Provider.DeleteSnapshot(ctx, ref.SnapshotID); err != nil {
-			return freed, err
+		if err := retry(func() error { return c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), ref.SnapshotID) }); err != nil {
+			errs = append(errs, fmt.Errorf("checkpoint %s: delete snapshot %s: %w", id, ref.SnapshotID, err))
 		}
 	}
-	return freed, nil
+	return freed, errors.Join(errs...)
 }
 
 // Wait waits for an episode's harness to end.

@@ -283,3 +283,32 @@ func TestCheckpointCrashRestore(t *testing.T) {
 		t.Fatalf("sandboxes left: %+v", infos)
 	}
 }
+
+// An episode started with a deadline is ended by its supervisor when the
+// deadline passes (here while its first model call is held), and the store
+// keeps the deadline.
+func TestStartWithDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	c := w.coordinator(ctx)
+	_, release := w.holdCall("ep-d", 1)
+	defer close(release)
+	if _, err := c.StartWithDeadline(ctx, "ep-x", "sh-renext-spaces", "mini", -time.Second); err == nil {
+		t.Fatal("a negative deadline was taken")
+	}
+	row, err := c.StartWithDeadline(ctx, "ep-d", "sh-renext-spaces", "mini", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.DeadlineS != 2 {
+		t.Fatalf("deadline in the store: %v", row.DeadlineS)
+	}
+	rc, err := c.Wait(ctx, "ep-d")
+	if err != nil || !rc.TimedOut {
+		t.Fatalf("receipt %+v %v: want timed out", rc, err)
+	}
+	if err := c.Retire(ctx, "ep-d"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -62,8 +62,18 @@ type Spec struct {
 	Task    *task.Task
 	Harness harness.Adapter
 	// Expiry is the sandbox's absolute expiry (default: now + twice the
-	// task's budget + 10 minutes).
+	// budget + 10 minutes).
 	Expiry time.Time
+	// Deadline is the harness's time budget (default: the task's).
+	Deadline time.Duration
+}
+
+// budget is the harness's time budget.
+func (spec Spec) budget() time.Duration {
+	if spec.Deadline > 0 {
+		return spec.Deadline
+	}
+	return spec.Task.Budget()
 }
 
 // Episode is a running (or ended) episode.
@@ -98,7 +108,7 @@ func (env *Env) sessionOptions(spec Spec, cmd harness.Command, attempt int) chec
 	}
 	return checkpoint.SessionOptions{
 		Provider: env.Provider, Episode: spec.ID, Dir: sessionDir(spec.ID), PauseMode: supervisor.ModeStop,
-		Harness: cmd.Argv, ResumeCmd: cmd.ResumeCmd, Deadline: spec.Task.Budget(), StopConfirmTimeout: sct,
+		Harness: cmd.Argv, ResumeCmd: cmd.ResumeCmd, Deadline: spec.budget(), StopConfirmTimeout: sct,
 		Binary: env.Binary, BinaryEnv: env.BinaryEnv, BinaryInSandbox: env.BinaryInSandbox, Env: menv, Attempt: attempt,
 		Relay: &checkpoint.RelayOptions{Listen: RelayAddr, Upstream: env.GatewayURL, TokenFile: tokenFile(spec.ID)},
 	}
@@ -108,8 +118,11 @@ func (spec *Spec) check() error {
 	if spec.Task == nil || spec.Harness == nil {
 		return fmt.Errorf("episode %s: a task and a harness are needed", spec.ID)
 	}
+	if spec.Deadline < 0 {
+		return fmt.Errorf("episode %s: a negative deadline", spec.ID)
+	}
 	if spec.Expiry.IsZero() {
-		spec.Expiry = time.Now().Add(2*spec.Task.Budget() + 10*time.Minute)
+		spec.Expiry = time.Now().Add(2*spec.budget() + 10*time.Minute)
 	}
 	return nil
 }
@@ -307,7 +320,7 @@ func Relaunch(ctx context.Context, env *Env, spec Spec, snap Snapshot) (*Episode
 // ForkSpec is how a restore forks an episode's snapshot.
 func ForkSpec(spec Spec) sandbox.ForkSpec {
 	if spec.Expiry.IsZero() && spec.Task != nil {
-		spec.Expiry = time.Now().Add(2*spec.Task.Budget() + 10*time.Minute)
+		spec.Expiry = time.Now().Add(2*spec.budget() + 10*time.Minute)
 	}
 	return sandbox.ForkSpec{
 		Labels: map[string]string{"stasis.episode": spec.ID, "stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"path"
 	"regexp"
@@ -288,7 +289,11 @@ func (s *Server) startEpisode(w http.ResponseWriter, q *http.Request) {
 		delete(s.starting, req.ID)
 		s.startMu.Unlock()
 	}()
-	row, err := s.coord.Start(ctx, req.ID, req.Task, req.Harness)
+	var deadline time.Duration
+	if req.DeadlineS != nil {
+		deadline = time.Duration(*req.DeadlineS * float64(time.Second))
+	}
+	row, err := s.coord.StartWithDeadline(ctx, req.ID, req.Task, req.Harness, deadline)
 	if err != nil {
 		s.fail(w, q, err)
 		return
@@ -335,9 +340,8 @@ func (s *Server) checkStart(req *StartRequest) error {
 	default:
 		return bad("pause mode %q: use stop", req.PauseMode)
 	}
-	if req.DeadlineS != nil && *req.DeadlineS != 0 {
-		t, _ := task.Lookup(s.tasks, req.Task)
-		return bad("deadline_s: an episode runs on its task's budget (%s for %s) and this server cannot override it yet; leave deadline_s out", t.Budget(), t.ID)
+	if req.DeadlineS != nil && (*req.DeadlineS < 0 || *req.DeadlineS > 7*24*3600 || math.IsNaN(*req.DeadlineS)) {
+		return bad("deadline_s %v: give the harness's time budget in seconds, more than 0 and at most a week (leave it out for the task's budget)", *req.DeadlineS)
 	}
 	return nil
 }

@@ -509,7 +509,15 @@ func TestAPI(t *testing.T) {
 	if l := api.list("?state=retired"); len(l) != 3 {
 		t.Errorf("state=retired: %d", len(l))
 	}
-	api.refuse("POST", "/v1/checkpoints/ckpt-api-1/restore", nil, 409, "conflict", "retired")
+	// A retired episode can be brought back from a checkpoint (a trainer
+	// rolling back); then it is retired again.
+	api.call("POST", "/v1/checkpoints/ckpt-api-1/restore", nil, 200, nil)
+	if v := api.episode("ep-c"); !v.Live || v.Resume != "relaunch" {
+		t.Errorf("ep-c restored after its retirement: %+v", v)
+	}
+	for _, e := range eps {
+		api.call("POST", "/v1/episodes/"+e.id+"/retire", nil, 200, nil)
+	}
 	api.call("DELETE", "/v1/checkpoints/ckpt-api-1", nil, 200, &freed)
 	if len(freed.Freed) != 1 || freed.Freed[0].SnapshotID != figs["ep-c"].Snapshot {
 		t.Fatalf("freed: %+v", freed)
@@ -535,7 +543,7 @@ func TestAPI(t *testing.T) {
 		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "pause_mode": "hold"}, 400, "invalid_request", "file-only"},
 		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "pause_mode": "freeze"}, 400, "invalid_request", "pause mode"},
 		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "provider": "modal"}, 400, "invalid_request", "local provider only"},
-		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "deadline_s": 30}, 400, "invalid_request", "deadline_s"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "deadline_s": -5}, 400, "invalid_request", "deadline_s"},
 		{"POST", "/v1/episodes", map[string]any{"id": "../x", "task": "sh-renext-spaces", "harness": "mini"}, 400, "invalid_request", "episode id"},
 		{"POST", "/v1/episodes", big, 413, "too_large", "over"},
 		{"POST", "/v1/checkpoints", `{"id": 7}`, 400, "invalid_request", "JSON"},
@@ -571,8 +579,8 @@ func TestAPI(t *testing.T) {
 	}
 	_, m = api.do("GET", "/metrics", nil)
 	for _, want := range []string{
-		`stasis_server_restores_total{result="restored"} 1`,
-		`stasis_server_restore_seconds_count 1`,
+		`stasis_server_restores_total{result="restored"} 2`,
+		`stasis_server_restore_seconds_count 2`,
 		`stasis_server_episodes{state="retired"} 3`,
 		`stasis_server_live_episodes 0`,
 		`stasis_server_requests_total{code="413",route="POST /v1/episodes"} 1`,

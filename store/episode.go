@@ -32,6 +32,9 @@ type Episode struct {
 	// pause uses PauseSeq+1.
 	PauseSeq int64  `json:"pause_seq"`
 	State    string `json:"state"`
+	// DeadlineS overrides the task's time budget for the harness (0: the
+	// task's budget).
+	DeadlineS float64 `json:"deadline_s,omitempty"`
 	// Resume says how the last restore continued it: in_place, relaunch,
 	// or empty.
 	Resume  string    `json:"resume,omitempty"`

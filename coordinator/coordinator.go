@@ -413,7 +413,6 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
 		return f, 0, rec, err
 	}
-	t := time.Now()
 	snap, err := e.PauseAndSnapshot(ctx, seq, false)
 	if err != nil {
 		if checkpoint.IsRefused(err) {
@@ -425,7 +424,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 		// The pause may be in force; continue it with the rest.
 		return f, seq, rec, fmt.Errorf("episode %s: %w", eid, err)
 	}
-	f.SnapshotS = time.Since(t).Seconds()
+	f.PauseS, f.SnapshotS = snap.Pause.Seconds(), snap.Took.Seconds()
 	f.Snapshot = snap.ID
 	if info, err := c.o.Env.Provider.GetSnapshot(ctx, snap.ID); err == nil {
 		f.Bytes, f.NewBytes = info.Bytes, info.NewBytes

@@ -271,15 +271,20 @@ func (e *Episode) Verify(ctx context.Context) (task.Verdict, bool, error) {
 type Snapshot struct {
 	ID    string
 	State checkpoint.State
+	// Pause is how long the pause took to be acknowledged; Took the
+	// snapshot after it.
+	Pause, Took time.Duration
 }
 
 // PauseAndSnapshot pauses the episode (pause n, stop mode), records the
 // harness's session, snapshots the sandbox, and continues it when
 // continueAfter is set.
 func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter bool) (Snapshot, error) {
+	t0 := time.Now()
 	if _, err := e.sess.Pause(ctx, n); err != nil {
 		return Snapshot{}, err
 	}
+	pause := time.Since(t0)
 	if sid, err := e.spec.Harness.Session(ctx, e.env.Provider, e.sess.SandboxID(), e.launch); err == nil && sid != "" {
 		e.sess.SetHarnessSession(sid)
 	}
@@ -287,16 +292,18 @@ func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter b
 	if err != nil {
 		return Snapshot{}, err
 	}
+	t1 := time.Now()
 	info, err := e.env.Provider.Snapshot(ctx, e.sess.SandboxID(), fmt.Sprintf("%s-p%d", e.spec.ID, n))
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("episode %s: snapshot: %w", e.spec.ID, err)
 	}
+	took := time.Since(t1)
 	if continueAfter {
 		if _, err := e.sess.Continue(ctx, n); err != nil {
 			return Snapshot{}, err
 		}
 	}
-	return Snapshot{ID: info.ID, State: st}, nil
+	return Snapshot{ID: info.ID, State: st, Pause: pause, Took: took}, nil
 }
 
 // Relaunch continues an episode in a fork of its snapshot by relaunching

@@ -116,6 +116,7 @@ bench: build
 	./$(BIN) bench supervise
 	./$(BIN) bench snapshot
 	./$(BIN) bench sandbox
+	./$(BIN) bench checkpoint
 	$(GO) test ./bench -run '^$$' -bench . -benchtime 200x
 
 clean:

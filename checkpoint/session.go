@@ -237,11 +237,7 @@ func (s *Session) Start(ctx context.Context) error {
 		args = append(args, "--relay-listen", r.Listen, "--relay-upstream", r.Upstream, "--relay-token-file", r.TokenFile)
 	}
 	args = append(append(args, "--"), s.o.Harness...)
-	if res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
-		Argv: []string{"/bin/sh", "-c", `mkdir -p -- "$1"`, "mkdir", s.o.Dir},
-	}); err != nil || res.ExitCode != 0 {
-		return fmt.Errorf("session %s: make %s: %v (exit %d)", s.o.Episode, s.o.Dir, err, res.ExitCode)
-	}
+	// The provider makes the log's directory, the session directory.
 	env := map[string]string{}
 	for k, v := range s.o.Env {
 		env[k] = v

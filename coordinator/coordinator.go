@@ -622,7 +622,9 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 		return res, fmt.Errorf("checkpoint %s: restore failed, every sandbox it made deleted: %w", id, err)
 	}
 
-	// Commit the new state of every episode.
+	// Commit the new state of every episode, in one transaction; if that
+	// fails, nothing is installed.
+	rows := make([]store.Episode, 0, len(recs))
 	for _, r := range recs {
 		row, _ := c.o.Store.GetEpisode(ctx, r.Episode)
 		f := EpisodeFigures{Episode: r.Episode, Finished: r.Finished, Resume: "none"}
@@ -637,15 +639,22 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 			e := resumed[r.Episode]
 			row.Sandbox, row.Attempt, row.State, row.Resume, row.PauseSeq = e.SandboxID(), e.Attempt(), store.EpisodeRunning, how[r.Episode], max(row.PauseSeq, r.PauseSeq)
 			f.Resume = how[r.Episode]
-			c.mu.Lock()
-			c.live[r.Episode] = e
-			c.mu.Unlock()
 		}
-		if err := c.o.Store.PutEpisode(ctx, row); err != nil {
-			return res, err
-		}
+		rows = append(rows, row)
 		res.Episodes = append(res.Episodes, f)
 	}
+	if err := c.o.Store.PutEpisodes(ctx, rows); err != nil {
+		for _, e := range resumed {
+			_ = e.Close(context.WithoutCancel(ctx))
+		}
+		cleanup()
+		return res, fmt.Errorf("checkpoint %s: restore failed, every sandbox it made deleted: record the episodes: %w", id, err)
+	}
+	c.mu.Lock()
+	for eid, e := range resumed {
+		c.live[eid] = e
+	}
+	c.mu.Unlock()
 	res.Seconds = time.Since(start).Seconds()
 	return res, nil
 }

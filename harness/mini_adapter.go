@@ -2,7 +2,6 @@ package harness
 
 import (
 	"context"
-	"fmt"
 
 	"stasis/sandbox"
 )
@@ -27,24 +26,19 @@ func (Mini) Name() string { return "mini" }
 // SessionFile is mini's saved conversation for a launch.
 func (Mini) SessionFile(l Launch) string { return join(l.Dir, "mini-session.json") }
 
-// Install implements Adapter: the stasis binary must be in place, copied
-// or bound in.
-func (Mini) Install(ctx context.Context, p sandbox.Provider, id string) error {
-	for _, b := range []string{BoundBinaryPath, BinaryPath} {
-		ok, err := exists(ctx, p, id, b)
-		if err != nil {
-			return fmt.Errorf("mini: %w", err)
-		}
-		if ok {
-			return nil
-		}
-	}
-	return fmt.Errorf("mini: the stasis binary is neither at %s nor at %s in sandbox %s: start a checkpoint session there first", BoundBinaryPath, BinaryPath, id)
-}
+// Install implements Adapter: mini is part of the stasis binary, which
+// Prepare checks for.
+func (Mini) Install(context.Context, sandbox.Provider, string) error { return nil }
 
-// Prepare implements Adapter.
-func (Mini) Prepare(ctx context.Context, p sandbox.Provider, id string, l Launch) error {
-	return sh(ctx, p, id, "mini: make "+l.Dir, `mkdir -p -- "$1"`, l.Dir)
+// Prepare implements Adapter: in one exec, check that the stasis binary is
+// in place (copied or bound in) and make Dir.
+func (m Mini) Prepare(ctx context.Context, p sandbox.Provider, id string, l Launch) error {
+	bin := l.Stasis
+	if bin == "" {
+		bin = BinaryPath
+	}
+	return sh(ctx, p, id, "mini: prepare "+l.Dir,
+		`[ -x "$1" ] || { echo "the stasis binary is not at $1: start a checkpoint session first" >&2; exit 1; }; mkdir -p -- "$2"`, bin, l.Dir)
 }
 
 func (m Mini) argv(l Launch) []string {

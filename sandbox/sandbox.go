@@ -95,7 +95,8 @@ type ExecRequest struct {
 	Timeout time.Duration
 	// Background: start the command and return at once; it runs until it
 	// ends or the sandbox goes. Stdin, Stdout and Stderr are then ignored;
-	// output goes to LogPath inside the sandbox when set.
+	// output goes to LogPath inside the sandbox when set (its directory is
+	// made if missing).
 	Background bool
 	LogPath    string
 }

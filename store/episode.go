@@ -44,33 +44,48 @@ type Episode struct {
 
 // PutEpisode creates or replaces an episode.
 func (s *sqlStore) PutEpisode(ctx context.Context, e Episode) error {
-	if e.ID == "" {
-		return errors.New("episode: the id is empty")
-	}
-	switch e.State {
-	case EpisodeRunning, EpisodeEnded, EpisodeRetired, EpisodeLost:
-	default:
-		return fmt.Errorf("episode %s: state %q is not running, ended or retired", e.ID, e.State)
-	}
-	if e.Created.IsZero() {
-		e.Created = s.now().UTC()
-	}
-	e.Updated = s.now().UTC()
-	doc, err := json.Marshal(e)
-	if err != nil {
-		return err
+	return s.PutEpisodes(ctx, []Episode{e})
+}
+
+// PutEpisodes creates or replaces episodes, all in one transaction.
+func (s *sqlStore) PutEpisodes(ctx context.Context, es []Episode) error {
+	docs := make([]string, len(es))
+	now := s.now().UTC()
+	for i := range es {
+		e := &es[i]
+		if e.ID == "" {
+			return errors.New("episode: the id is empty")
+		}
+		switch e.State {
+		case EpisodeRunning, EpisodeEnded, EpisodeRetired, EpisodeLost:
+		default:
+			return fmt.Errorf("episode %s: state %q is not running, ended, retired or lost", e.ID, e.State)
+		}
+		if e.Created.IsZero() {
+			e.Created = now
+		}
+		e.Updated = now
+		doc, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		docs[i] = string(doc)
 	}
 	return s.tx(ctx, false, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE episodes SET state = ?, doc = ? WHERE id = ?`), e.State, string(doc), e.ID)
-		if err != nil {
-			return s.wrap(err)
+		for i, e := range es {
+			res, err := tx.ExecContext(ctx, s.q(`UPDATE episodes SET state = ?, doc = ? WHERE id = ?`), e.State, docs[i], e.ID)
+			if err != nil {
+				return s.wrap(err)
+			}
+			if n, _ := res.RowsAffected(); n > 0 {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO episodes (id, created_ns, state, doc) VALUES (?, ?, ?, ?)`),
+				e.ID, e.Created.UnixNano(), e.State, docs[i]); err != nil {
+				return s.wrap(err)
+			}
 		}
-		if n, _ := res.RowsAffected(); n > 0 {
-			return nil
-		}
-		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO episodes (id, created_ns, state, doc) VALUES (?, ?, ?, ?)`),
-			e.ID, e.Created.UnixNano(), e.State, string(doc))
-		return s.wrap(err)
+		return nil
 	})
 }
 

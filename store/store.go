@@ -105,6 +105,8 @@ type Store interface {
 	// (ErrNotFound); ListEpisodes lists those in a state ("" for all),
 	// oldest first.
 	PutEpisode(ctx context.Context, e Episode) error
+	// PutEpisodes is PutEpisode for many, in one transaction.
+	PutEpisodes(ctx context.Context, es []Episode) error
 	GetEpisode(ctx context.Context, id string) (Episode, error)
 	ListEpisodes(ctx context.Context, state string) ([]Episode, error)
 	// Close releases the store.

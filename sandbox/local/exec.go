@@ -149,7 +149,7 @@ func (p *Provider) background(ctx context.Context, m meta, k keeperInfo, req san
 		logPath = "/dev/null"
 	}
 	r := req
-	r.Argv = append([]string{"/bin/sh", "-c", `log="$1"; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!`, "stasis-bg", logPath}, req.Argv...)
+	r.Argv = append([]string{"/bin/sh", "-c", `log="$1"; shift; mkdir -p -- "${log%/*}/" && setsid "$@" </dev/null >>"$log" 2>&1 & echo $!`, "stasis-bg", logPath}, req.Argv...)
 	cmd := p.command(m, k, r)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

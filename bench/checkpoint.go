@@ -30,7 +30,7 @@ type CheckpointOptions struct {
 	Env []string // extra environment for it
 	// Sizes are the episode counts to measure (default 16, 64, 256).
 	Sizes       []int
-	Concurrency int // the coordinator's (default 32)
+	Concurrency int // the coordinator's (default 256)
 	Progress    io.Writer
 }
 
@@ -75,7 +75,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) ([]CheckpointResult, e
 		o.Sizes = []int{16, 64, 256}
 	}
 	if o.Concurrency <= 0 {
-		o.Concurrency = 32
+		o.Concurrency = 256
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard

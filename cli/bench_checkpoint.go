@@ -63,7 +63,7 @@ restored in <= 15 s.`,
 		},
 	}
 	cmd.Flags().IntSliceVar(&sizes, "sizes", []int{16, 64, 256}, "episode counts to measure")
-	cmd.Flags().IntVar(&concurrency, "concurrency", 32, "episodes the coordinator works on at once")
+	cmd.Flags().IntVar(&concurrency, "concurrency", 256, "episodes the coordinator works on at once")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

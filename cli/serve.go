@@ -142,7 +142,7 @@ start or failed.`,
 	f.StringVar(&upstream, "model-upstream", "", "the model server the gateway forwards to (default: the scripted model, in-process)")
 	f.StringVar(&keyEnv, "model-key-env", "STASIS_MODEL_KEY", "environment variable holding the model server's API key, if it needs one")
 	f.StringVar(&modelName, "model", "", "the model name harnesses ask for (default: the scripted model's)")
-	f.IntVar(&concurrency, "concurrency", 16, "episodes a checkpoint or a restore works on at once")
+	f.IntVar(&concurrency, "concurrency", 64, "episodes a checkpoint or a restore works on at once")
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

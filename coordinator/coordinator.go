@@ -38,7 +38,9 @@ type Options struct {
 	// Tasks are the tasks episodes may name.
 	Tasks []*task.Task
 	// Concurrency bounds the episodes worked on at once in a prepare or a
-	// restore (default 16).
+	// restore (default 64). A restore spends most of its time waiting for
+	// processes to start inside the sandboxes, so it gains from many at
+	// once (stasis bench checkpoint).
 	Concurrency int
 	// Progress, when set, is told of each episode done in a phase.
 	Progress func(Progress)
@@ -74,7 +76,7 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 		return nil, errors.New("coordinator: an episode environment and a store are needed")
 	}
 	if o.Concurrency <= 0 {
-		o.Concurrency = 16
+		o.Concurrency = 64
 	}
 	c := &Coordinator{o: o, log: o.Logger, live: map[string]*episode.Episode{}}
 	if c.log == nil {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -60,14 +59,14 @@ func ckptError(cmd *cobra.Command, asJSON bool, err error) error {
 		code, kind = 2, "refused"
 	}
 	if asJSON {
-		ckptPrintJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": kind})
+		_ = writeJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": kind})
 	}
 	return &exitError{code: code, err: err}
 }
 
 func ckptUsageError(cmd *cobra.Command, asJSON bool, err error) error {
 	if asJSON {
-		ckptPrintJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": "invalid"})
+		_ = writeJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": "invalid"})
 	}
 	return &exitError{code: 2, err: err}
 }
@@ -79,11 +78,6 @@ func ckptOneID(cmd *cobra.Command, args []string) error {
 		return &exitError{code: 2, err: fmt.Errorf("%s takes one checkpoint id, got %d arguments: stasis ckpt %s ID (list them with stasis ckpt ls)", cmd.Name(), len(args), cmd.Name())}
 	}
 	return nil
-}
-
-func ckptPrintJSON(out io.Writer, v any) {
-	b, _ := json.MarshalIndent(v, "", "  ")
-	fmt.Fprintln(out, string(b))
 }
 
 func newCkptLsCmd(asJSON *bool) *cobra.Command {
@@ -119,7 +113,7 @@ creation time (UTC), the number of episode records, and why it failed.`,
 				if cs == nil {
 					cs = []store.Checkpoint{}
 				}
-				ckptPrintJSON(cmd.OutOrStdout(), cs)
+				_ = writeJSON(cmd.OutOrStdout(), cs)
 				return nil
 			}
 			printCkptList(cmd.OutOrStdout(), cs)
@@ -198,7 +192,7 @@ maps each episode to in-place, relaunch or finished.`,
 				for _, r := range recs {
 					restore[r.Episode] = ckptRestore(r)
 				}
-				ckptPrintJSON(cmd.OutOrStdout(), map[string]any{"checkpoint": c, "records": recs, "restore": restore})
+				_ = writeJSON(cmd.OutOrStdout(), map[string]any{"checkpoint": c, "records": recs, "restore": restore})
 				return nil
 			}
 			printCkptShow(cmd.OutOrStdout(), c, recs)
@@ -305,7 +299,7 @@ deletes it.`,
 			}
 			out := cmd.OutOrStdout()
 			if *asJSON {
-				ckptPrintJSON(out, res)
+				_ = writeJSON(out, res)
 			} else {
 				printCkptRm(out, res)
 			}

@@ -71,7 +71,7 @@ func ledgerArgs(cmd *cobra.Command, args []string, dir *string, asJSON bool) (st
 // stdout too when --json is given.
 func ledgerFail(cmd *cobra.Command, asJSON bool, code int, kind string, err error) error {
 	if asJSON {
-		ledgerPrintJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": kind})
+		_ = writeJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": kind})
 	}
 	return &exitError{code: code, err: err}
 }
@@ -85,11 +85,6 @@ func ledgerReadError(cmd *cobra.Command, asJSON bool, episode, dir string, err e
 		return ledgerFail(cmd, asJSON, 2, "damaged", err)
 	}
 	return ledgerFail(cmd, asJSON, 1, "failed", err)
-}
-
-func ledgerPrintJSON(out io.Writer, v any) {
-	b, _ := json.MarshalIndent(v, "", "  ")
-	fmt.Fprintln(out, string(b))
 }
 
 func newLedgerShowCmd(dir *string, asJSON *bool) *cobra.Command {
@@ -116,7 +111,7 @@ A damaged ledger is refused (exit 2): run stasis ledger verify for where.`,
 				return ledgerReadError(cmd, *asJSON, episode, d, err)
 			}
 			if *asJSON {
-				ledgerPrintJSON(cmd.OutOrStdout(), h)
+				_ = writeJSON(cmd.OutOrStdout(), h)
 				return nil
 			}
 			printLedgerShow(cmd.OutOrStdout(), h)
@@ -231,7 +226,7 @@ another failure. --json prints the report: {"path", "episode", "ok", "bad":
 			}
 			out := cmd.OutOrStdout()
 			if *asJSON {
-				ledgerPrintJSON(out, rep)
+				_ = writeJSON(out, rep)
 			} else {
 				printLedgerVerify(out, rep)
 			}

@@ -130,25 +130,9 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 	return c, nil
 }
 
-// cleanupTries bounds the attempts at a cleanup (deleting a sandbox or a
-// snapshot, continuing a paused episode): one transient failure of the
-// provider must not leave a sandbox, a snapshot or a paused harness behind.
-const cleanupTries = 5
-
-// retry runs a cleanup step until it succeeds, at most cleanupTries times,
-// with a short backoff; it runs even when ctx is done.
-func retry(fn func() error) error {
-	var err error
-	for i := range cleanupTries {
-		if err = fn(); err == nil {
-			return nil
-		}
-		if i < cleanupTries-1 {
-			time.Sleep(time.Duration(10<<i) * time.Millisecond) // backoff between retries
-		}
-	}
-	return err
-}
+// retry is episode.Retry: cleanups must not leave a sandbox, a snapshot or
+// a paused harness behind because of one transient failure.
+var retry = episode.Retry
 
 // deleteSandbox deletes a sandbox the coordinator owns, unless it is
 // already gone (a session that failed deletes its own), retrying transient

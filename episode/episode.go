@@ -171,13 +171,13 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 // the provider must not leave a sandbox behind.
 const cleanupTries = 5
 
-// closeRetrying closes a session (deleting the sandbox it owns), retrying
-// transient failures; Close is safe to retry.
-func closeRetrying(ctx context.Context, sess *checkpoint.Session) error {
-	ctx = context.WithoutCancel(ctx)
+// Retry runs a cleanup step (deleting a sandbox or a snapshot, continuing
+// a paused episode) until it succeeds, at most a few times with a short
+// backoff, and returns its last error.
+func Retry(fn func() error) error {
 	var err error
 	for i := range cleanupTries {
-		if err = sess.Close(ctx); err == nil {
+		if err = fn(); err == nil {
 			return nil
 		}
 		if i < cleanupTries-1 {
@@ -185,6 +185,13 @@ func closeRetrying(ctx context.Context, sess *checkpoint.Session) error {
 		}
 	}
 	return err
+}
+
+// closeRetrying closes a session (deleting the sandbox it owns), retrying
+// transient failures; Close is safe to retry.
+func closeRetrying(ctx context.Context, sess *checkpoint.Session) error {
+	ctx = context.WithoutCancel(ctx)
+	return Retry(func() error { return sess.Close(ctx) })
 }
 
 // boot installs and prepares the harness, writes the relay's credentials,

@@ -105,10 +105,8 @@ func newRig(t *testing.T) *rig {
 	r.gw = gw
 
 	ro := map[string]string{}
-	if bin, err := opencode.Binary(); err == nil {
-		real, _ := filepath.EvalSymlinks(bin)
-		// PREFIX/node_modules/opencode-ai/bin/opencode.exe → PREFIX
-		ro[filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(real))))] = harness.OpenCodeSandboxDir
+	if prefix, ok := harness.OpenCodeBind(); ok {
+		ro[prefix] = harness.OpenCodeSandboxDir
 	}
 	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}, ReadOnlyBinds: ro})
 	if err != nil {

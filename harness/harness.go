@@ -12,7 +12,6 @@ package harness
 import (
 	"context"
 	"fmt"
-	"path"
 	"sort"
 	"strings"
 
@@ -136,5 +135,3 @@ func sh(ctx context.Context, p sandbox.Provider, id, what, script string, args .
 	}
 	return nil
 }
-
-func join(dir, name string) string { return path.Join(dir, name) }

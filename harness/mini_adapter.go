@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"path"
 
 	"stasis/sandbox"
 )
@@ -24,7 +25,7 @@ type Mini struct{}
 func (Mini) Name() string { return "mini" }
 
 // SessionFile is mini's saved conversation for a launch.
-func (Mini) SessionFile(l Launch) string { return join(l.Dir, "mini-session.json") }
+func (Mini) SessionFile(l Launch) string { return path.Join(l.Dir, "mini-session.json") }
 
 // Install implements Adapter: mini is part of the stasis binary, which
 // Prepare checks for.

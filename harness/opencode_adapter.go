@@ -22,6 +22,21 @@ import (
 // uploads it.
 const OpenCodeSandboxDir = "/stasis/opencode"
 
+// OpenCodeBind is the host directory a local sandbox binds read-only at
+// OpenCodeSandboxDir to run the OpenCode `make deps-opencode` installed
+// (its npm prefix); ok is false when OpenCode is not installed.
+func OpenCodeBind() (host string, ok bool) {
+	bin, err := opencode.Binary()
+	if err != nil {
+		return "", false
+	}
+	prefix, err := opencode.Prefix(bin)
+	if err != nil {
+		return "", false
+	}
+	return prefix, true
+}
+
 // OpenCode is the adapter of OpenCode (npm opencode-ai): configured offline
 // with one provider pointing at the relay, run non-interactively on the
 // prompt, with its data directory under Dir so that a file-only snapshot
@@ -60,7 +75,11 @@ func (o *OpenCode) Install(ctx context.Context, p sandbox.Provider, id string) e
 	if err != nil {
 		return fmt.Errorf("opencode: %w", err)
 	}
-	nm := filepath.Dir(filepath.Dir(filepath.Dir(real))) // PREFIX/node_modules
+	prefix, err := opencode.Prefix(bin)
+	if err != nil {
+		return err
+	}
+	nm := filepath.Join(prefix, "node_modules")
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	if err := addFile(tw, real, "node_modules/opencode-ai/bin/opencode", 0o755); err != nil {

@@ -31,7 +31,6 @@ import (
 	"stasis/coordinator"
 	"stasis/episode"
 	"stasis/harness"
-	"stasis/harness/opencode"
 	"stasis/model"
 	"stasis/relay"
 	"stasis/sandbox"
@@ -207,12 +206,9 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 
 	// The provider.
 	ro := map[string]string{}
-	if bin, err := opencode.Binary(); err == nil {
-		if real, err := filepath.EvalSymlinks(bin); err == nil {
-			// PREFIX/node_modules/opencode-ai/bin/opencode(.exe) → PREFIX
-			ro[filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(real))))] = harness.OpenCodeSandboxDir
-			s.opencode = true
-		}
+	if prefix, ok := harness.OpenCodeBind(); ok {
+		ro[prefix] = harness.OpenCodeSandboxDir
+		s.opencode = true
 	}
 	// The stasis binary is bound into every sandbox read-only (nothing to
 	// copy per episode, nothing of it in the snapshots).

@@ -26,7 +26,14 @@ var Env = []string{envAsCLI + "=1", "GORACE=atexit_sleep_ms=0"}
 // EnvMap is Env as a map, for sandbox exec environments. GORACE's
 // atexit_sleep_ms=0 spares every short-lived copy of a -race test binary
 // the race runtime's one-second sleep at exit.
-var EnvMap = map[string]string{envAsCLI: "1", "GORACE": "atexit_sleep_ms=0"}
+var EnvMap = func() map[string]string {
+	m := map[string]string{}
+	for _, kv := range Env {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}()
 
 // Main is TestMain for packages whose tests start stasis processes: with
 // STASIS_TEST_AS_CLI set the binary runs the real command line (so the

@@ -99,35 +99,32 @@ func cloneBundle(bundle, ref, dst string) error {
 		ref = "HEAD"
 	}
 	// A branch of the bundle is origin/BRANCH in the clone.
-	commit, err := gitOut(dst, "rev-parse", "--verify", "--quiet", ref+"^{commit}")
+	commit, err := runGit(dst, nil, "rev-parse", "--verify", "--quiet", ref+"^{commit}")
 	if err != nil {
-		if commit, err = gitOut(dst, "rev-parse", "--verify", "--quiet", "origin/"+ref+"^{commit}"); err != nil {
+		if commit, err = runGit(dst, nil, "rev-parse", "--verify", "--quiet", "origin/"+ref+"^{commit}"); err != nil {
 			return fmt.Errorf("the bundle %s has no commit or branch %q", bundle, ref)
 		}
 	}
 	return git(dst, "checkout", "--quiet", "--detach", commit)
 }
 
-// gitOut runs git like git and returns its trimmed output.
-func gitOut(dir string, args ...string) (string, error) {
+// runGit runs git in dir with a fixed identity, no user or system
+// configuration and the extra environment given, and returns its trimmed
+// output; an error names the command and carries what git printed.
+func runGit(dir string, env []string, args ...string) (string, error) {
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
-	out, err := cmd.Output()
-	return strings.TrimSpace(string(out)), err
-}
-
-// git runs git in dir with a fixed identity and no user or system
-// configuration, and says what failed.
-func git(dir string, args ...string) error {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
+	cmd.Env = append(append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
 		"GIT_AUTHOR_NAME=stasis", "GIT_AUTHOR_EMAIL=stasis@localhost",
-		"GIT_COMMITTER_NAME=stasis", "GIT_COMMITTER_EMAIL=stasis@localhost", "GIT_TERMINAL_PROMPT=0")
+		"GIT_COMMITTER_NAME=stasis", "GIT_COMMITTER_EMAIL=stasis@localhost", "GIT_TERMINAL_PROMPT=0"), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("git %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return "", fmt.Errorf("git %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
-	return nil
+	return strings.TrimSpace(string(out)), nil
+}
+
+func git(dir string, args ...string) error {
+	_, err := runGit(dir, nil, args...)
+	return err
 }

@@ -217,11 +217,8 @@ func checkPatch(clone, commit, patch string) error {
 		return err
 	}
 	for _, args := range [][]string{{"read-tree", commit}, {"apply", "--cached", "--check", p}} {
-		cmd := exec.Command("git", args...)
-		cmd.Dir = clone
-		cmd.Env = append(os.Environ(), "GIT_INDEX_FILE="+idx, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))
+		if _, err := runGit(clone, []string{"GIT_INDEX_FILE=" + idx}, args...); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -308,8 +309,11 @@ func (t *Task) EnvMap() map[string]string {
 }
 
 // SandboxPath is PATH for commands in a sandbox: the usual system
-// directories, after the directory of the host's go, when it has one.
-func SandboxPath() string {
+// directories, after the directory of the host's go, when it has one. It is
+// worked out once per process (every episode start and test run asks).
+func SandboxPath() string { return sandboxPath() }
+
+var sandboxPath = sync.OnceValue(func() string {
 	p := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	if g, err := exec.LookPath("go"); err == nil {
 		if abs, err := filepath.EvalSymlinks(g); err == nil {
@@ -320,4 +324,4 @@ func SandboxPath() string {
 		}
 	}
 	return p
-}
+})

@@ -95,6 +95,17 @@ func moduleRoot() (string, error) {
 	}
 }
 
+// Prefix is the npm prefix OpenCode binary bin was installed into: bin
+// (PREFIX/node_modules/.bin/opencode) is a link to
+// PREFIX/node_modules/opencode-ai/bin/opencode(.exe).
+func Prefix(bin string) (string, error) {
+	real, err := filepath.EvalSymlinks(bin)
+	if err != nil {
+		return "", fmt.Errorf("opencode: %w", err)
+	}
+	return filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(real)))), nil
+}
+
 // config is the part of opencode.json this package writes.
 type config struct {
 	Model            string              `json:"model"`

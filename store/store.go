@@ -3,8 +3,10 @@
 // filled with one record per episode, and committed in one atomic step, so
 // that a checkpoint shows as committed only once every record is durable and
 // a failed or interrupted save leaves the previous committed checkpoint
-// untouched. SQLite is the default record store; the SQL is kept portable so
-// that PostgreSQL can implement the same Store at scale.
+// untouched. It also keeps what any server on the store needs about each
+// episode (its sandbox, attempt, state) and each episode's verify verdict,
+// written once. SQLite is the default record store; the SQL is kept
+// portable so that PostgreSQL can implement the same Store at scale.
 package store
 
 import (

@@ -10,7 +10,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/cli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build demo test deps deps-test deps-opencode vet staticcheck unit fuzz bench clean
+.PHONY: all build demo test deps deps-test deps-opencode deps-microvm vet staticcheck unit fuzz bench clean
 
 all: build
 
@@ -70,10 +70,39 @@ deps-opencode:
 		fi; \
 	fi
 
-deps-test: deps $(STATICCHECK) deps-opencode
+## deps-microvm: what the microVM provider needs: QEMU (qemu-system-x86)
+## and a static busybox (busybox-static) from apt-get, and the Debian cloud
+## kernel, whose package (linux-image-cloud-amd64's current kernel) is
+## downloaded with apt-get and unpacked into .tools/microvm/kernel, not
+## installed on the host. The tests and `stasis` find it through
+## STASIS_MICROVM_KERNEL, exported here.
+MICROVM_KERNEL := $(CURDIR)/.tools/microvm/kernel
+export STASIS_MICROVM_KERNEL := $(MICROVM_KERNEL)
+
+deps-microvm:
+	@missing=""; \
+	command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
+	dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing="$$missing busybox-static"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@if ! ls $(MICROVM_KERNEL)/boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1; then \
+		pkg=$$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $$2; exit}'); \
+		if [ -z "$$pkg" ]; then apt-get update -qq; pkg=$$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/{print $$2; exit}'); fi; \
+		[ -n "$$pkg" ] || { echo "no linux-image-cloud-amd64 package found by apt-cache" >&2; exit 1; }; \
+		echo "downloading and unpacking $$pkg into $(MICROVM_KERNEL)"; \
+		dl=$$(mktemp -d) && chmod 755 $$dl && \
+		(cd $$dl && apt-get download -qq "$$pkg" 2>&1 | grep -v 'unsandboxed' || true) && \
+		rm -rf $(MICROVM_KERNEL).tmp && mkdir -p $(MICROVM_KERNEL).tmp && \
+		dpkg-deb -x $$dl/$${pkg}_*.deb $(MICROVM_KERNEL).tmp && rm -rf $$dl && \
+		rm -rf $(MICROVM_KERNEL) && mv $(MICROVM_KERNEL).tmp $(MICROVM_KERNEL) || exit 1; \
+	fi
+
+deps-test: deps $(STATICCHECK) deps-opencode deps-microvm
 
 build: deps
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stasis
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stasis
 
 ## demo: the main job: 8 episodes (mini and OpenCode alternating) on the
 ## built-in tasks, a checkpoint mid-way, a crash of everything, the restore,

@@ -262,10 +262,18 @@ func (sn *snapshotter) storeFile(ctx context.Context, w *chunkWorker, abs string
 		return fmt.Errorf("%s was replaced while the snapshot was taken; pause whatever writes to the tree, then snapshot again", abs)
 	}
 	e.meta, e.Size, e.Ctime = metaOf(&before), before.Size, before.Ctim.Nano()
-	if w.ch == nil {
+	switch {
+	case w.ch == nil && sn.s.minChunk > 0:
+		w.ch = chunker.NewWithBoundaries(fdReader(fd), polynomial, sn.s.minChunk, chunker.MaxSize)
+	case w.ch == nil:
 		w.ch = chunker.New(fdReader(fd), polynomial)
-	} else {
+	case sn.s.minChunk > 0:
+		w.ch.ResetWithBoundaries(fdReader(fd), polynomial, sn.s.minChunk, chunker.MaxSize)
+	default:
 		w.ch.Reset(fdReader(fd), polynomial)
+	}
+	if sn.s.avgBits > 0 {
+		w.ch.SetAverageBits(sn.s.avgBits)
 	}
 	var n int64
 	for {

@@ -77,7 +77,7 @@ it; everything else runs on the host.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSuperviseCmd(), newCtlCmd(), newRelayCmd(), newGatewayCmd(), newLedgerCmd(), newModelCmd(), newSandboxCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
+	root.AddCommand(newSuperviseCmd(), newCtlCmd(), newRelayCmd(), newGatewayCmd(), newLedgerCmd(), newModelCmd(), newSandboxCmd(), newMicroVMCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
 	root.AddCommand(newMiniCmd(), newTasksCmd(), newRunCmd(), newServeCmd())
 	return root
 }

@@ -21,7 +21,7 @@ func newRunCmd() *cobra.Command {
 		logFormat, logLevel string
 	)
 	cmd := &cobra.Command{
-		Use:   "run [--tasks builtin|DIR|FILE] [--episodes N] [--harness mini|opencode|mixed] [--provider local] [--checkpoint-at FRACTION] [--crash] [--json]",
+		Use:   "run [--tasks builtin|DIR|FILE] [--episodes N] [--harness mini|opencode|mixed] [--provider local|microvm] [--checkpoint-at FRACTION] [--crash] [--json]",
 		Short: "Run episodes, checkpoint them mid-way, optionally crash everything, restore, finish, verify, report",
 		Long: `run is the main job. It runs N episodes on the embedded defaults (the local
 provider, SQLite, the scripted model solving the tasks with their reference
@@ -39,6 +39,12 @@ solutions) through a real ` + "`stasis serve`" + ` child process, as a trainer d
      episode the task, harness, provider, how it was resumed, its reward, its
      model calls and whether its ledger verifies; and the checkpoint and
      restore seconds and the episodes resolved.
+
+With --provider microvm every episode runs in a QEMU microVM (shell tasks,
+the mini harness: the guest has busybox and stasis), pauses by hold, and the
+restore resumes it in place in a fork of its VM snapshot, the guest's wall
+clock kept continuous; the report gives each clock step, and the reason for
+any episode relaunched instead.
 
 Nothing is left running when it returns; the state directory (a fresh one
 under $TMPDIR unless --state) is removed unless --keep.
@@ -94,7 +100,8 @@ verify; 2 a usage error; 1 the run failed.`,
 	f.StringVar(&o.Repos, "repos", "", "the directory of git clones a SWE-bench file refers to")
 	f.IntVar(&o.N, "episodes", 4, "how many episodes")
 	f.StringVar(&o.Harness, "harness", "mini", "mini, opencode, or mixed (alternating)")
-	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider")
+	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider: local or microvm")
+	f.StringVar(&o.GuestBinary, "guest-binary", "", "microvm: the static stasis for the guest image (default: this binary)")
 	f.Float64Var(&o.CheckpointAt, "checkpoint-at", 0.5, "take the checkpoint when about this fraction of the model calls is made")
 	f.BoolVar(&o.Crash, "crash", false, "after the checkpoint, kill the server and every sandbox, start again and restore")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON document")
@@ -116,9 +123,18 @@ func printRunReport(out io.Writer, rep *job.Report) {
 		if !e.LedgerVerified {
 			ledger = "NOT VERIFIED"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.ID, e.Task, e.Harness, e.Provider, e.Resume, e.Reward, e.ModelCalls, ledger)
+		resume := e.Resume
+		if e.ClockStep != nil {
+			resume += fmt.Sprintf(" (clock %+.3fs)", *e.ClockStep)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.ID, e.Task, e.Harness, e.Provider, resume, e.Reward, e.ModelCalls, ledger)
 	}
 	_ = tw.Flush()
+	for _, e := range rep.Episodes {
+		if e.ResumeWhy != "" && e.Resume == "relaunch" {
+			fmt.Fprintf(out, "%s relaunched: %s\n", e.ID, e.ResumeWhy)
+		}
+	}
 	fmt.Fprintf(out, "\ncheckpoint %s: %d episodes in %.2fs\n", rep.Checkpoint.ID, rep.Checkpoint.Episodes, rep.Checkpoint.Seconds)
 	if rep.Crashed {
 		fmt.Fprintf(out, "crash: the server and %d sandboxes killed\n", rep.Killed)

@@ -22,6 +22,7 @@ import (
 	"stasis/home"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
+	"stasis/sandbox/microvm"
 	"stasis/store"
 )
 
@@ -30,8 +31,10 @@ func openProvider(name string) (sandbox.Provider, error) {
 	switch name {
 	case local.Name:
 		return openLocal()
+	case microvm.Name:
+		return openMicroVM(context.Background())
 	}
-	return nil, &exitError{code: 2, err: fmt.Errorf("--provider %q: the providers are: local", name)}
+	return nil, &exitError{code: 2, err: fmt.Errorf("--provider %q: the providers are: local, microvm", name)}
 }
 
 func openLocal() (*local.Provider, error) {
@@ -81,15 +84,20 @@ and the default working directory), $HOME and /tmp. A keeper process on the
 host holds each sandbox and kills it at its absolute expiry. Snapshots are
 file-only and content-addressed: unchanged files cost nothing.
 
+The microvm provider (--provider microvm) runs each sandbox as a QEMU microVM
+with its root file system in guest RAM; a snapshot saves the whole machine,
+processes included, and a fork continues them. "stasis sandbox doctor" says
+what it needs and whether KVM or TCG is used.
+
 Exit status: 0 done; 2 bad request; 3 no such (or expired) sandbox or
 snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	}
-	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: local")
+	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: local or microvm")
 	open := func() (sandbox.Provider, error) { return openProvider(provider) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
-		newSandboxSnapshotCmd(open), newSandboxForkCmd(open), newSandboxRmCmd(open), newSandboxGCCmd(),
-		newSandboxExtendCmd(open), newSandboxKeeperCmd(),
+		newSandboxSnapshotCmd(open), newSandboxForkCmd(open), newSandboxRmCmd(open), newSandboxGCCmd(&provider),
+		newSandboxExtendCmd(open), newSandboxKeeperCmd(), newSandboxDoctorCmd(),
 	)
 	return cmd
 }
@@ -475,13 +483,26 @@ func newSandboxRmCmd(open opener) *cobra.Command {
 	return cmd
 }
 
-func newSandboxGCCmd() *cobra.Command {
+func newSandboxGCCmd(provider *string) *cobra.Command {
 	return &cobra.Command{
 		Use:   "gc",
-		Short: "Remove sandboxes whose keeper died, and blobs nothing references",
+		Short: "Remove sandboxes whose keeper died (ending a QEMU left behind), and blobs nothing references",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := openLocal()
+			type collector interface {
+				GC(context.Context) ([]string, error)
+				CollectBlobs(context.Context) (int, int64, error)
+			}
+			var p collector
+			var err error
+			switch *provider {
+			case microvm.Name:
+				p, err = openMicroVM(cmd.Context())
+			case local.Name:
+				p, err = openLocal()
+			default:
+				_, err = openProvider(*provider)
+			}
 			if err != nil {
 				return err
 			}

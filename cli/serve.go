@@ -31,6 +31,7 @@ func newServeCmd() *cobra.Command {
 		listen, state, tasksSpec, repos, upstream, keyEnv, modelName string
 		concurrency                                                  int
 		logFormat, logLevel                                          string
+		provider, guestBinary, clockPolicy                           string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --listen ADDR --state DIR [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
@@ -55,9 +56,16 @@ bad value), 404 (unknown episode or checkpoint), 409 (exists, wrong state),
 
 DIR (--state, made if missing) holds everything durable: the record store
 (DIR/store.db), the gateway's episodes and ledgers (DIR/gateway) and the
-local provider's sandboxes and snapshots (DIR/local). The relays inside the
-sandboxes reach the gateway on a unix socket, /tmp/stasis-gw-HASH/gw.sock,
-the same for every server on DIR. Without --model-upstream the server runs
+provider's sandboxes and snapshots (DIR/local or DIR/microvm). The relays
+inside the sandboxes reach the gateway on a unix socket,
+/tmp/stasis-gw-HASH/gw.sock, the same for every server on DIR: bound into
+local sandboxes, and forwarded by QEMU into microVM guests (at 10.0.2.100:80).
+
+With --provider microvm, episodes pause by hold (the relay holds the model
+calls; the harness is not signalled), a checkpoint saves each whole VM, and a
+restore resumes each episode in place in its fork, with the guest's wall
+clock set by --clock-policy; a fork whose supervisor is not the recorded
+launch is relaunched instead, and the restore says why. Without --model-upstream the server runs
 the scripted model in-process, solving the tasks it loaded; with it the
 gateway forwards the model calls there.
 
@@ -112,6 +120,7 @@ start or failed.`,
 			o := server.Options{
 				State: state, Tasks: ts, ModelUpstream: upstream, ModelKey: os.Getenv(keyEnv), Model: modelName,
 				Concurrency: concurrency, Logger: log, BinaryEnv: selfEnv(),
+				Provider: provider, GuestBinary: guestBinary, ClockPolicy: clockPolicy,
 			}
 			ln, shown, err := serve.Listen(listen)
 			if err != nil {
@@ -136,6 +145,9 @@ start or failed.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path")
+	f.StringVar(&provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore) or microvm (QEMU; hold pauses, resume in place)")
+	f.StringVar(&guestBinary, "guest-binary", "", "microvm: the static stasis binary for the guest image (default: this binary, which must be static)")
+	f.StringVar(&clockPolicy, "clock-policy", "continuous", "microvm: a guest's wall clock after a resume in place: continuous (pause wall + uptime since) or host")
 	f.StringVar(&state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")
 	f.StringVar(&tasksSpec, "tasks", "builtin", "the tasks episodes may name: builtin, a task directory, or SWE-bench JSONL with --repos")
 	f.StringVar(&repos, "repos", "", "the directory of git clones a SWE-bench --tasks file refers to")

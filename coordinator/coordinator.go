@@ -258,7 +258,13 @@ type EpisodeFigures struct {
 	Bytes     int64   `json:"bytes,omitempty"`
 	NewBytes  int64   `json:"new_bytes,omitempty"`
 	Resume    string  `json:"resume,omitempty"` // in_place | relaunch | none
-	Reward    *int    `json:"reward,omitempty"`
+	// ResumeWhy says why an episode was relaunched (its snapshot did not
+	// keep processes, or the fork's supervisor was not the recorded
+	// launch).
+	ResumeWhy string `json:"resume_why,omitempty"`
+	// Clock is what a resume in place did to the guest's wall clock.
+	Clock  *episode.ClockFix `json:"clock,omitempty"`
+	Reward *int              `json:"reward,omitempty"`
 }
 
 // Result is a prepare's or a restore's outcome.
@@ -572,23 +578,28 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	// Resume or relaunch each.
 	t = time.Now()
 	resumed := map[string]*episode.Episode{}
-	how := map[string]string{}
+	how, whyOf := map[string]string{}, map[string]string{}
 	err = c.each(toFork, "resume", func(eid string) error {
 		r := byEp[eid]
 		mu.Lock()
 		sb := forks[eid]
 		mu.Unlock()
 		var e *episode.Episode
-		mode := "relaunch"
-		if r.KeepsProcesses && r.Identity != nil {
-			st := checkpoint.State{Episode: eid, PauseSeq: r.PauseSeq, Identity: *r.Identity, RelayDelivered: r.RelayDelivered, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+		mode, why := "relaunch", "" // file-only snapshots always relaunch
+		if r.RestoresInPlace() {
+			st := checkpoint.State{Episode: eid, PauseSeq: r.PauseSeq, Identity: *r.Identity, PauseWall: *r.PauseWall, PauseUptime: *r.PauseUptime, RelayDelivered: r.RelayDelivered, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
 			var err error
 			e, err = episode.ResumeInPlace(ctx, c.o.Env, specs[eid], sb, st)
 			if err == nil {
-				mode = "in_place"
+				mode, why = "in_place", ""
 			} else if !errors.Is(err, episode.ErrNotSameLaunch) {
 				return err
+			} else {
+				why = err.Error()
+				c.log.Warn("resume in place impossible, relaunching", "episode", eid, "why", why)
 			}
+		} else if r.KeepsProcesses {
+			why = "the record lacks the identity or the pause's clocks"
 		}
 		if e == nil {
 			var err error
@@ -597,6 +608,9 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 				return err
 			}
 		}
+		mu.Lock()
+		whyOf[eid] = why
+		mu.Unlock()
 		mu.Lock()
 		resumed[eid], how[eid] = e, mode
 		mu.Unlock()
@@ -624,7 +638,11 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 		} else {
 			e := resumed[r.Episode]
 			row.Sandbox, row.Attempt, row.State, row.Resume, row.PauseSeq = e.SandboxID(), e.Attempt(), store.EpisodeRunning, how[r.Episode], max(row.PauseSeq, r.PauseSeq)
-			f.Resume = how[r.Episode]
+			f.Resume, f.ResumeWhy = how[r.Episode], whyOf[r.Episode]
+			if how[r.Episode] == "in_place" {
+				cf := e.Clock()
+				f.Clock = &cf
+			}
 		}
 		rows = append(rows, row)
 		res.Episodes = append(res.Episodes, f)

@@ -8,12 +8,15 @@
 package episode
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path"
+	"strconv"
+	"strings"
 	"time"
 
 	"stasis/checkpoint"
@@ -54,6 +57,25 @@ type Env struct {
 	BinaryInSandbox string
 	// StopConfirmTimeout bounds a stop pause's wait (default 60s).
 	StopConfirmTimeout time.Duration
+	// ClockPolicy sets a guest's wall clock when an episode resumes in
+	// place: ClockContinuous (the default) or ClockHost.
+	ClockPolicy string
+}
+
+// Clock policies for a resume in place. Uptime always continues from the
+// snapshot; the wall clock is set by the policy.
+const (
+	// ClockContinuous: guest wall = pause_wall + (uptime now − pause_uptime),
+	// as if no time had passed outside the guest while it was saved.
+	ClockContinuous = "continuous"
+	// ClockHost: guest wall = host wall.
+	ClockHost = "host"
+)
+
+// ClockSetter is implemented by providers that can set a sandbox's wall
+// clock directly (the microVM's agent); others get `date -s` through Exec.
+type ClockSetter interface {
+	SetClock(ctx context.Context, id string, wall time.Time) error
 }
 
 // Spec describes one episode.
@@ -66,6 +88,11 @@ type Spec struct {
 	Expiry time.Time
 	// Deadline is the harness's time budget (default: the task's).
 	Deadline time.Duration
+	// PauseMode is how checkpoints pause the harness: hold (the relay
+	// holds its model calls; only where snapshots keep processes) or stop
+	// (SIGSTOP). Default: hold where the provider's snapshots keep
+	// processes, stop elsewhere.
+	PauseMode supervisor.Mode
 }
 
 // budget is the harness's time budget.
@@ -83,6 +110,68 @@ type Episode struct {
 	sess    *checkpoint.Session
 	launch  harness.Launch
 	attempt int
+	clock   ClockFix
+}
+
+// ClockFix is what a resume in place did to the guest's wall clock.
+type ClockFix struct {
+	Policy string  `json:"policy"`
+	Uptime float64 `json:"uptime"` // the guest's uptime when the clock was set
+	// Before and After are the guest's wall clock (unix seconds) before
+	// and after it was set; Step is After − Before.
+	Before float64 `json:"before"`
+	After  float64 `json:"after"`
+	Step   float64 `json:"step_s"`
+}
+
+// Clock reports what ResumeInPlace did to the guest's clock (zero for
+// an episode that did not resume in place).
+func (e *Episode) Clock() ClockFix { return e.clock }
+
+// setClock sets a resumed guest's wall clock by the env's policy: uptime
+// continues from the snapshot; continuous sets wall = pause_wall + (uptime
+// now − pause_uptime), host sets the host's wall.
+func (env *Env) setClock(ctx context.Context, sandboxID string, rec checkpoint.State) (ClockFix, error) {
+	f := ClockFix{Policy: env.ClockPolicy}
+	if f.Policy == "" {
+		f.Policy = ClockContinuous
+	}
+	if f.Policy != ClockContinuous && f.Policy != ClockHost {
+		return f, fmt.Errorf("clock policy %q: use %s or %s", f.Policy, ClockContinuous, ClockHost)
+	}
+	var out bytes.Buffer
+	res, err := env.Provider.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"sh", "-c", "cat /proc/uptime; date +%s"}, Stdout: &out, Timeout: 30 * time.Second})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("exit %d", res.ExitCode)
+	}
+	fields := strings.Fields(out.String())
+	if err == nil && len(fields) < 3 {
+		err = fmt.Errorf("unexpected output %q", out.String())
+	}
+	if err != nil {
+		return f, fmt.Errorf("read the guest's clocks: %w", err)
+	}
+	f.Uptime, _ = strconv.ParseFloat(fields[0], 64)
+	f.Before, _ = strconv.ParseFloat(fields[2], 64)
+	want := time.Now()
+	if f.Policy == ClockContinuous {
+		secs := rec.PauseWall + (f.Uptime - rec.PauseUptime)
+		want = time.Unix(0, int64(secs*1e9))
+	}
+	if cs, ok := env.Provider.(ClockSetter); ok {
+		err = cs.SetClock(ctx, sandboxID, want)
+	} else {
+		res, err = env.Provider.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"date", "-u", "-s", fmt.Sprintf("@%d", want.Unix())}, Timeout: 30 * time.Second})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("date -s exited %d", res.ExitCode)
+		}
+	}
+	if err != nil {
+		return f, fmt.Errorf("set the guest's clock (%s policy): %w", f.Policy, err)
+	}
+	f.After = float64(want.UnixNano()) / 1e9
+	f.Step = f.After - f.Before
+	return f, nil
 }
 
 // dirs inside the sandbox.
@@ -102,12 +191,16 @@ func (env *Env) sessionOptions(spec Spec, cmd harness.Command, attempt int) chec
 	for k, v := range cmd.Env {
 		menv[k] = v
 	}
+	mode := spec.PauseMode
+	if mode == "" {
+		mode = DefaultPauseMode(env.Provider)
+	}
 	sct := env.StopConfirmTimeout
 	if sct == 0 {
 		sct = time.Minute
 	}
 	return checkpoint.SessionOptions{
-		Provider: env.Provider, Episode: spec.ID, Dir: sessionDir(spec.ID), PauseMode: supervisor.ModeStop,
+		Provider: env.Provider, Episode: spec.ID, Dir: sessionDir(spec.ID), PauseMode: mode,
 		Harness: cmd.Argv, ResumeCmd: cmd.ResumeCmd, Deadline: spec.budget(), StopConfirmTimeout: sct,
 		Binary: env.Binary, BinaryEnv: env.BinaryEnv, BinaryInSandbox: env.BinaryInSandbox, Env: menv, Attempt: attempt,
 		Relay: &checkpoint.RelayOptions{Listen: RelayAddr, Upstream: env.GatewayURL, TokenFile: tokenFile(spec.ID)},
@@ -124,7 +217,21 @@ func (spec *Spec) check() error {
 	if spec.Expiry.IsZero() {
 		spec.Expiry = time.Now().Add(2*spec.budget() + 10*time.Minute)
 	}
+	switch spec.PauseMode {
+	case "", supervisor.ModeStop, supervisor.ModeHold:
+	default:
+		return fmt.Errorf("episode %s: pause mode %q: use stop or hold", spec.ID, spec.PauseMode)
+	}
 	return nil
+}
+
+// DefaultPauseMode is hold where the provider's snapshots keep processes
+// (the snapshot is atomic over them), stop elsewhere.
+func DefaultPauseMode(p sandbox.Provider) supervisor.Mode {
+	if p.Capabilities().KeepsProcesses {
+		return supervisor.ModeHold
+	}
+	return supervisor.ModeStop
 }
 
 // Start makes the episode's sandbox from the task's work tree, installs and
@@ -396,6 +503,9 @@ func ResumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	st, err := sess.Status(ctx)
 	if err != nil || st.Identity != rec.Identity {
 		return nil, fmt.Errorf("episode %s: %w (status %+v, %v)", spec.ID, ErrNotSameLaunch, st, err)
+	}
+	if e.clock, err = env.setClock(ctx, sandboxID, rec); err != nil {
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
 	var delivered int64
 	if rec.RelayDelivered != nil {

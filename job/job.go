@@ -32,6 +32,7 @@ import (
 	"stasis/harness/opencode"
 	"stasis/model"
 	"stasis/sandbox/local"
+	"stasis/sandbox/microvm"
 	"stasis/task"
 )
 
@@ -41,8 +42,13 @@ type Options struct {
 	Repos   string
 	N       int    // episodes
 	Harness string // mini, opencode, mixed
-	// Provider is the sandbox provider (local).
+	// Provider is the sandbox provider: local, or microvm (shell tasks and
+	// the mini harness only: the guest has busybox and stasis, no Python,
+	// Node.js or Go).
 	Provider string
+	// GuestBinary is the static stasis for microVM guests (default: Exe,
+	// which must then be static).
+	GuestBinary string
 	// CheckpointAt is the fraction of the episodes' model calls after which
 	// the checkpoint is taken (0 < x < 1).
 	CheckpointAt float64
@@ -72,14 +78,19 @@ type Progress interface {
 
 // EpisodeReport is one episode's line of the report.
 type EpisodeReport struct {
-	ID             string `json:"id"`
-	Task           string `json:"task"`
-	Harness        string `json:"harness"`
-	Provider       string `json:"provider"`
-	Resume         string `json:"resume"` // in_place | relaunch | none
-	Reward         int    `json:"reward"`
-	ModelCalls     int    `json:"model_calls"`
-	LedgerVerified bool   `json:"ledger_verified"`
+	ID       string `json:"id"`
+	Task     string `json:"task"`
+	Harness  string `json:"harness"`
+	Provider string `json:"provider"`
+	Resume   string `json:"resume"` // in_place | relaunch | none
+	// ResumeWhy says why a restore relaunched the episode.
+	ResumeWhy string `json:"resume_why,omitempty"`
+	// ClockStep is how far a resume in place moved the guest's wall clock
+	// (seconds), under the clock policy.
+	ClockStep      *float64 `json:"clock_step_s,omitempty"`
+	Reward         int      `json:"reward"`
+	ModelCalls     int      `json:"model_calls"`
+	LedgerVerified bool     `json:"ledger_verified"`
 	// ResolvedAtCheckpoint: the episode had already ended, resolved, when
 	// the checkpoint was taken.
 	ResolvedAtCheckpoint bool `json:"resolved_at_checkpoint"`
@@ -148,11 +159,18 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 	var solvable []*task.Task
 	for _, t := range ts {
-		if t.Solution != nil {
-			solvable = append(solvable, t)
+		if t.Solution == nil {
+			continue
 		}
+		if o.Provider == microvm.Name && !microvm.CanRun(t) {
+			continue
+		}
+		solvable = append(solvable, t)
 	}
 	if len(solvable) == 0 {
+		if o.Provider == microvm.Name {
+			return nil, fmt.Errorf("tasks %s: none the microVM guest can run (it has busybox: shell tasks) has a reference solution", o.Tasks)
+		}
 		return nil, fmt.Errorf("tasks %s: none has a reference solution, so the scripted model cannot solve any", o.Tasks)
 	}
 	solvable = interleave(solvable)
@@ -276,6 +294,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	o.Progress.Set(1)
 	o.Progress.Done()
 	finishedAt := map[string]bool{}
+	why, clockStep := map[string]string{}, map[string]*float64{}
 	for _, e := range ck.Episodes {
 		finishedAt[e.Episode] = e.Finished
 	}
@@ -286,7 +305,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		o.Progress.Phase("crash", 1)
 		_ = srv.cmd.Process.Signal(syscall.SIGKILL)
 		_ = srv.cmd.Wait()
-		n, err := local.Crash(filepath.Join(o.State, "local"))
+		n, err := crashSandboxes(o.State)
 		if err != nil {
 			return rep, fmt.Errorf("crash: %w", err)
 		}
@@ -300,10 +319,24 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		o.Progress.Phase("restore", 1)
 		t0 := time.Now()
 		var res struct {
-			Seconds float64 `json:"seconds"`
+			Seconds  float64 `json:"seconds"`
+			Episodes []struct {
+				Episode   string `json:"episode"`
+				ResumeWhy string `json:"resume_why"`
+				Clock     *struct {
+					Step float64 `json:"step_s"`
+				} `json:"clock"`
+			} `json:"episodes"`
 		}
 		if err := srv.call(ctx, "POST", "/v1/checkpoints/"+ckID+"/restore", nil, &res); err != nil {
 			return rep, fmt.Errorf("restore: %w", err)
+		}
+		for _, e := range res.Episodes {
+			why[e.Episode] = e.ResumeWhy
+			if e.Clock != nil {
+				step := e.Clock.Step
+				clockStep[e.Episode] = &step
+			}
 		}
 		rep.Restore = &struct {
 			Seconds float64 `json:"seconds"`
@@ -353,7 +386,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		if resume == "" {
 			resume = "none"
 		}
-		er := EpisodeReport{ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume,
+		er := EpisodeReport{ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume, ResumeWhy: why[p.id], ClockStep: clockStep[p.id],
 			Reward: vr.Verdict.Reward, ModelCalls: v.ModelCalls, LedgerVerified: v.LedgerOK,
 			ResolvedAtCheckpoint: finishedAt[p.id] && vr.Verdict.Reward == 1}
 		if er.Reward == 1 {
@@ -417,11 +450,16 @@ func (o *Options) defaults() error {
 			return fmt.Errorf("--harness %s needs OpenCode: %w", o.Harness, err)
 		}
 	}
-	if o.Provider == "" {
-		o.Provider = "local"
-	}
-	if o.Provider != "local" {
-		return fmt.Errorf("--provider %q: stasis run runs on the local provider for now", o.Provider)
+	switch o.Provider {
+	case "":
+		o.Provider = local.Name
+	case local.Name:
+	case microvm.Name:
+		if o.Harness != "mini" {
+			return fmt.Errorf("--provider microvm runs the mini harness only (OpenCode needs a glibc userland; the guest has busybox): use --harness mini")
+		}
+	default:
+		return fmt.Errorf("--provider %q: want local or microvm", o.Provider)
 	}
 	if o.CheckpointAt == 0 {
 		o.CheckpointAt = 0.5
@@ -454,6 +492,17 @@ func (o *Options) defaults() error {
 	return nil
 }
 
+// crashSandboxes kills every sandbox of either provider under the state
+// directory, as a crash of the machine would.
+func crashSandboxes(state string) (int, error) {
+	n, err := local.Crash(filepath.Join(state, "local"))
+	if err != nil {
+		return n, err
+	}
+	m, err := microvm.Crash(filepath.Join(state, "microvm"))
+	return n + m, err
+}
+
 func pause(ctx context.Context, d time.Duration) error {
 	select {
 	case <-ctx.Done():
@@ -484,7 +533,10 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", o.State, "--tasks", o.Tasks, "--model-upstream", modelURL, "--log-format", "json"}
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", o.State, "--tasks", o.Tasks, "--model-upstream", modelURL, "--log-format", "json", "--provider", o.Provider}
+	if o.GuestBinary != "" {
+		args = append(args, "--guest-binary", o.GuestBinary)
+	}
 	if o.Repos != "" {
 		args = append(args, "--repos", o.Repos)
 	}
@@ -624,7 +676,7 @@ func cleanup(s *server, o Options) error {
 		s.log.Close()
 	}
 	// Nothing may outlive the run.
-	if n, err := local.Crash(filepath.Join(o.State, "local")); err != nil {
+	if n, err := crashSandboxes(o.State); err != nil {
 		errs = append(errs, err)
 	} else if n > 0 {
 		o.Log.Warn("killed sandboxes the server left", "n", n)

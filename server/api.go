@@ -20,10 +20,10 @@ import (
 	"time"
 
 	"stasis/coordinator"
+	"stasis/episode"
 	"stasis/harness"
 	"stasis/ledger"
 	"stasis/openapi"
-	"stasis/sandbox/local"
 	"stasis/store"
 	"stasis/supervisor"
 	"stasis/task"
@@ -326,19 +326,23 @@ func (s *Server) checkStart(req *StartRequest) error {
 	if req.Harness == "opencode" && !s.opencode {
 		return bad("OpenCode is not installed on this server (`make deps-opencode`, or $STASIS_OPENCODE): use the mini harness")
 	}
+	name := s.provider.Name()
 	switch req.Provider {
-	case "", local.Name:
-		req.Provider = local.Name
+	case "", name:
+		req.Provider = name
 	default:
-		return bad("provider %q: this server runs the %s provider only", req.Provider, local.Name)
+		return bad("provider %q: this server runs the %s provider only (serve --provider)", req.Provider, name)
 	}
+	mode := episode.DefaultPauseMode(s.provider)
 	switch supervisor.Mode(req.PauseMode) {
-	case "", supervisor.ModeStop:
-		req.PauseMode = string(supervisor.ModeStop)
+	case "", mode:
+		req.PauseMode = string(mode)
 	case supervisor.ModeHold:
-		return bad("pause mode hold: the local provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop")
+		return bad("pause mode hold: the %s provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop", name)
+	case supervisor.ModeStop:
+		return bad("pause mode stop: this server pauses %s episodes by hold (its snapshots keep processes, and the relay holds the model calls)", name)
 	default:
-		return bad("pause mode %q: use stop", req.PauseMode)
+		return bad("pause mode %q: use %s", req.PauseMode, mode)
 	}
 	if req.DeadlineS != nil && (*req.DeadlineS < 0 || *req.DeadlineS > 7*24*3600 || math.IsNaN(*req.DeadlineS)) {
 		return bad("deadline_s %v: give the harness's time budget in seconds, more than 0 and at most a week (leave it out for the task's budget)", *req.DeadlineS)

@@ -35,6 +35,7 @@ import (
 	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
+	"stasis/sandbox/microvm"
 	"stasis/serve"
 	"stasis/store"
 	"stasis/task"
@@ -66,10 +67,26 @@ type Options struct {
 	// their own binary as stasis.
 	Binary    string
 	BinaryEnv map[string]string
+	// Provider names the sandbox provider: local (the default) or
+	// microvm.
+	Provider string
+	// GuestBinary is the static stasis binary the microvm provider puts in
+	// its guest image (default: Binary, which must then be static).
+	GuestBinary string
+	// ClockPolicy sets a guest's wall clock after a resume in place:
+	// continuous (the default) or host.
+	ClockPolicy string
 	// GatewayMiddleware, when set, wraps the gateway's handler on the
 	// sandboxes' unix socket (tests hold calls there).
 	GatewayMiddleware func(http.Handler) http.Handler
 	Logger            *slog.Logger
+}
+
+// gcProvider is a provider that can find and remove the sandboxes a crash
+// left without their keeper.
+type gcProvider interface {
+	sandbox.Provider
+	GC(ctx context.Context) ([]string, error)
 }
 
 // Server is the environment server. Its handler is Handler; Close releases
@@ -82,7 +99,7 @@ type Server struct {
 
 	store    *store.SQLite
 	gw       *relay.Gateway
-	provider *local.Provider
+	provider gcProvider
 	env      *episode.Env
 	coord    *coordinator.Coordinator
 	tasks    []*task.Task
@@ -205,27 +222,52 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	go func() { _ = s.sockSrv.Serve(sockLn) }()
 
 	// The provider.
-	ro := map[string]string{}
-	if prefix, ok := harness.OpenCodeBind(); ok {
-		ro[prefix] = harness.OpenCodeSandboxDir
-		s.opencode = true
-	}
-	// The stasis binary is bound into every sandbox read-only (nothing to
-	// copy per episode, nothing of it in the snapshots).
 	bin := o.Binary
 	if bin == "" {
 		if bin, err = os.Executable(); err != nil {
 			return s, err
 		}
 	}
-	ro[bin] = harness.BoundBinaryPath
-	if s.provider, err = local.New(local.Options{
-		Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, Binds: []string{filepath.Dir(s.sock)}, ReadOnlyBinds: ro,
-		// The state directory holds every episode's gateway token and the
-		// record store: no sandbox may read it.
-		Hide: []string{state},
-	}); err != nil {
-		return s, err
+	gatewayURL := "unix://" + s.sock
+	switch o.Provider {
+	case "", local.Name:
+		ro := map[string]string{}
+		if prefix, ok := harness.OpenCodeBind(); ok {
+			ro[prefix] = harness.OpenCodeSandboxDir
+			s.opencode = true
+		}
+		// The stasis binary is bound into every sandbox read-only (nothing
+		// to copy per episode, nothing of it in the snapshots).
+		ro[bin] = harness.BoundBinaryPath
+		if s.provider, err = local.New(local.Options{
+			Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, Binds: []string{filepath.Dir(s.sock)}, ReadOnlyBinds: ro,
+			// The state directory holds every episode's gateway token and
+			// the record store: no sandbox may read it.
+			Hide: []string{state},
+		}); err != nil {
+			return s, err
+		}
+	case microvm.Name:
+		// The guest image holds the stasis binary at the bound binary's
+		// path; the guest reaches the gateway's socket through QEMU, at
+		// GatewayAddr. The guests see nothing of the host's files.
+		guest := o.GuestBinary
+		if guest == "" {
+			guest = bin
+		}
+		if s.provider, err = microvm.New(ctx, microvm.Options{
+			Home: filepath.Join(state, "microvm"), Exe: o.Exe, ExeEnv: o.ExeEnv, GuestBinary: guest, Gateway: s.sock,
+		}); err != nil {
+			return s, err
+		}
+		gatewayURL = "http://" + microvm.GatewayAddr
+	default:
+		return s, fmt.Errorf("server: provider %q: use %s or %s", o.Provider, local.Name, microvm.Name)
+	}
+	switch o.ClockPolicy {
+	case "", episode.ClockContinuous, episode.ClockHost:
+	default:
+		return s, fmt.Errorf("server: clock policy %q: use %s or %s", o.ClockPolicy, episode.ClockContinuous, episode.ClockHost)
 	}
 
 	// Sandboxes whose keeper died (a crash of the machine or of the
@@ -249,9 +291,9 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		log.Warn("checkpoints left pending by an earlier server marked failed", "checkpoints", failed)
 	}
 	s.env = &episode.Env{
-		Provider: s.provider, Gateway: s.gw, GatewayURL: "unix://" + s.sock, Model: o.Model,
+		Provider: s.provider, Gateway: s.gw, GatewayURL: gatewayURL, Model: o.Model,
 		Verifier: &task.Verifier{Store: s.store, Provider: s.provider},
-		Binary:   bin, BinaryEnv: o.BinaryEnv, BinaryInSandbox: harness.BoundBinaryPath,
+		Binary:   bin, BinaryEnv: o.BinaryEnv, BinaryInSandbox: harness.BoundBinaryPath, ClockPolicy: o.ClockPolicy,
 	}
 	s.m = newMetrics(s)
 	clog := log.With("component", "coordinator")

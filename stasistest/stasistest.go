@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,6 +49,9 @@ func Main(m *testing.M) {
 		os.Exit(cli.Main(os.Args[1:]))
 	}
 	code := m.Run()
+	if staticDir != "" {
+		_ = os.RemoveAll(staticDir)
+	}
 	if code == 0 {
 		if left := childrenLeft(10 * time.Second); len(left) > 0 {
 			fmt.Fprintf(os.Stderr, "FAIL: processes left behind by the tests: %+v\n", left)
@@ -70,6 +75,38 @@ func childrenLeft(timeout time.Duration) []proc.Stat {
 		}
 		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
 	}
+}
+
+var (
+	staticOnce sync.Once
+	staticDir  string
+	staticBin  string
+	staticErr  error
+)
+
+// StaticBinary builds stasis from this module with CGO_ENABLED=0 (a static
+// binary, what a microVM guest runs: the test binary itself is built with
+// -race and so links libc) once per test process, and returns its path;
+// Main removes it after the tests.
+func StaticBinary(tb testing.TB) string {
+	tb.Helper()
+	staticOnce.Do(func() {
+		if staticDir, staticErr = os.MkdirTemp("", "stasis-static-"); staticErr != nil {
+			return
+		}
+		bin := filepath.Join(staticDir, "stasis")
+		cmd := exec.Command("go", "build", "-o", bin, "stasis/cmd/stasis")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			staticErr = fmt.Errorf("go build a static stasis: %v: %s", err, out)
+			return
+		}
+		staticBin = bin
+	})
+	if staticErr != nil {
+		tb.Fatal(staticErr)
+	}
+	return staticBin
 }
 
 // Exe is the binary to start as stasis, with Env.

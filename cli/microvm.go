@@ -1,0 +1,152 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"stasis/home"
+	"stasis/sandbox/microvm"
+	"stasis/sandbox/microvm/agent"
+)
+
+func openMicroVM(ctx context.Context) (*microvm.Provider, error) {
+	h, err := home.Dir()
+	if err != nil {
+		return nil, err
+	}
+	return microvm.New(ctx, microvm.Options{Home: h})
+}
+
+// newMicroVMCmd holds the commands the microVM provider runs itself: the
+// keeper on the host, the gateway pipe QEMU starts per guest connection,
+// and the agent inside the guest.
+func newMicroVMCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:    "microvm",
+		Short:  "Processes of the microVM provider (keeper, pipe, guest agent)",
+		Hidden: true,
+	}
+	var dir string
+	keeper := &cobra.Command{
+		Use:   "keeper --dir DIR",
+		Short: "Hold one microVM's QEMU and enforce its expiry (started by create and fork)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "microvm-keeper")
+			if code := microvm.RunKeeper(dir, log); code != 0 {
+				return &exitError{code: code}
+			}
+			return nil
+		},
+	}
+	keeper.Flags().StringVar(&dir, "dir", "", "the sandbox's state directory")
+
+	var sock string
+	pipe := &cobra.Command{
+		Use:   "pipe --unix SOCKET",
+		Short: "Join stdin and stdout to a unix socket (QEMU runs it per guest connection to the gateway)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := net.Dial("unix", sock)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			done := make(chan struct{})
+			go func() {
+				_, _ = io.Copy(c, os.Stdin)
+				if uc, ok := c.(*net.UnixConn); ok {
+					_ = uc.CloseWrite()
+				}
+			}()
+			go func() {
+				_, _ = io.Copy(os.Stdout, c)
+				close(done)
+			}()
+			<-done
+			return nil
+		},
+	}
+	pipe.Flags().StringVar(&sock, "unix", "", "the unix socket to join")
+
+	var listen string
+	agentCmd := &cobra.Command{
+		Use:   "agent --listen ADDR",
+		Short: "The guest agent (run by the guest's init): exec, files, clock",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "microvm-agent")
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return agent.Serve(ctx, ln, log)
+		},
+	}
+	agentCmd.Flags().StringVar(&listen, "listen", fmt.Sprintf(":%d", microvm.AgentPort), "address to serve on")
+	cmd.AddCommand(keeper, pipe, agentCmd)
+	return cmd
+}
+
+func newSandboxDoctorCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Check what the microVM provider needs: QEMU, the kernel, busybox, a static stasis, the accelerator",
+		Long: `doctor checks what the microVM provider needs and prints one line per check,
+with the command that fixes each failed one: QEMU (qemu-system-x86), the
+Debian cloud kernel unpacked in $STASIS_MICROVM_KERNEL (make deps-microvm),
+a static busybox (busybox-static) and a static stasis for the guest
+(CGO_ENABLED=0, as make build does). When all is there it builds the guest
+image and says which accelerator is used: KVM when a probe boot under KVM
+works, TCG (software emulation) otherwise; the answer is cached beside the
+kernel. Exit status 1 when something is missing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			h, err := home.Dir()
+			if err != nil {
+				return err
+			}
+			r := microvm.Doctor(cmd.Context(), microvm.Options{Home: h})
+			if asJSON {
+				if err := writeJSON(cmd.OutOrStdout(), r); err != nil {
+					return err
+				}
+			} else {
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				for _, c := range r.Checks {
+					mark := "ok"
+					if !c.OK {
+						mark = "MISSING"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Name, mark, c.Detail)
+					if c.Fix != "" {
+						fmt.Fprintf(tw, "\t\tfix: %s\n", c.Fix)
+					}
+				}
+				_ = tw.Flush()
+				if r.Ready {
+					fmt.Fprintf(cmd.OutOrStdout(), "microvm provider ready (%s)\n", r.Accel)
+				}
+			}
+			if !r.Ready {
+				return &exitError{code: 1, err: errors.New("the microvm provider is not ready: see the fixes above")}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	return cmd
+}

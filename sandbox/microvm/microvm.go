@@ -1,0 +1,829 @@
+// Package microvm owns the microVM provider: one QEMU virtual machine per
+// sandbox (machine type microvm, the Debian cloud kernel, an initramfs of
+// busybox and a static stasis built by this package), whose root file
+// system lives in guest RAM, so that a memory snapshot holds files and
+// processes alike. Snapshots are QEMU migrations to a file, stored
+// content-addressed through the cas package (forks of forks share what is
+// unchanged); a fork starts new QEMU processes from a saved state, and the
+// processes of the snapshot continue in each (keeps_processes).
+//
+// The host reaches the guest agent (sandbox/microvm/agent, run by busybox
+// init from the stasis binary in the image) over QEMU's user-mode network:
+// a loopback port forwarded to the agent, one per sandbox. The guest
+// reaches nothing but what QEMU forwards (restrict=on): GatewayAddr leads,
+// one `stasis microvm pipe` per connection, to the host's gateway socket,
+// so the relay in the guest talks to the gateway as it does from a local
+// sandbox. A keeper process per sandbox (`stasis microvm keeper`) owns the
+// QEMU and enforces the absolute expiry; GC ends QEMUs whose keeper died.
+package microvm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"stasis/atomicfile"
+	"stasis/blob"
+	"stasis/cas"
+	"stasis/proc"
+	"stasis/sandbox"
+	"stasis/sandbox/microvm/agent"
+)
+
+// Name is the provider's name in records and on the command line.
+const Name = "microvm"
+
+// KernelEnv names the directory holding the unpacked cloud kernel package.
+const KernelEnv = "STASIS_MICROVM_KERNEL"
+
+// Options configure the provider.
+type Options struct {
+	// Home is the state directory ($STASIS_HOME).
+	Home string
+	// Exe is the stasis binary that runs keepers and gateway pipes on the
+	// host (default: this executable); ExeEnv is extra environment for it.
+	Exe    string
+	ExeEnv []string
+	// GuestBinary is the static stasis binary put in the guest image
+	// (default: Exe, when it is static).
+	GuestBinary string
+	// KernelDir holds the unpacked linux-image-*-cloud-amd64 package
+	// (default: $STASIS_MICROVM_KERNEL).
+	KernelDir string
+	// Busybox is a static busybox (default: /bin/busybox, from Debian's
+	// busybox-static).
+	Busybox string
+	// MemMiB is each guest's memory (default 256).
+	MemMiB int
+	// Accel forces kvm or tcg; empty probes once and caches the answer.
+	Accel string
+	// Gateway is the host unix socket that GatewayAddr in every guest
+	// leads to; empty for none.
+	Gateway string
+	// BootTimeout bounds a boot or a restore, to the agent answering
+	// (default 90s: TCG on a loaded machine is slow).
+	BootTimeout time.Duration
+	// ForkHook, when set, is called before each sandbox of a Fork is made;
+	// an error makes that one fail (tests).
+	ForkHook func(snapshot string, i int) error
+	// Now is the clock (tests); time.Now when nil.
+	Now func() time.Time
+}
+
+// Provider is the microVM provider.
+type Provider struct {
+	o         Options
+	dir       string // sandboxes
+	snapDir   string // snapshot metadata
+	stateDir  string // states being saved or restored
+	cas       *cas.Store
+	kernel    Kernel
+	initramfs string
+	qemu      string
+	accel     string
+	accelWhy  string
+	mu        sync.Mutex // serialises this process's rewrites of meta.json
+
+	retiredMu sync.Mutex
+	retired   map[string]int
+}
+
+// Files in a sandbox's directory.
+const (
+	metaFile    = "meta.json"
+	keeperFile  = "keeper.json"
+	expiredFile = "expired"
+	logFile     = "keeper.log"
+	qemuLogFile = "qemu.log"
+	consoleFile = "console.log"
+	qmpFile     = "qmp.sock"
+	lockFile    = "snapshot.lock"
+)
+
+// meta is DIR/meta.json.
+type meta struct {
+	ID      string            `json:"id"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Created time.Time         `json:"created"`
+	Expiry  time.Time         `json:"expiry"`
+	Source  string            `json:"source,omitempty"`
+	VM      vmConfig          `json:"vm"`
+	// LastManifest is the cas manifest of the sandbox's last snapshot (or
+	// of the one it was forked from): the next snapshot's base.
+	LastManifest string `json:"last_manifest,omitempty"`
+}
+
+// keeperInfo is DIR/keeper.json.
+type keeperInfo struct {
+	Keeper proc.Identity `json:"keeper"`
+	QEMU   proc.Identity `json:"qemu"`
+}
+
+// New opens the provider: it checks QEMU, the kernel, busybox and the
+// guest binary, builds (or finds) the guest image, and chooses the
+// accelerator.
+func New(ctx context.Context, o Options) (*Provider, error) {
+	if o.Home == "" {
+		return nil, errors.New("microvm provider: no state directory")
+	}
+	if o.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		o.Exe = exe
+	}
+	if o.GuestBinary == "" {
+		o.GuestBinary = o.Exe
+	}
+	if o.KernelDir == "" {
+		o.KernelDir = os.Getenv(KernelEnv)
+	}
+	if o.Busybox == "" {
+		o.Busybox = "/bin/busybox"
+	}
+	if o.MemMiB == 0 {
+		o.MemMiB = 256
+	}
+	if o.BootTimeout == 0 {
+		o.BootTimeout = 90 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	p := &Provider{o: o, dir: filepath.Join(o.Home, "sandboxes", Name), snapDir: filepath.Join(o.Home, "snapshots", Name), stateDir: filepath.Join(o.Home, "vmstate")}
+	var err error
+	if p.qemu, err = exec.LookPath(QEMU); err != nil {
+		return nil, fmt.Errorf("microvm provider needs %s: install it with `apt-get install qemu-system-x86` (make deps-microvm does)", QEMU)
+	}
+	if p.kernel, err = FindKernel(o.KernelDir); err != nil {
+		return nil, fmt.Errorf("microvm provider: %w", err)
+	}
+	if _, err := os.Stat(o.Busybox); err != nil {
+		return nil, fmt.Errorf("microvm provider needs a static busybox at %s: install it with `apt-get install busybox-static`", o.Busybox)
+	}
+	for _, d := range []string{p.dir, p.snapDir, p.stateDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if p.initramfs, err = Initramfs(filepath.Join(o.Home, "images"), p.kernel, o.Busybox, o.GuestBinary); err != nil {
+		return nil, fmt.Errorf("microvm provider: the guest image: %w", err)
+	}
+	switch o.Accel {
+	case "kvm", "tcg":
+		p.accel, p.accelWhy = o.Accel, "asked for"
+	case "":
+		// The answer is a fact about this machine, QEMU and kernel: it is
+		// kept beside the kernel, for every state directory.
+		p.accel, p.accelWhy = chooseAccel(ctx, filepath.Join(p.kernel.Dir, ".stasis-accel.json"), p.qemu, p.kernel, p.initramfs)
+	default:
+		return nil, fmt.Errorf("microvm provider: accelerator %q: want kvm, tcg or empty (probe)", o.Accel)
+	}
+	bs, err := blob.NewDir(filepath.Join(o.Home, "vmblobs"))
+	if err != nil {
+		return nil, err
+	}
+	p.cas = cas.New(bs)
+	// Two memory images of one VM differ in pages scattered all over:
+	// chunks of 64 KiB on average (16 KiB at least) let a second snapshot
+	// store what changed, not every megabyte a changed page falls in.
+	p.cas.SetChunking(16<<10, 16)
+	return p, nil
+}
+
+func (p *Provider) Name() string { return Name }
+
+func (p *Provider) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{KeepsProcesses: true, SnapshotOutlivesSource: true}
+}
+
+// Accel says which accelerator the provider uses, and why.
+func (p *Provider) Accel() (string, string) { return p.accel, p.accelWhy }
+
+// Kernel is the guest kernel in use.
+func (p *Provider) Kernel() Kernel { return p.kernel }
+
+// Retired says how many times this provider value retired sandbox id.
+func (p *Provider) Retired(id string) int {
+	p.retiredMu.Lock()
+	defer p.retiredMu.Unlock()
+	return p.retired[id]
+}
+
+func newID(prefix string) string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+func validID(id, prefix string) bool {
+	if !strings.HasPrefix(id, prefix) || len(id) != len(prefix)+16 {
+		return false
+	}
+	_, err := hex.DecodeString(id[len(prefix):])
+	return err == nil && strings.ToLower(id) == id
+}
+
+func (p *Provider) sbDir(id string) string { return filepath.Join(p.dir, id) }
+
+func what(id string) string { return "sandbox " + id }
+
+func readMetaAt(dir string) (meta, error) {
+	var m meta
+	b, err := os.ReadFile(filepath.Join(dir, metaFile))
+	if err != nil {
+		return m, err
+	}
+	return m, json.Unmarshal(b, &m)
+}
+
+func (p *Provider) readMeta(op, id string) (meta, error) {
+	if !validID(id, "vm-") {
+		return meta{}, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "not a microvm sandbox id (vm- and 16 hex digits)")
+	}
+	m, err := readMetaAt(p.sbDir(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return m, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "no such sandbox (deleted, or never made here); `stasis sandbox ls --provider microvm` lists them")
+	}
+	if err != nil {
+		return m, fmt.Errorf("%s %s: %s: %w", op, what(id), metaFile, err)
+	}
+	return m, nil
+}
+
+func (p *Provider) writeMeta(m meta) error {
+	return atomicfile.WriteJSON(filepath.Join(p.sbDir(m.ID), metaFile), m, 0o600)
+}
+
+func readKeeperAt(dir string) (keeperInfo, bool) {
+	var k keeperInfo
+	b, err := os.ReadFile(filepath.Join(dir, keeperFile))
+	if err != nil || json.Unmarshal(b, &k) != nil {
+		return k, false
+	}
+	return k, true
+}
+
+func (p *Provider) info(m meta, state string) sandbox.Info {
+	desc, _ := json.Marshal(map[string]any{"id": m.ID, "dir": p.sbDir(m.ID), "port": m.VM.Port, "accel": m.VM.Accel})
+	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Descriptor: desc}
+}
+
+// running checks a sandbox whose metadata is read: not expired, keeper and
+// QEMU alive.
+func (p *Provider) running(op string, m meta) (keeperInfo, error) {
+	id := m.ID
+	if _, err := os.Stat(filepath.Join(p.sbDir(id), expiredFile)); err == nil || !p.o.Now().Before(m.Expiry) {
+		return keeperInfo{}, sandbox.Errorf(sandbox.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc --provider microvm`", m.Expiry.Format(time.RFC3339))
+	}
+	k, ok := readKeeperAt(p.sbDir(id))
+	if !ok || !proc.Alive(k.Keeper) || !proc.Alive(k.QEMU) {
+		return k, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "its keeper or QEMU is not running (killed, or the host restarted); `stasis sandbox gc --provider microvm` removes it")
+	}
+	return k, nil
+}
+
+func (p *Provider) live(op, id string) (meta, keeperInfo, error) {
+	m, err := p.readMeta(op, id)
+	if err != nil {
+		return m, keeperInfo{}, err
+	}
+	k, err := p.running(op, m)
+	return m, k, err
+}
+
+func (p *Provider) client(m meta) *agent.Client {
+	return agent.New(fmt.Sprintf("http://127.0.0.1:%d", m.VM.Port))
+}
+
+// freePort finds a loopback port no one listens on. QEMU binds it a moment
+// later; a start that loses the race is retried with another port.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (p *Provider) baseVM() vmConfig {
+	c := vmConfig{QEMU: p.qemu, Kernel: p.kernel.Image, Initramfs: p.initramfs, MemMiB: p.o.MemMiB, Accel: p.accel}
+	if p.accel == "tcg" {
+		c.TSCKHz = hostTSCKHz()
+	}
+	if p.o.Gateway != "" {
+		c.Gateway = p.o.Gateway
+		c.Pipe = []string{p.o.Exe, "microvm", "pipe", "--unix", p.o.Gateway}
+	}
+	return c
+}
+
+// Create boots a microVM and returns once its agent answers.
+func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
+	if spec.Image != "" {
+		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrUnsupported, "create", "", "the microvm provider has one guest image (busybox and stasis); seed the work tree with a directory (--from)")
+	}
+	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
+		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+	}
+	if spec.Root != "" {
+		if fi, err := os.Stat(spec.Root); err != nil || !fi.IsDir() {
+			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
+		}
+	}
+	m := meta{ID: newID("vm-"), Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM()}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = p.retire(m.ID)
+		}
+	}()
+	if err := p.boot(ctx, &m); err != nil {
+		return sandbox.Info{}, fmt.Errorf("create %s: %w", what(m.ID), err)
+	}
+	if spec.Root != "" {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(tarDir(spec.Root, pw)) }()
+		err := p.client(m).Upload(ctx, "/work", pr)
+		pr.Close()
+		if err != nil {
+			return sandbox.Info{}, fmt.Errorf("create %s: seed the work tree from %s: %w", what(m.ID), spec.Root, err)
+		}
+	}
+	for path, data := range spec.Files {
+		if err := p.WriteFile(ctx, m.ID, path, data, 0o644); err != nil {
+			return sandbox.Info{}, fmt.Errorf("create: write %s: %w", path, err)
+		}
+	}
+	ok = true
+	return p.info(m, sandbox.StateRunning), nil
+}
+
+// tarDir writes dir as a tar stream with the system tar (exact metadata).
+func tarDir(dir string, w io.Writer) error {
+	cmd := exec.Command("tar", "-C", dir, "-cf", "-", ".")
+	var errb strings.Builder
+	cmd.Stdout, cmd.Stderr = w, &errb
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("tar %s: %v: %s", dir, err, strings.TrimSpace(errb.String()))
+	}
+	return nil
+}
+
+// boot writes the sandbox's directory and metadata, starts its keeper (and
+// so QEMU) and waits for the agent; a QEMU that could not take its port is
+// started again on another.
+func (p *Provider) boot(ctx context.Context, m *meta) error {
+	dir := p.sbDir(m.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		if m.VM.Port, err = freePort(); err != nil {
+			return err
+		}
+		if err = p.writeMeta(*m); err != nil {
+			return err
+		}
+		_ = os.Remove(filepath.Join(dir, keeperFile))
+		if err = p.startKeeper(ctx, m.ID); err != nil {
+			return err
+		}
+		if m.VM.Incoming != "" {
+			if err = p.resumeIncoming(ctx, *m); err != nil {
+				return err
+			}
+		}
+		if err = p.waitAgent(ctx, *m); err == nil {
+			return nil
+		}
+		b, _ := os.ReadFile(filepath.Join(dir, qemuLogFile))
+		if !strings.Contains(string(b), "host forwarding rule") {
+			return err
+		}
+		// The port was taken between freePort and QEMU: stop this keeper
+		// and try another.
+		if k, ok := readKeeperAt(dir); ok {
+			killVM(k)
+		}
+		_ = os.Remove(filepath.Join(dir, qemuLogFile))
+	}
+	return err
+}
+
+// resumeIncoming waits for a fork's QEMU to load its saved state and lets
+// the guest run: the state was saved from a stopped guest, and QEMU keeps
+// such a guest stopped after loading it.
+func (p *Provider) resumeIncoming(ctx context.Context, m meta) error {
+	dir := p.sbDir(m.ID)
+	bctx, cancel := context.WithTimeout(ctx, p.o.BootTimeout)
+	defer cancel()
+	mon, err := monitor(bctx, filepath.Join(dir, qmpFile))
+	if err != nil {
+		return err
+	}
+	defer mon.Close()
+	for {
+		var st struct {
+			Status string `json:"status"`
+		}
+		if err := qmpRun(mon, "query-status", nil, &st); err != nil {
+			return err
+		}
+		switch st.Status {
+		case "running":
+			return nil
+		case "inmigrate", "prelaunch":
+		case "paused", "postmigrate", "restore-vm":
+			return qmpRun(mon, "cont", nil, nil)
+		default:
+			qlog, _ := os.ReadFile(filepath.Join(dir, qemuLogFile))
+			return fmt.Errorf("QEMU is %q after loading the saved state: %s", st.Status, strings.TrimSpace(string(qlog)))
+		}
+		select {
+		case <-bctx.Done():
+			return fmt.Errorf("QEMU did not load the saved state within %s", p.o.BootTimeout)
+		case <-time.After(10 * time.Millisecond): // poll interval, bounded by the boot timeout
+		}
+	}
+}
+
+// startKeeper starts the keeper, detached, and waits until it reports QEMU
+// started.
+func (p *Provider) startKeeper(ctx context.Context, id string) error {
+	dir := p.sbDir(id)
+	logf, err := os.OpenFile(filepath.Join(dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(p.o.Exe, "microvm", "keeper", "--dir", dir)
+	cmd.Env = append(os.Environ(), p.o.ExeEnv...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start the keeper of %s: %w", id, err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }() // reaps the keeper if it dies early; later it is init's
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if k, ok := readKeeperAt(dir); ok && k.Keeper.PID == cmd.Process.Pid {
+			return nil
+		}
+		select {
+		case err := <-waited:
+			b, _ := os.ReadFile(filepath.Join(dir, logFile))
+			return fmt.Errorf("the keeper of %s exited before QEMU ran (%v): %s", id, err, strings.TrimSpace(string(b)))
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond): // poll interval, bounded by the deadline below
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			return fmt.Errorf("the keeper of %s did not start QEMU within 30s; see %s", id, filepath.Join(dir, logFile))
+		}
+	}
+}
+
+// waitAgent polls the guest agent until it answers, QEMU dies, or the boot
+// timeout passes; the error quotes QEMU's log and the console's tail.
+func (p *Provider) waitAgent(ctx context.Context, m meta) error {
+	dir := p.sbDir(m.ID)
+	c := p.client(m)
+	defer c.CloseIdle()
+	deadline := time.Now().Add(p.o.BootTimeout)
+	for {
+		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := c.Health(hctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		k, ok := readKeeperAt(dir)
+		dead := ok && (!proc.Alive(k.QEMU) || !proc.Alive(k.Keeper))
+		if dead || time.Now().After(deadline) || ctx.Err() != nil {
+			why := "did not answer within " + p.o.BootTimeout.String()
+			if dead {
+				why = "QEMU exited"
+			}
+			if ctx.Err() != nil {
+				why = ctx.Err().Error()
+			}
+			qlog, _ := os.ReadFile(filepath.Join(dir, qemuLogFile))
+			return fmt.Errorf("the guest agent %s (%v); QEMU said: %s; console ends: %s", why, err, strings.TrimSpace(string(qlog)), tail(filepath.Join(dir, consoleFile), 600))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond): // poll interval, bounded by the deadline above
+		}
+	}
+}
+
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	s := strings.TrimSpace(string(b))
+	if len(s) > n {
+		s = "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// Get finds a sandbox by id.
+func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
+	m, _, err := p.live("get", id)
+	if errors.Is(err, sandbox.ErrExpired) {
+		return p.info(m, sandbox.StateExpired), err
+	}
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	return p.info(m, sandbox.StateRunning), nil
+}
+
+// List returns the sandboxes that carry every label given, expired ones
+// included (with State "expired").
+func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbox.Info, error) {
+	ents, err := os.ReadDir(p.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []sandbox.Info
+	for _, e := range ents {
+		if !validID(e.Name(), "vm-") {
+			continue
+		}
+		m, err := p.readMeta("list", e.Name())
+		if err != nil {
+			continue
+		}
+		match := true
+		for k, v := range labels {
+			if m.Labels[k] != v {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		state := sandbox.StateRunning
+		if _, err := p.running("list", m); err != nil {
+			state = sandbox.StateExpired
+			if errors.Is(err, sandbox.ErrWrongState) {
+				state = "lost"
+			}
+		}
+		out = append(out, p.info(m, state))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+// SetExpiry moves the sandbox's absolute expiry; the keeper re-reads it.
+func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, k, err := p.live("set-expiry", id)
+	if err != nil {
+		return err
+	}
+	if !t.After(p.o.Now()) {
+		return sandbox.Errorf(sandbox.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
+	}
+	m.Expiry = t.UTC()
+	if err := p.writeMeta(m); err != nil {
+		return err
+	}
+	return unix.Kill(k.Keeper.PID, unix.SIGHUP)
+}
+
+// Delete retires a sandbox: kills its QEMU and removes its directory.
+// Deleting a sandbox that is already gone returns nil.
+func (p *Provider) Delete(ctx context.Context, id string) error {
+	if !validID(id, "vm-") {
+		return sandbox.Errorf(sandbox.ErrNotFound, "delete", what(id), "not a microvm sandbox id")
+	}
+	return p.retire(id)
+}
+
+// retire kills and removes a sandbox exactly once: the directory is first
+// renamed aside, so of two concurrent calls only one proceeds.
+func (p *Provider) retire(id string) error {
+	dir := p.sbDir(id)
+	dead := filepath.Join(p.dir, ".retiring-"+id+"-"+newID(""))
+	if err := os.Rename(dir, dead); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("delete %s: %w", what(id), err)
+	}
+	p.retiredMu.Lock()
+	if p.retired == nil {
+		p.retired = map[string]int{}
+	}
+	p.retired[id]++
+	p.retiredMu.Unlock()
+	if k, ok := readKeeperAt(dead); ok {
+		killVM(k)
+	}
+	if err := os.RemoveAll(dead); err != nil {
+		return fmt.Errorf("delete %s: remove %s: %w", what(id), dead, err)
+	}
+	return nil
+}
+
+// killVM ends QEMU and the keeper and waits until both are gone.
+func killVM(k keeperInfo) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		alive := false
+		for _, id := range []proc.Identity{k.QEMU, k.Keeper} {
+			if id.PID > 0 && proc.Alive(id) {
+				alive = true
+				_ = unix.Kill(id.PID, unix.SIGKILL)
+			}
+		}
+		if !alive || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond) // poll interval, bounded by the deadline above
+	}
+}
+
+// GC removes sandboxes whose keeper is gone (killed, the host restarted,
+// or it ended at the expiry), ending a QEMU that outlived its keeper, and
+// returns their ids. It also removes states left by an interrupted
+// snapshot or fork.
+func (p *Provider) GC(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(p.dir)
+	if err != nil {
+		return nil, err
+	}
+	var reaped []string
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasPrefix(name, ".retiring-") {
+			if k, ok := readKeeperAt(filepath.Join(p.dir, name)); ok {
+				killVM(k)
+			}
+			_ = os.RemoveAll(filepath.Join(p.dir, name))
+			continue
+		}
+		if !validID(name, "vm-") {
+			continue
+		}
+		k, ok := readKeeperAt(p.sbDir(name))
+		if ok && proc.Alive(k.Keeper) {
+			continue
+		}
+		if !ok {
+			fi, err := os.Stat(p.sbDir(name))
+			if err != nil || time.Since(fi.ModTime()) < time.Minute {
+				continue // a create in progress
+			}
+		}
+		if err := p.retire(name); err != nil {
+			return reaped, err
+		}
+		reaped = append(reaped, name)
+	}
+	states, _ := os.ReadDir(p.stateDir)
+	for _, e := range states {
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > 10*time.Minute {
+			_ = os.RemoveAll(filepath.Join(p.stateDir, e.Name()))
+		}
+	}
+	return reaped, nil
+}
+
+// Exec runs a command in the guest through its agent.
+func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	if len(req.Argv) == 0 {
+		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", what(id), "no command")
+	}
+	m, _, err := p.live("exec", id)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	env := map[string]string{}
+	for k, v := range m.Env {
+		env[k] = v
+	}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+	req.Env = env
+	c := p.client(m)
+	defer c.CloseIdle()
+	res, err := c.Exec(ctx, req)
+	return res, p.wrap("exec", m, err)
+}
+
+// wrap names the sandbox in an agent error, and turns a failure to reach
+// the agent of a sandbox that has meanwhile expired or died into that.
+func (p *Provider) wrap(op string, m meta, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *sandbox.Error
+	if errors.As(err, &se) {
+		e := *se
+		e.Op, e.What = op, what(m.ID)
+		return &e
+	}
+	if m2, err2 := p.readMeta(op, m.ID); err2 != nil {
+		return err2
+	} else if _, err2 := p.running(op, m2); err2 != nil {
+		return err2
+	}
+	return fmt.Errorf("%s in %s: %w", op, what(m.ID), err)
+}
+
+// ReadFile reads a file in the guest.
+func (p *Provider) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
+	m, _, err := p.live("read", id)
+	if err != nil {
+		return nil, err
+	}
+	c := p.client(m)
+	defer c.CloseIdle()
+	b, err := c.ReadFile(ctx, path)
+	return b, p.wrap("read", m, err)
+}
+
+// WriteFile writes a file in the guest.
+func (p *Provider) WriteFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode) error {
+	m, _, err := p.live("write", id)
+	if err != nil {
+		return err
+	}
+	c := p.client(m)
+	defer c.CloseIdle()
+	return p.wrap("write", m, c.WriteFile(ctx, path, data, mode))
+}
+
+// Upload extracts a tar stream into dir in the guest.
+func (p *Provider) Upload(ctx context.Context, id, dir string, r io.Reader) error {
+	m, _, err := p.live("upload", id)
+	if err != nil {
+		return err
+	}
+	c := p.client(m)
+	defer c.CloseIdle()
+	return p.wrap("upload", m, c.Upload(ctx, dir, r))
+}
+
+// Download writes dir in the guest to w as a tar stream.
+func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) error {
+	m, _, err := p.live("download", id)
+	if err != nil {
+		return err
+	}
+	c := p.client(m)
+	defer c.CloseIdle()
+	return p.wrap("download", m, c.Download(ctx, dir, w))
+}
+
+// SetClock sets the guest's wall clock (the clock policy after a restore).
+func (p *Provider) SetClock(ctx context.Context, id string, wall time.Time) error {
+	m, _, err := p.live("set-clock", id)
+	if err != nil {
+		return err
+	}
+	c := p.client(m)
+	defer c.CloseIdle()
+	return p.wrap("set-clock", m, c.SetClock(ctx, wall))
+}
+
+// GuestInfo reports the guest's wall clock, uptime and boot id.
+func (p *Provider) GuestInfo(ctx context.Context, id string) (agent.Info, error) {
+	m, _, err := p.live("info", id)
+	if err != nil {
+		return agent.Info{}, err
+	}
+	c := p.client(m)
+	defer c.CloseIdle()
+	in, err := c.Info(ctx)
+	return in, p.wrap("info", m, err)
+}

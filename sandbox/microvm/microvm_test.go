@@ -1,0 +1,257 @@
+package microvm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"stasis/proc"
+	"stasis/sandbox"
+	"stasis/sandbox/microvm"
+	"stasis/sandbox/sandboxtest"
+	"stasis/stasistest"
+)
+
+func TestMain(m *testing.M) { stasistest.Main(m) }
+
+var ctx = context.Background()
+
+// newProvider opens a microVM provider over a fresh state directory; the
+// guest runs a static stasis built from this module, the host side this
+// test binary acting as stasis.
+func newProvider(t *testing.T, o microvm.Options) *microvm.Provider {
+	t.Helper()
+	if os.Getenv(microvm.KernelEnv) == "" {
+		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel), or point it at an unpacked linux-image-*-cloud-amd64 package", microvm.KernelEnv)
+	}
+	o.Home = t.TempDir()
+	o.Exe, o.ExeEnv = stasistest.Exe(), stasistest.Env
+	o.GuestBinary = stasistest.StaticBinary(t)
+	if o.MemMiB == 0 {
+		o.MemMiB = 128
+	}
+	p, err := microvm.New(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accel, why := p.Accel()
+	t.Logf("accelerator %s: %s", accel, why)
+	return p
+}
+
+// hostProcesses lists host processes whose command line mentions the
+// sandbox (its keeper and its QEMU, whose -name is the id).
+func hostProcesses(id string) []int {
+	all, _ := proc.All()
+	var out []int
+	for pid := range all {
+		if pid == os.Getpid() {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if bytes.Contains(b, []byte(id)) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func TestConformance(t *testing.T) {
+	var mu sync.Mutex
+	fail := map[string]int{}
+	p := newProvider(t, microvm.Options{ForkHook: func(snapshot string, i int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if k, ok := fail[snapshot]; ok && k == i {
+			return errors.New("injected fork failure")
+		}
+		return nil
+	}})
+	sandboxtest.Run(t, sandboxtest.Harness{
+		Provider: p,
+		FailFork: func(snapshot string, k int) func() {
+			mu.Lock()
+			fail[snapshot] = k
+			mu.Unlock()
+			return func() { mu.Lock(); delete(fail, snapshot); mu.Unlock() }
+		},
+		Retired:       p.Retired,
+		HostProcesses: hostProcesses,
+		ExpiryStep:    3 * time.Second,
+	})
+}
+
+func sh(t *testing.T, p sandbox.Provider, id, script string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errb, Timeout: time.Minute})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("%q in %s: %+v %v: %s%s", script, id, res, err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+func uptime(t *testing.T, p sandbox.Provider, id string) float64 {
+	t.Helper()
+	f, err := strconv.ParseFloat(strings.Fields(sh(t, p, id, "cat /proc/uptime"))[0], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// A running process, its memory and the RAM file system continue in every
+// fork; uptime continues from the snapshot; the clock can be set; the
+// guest reaches the host's gateway socket and nothing else.
+func TestForkContinuesProcesses(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "gw.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "gateway saw %s", r.URL.Path) })}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	p := newProvider(t, microvm.Options{Gateway: sock})
+	src, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(10 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(ctx, src.ID)
+
+	if got := sh(t, p, src.ID, "wget -q -O - http://"+microvm.GatewayAddr+"/v1/models"); got != "gateway saw /v1/models" {
+		t.Fatalf("the guest's way to the gateway: %q", got)
+	}
+	// restrict=on: the host's other loopback services are out of reach.
+	other, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	port := other.Addr().(*net.TCPAddr).Port
+	if out := sh(t, p, src.ID, fmt.Sprintf("wget -q -T 3 -O - http://10.0.2.2:%d/ >/dev/null 2>&1 && echo reached || echo refused", port)); out != "refused\n" {
+		t.Fatalf("the guest reached the host's loopback: %q", out)
+	}
+
+	// A counter in memory only (a shell variable), printed to a file.
+	sh(t, p, src.ID, `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 &
+		until [ -s /tmp/count ]; do sleep 0.05; done`)
+	sh(t, p, src.ID, "echo kept > /work/file")
+	up := uptime(t, p, src.ID)
+	snap, err := p.Snapshot(ctx, src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.DeleteSnapshot(ctx, snap.ID)
+	if !snap.KeepsProcesses || snap.NewBytes <= 0 {
+		t.Fatalf("snapshot info %+v", snap)
+	}
+	forks, err := p.Fork(ctx, snap.ID, 2, sandbox.ForkSpec{Expiry: time.Now().Add(10 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range forks {
+		defer p.Delete(ctx, f.ID)
+	}
+	for _, f := range forks {
+		if got := sh(t, p, f.ID, "cat /work/file"); got != "kept\n" {
+			t.Fatalf("fork %s: /work/file %q", f.ID, got)
+		}
+		// The counter goes on from where the snapshot left it.
+		first, _ := strconv.Atoi(strings.TrimSpace(sh(t, p, f.ID, "cat /tmp/count")))
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			n, _ := strconv.Atoi(strings.TrimSpace(sh(t, p, f.ID, "cat /tmp/count")))
+			if n > first {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("fork %s: the counter stopped at %d", f.ID, n)
+			}
+			time.Sleep(50 * time.Millisecond) // poll interval, bounded by the deadline above
+		}
+		if u := uptime(t, p, f.ID); u < up {
+			t.Fatalf("fork %s: uptime %.2f went back from %.2f", f.ID, u, up)
+		}
+		if got := sh(t, p, f.ID, "wget -q -O - http://"+microvm.GatewayAddr+"/again"); got != "gateway saw /again" {
+			t.Fatalf("fork %s: the way to the gateway: %q", f.ID, got)
+		}
+	}
+	// The forks are separate machines.
+	sh(t, p, forks[0].ID, "echo zero > /work/file")
+	if got := sh(t, p, forks[1].ID, "cat /work/file"); got != "kept\n" {
+		t.Fatalf("fork 1 sees fork 0's write: %q", got)
+	}
+	// The clock: set it an hour ahead, read it back.
+	want := time.Now().Add(time.Hour)
+	if err := p.SetClock(ctx, forks[0].ID, want); err != nil {
+		t.Fatal(err)
+	}
+	in, err := p.GuestInfo(ctx, forks[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Duration((in.Wall - float64(want.UnixNano())/1e9) * float64(time.Second)); d < -time.Second || d > 30*time.Second {
+		t.Fatalf("guest wall after SetClock is off by %s", d)
+	}
+}
+
+// A killed keeper leaves its QEMU running; GC finds and ends it.
+func TestGCEndsQEMUOfADeadKeeper(t *testing.T) {
+	p := newProvider(t, microvm.Options{})
+	info, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(10 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(ctx, info.ID)
+	var keeper, qemu int
+	for _, pid := range hostProcesses(info.ID) {
+		b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if bytes.Contains(b, []byte("keeper")) {
+			keeper = pid
+		} else if bytes.Contains(b, []byte(microvm.QEMU)) {
+			qemu = pid
+		}
+	}
+	if keeper == 0 || qemu == 0 {
+		t.Fatalf("keeper %d, QEMU %d among %v", keeper, qemu, hostProcesses(info.ID))
+	}
+	if err := syscall.Kill(keeper, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := p.Get(ctx, info.ID); errors.Is(err, sandbox.ErrWrongState) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox of a killed keeper still reads as running")
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+	if err := syscall.Kill(qemu, 0); err != nil {
+		t.Fatalf("QEMU died with its keeper (%v): GC would have nothing to do", err)
+	}
+	reaped, err := p.GC(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reaped) != 1 || reaped[0] != info.ID {
+		t.Fatalf("GC reaped %v, want [%s]", reaped, info.ID)
+	}
+	if left := hostProcesses(info.ID); len(left) > 0 {
+		t.Fatalf("processes left after GC: %v", left)
+	}
+}

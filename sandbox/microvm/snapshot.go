@@ -1,0 +1,325 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"stasis/atomicfile"
+	"stasis/sandbox"
+)
+
+// stateFile is the migration stream's name inside a stored snapshot tree.
+const stateFile = "vm.state"
+
+// snapMeta is snapshots/microvm/ID.json. A deleted snapshot keeps its file
+// as a tombstone, so its id is never handed out again.
+type snapMeta struct {
+	ID       string            `json:"id"`
+	Name     string            `json:"name,omitempty"`
+	Sandbox  string            `json:"sandbox"`
+	Manifest string            `json:"manifest"`
+	Created  time.Time         `json:"created"`
+	VM       vmConfig          `json:"vm"` // the machine the state was saved from
+	Env      map[string]string `json:"env,omitempty"`
+	Bytes    int64             `json:"bytes"`
+	NewBytes int64             `json:"new_bytes"`
+	// Paused is how long the guest was stopped for the save.
+	Paused  time.Duration `json:"paused_ns"`
+	Deleted bool          `json:"deleted,omitempty"`
+}
+
+func (p *Provider) snapPath(id string) string { return filepath.Join(p.snapDir, id+".json") }
+
+func (s snapMeta) info() sandbox.SnapshotInfo {
+	return sandbox.SnapshotInfo{ID: s.ID, Name: s.Name, Sandbox: s.Sandbox, Provider: Name, Created: s.Created, KeepsProcesses: true, Bytes: s.Bytes, NewBytes: s.NewBytes}
+}
+
+func (p *Provider) readSnap(op, id string) (snapMeta, error) {
+	var s snapMeta
+	if !validID(id, "vms-") {
+		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "not a microvm snapshot id (vms- and 16 hex digits)")
+	}
+	b, err := os.ReadFile(p.snapPath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "no such snapshot")
+	}
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("%s snapshot %s: %w", op, id, err)
+	}
+	if s.Deleted {
+		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "it was deleted")
+	}
+	return s, nil
+}
+
+// flock takes an advisory lock on path (shared or exclusive) until the
+// returned function is called.
+func flock(path string, exclusive bool) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	how := unix.LOCK_SH
+	if exclusive {
+		how = unix.LOCK_EX
+	}
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+}
+
+// Snapshot stops the guest, saves its whole state (memory and devices: the
+// processes and the RAM root file system) by a QEMU migration to a file,
+// lets the guest run on, and stores the state content-addressed.
+func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
+	m, _, err := p.live("snapshot", id)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	unlock, err := flock(filepath.Join(p.sbDir(id), lockFile), true)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	defer unlock()
+	tmp, err := os.MkdirTemp(p.stateDir, "save-"+id+"-")
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	defer os.RemoveAll(tmp)
+	paused, err := p.save(ctx, id, filepath.Join(tmp, stateFile))
+	if err != nil {
+		if _, err2 := p.running("snapshot", m); err2 != nil {
+			return sandbox.SnapshotInfo{}, err2
+		}
+		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
+	}
+	unlockBlobs, err := flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	defer unlockBlobs()
+	manifest, st, err := p.cas.Snapshot(ctx, tmp, m.LastManifest)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: store the state: %w", what(id), err)
+	}
+	vm := m.VM
+	vm.Port, vm.Incoming = 0, ""
+	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), VM: vm, Env: m.Env, Bytes: st.Bytes, NewBytes: st.NewBytes, Paused: paused}
+	for {
+		s.ID = newID("vms-")
+		f, err := os.OpenFile(p.snapPath(s.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if errors.Is(err, os.ErrExist) {
+			continue // an id is never reused, not even a deleted one's
+		}
+		if err != nil {
+			return sandbox.SnapshotInfo{}, err
+		}
+		f.Close()
+		break
+	}
+	if err := atomicfile.WriteJSON(p.snapPath(s.ID), s, 0o600); err != nil {
+		_ = os.Remove(p.snapPath(s.ID))
+		return sandbox.SnapshotInfo{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if m2, err := p.readMeta("snapshot", id); err == nil {
+		m2.LastManifest = manifest
+		if err := p.writeMeta(m2); err != nil {
+			return sandbox.SnapshotInfo{}, err
+		}
+	}
+	return s.info(), nil
+}
+
+// save stops the VM, migrates its state to path and continues it; it
+// returns how long the guest was stopped.
+func (p *Provider) save(ctx context.Context, id, path string) (time.Duration, error) {
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	mon, err := monitor(mctx, filepath.Join(p.sbDir(id), qmpFile))
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	defer mon.Close()
+	// The default bandwidth cap (128 MiB/s) would set the pace of a
+	// stopped guest's save; the disk sets it instead.
+	if err := qmpRun(mon, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := qmpRun(mon, "stop", nil, nil); err != nil {
+		return 0, err
+	}
+	defer func() { _ = qmpRun(mon, "cont", nil, nil) }()
+	if err := qmpRun(mon, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}, nil); err != nil {
+		return 0, err
+	}
+	if _, err := waitMigration(ctx, mon); err != nil {
+		return 0, err
+	}
+	if err := qmpRun(mon, "cont", nil, nil); err != nil {
+		return 0, err
+	}
+	took := time.Since(start)
+	if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
+		return 0, fmt.Errorf("the saved state %s is missing or empty (%v)", path, err)
+	}
+	return took, nil
+}
+
+// GetSnapshot describes a snapshot.
+func (p *Provider) GetSnapshot(ctx context.Context, id string) (sandbox.SnapshotInfo, error) {
+	s, err := p.readSnap("get", id)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	return s.info(), nil
+}
+
+// Fork starts n microVMs from a snapshot, all or nothing: the state is
+// restored from the store once, and each fork's QEMU starts from it with
+// its own port; the snapshot's processes continue in each.
+func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
+	if n < 1 {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", "snapshot "+snap, "count %d: fork at least one", n)
+	}
+	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", "snapshot "+snap, "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+	}
+	s, err := p.readSnap("fork", snap)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(p.stateDir, "restore-"+snap+"-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	unlockBlobs, err := flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
+	if err != nil {
+		return nil, err
+	}
+	_, err = p.cas.Restore(ctx, s.Manifest, filepath.Join(tmp, "tree"))
+	unlockBlobs()
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: restore the saved state: %w", snap, err)
+	}
+	state := filepath.Join(tmp, "tree", stateFile)
+
+	made := make([]sandbox.Info, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		if p.o.ForkHook != nil {
+			if err := p.o.ForkHook(snap, i); err != nil {
+				errs[i] = err
+				continue
+			}
+		}
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			made[i], errs[i] = p.forkOne(ctx, s, state, spec)
+		}(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil {
+			continue
+		}
+		for _, info := range made {
+			if info.ID != "" {
+				_ = p.retire(info.ID)
+			}
+		}
+		return nil, fmt.Errorf("fork %s: sandbox %d of %d failed, so none was kept: %w", snap, i+1, n, err)
+	}
+	return made, nil
+}
+
+func (p *Provider) forkOne(ctx context.Context, s snapMeta, state string, spec sandbox.ForkSpec) (sandbox.Info, error) {
+	m := meta{ID: newID("vm-"), Labels: spec.Labels, Env: s.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), Source: s.ID, VM: s.VM, LastManifest: s.Manifest}
+	m.VM.Incoming = state
+	// A fork's gateway is this provider's (the host's socket may have
+	// moved since the save).
+	base := p.baseVM()
+	m.VM.Gateway, m.VM.Pipe = base.Gateway, base.Pipe
+	if err := p.boot(ctx, &m); err != nil {
+		_ = p.retire(m.ID)
+		return sandbox.Info{}, err
+	}
+	// The state file goes when Fork returns; nothing reads it again.
+	p.mu.Lock()
+	m.VM.Incoming = ""
+	err := p.writeMeta(m)
+	p.mu.Unlock()
+	if err != nil {
+		_ = p.retire(m.ID)
+		return sandbox.Info{}, err
+	}
+	return p.info(m, sandbox.StateRunning), nil
+}
+
+// DeleteSnapshot deletes a snapshot (idempotent) and frees the blobs that
+// nothing else references.
+func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
+	s, err := p.readSnap("delete", id)
+	if errors.Is(err, sandbox.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.Deleted = true
+	if err := atomicfile.WriteJSON(p.snapPath(id), s, 0o600); err != nil {
+		return err
+	}
+	_, _, err = p.CollectBlobs(ctx)
+	return err
+}
+
+// CollectBlobs deletes blobs that no snapshot and no sandbox's incremental
+// base references.
+func (p *Provider) CollectBlobs(ctx context.Context) (int, int64, error) {
+	unlock, err := flock(filepath.Join(p.o.Home, "vmblobs.lock"), true)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unlock()
+	var live []string
+	ents, err := os.ReadDir(p.snapDir)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, e := range ents {
+		id := strings.TrimSuffix(e.Name(), ".json")
+		if s, err := p.readSnap("gc", id); err == nil && s.Manifest != "" {
+			live = append(live, s.Manifest)
+		}
+	}
+	sbs, err := os.ReadDir(p.dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, e := range sbs {
+		if m, err := readMetaAt(filepath.Join(p.dir, e.Name())); err == nil && m.LastManifest != "" {
+			live = append(live, m.LastManifest)
+		}
+	}
+	return p.cas.GC(ctx, live)
+}

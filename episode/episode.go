@@ -105,8 +105,12 @@ func (spec Spec) budget() time.Duration {
 
 // Episode is a running (or ended) episode.
 type Episode struct {
-	env     *Env
-	spec    Spec
+	env  *Env
+	spec Spec
+	// name is the episode's name at the gateway and in the verdicts:
+	// spec.ID, but for a copy made by ResumeCopy (whose sandbox still
+	// holds the original's files, under the original's id).
+	name    string
 	sess    *checkpoint.Session
 	launch  harness.Launch
 	attempt int
@@ -254,7 +258,7 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: register with the gateway: %w", spec.ID, err)
 	}
-	e := &Episode{env: env, spec: spec, launch: env.launch(spec)}
+	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec)}
 	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), 0)
 	o.Spec = sandbox.Spec{
 		Root: tree, Env: spec.Task.EnvMap(), Expiry: spec.Expiry,
@@ -325,7 +329,7 @@ func (e *Episode) boot(ctx context.Context, cred relay.Credentials) error {
 }
 
 // ID is the episode's id.
-func (e *Episode) ID() string { return e.spec.ID }
+func (e *Episode) ID() string { return e.name }
 
 // SandboxID is the episode's sandbox.
 func (e *Episode) SandboxID() string { return e.sess.SandboxID() }
@@ -378,7 +382,7 @@ func (e *Episode) Verify(ctx context.Context) (task.Verdict, bool, error) {
 	if e.env.Verifier == nil {
 		return task.Verdict{}, false, errors.New("episode: no verifier")
 	}
-	return e.env.Verifier.Verify(ctx, e.spec.ID, e.sess.SandboxID(), e.spec.Task, e.ended)
+	return e.env.Verifier.Verify(ctx, e.name, e.sess.SandboxID(), e.spec.Task, e.ended)
 }
 
 // Snapshot is a paused episode's snapshot and its checkpoint state.
@@ -463,7 +467,7 @@ func RelaunchIn(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSess
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
 	}
-	e := &Episode{env: env, spec: spec, launch: env.launch(spec), attempt: st.Attempt}
+	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec), attempt: st.Attempt}
 	o := env.sessionOptions(spec, spec.Harness.Resume(e.launch, harnessSession), st.Attempt)
 	o.Sandbox, o.Adopt, o.HarnessSession = sandboxID, true, harnessSession
 	sess, err := checkpoint.NewSession(ctx, o)
@@ -489,10 +493,31 @@ var ErrNotSameLaunch = errors.New("the supervisor in the fork is not the recorde
 // harness (the relay re-issues the calls it had not delivered). On
 // ErrNotSameLaunch nothing has changed and the caller relaunches instead.
 func ResumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State) (*Episode, error) {
+	return resumeInPlace(ctx, env, spec, sandboxID, rec, "")
+}
+
+// ResumeCopy is ResumeInPlace for a second (third, ...) fork of the same
+// snapshot: the copy continues as episode name, with its own gateway
+// registration and a ledger that starts as a copy of the original's up to
+// the relay's delivered count, so that each copy's ledger holds exactly the
+// responses its harness acted on. Inside the sandbox it keeps the
+// original's paths. The original's ledger is not touched.
+func ResumeCopy(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State, name string) (*Episode, error) {
+	if name == "" || name == spec.ID {
+		return nil, fmt.Errorf("episode %s: a copy needs a name of its own", spec.ID)
+	}
+	return resumeInPlace(ctx, env, spec, sandboxID, rec, name)
+}
+
+func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State, copyName string) (*Episode, error) {
 	if err := spec.check(); err != nil {
 		return nil, err
 	}
-	e := &Episode{env: env, spec: spec, launch: env.launch(spec), attempt: rec.Attempt}
+	name := spec.ID
+	if copyName != "" {
+		name = copyName
+	}
+	e := &Episode{env: env, spec: spec, name: name, launch: env.launch(spec), attempt: rec.Attempt}
 	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), rec.Attempt)
 	o.Sandbox, o.Adopt, o.Running, o.HarnessSession = sandboxID, true, true, rec.HarnessSession
 	sess, err := checkpoint.NewSession(ctx, o)
@@ -511,7 +536,12 @@ func ResumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	if rec.RelayDelivered != nil {
 		delivered = *rec.RelayDelivered
 	}
-	gst, err := env.Gateway.Restore(spec.ID, true, delivered)
+	if copyName != "" {
+		if _, err := env.Gateway.Fork(spec.ID, copyName, delivered); err != nil {
+			return nil, fmt.Errorf("episode %s: copy %s at the gateway: %w", spec.ID, copyName, err)
+		}
+	}
+	gst, err := env.Gateway.Restore(name, true, delivered)
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
 	}
@@ -538,7 +568,7 @@ func Attach(ctx context.Context, env *Env, spec Spec, sandboxID string, attempt 
 	if _, err := env.Provider.Get(ctx, sandboxID); err != nil {
 		return nil, fmt.Errorf("episode %s: sandbox %s: %w", spec.ID, sandboxID, err)
 	}
-	e := &Episode{env: env, spec: spec, launch: env.launch(spec), attempt: attempt}
+	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec), attempt: attempt}
 	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), attempt)
 	o.Sandbox, o.Adopt, o.Running = sandboxID, true, true
 	sess, err := checkpoint.NewSession(ctx, o)

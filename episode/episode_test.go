@@ -20,6 +20,7 @@ import (
 	"stasis/ledger"
 	"stasis/model"
 	"stasis/relay"
+	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/stasistest"
 	"stasis/store"
@@ -50,6 +51,25 @@ type rig struct {
 }
 
 func newRig(t *testing.T) *rig {
+	t.Helper()
+	return newRigOn(t, func(gwDir, sock string) (sandbox.Provider, string, string) {
+		ro := map[string]string{}
+		if prefix, ok := harness.OpenCodeBind(); ok {
+			ro[prefix] = harness.OpenCodeSandboxDir
+		}
+		p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}, ReadOnlyBinds: ro})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, "unix://" + sock, ""
+	})
+}
+
+// newRigOn is newRig on the provider mk makes, given the gateway socket's
+// directory and path; mk returns the provider, the gateway's URL as the
+// relays see it, and where the provider puts stasis in its sandboxes
+// (empty: it is copied in).
+func newRigOn(t *testing.T, mk func(gwDir, sock string) (sandbox.Provider, string, string)) *rig {
 	t.Helper()
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) }) // runs last
 	ts, err := task.Builtin()
@@ -104,23 +124,16 @@ func newRig(t *testing.T) *rig {
 	})
 	r.gw = gw
 
-	ro := map[string]string{}
-	if prefix, ok := harness.OpenCodeBind(); ok {
-		ro[prefix] = harness.OpenCodeSandboxDir
-	}
-	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}, ReadOnlyBinds: ro})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, gwURL, inSandbox := mk(gwDir, sock)
 	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "store.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	r.env = &episode.Env{
-		Provider: p, Gateway: gw, GatewayURL: "unix://" + sock, Model: model.DefaultName,
+		Provider: p, Gateway: gw, GatewayURL: gwURL, Model: model.DefaultName,
 		Verifier: &task.Verifier{Store: st, Provider: p},
-		Binary:   stasistest.Exe(), BinaryEnv: stasistest.EnvMap,
+		Binary:   stasistest.Exe(), BinaryEnv: stasistest.EnvMap, BinaryInSandbox: inSandbox,
 	}
 	return r
 }

@@ -260,6 +260,48 @@ func (g *Gateway) Restore(id string, inPlace bool, delivered int64) (EpisodeStat
 	return next, nil
 }
 
+// Fork registers episode dst as a copy of src's history up to position
+// upTo: dst gets its own token and a ledger holding src's first upTo
+// entries (appended anew, so under dst's own hash chain), and src's
+// attempt, so that a Restore of dst starts a newer one. It is how one
+// checkpointed episode continues as several (a fork of N), each with its
+// own ledger.
+func (g *Gateway) Fork(src, dst string, upTo int64) (EpisodeState, error) {
+	if err := g.load(src); err != nil {
+		return EpisodeState{}, err
+	}
+	l, err := g.ledger(src)
+	if err != nil {
+		return EpisodeState{}, err
+	}
+	entries := l.Entries()
+	if upTo < 0 || upTo > int64(len(entries)) {
+		return EpisodeState{}, fmt.Errorf("episode %q: cannot fork its ledger of %d entries at %d", src, len(entries), upTo)
+	}
+	if _, err := g.AddEpisode(dst); err != nil {
+		return EpisodeState{}, err
+	}
+	dl, err := g.ledger(dst)
+	if err != nil {
+		return EpisodeState{}, err
+	}
+	for _, e := range entries[:upTo] {
+		e.Seq, e.Parent, e.Hash = 0, "", ""
+		if _, err := dl.Append(e); err != nil {
+			return EpisodeState{}, fmt.Errorf("episode %q: copy %s's entry %s: %w", dst, src, e.CallID, err)
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	next := *g.episodes[dst]
+	next.Attempt = g.episodes[src].Attempt
+	if err := g.saveLocked(&next); err != nil {
+		return EpisodeState{}, err
+	}
+	*g.episodes[dst] = next
+	return next, nil
+}
+
 func (g *Gateway) epLock(id string) *sync.Mutex {
 	g.mu.Lock()
 	defer g.mu.Unlock()

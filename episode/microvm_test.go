@@ -1,0 +1,165 @@
+package episode_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"stasis/episode"
+	"stasis/harness"
+	"stasis/ledger"
+	"stasis/sandbox"
+	"stasis/sandbox/microvm"
+	"stasis/stasistest"
+	"stasis/supervisor"
+	"stasis/task"
+)
+
+// newMicroVMRig is the rig on the microVM provider: the guest image holds
+// a static stasis at the bound binary's path, and QEMU forwards the
+// guest's GatewayAddr to the gateway's socket.
+func newMicroVMRig(t *testing.T) (*rig, *microvm.Provider) {
+	t.Helper()
+	if os.Getenv(microvm.KernelEnv) == "" {
+		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel)", microvm.KernelEnv)
+	}
+	var mp *microvm.Provider
+	r := newRigOn(t, func(gwDir, sock string) (sandbox.Provider, string, string) {
+		var err error
+		mp, err = microvm.New(context.Background(), microvm.Options{
+			Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env,
+			GuestBinary: stasistest.StaticBinary(t), Gateway: sock,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mp, "http://" + microvm.GatewayAddr, harness.BoundBinaryPath
+	})
+	return r, mp
+}
+
+// A mini episode in a microVM is hold-paused while its third model call
+// is held at the gateway, snapshotted with its processes, and restored
+// twice from that one snapshot (a fork of 2): one copy in place under its
+// own name, one as a copy with a ledger of its own. Both finish with
+// reward 1 without a relaunch, each ledger verifies with the held call
+// re-issued once under the new attempt, and the guest's wall clock does
+// not jump across the restore (continuous policy).
+func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
+	r, mp := newMicroVMRig(t)
+	tk, err := task.Lookup(r.tasks, "sh-renext-spaces")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := "vm-hold"
+	g := r.gate(id, 3)
+	defer g.Open()
+	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini")}
+	e, err := episode.Start(ctx, r.env, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			_ = e.Close(context.Background())
+		}
+	}()
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		r.dump(t, e)
+		t.Fatal("the third model call never came")
+	}
+	snap, err := e.PauseAndSnapshot(ctx, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mp.DeleteSnapshot(context.Background(), snap.ID)
+	st := snap.State
+	if st.PauseMode != supervisor.ModeHold || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != 2 {
+		t.Fatalf("pause state: %+v", st)
+	}
+	// The crash: the source VM is gone; its held call dies with it.
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	g.Open()
+
+	forks, err := mp.Fork(ctx, snap.ID, 2, episode.ForkSpec(spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyID := id + "-copy"
+	var eps []*episode.Episode
+	for i, f := range forks {
+		var e2 *episode.Episode
+		if i == 0 {
+			e2, err = episode.ResumeInPlace(ctx, r.env, spec, f.ID, st)
+		} else {
+			e2, err = episode.ResumeCopy(ctx, r.env, spec, f.ID, st, copyID)
+		}
+		if err != nil {
+			for _, f := range forks {
+				_ = mp.Delete(context.Background(), f.ID)
+			}
+			t.Fatalf("fork %d: %v", i, err)
+		}
+		eps = append(eps, e2)
+		defer e2.Close(context.Background())
+	}
+	for _, e2 := range eps {
+		// The clock: continuous across the restore.
+		cf := e2.Clock()
+		in, err := mp.GuestInfo(ctx, e2.SandboxID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		jump := (in.Wall - st.PauseWall) - (in.Uptime - st.PauseUptime)
+		if jump > 1 || jump < -1 {
+			t.Fatalf("%s: the guest's wall clock jumped %.3fs across the restore (clock fix %+v)", e2.ID(), jump, cf)
+		}
+		if cf.Policy != episode.ClockContinuous {
+			t.Fatalf("%s: clock policy %q", e2.ID(), cf.Policy)
+		}
+	}
+	for _, e2 := range eps {
+		if v := r.finish(t, ctx, e2); v.Reward != 1 {
+			t.Fatalf("%s: reward %d: %v %v\n%s", e2.ID(), v.Reward, v.FailToPass, v.PassToPass, v.Output)
+		}
+		if e2.Attempt() < 1 {
+			t.Fatalf("%s: attempt %d after a restore", e2.ID(), e2.Attempt())
+		}
+		hist, err := ledger.Read(r.gw.LedgerDir(), e2.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hist.Entries) < 3 {
+			t.Fatalf("%s: %d ledger entries", e2.ID(), len(hist.Entries))
+		}
+		// Entries 1 and 2 are the original's; entry 3 is the held call,
+		// made once, under the new attempt.
+		for i, en := range hist.Entries {
+			if want := 0; i < 2 && en.Attempt != want {
+				t.Fatalf("%s: entry %d attempt %d, want %d", e2.ID(), i+1, en.Attempt, want)
+			}
+			if i >= 2 && en.Attempt < 1 {
+				t.Fatalf("%s: entry %d attempt %d after the restore", e2.ID(), i+1, en.Attempt)
+			}
+			if en.Boundary {
+				t.Fatalf("%s: entry %d marks a relaunch boundary, but the episode resumed in place", e2.ID(), i+1)
+			}
+		}
+	}
+	// The two ledgers are separate files.
+	a, _ := ledger.Path(r.gw.LedgerDir(), id)
+	b, _ := ledger.Path(r.gw.LedgerDir(), copyID)
+	if filepath.Clean(a) == filepath.Clean(b) {
+		t.Fatal("one ledger for both copies")
+	}
+}

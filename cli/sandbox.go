@@ -23,6 +23,7 @@ import (
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
+	"stasis/sandbox/opensandbox"
 	"stasis/store"
 )
 
@@ -33,8 +34,10 @@ func openProvider(name string) (sandbox.Provider, error) {
 		return openLocal()
 	case microvm.Name:
 		return openMicroVM(context.Background())
+	case opensandbox.Name:
+		return opensandbox.FromEnv()
 	}
-	return nil, &exitError{code: 2, err: fmt.Errorf("--provider %q: the providers are: local, microvm", name)}
+	return nil, &exitError{code: 2, err: fmt.Errorf("--provider %q: the providers are: local, microvm, opensandbox", name)}
 }
 
 func openLocal() (*local.Provider, error) {
@@ -92,7 +95,7 @@ what it needs and whether KVM or TCG is used.
 Exit status: 0 done; 2 bad request; 3 no such (or expired) sandbox or
 snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	}
-	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: local or microvm")
+	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: local, microvm or opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY)")
 	open := func() (sandbox.Provider, error) { return openProvider(provider) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
@@ -500,6 +503,11 @@ func newSandboxGCCmd(provider *string) *cobra.Command {
 				p, err = openMicroVM(cmd.Context())
 			case local.Name:
 				p, err = openLocal()
+			case opensandbox.Name:
+				var op *opensandbox.Provider
+				if op, err = opensandbox.FromEnv(); err == nil {
+					p = noBlobs{op}
+				}
 			default:
 				_, err = openProvider(*provider)
 			}
@@ -522,6 +530,16 @@ func newSandboxGCCmd(provider *string) *cobra.Command {
 		},
 	}
 }
+
+// noBlobs is a provider whose snapshots a service keeps: nothing of them
+// is on this machine to collect.
+type noBlobs struct{ gcer }
+
+type gcer interface {
+	GC(context.Context) ([]string, error)
+}
+
+func (noBlobs) CollectBlobs(context.Context) (int, int64, error) { return 0, 0, nil }
 
 func newSandboxExtendCmd(open opener) *cobra.Command {
 	var ttl time.Duration

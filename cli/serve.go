@@ -31,7 +31,7 @@ func newServeCmd() *cobra.Command {
 		listen, state, tasksSpec, repos, upstream, keyEnv, modelName string
 		concurrency                                                  int
 		logFormat, logLevel                                          string
-		provider, guestBinary, clockPolicy                           string
+		provider, guestBinary, clockPolicy, gwListen, gwURL          string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --listen ADDR --state DIR [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
@@ -65,7 +65,12 @@ With --provider microvm, episodes pause by hold (the relay holds the model
 calls; the harness is not signalled), a checkpoint saves each whole VM, and a
 restore resumes each episode in place in its fork, with the guest's wall
 clock set by --clock-policy; a fork whose supervisor is not the recorded
-launch is relaunched instead, and the restore says why. Without --model-upstream the server runs
+launch is relaunched instead, and the restore says why.
+
+With --provider opensandbox the sandboxes are the OpenSandbox server's at
+OPENSANDBOX_URL (OPENSANDBOX_API_KEY its key): their relays reach the gateway
+at --gateway-listen (or --gateway-url), stasis is copied into each, pauses
+stop the harness and a restore relaunches it. Without --model-upstream the server runs
 the scripted model in-process, solving the tasks it loaded; with it the
 gateway forwards the model calls there.
 
@@ -121,6 +126,7 @@ start or failed.`,
 				State: state, Tasks: ts, ModelUpstream: upstream, ModelKey: os.Getenv(keyEnv), Model: modelName,
 				Concurrency: concurrency, Logger: log, BinaryEnv: selfEnv(),
 				Provider: provider, GuestBinary: guestBinary, ClockPolicy: clockPolicy,
+				GatewayListen: gwListen, GatewayURL: gwURL,
 			}
 			ln, shown, err := serve.Listen(listen)
 			if err != nil {
@@ -145,7 +151,9 @@ start or failed.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path")
-	f.StringVar(&provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore) or microvm (QEMU; hold pauses, resume in place)")
+	f.StringVar(&provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place) or opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch)")
+	f.StringVar(&gwListen, "gateway-listen", "", "hosted providers: a TCP address where the gateway also listens for the sandboxes' relays")
+	f.StringVar(&gwURL, "gateway-url", "", "hosted providers: the gateway's URL as the sandboxes reach it (default: http:// and the --gateway-listen address)")
 	f.StringVar(&guestBinary, "guest-binary", "", "microvm: the static stasis binary for the guest image (default: this binary, which must be static)")
 	f.StringVar(&clockPolicy, "clock-policy", "continuous", "microvm: a guest's wall clock after a resume in place: continuous (pause wall + uptime since) or host")
 	f.StringVar(&state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")

@@ -72,10 +72,13 @@ const (
 	ClockHost = "host"
 )
 
-// ClockSetter is implemented by providers that can set a sandbox's wall
-// clock directly (the microVM's agent); others get `date -s` through Exec.
+// ClockSetter is implemented by providers that can read and set a
+// sandbox's clocks directly, to the nanosecond (the microVM's agent);
+// others get `cat /proc/uptime; date +%s` and `date -s` through Exec.
 type ClockSetter interface {
 	SetClock(ctx context.Context, id string, wall time.Time) error
+	// Clocks returns the sandbox's wall clock (unix seconds) and uptime.
+	Clocks(ctx context.Context, id string) (wall, uptime float64, err error)
 }
 
 // Spec describes one episode.
@@ -143,26 +146,35 @@ func (env *Env) setClock(ctx context.Context, sandboxID string, rec checkpoint.S
 	if f.Policy != ClockContinuous && f.Policy != ClockHost {
 		return f, fmt.Errorf("clock policy %q: use %s or %s", f.Policy, ClockContinuous, ClockHost)
 	}
-	var out bytes.Buffer
-	res, err := env.Provider.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"sh", "-c", "cat /proc/uptime; date +%s"}, Stdout: &out, Timeout: 30 * time.Second})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("exit %d", res.ExitCode)
-	}
-	fields := strings.Fields(out.String())
-	if err == nil && len(fields) < 3 {
-		err = fmt.Errorf("unexpected output %q", out.String())
+	cs, direct := env.Provider.(ClockSetter)
+	var err error
+	var res sandbox.ExecResult
+	if direct {
+		f.Before, f.Uptime, err = cs.Clocks(ctx, sandboxID)
+	} else {
+		var out bytes.Buffer
+		res, err = env.Provider.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"sh", "-c", "cat /proc/uptime; date +%s"}, Stdout: &out, Timeout: 30 * time.Second})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("exit %d", res.ExitCode)
+		}
+		fields := strings.Fields(out.String())
+		if err == nil && len(fields) < 3 {
+			err = fmt.Errorf("unexpected output %q", out.String())
+		}
+		if err == nil {
+			f.Uptime, _ = strconv.ParseFloat(fields[0], 64)
+			f.Before, _ = strconv.ParseFloat(fields[2], 64)
+		}
 	}
 	if err != nil {
 		return f, fmt.Errorf("read the guest's clocks: %w", err)
 	}
-	f.Uptime, _ = strconv.ParseFloat(fields[0], 64)
-	f.Before, _ = strconv.ParseFloat(fields[2], 64)
 	want := time.Now()
 	if f.Policy == ClockContinuous {
 		secs := rec.PauseWall + (f.Uptime - rec.PauseUptime)
 		want = time.Unix(0, int64(secs*1e9))
 	}
-	if cs, ok := env.Provider.(ClockSetter); ok {
+	if direct {
 		err = cs.SetClock(ctx, sandboxID, want)
 	} else {
 		res, err = env.Provider.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"date", "-u", "-s", fmt.Sprintf("@%d", want.Unix())}, Timeout: 30 * time.Second})

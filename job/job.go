@@ -33,6 +33,7 @@ import (
 	"stasis/model"
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
+	"stasis/sandbox/opensandbox"
 	"stasis/task"
 )
 
@@ -49,6 +50,10 @@ type Options struct {
 	// GuestBinary is the static stasis for microVM guests (default: Exe,
 	// which must then be static).
 	GuestBinary string
+	// GatewayListen and GatewayURL: where the gateway listens for a hosted
+	// provider's sandboxes (default 127.0.0.1:0), and its URL as they
+	// reach it (default: http:// and the address it listens on).
+	GatewayListen, GatewayURL string
 	// CheckpointAt is the fraction of the episodes' model calls after which
 	// the checkpoint is taken (0 < x < 1).
 	CheckpointAt float64
@@ -306,6 +311,9 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		_ = srv.cmd.Process.Signal(syscall.SIGKILL)
 		_ = srv.cmd.Wait()
 		n, err := crashSandboxes(o.State)
+		if err == nil && hostedProvider(o.Provider) {
+			n, err = crashHosted(ctx, o.Provider)
+		}
 		if err != nil {
 			return rep, fmt.Errorf("crash: %w", err)
 		}
@@ -458,8 +466,12 @@ func (o *Options) defaults() error {
 		if o.Harness != "mini" {
 			return fmt.Errorf("--provider microvm runs the mini harness only (OpenCode needs a glibc userland; the guest has busybox): use --harness mini")
 		}
+	case opensandbox.Name:
+		if o.Harness != "mini" {
+			return fmt.Errorf("--provider %s runs the mini harness (stasis is copied into each sandbox; OpenCode is not): use --harness mini", o.Provider)
+		}
 	default:
-		return fmt.Errorf("--provider %q: want local or microvm", o.Provider)
+		return fmt.Errorf("--provider %q: want local, microvm or opensandbox", o.Provider)
 	}
 	if o.CheckpointAt == 0 {
 		o.CheckpointAt = 0.5
@@ -490,6 +502,36 @@ func (o *Options) defaults() error {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	return nil
+}
+
+// hostedProvider says whether a provider's sandboxes run elsewhere (a
+// service's), not on this machine.
+func hostedProvider(name string) bool { return name == opensandbox.Name }
+
+// crashHosted deletes, through the service, every sandbox of the run's
+// episodes: on a hosted provider a crash takes the sandboxes with it only
+// if someone deletes them, and the restore has nothing live to refuse.
+func crashHosted(ctx context.Context, name string) (int, error) {
+	p, err := opensandbox.FromEnv()
+	if err != nil {
+		return 0, err
+	}
+	defer p.Close()
+	sbs, err := p.List(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, sb := range sbs {
+		if sb.Labels["stasis.episode"] == "" {
+			continue
+		}
+		if err := p.Delete(ctx, sb.ID); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // crashSandboxes kills every sandbox of either provider under the state
@@ -536,6 +578,17 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", o.State, "--tasks", o.Tasks, "--model-upstream", modelURL, "--log-format", "json", "--provider", o.Provider}
 	if o.GuestBinary != "" {
 		args = append(args, "--guest-binary", o.GuestBinary)
+	}
+	if hostedProvider(o.Provider) {
+		// The sandboxes are elsewhere: the gateway listens on TCP too.
+		listen := o.GatewayListen
+		if listen == "" {
+			listen = "127.0.0.1:0"
+		}
+		args = append(args, "--gateway-listen", listen)
+		if o.GatewayURL != "" {
+			args = append(args, "--gateway-url", o.GatewayURL)
+		}
 	}
 	if o.Repos != "" {
 		args = append(args, "--repos", o.Repos)
@@ -680,6 +733,15 @@ func cleanup(s *server, o Options) error {
 		errs = append(errs, err)
 	} else if n > 0 {
 		o.Log.Warn("killed sandboxes the server left", "n", n)
+	}
+	if hostedProvider(o.Provider) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if n, err := crashHosted(ctx, o.Provider); err != nil {
+			errs = append(errs, err)
+		} else if n > 0 {
+			o.Log.Info("deleted the run's sandboxes on the service", "n", n)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -2,11 +2,15 @@ package job_test
 
 import (
 	"context"
+	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"stasis/job"
+	"stasis/sandbox/local"
+	"stasis/sandbox/opensandbox/osfake"
 	"stasis/stasistest"
 )
 
@@ -50,5 +54,97 @@ func TestRunWithCrash(t *testing.T) {
 	}
 	if _, err := job.Run(ctx, job.Options{N: 1, Harness: "claude"}); err == nil {
 		t.Fatal("an unknown harness ran")
+	}
+}
+
+// The main job on the microVM provider: mini episodes on the shell tasks,
+// hold pauses, a crash of the server and every VM, and a restore that
+// resumes every running episode in place in a fork of its VM snapshot,
+// with the guest clock kept continuous.
+func TestRunOnMicroVM(t *testing.T) {
+	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	rep, err := job.Run(ctx, job.Options{
+		Tasks: "builtin", N: 3, Harness: "mini", Provider: "microvm", CheckpointAt: 0.4, Crash: true,
+		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GuestBinary: stasistest.StaticBinary(t), TokenDelay: 3 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Episodes) != 3 || rep.Resolved != 3 || rep.Restore == nil {
+		t.Fatalf("report: %+v", rep)
+	}
+	inPlace := 0
+	for _, e := range rep.Episodes {
+		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "microvm" {
+			t.Errorf("episode %+v", e)
+		}
+		switch e.Resume {
+		case "in_place":
+			inPlace++
+			if e.ClockStep == nil {
+				t.Errorf("%s resumed in place with no clock fix reported", e.ID)
+			}
+		case "relaunch":
+			t.Errorf("%s relaunched on the microVM provider: %s", e.ID, e.ResumeWhy)
+		}
+	}
+	if inPlace == 0 {
+		t.Errorf("no episode resumed in place: the checkpoint fell after every episode ended: %+v", rep.Episodes)
+	}
+	left, _ := filepath.Glob(filepath.Join(tmp, "stasis-run-*"))
+	if len(left) != 0 {
+		t.Fatalf("state left behind: %v", left)
+	}
+}
+
+// The main job on the OpenSandbox provider, against the fake server: stop
+// pauses, a crash of the server with every sandbox deleted on the
+// service, and a restore that relaunches the running episodes from their
+// snapshots. The fake's sandboxes are local bubblewrap sandboxes, with no
+// network: their relays reach the gateway by the URL the server is given,
+// here a unix socket in a directory bound into them.
+func TestRunOnOpenSandboxFake(t *testing.T) {
+	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
+	gwDir, err := os.MkdirTemp("", "stasis-gw-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(gwDir) })
+	backend, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := osfake.New(osfake.Options{Backend: backend, APIKey: "test-key"})
+	srv := httptest.NewServer(fake)
+	t.Cleanup(func() { srv.Close(); fake.Close() })
+	t.Setenv("OPENSANDBOX_URL", srv.URL)
+	t.Setenv("OPENSANDBOX_API_KEY", "test-key")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	rep, err := job.Run(ctx, job.Options{
+		Tasks: "builtin", N: 3, Harness: "mini", Provider: "opensandbox", CheckpointAt: 0.4, Crash: true,
+		GatewayListen: "unix:" + filepath.Join(gwDir, "gw.sock"), GatewayURL: "unix://" + filepath.Join(gwDir, "gw.sock"),
+		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, TokenDelay: 3 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Episodes) != 3 || rep.Resolved != 3 || rep.Restore == nil {
+		t.Fatalf("report: %+v", rep)
+	}
+	for _, e := range rep.Episodes {
+		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "opensandbox" || e.Resume == "in_place" {
+			t.Errorf("episode %+v", e)
+		}
+	}
+	if left, err := backend.List(ctx, nil); err != nil || len(left) != 0 {
+		t.Fatalf("sandboxes left on the service: %v %v", left, err)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +37,7 @@ import (
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
+	"stasis/sandbox/opensandbox"
 	"stasis/serve"
 	"stasis/store"
 	"stasis/task"
@@ -73,6 +75,13 @@ type Options struct {
 	// GuestBinary is the static stasis binary the microvm provider puts in
 	// its guest image (default: Binary, which must then be static).
 	GuestBinary string
+	// GatewayListen is a TCP address where the gateway also listens, for
+	// hosted sandboxes (e2b, opensandbox), which cannot reach the unix
+	// socket; GatewayURL is that listener as their relays reach it
+	// (default: http:// and the address bound). Required for hosted
+	// providers.
+	GatewayListen string
+	GatewayURL    string
 	// ClockPolicy sets a guest's wall clock after a resume in place:
 	// continuous (the default) or host.
 	ClockPolicy string
@@ -106,6 +115,7 @@ type Server struct {
 	opencode bool // OpenCode is bound into the sandboxes
 
 	sockSrv  *http.Server
+	tcpSrv   *http.Server // the gateway for hosted sandboxes
 	modelSrv *http.Server
 	m        *metrics
 
@@ -229,6 +239,28 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		}
 	}
 	gatewayURL := "unix://" + s.sock
+	inSandbox := harness.BoundBinaryPath
+	hosted := func() error {
+		// Hosted sandboxes reach the gateway over the network, and get
+		// the stasis binary copied in (nothing of the host is bound).
+		if o.GatewayListen == "" {
+			return fmt.Errorf("server: the %s provider's sandboxes reach the gateway over the network: give it a TCP address to listen on (serve --gateway-listen) and, if they see it under another name, the URL (--gateway-url)", o.Provider)
+		}
+		ln, shown, err := serve.Listen(o.GatewayListen)
+		if err != nil {
+			return fmt.Errorf("server: --gateway-listen: %w", err)
+		}
+		s.tcpSrv = &http.Server{Handler: gh, ReadHeaderTimeout: 30 * time.Second}
+		go func() { _ = s.tcpSrv.Serve(ln) }()
+		gatewayURL = o.GatewayURL
+		if gatewayURL == "" && strings.HasPrefix(shown, "unix:") {
+			gatewayURL = "unix://" + strings.TrimPrefix(shown, "unix:")
+		} else if gatewayURL == "" {
+			gatewayURL = "http://" + shown
+		}
+		inSandbox = ""
+		return nil
+	}
 	switch o.Provider {
 	case "", local.Name:
 		ro := map[string]string{}
@@ -261,8 +293,15 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 			return s, err
 		}
 		gatewayURL = "http://" + microvm.GatewayAddr
+	case opensandbox.Name:
+		if err := hosted(); err != nil {
+			return s, err
+		}
+		if s.provider, err = opensandbox.FromEnv(); err != nil {
+			return s, err
+		}
 	default:
-		return s, fmt.Errorf("server: provider %q: use %s or %s", o.Provider, local.Name, microvm.Name)
+		return s, fmt.Errorf("server: provider %q: use %s, %s or %s", o.Provider, local.Name, microvm.Name, opensandbox.Name)
 	}
 	switch o.ClockPolicy {
 	case "", episode.ClockContinuous, episode.ClockHost:
@@ -293,7 +332,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	s.env = &episode.Env{
 		Provider: s.provider, Gateway: s.gw, GatewayURL: gatewayURL, Model: o.Model,
 		Verifier: &task.Verifier{Store: s.store, Provider: s.provider},
-		Binary:   bin, BinaryEnv: o.BinaryEnv, BinaryInSandbox: harness.BoundBinaryPath, ClockPolicy: o.ClockPolicy,
+		Binary:   bin, BinaryEnv: o.BinaryEnv, BinaryInSandbox: inSandbox, ClockPolicy: o.ClockPolicy,
 	}
 	s.m = newMetrics(s)
 	clog := log.With("component", "coordinator")
@@ -376,6 +415,12 @@ func (s *Server) Close() error {
 		if s.sockSrv != nil {
 			errs = append(errs, s.sockSrv.Close()) // removes the socket file
 			s.removeSocketDirIfUnused()
+		}
+		if s.tcpSrv != nil {
+			errs = append(errs, s.tcpSrv.Close())
+		}
+		if c, ok := s.provider.(interface{ Close() error }); ok {
+			errs = append(errs, c.Close())
 		}
 		if s.modelSrv != nil {
 			errs = append(errs, s.modelSrv.Close())

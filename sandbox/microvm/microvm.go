@@ -112,7 +112,6 @@ const (
 	logFile     = "keeper.log"
 	qemuLogFile = "qemu.log"
 	consoleFile = "console.log"
-	qmpFile     = "qmp.sock"
 	lockFile    = "snapshot.lock"
 )
 
@@ -438,7 +437,7 @@ func (p *Provider) resumeIncoming(ctx context.Context, m meta) error {
 	dir := p.sbDir(m.ID)
 	bctx, cancel := context.WithTimeout(ctx, p.o.BootTimeout)
 	defer cancel()
-	mon, err := monitor(bctx, filepath.Join(dir, qmpFile))
+	mon, err := monitor(bctx, qmpPath(m.ID))
 	if err != nil {
 		return err
 	}
@@ -647,6 +646,7 @@ func (p *Provider) retire(id string) error {
 	if k, ok := readKeeperAt(dead); ok {
 		killVM(k)
 	}
+	_ = os.Remove(qmpPath(id))
 	if err := os.RemoveAll(dead); err != nil {
 		return fmt.Errorf("delete %s: remove %s: %w", what(id), dead, err)
 	}
@@ -686,6 +686,9 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 		if strings.HasPrefix(name, ".retiring-") {
 			if k, ok := readKeeperAt(filepath.Join(p.dir, name)); ok {
 				killVM(k)
+			}
+			if rest := strings.TrimPrefix(name, ".retiring-"); len(rest) >= 19 && validID(rest[:19], "vm-") {
+				_ = os.Remove(qmpPath(rest[:19]))
 			}
 			_ = os.RemoveAll(filepath.Join(p.dir, name))
 			continue
@@ -814,6 +817,12 @@ func (p *Provider) SetClock(ctx context.Context, id string, wall time.Time) erro
 	c := p.client(m)
 	defer c.CloseIdle()
 	return p.wrap("set-clock", m, c.SetClock(ctx, wall))
+}
+
+// Clocks reads the guest's wall clock (unix seconds) and uptime.
+func (p *Provider) Clocks(ctx context.Context, id string) (float64, float64, error) {
+	in, err := p.GuestInfo(ctx, id)
+	return in.Wall, in.Uptime, err
 }
 
 // GuestInfo reports the guest's wall clock, uptime and boot id.

@@ -49,6 +49,10 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
+// qmpPath is a sandbox's QMP socket: in /tmp, not in the sandbox's
+// directory, whose path can pass the 107 bytes a unix socket's may have.
+func qmpPath(id string) string { return filepath.Join("/tmp", "stasis-qmp-"+id+".sock") }
+
 // cmdline is the guest kernel's command line.
 func (c vmConfig) cmdline() string {
 	s := "console=ttyS0 quiet panic=-1 tsc=reliable"
@@ -113,7 +117,7 @@ func (c vmConfig) args(dir string) []string {
 		"-append", c.cmdline(),
 		"-serial", "file:" + filepath.Join(dir, consoleFile),
 		"-netdev", netdev, "-device", "virtio-net-device,netdev=n0",
-		"-qmp", "unix:" + filepath.Join(dir, qmpFile) + ",server=on,wait=off",
+		"-qmp", "unix:" + qmpPath(filepath.Base(dir)) + ",server=on,wait=off",
 	}
 	if c.Incoming != "" {
 		a = append(a, "-incoming", "exec:cat "+shellQuote(c.Incoming))

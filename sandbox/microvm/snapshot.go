@@ -150,7 +150,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 // returns how long the guest was stopped.
 func (p *Provider) save(ctx context.Context, id, path string) (time.Duration, error) {
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	mon, err := monitor(mctx, filepath.Join(p.sbDir(id), qmpFile))
+	mon, err := monitor(mctx, qmpPath(id))
 	cancel()
 	if err != nil {
 		return 0, err

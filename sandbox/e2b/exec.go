@@ -1,0 +1,406 @@
+package e2b
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"stasis/sandbox"
+	"stasis/sandbox/e2b/internal/wire"
+)
+
+// stdinChunk is the most stdin one SendInput carries.
+const stdinChunk = 256 << 10
+
+// Exec runs a command through envd's process service. A foreground
+// command's output streams to req.Stdout and req.Stderr as it comes; its
+// stdin is fed with SendInput and closed with CloseStdin; a timeout is sent
+// as the call's deadline (envd kills the process when it passes) and the
+// provider kills it too (SendSignal) when its own timer fires first. A
+// background command is started in its own session by a launcher that
+// returns its PID at once.
+func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	if len(req.Argv) == 0 {
+		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", what(id), "no command")
+	}
+	st, err := p.running(ctx, "exec", id)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	if req.Background {
+		return p.background(ctx, st, req)
+	}
+	return p.foreground(ctx, st, req)
+}
+
+func (p *Provider) config(argv []string, env map[string]string, cwd string) wire.ProcessConfig {
+	if cwd == "" {
+		cwd = p.o.Workdir
+	} else if !path.IsAbs(cwd) {
+		cwd = path.Join(p.o.Workdir, cwd)
+	}
+	return wire.ProcessConfig{Cmd: argv[0], Args: argv[1:], Envs: env, Cwd: &cwd}
+}
+
+func (p *Provider) foreground(ctx context.Context, st sbState, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	id := st.id
+	stdout, stderr := req.Stdout, req.Stderr
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var timedOut, pumpFailed atomic.Bool
+	if req.Timeout > 0 {
+		t := time.AfterFunc(req.Timeout, func() { timedOut.Store(true); cancel() })
+		defer t.Stop()
+	}
+	withStdin := req.Stdin != nil
+	start := wire.StartRequest{Process: p.config(req.Argv, req.Env, req.Cwd), Stdin: &withStdin}
+	timeoutErr := func() error {
+		return sandbox.Errorf(sandbox.ErrTimeout, "exec", what(id), "%q ran past its %s timeout and was killed", strings.Join(req.Argv, " "), req.Timeout)
+	}
+	stream, err := p.startProcess(runCtx, "exec", st, start, req.Timeout.Milliseconds())
+	if err != nil {
+		if timedOut.Load() {
+			return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, timeoutErr()
+		}
+		return sandbox.ExecResult{}, err
+	}
+	defer stream.Close()
+	var (
+		pid     uint32
+		res     sandbox.ExecResult
+		ended   bool
+		pumpErr error
+	)
+	// kill ends the process when the call gives up on it.
+	kill := func() {
+		if pid == 0 {
+			return
+		}
+		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer kcancel()
+		_ = p.unary(kctx, "exec", st, "SendSignal", wire.SendSignalRequest{Process: wire.ProcessSelector{PID: &pid}, Signal: wire.SignalKill}, idempotent)
+	}
+	for {
+		ev, end, err := stream.next()
+		if err != nil {
+			switch {
+			case timedOut.Load():
+				kill()
+				return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, timeoutErr()
+			case pumpFailed.Load():
+				kill()
+				return sandbox.ExecResult{}, fmt.Errorf("exec %s: feeding %q its stdin failed, so it was killed: %w", what(id), req.Argv[0], pumpErr)
+			case ctx.Err() != nil:
+				kill()
+				return sandbox.ExecResult{}, ctx.Err()
+			}
+			if serr := p.stillRunning(ctx, "exec", st); serr != nil {
+				return sandbox.ExecResult{}, serr
+			}
+			return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: the output stream broke: %v; the command may still run (pid %d)", what(id), req.Argv[0], err, pid)
+		}
+		if end != nil {
+			if e := end.Error; e != nil {
+				switch {
+				case e.Code == "deadline_exceeded" || timedOut.Load():
+					kill()
+					return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, timeoutErr()
+				case e.Code == "invalid_argument" || e.Code == "not_found":
+					return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", what(id), "envd cannot run %q: %s", req.Argv[0], e.Message)
+				}
+				if serr := p.stillRunning(ctx, "exec", st); serr != nil {
+					return sandbox.ExecResult{}, serr
+				}
+				return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: envd: %s: %s", what(id), req.Argv[0], e.Code, e.Message)
+			}
+			if !ended {
+				return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: envd closed the stream without the process's end", what(id), req.Argv[0])
+			}
+			return res, nil
+		}
+		switch {
+		case ev.Start != nil:
+			pid = ev.Start.PID
+			if withStdin {
+				// Not waited for: a stdin that never ends must not hold
+				// the call once the command has ended.
+				go func() {
+					if err := p.pump(runCtx, st, pid, req.Stdin); err != nil && runCtx.Err() == nil {
+						pumpErr = err
+						pumpFailed.Store(true)
+						cancel()
+					}
+				}()
+			}
+		case ev.Data != nil:
+			// A caller's writer that fails does not stop the command;
+			// the rest of its output is dropped.
+			if len(ev.Data.Stdout) > 0 {
+				if _, err := stdout.Write(ev.Data.Stdout); err != nil {
+					stdout = io.Discard
+				}
+			}
+			if len(ev.Data.Stderr) > 0 {
+				if _, err := stderr.Write(ev.Data.Stderr); err != nil {
+					stderr = io.Discard
+				}
+			}
+		case ev.End != nil:
+			ended = true
+			res = sandbox.ExecResult{ExitCode: exitCode(*ev.End)}
+		}
+	}
+}
+
+// pump feeds stdin to a process and closes its stdin at EOF. A process that
+// ended before reading it all is not an error.
+func (p *Provider) pump(ctx context.Context, st sbState, pid uint32, r io.Reader) error {
+	buf := make([]byte, stdinChunk)
+	sel := wire.ProcessSelector{PID: &pid}
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			err := p.unary(ctx, "exec", st, "SendInput", wire.SendInputRequest{Process: sel, Input: wire.ProcessInput{Stdin: buf[:n]}}, unapplied)
+			if connectCode(err) == "not_found" {
+				return nil // it ended
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if rerr != nil {
+			err := p.unary(ctx, "exec", st, "CloseStdin", wire.CloseStdinRequest{Process: sel}, idempotent)
+			if connectCode(err) == "not_found" {
+				err = nil
+			}
+			if rerr != io.EOF {
+				return fmt.Errorf("reading the command's stdin: %w", rerr)
+			}
+			return err
+		}
+	}
+}
+
+// exitCode is the contract's exit code: the status, or minus the signal
+// number when a signal ended the process (envd reports -1 and Go's
+// "signal: NAME").
+func exitCode(e wire.EndEvent) int {
+	if e.Exited {
+		return int(e.ExitCode)
+	}
+	if name, ok := strings.CutPrefix(e.Status, "signal: "); ok {
+		for sig := syscall.Signal(1); sig < 65; sig++ {
+			if sig.String() == name {
+				return -int(sig)
+			}
+		}
+	}
+	return int(e.ExitCode)
+}
+
+// background starts a command in its own session, output to req.LogPath
+// (its directory made), and returns its PID as the sandbox sees it. The
+// launcher ends at once; the command is not envd's child, so no stream
+// stays open for it.
+func (p *Provider) background(ctx context.Context, st sbState, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	logPath := req.LogPath
+	if logPath == "" {
+		logPath = "/dev/null"
+	}
+	const launcher = `log=$1; shift
+mkdir -p -- "$(dirname -- "$log")" || exit 1
+setsid "$@" </dev/null >>"$log" 2>&1 &
+echo $!`
+	r := req
+	r.Argv = append([]string{"/bin/sh", "-c", launcher, "stasis-bg", logPath}, req.Argv...)
+	r.Background, r.Stdin, r.Timeout = false, nil, time.Minute
+	var out, errb bytes.Buffer
+	r.Stdout, r.Stderr = &out, &errb
+	res, err := p.foreground(ctx, st, r)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	pid, perr := strconv.Atoi(strings.TrimSpace(out.String()))
+	if res.ExitCode != 0 || perr != nil || pid <= 0 {
+		return sandbox.ExecResult{}, fmt.Errorf("exec %s: start %q in the background: the launcher exited %d, printed %q: %s", what(st.id), req.Argv[0], res.ExitCode, out.String(), strings.TrimSpace(errb.String()))
+	}
+	return sandbox.ExecResult{PID: pid}, nil
+}
+
+// run runs a short command and returns its stdout, failing on a non-zero
+// exit with the kind given and its stderr.
+func (p *Provider) run(ctx context.Context, op, id string, kind error, stdin io.Reader, argv ...string) (string, error) {
+	var out, errb bytes.Buffer
+	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: argv, Stdin: stdin, Stdout: &out, Stderr: &errb, Cwd: "/"})
+	if err != nil {
+		return "", err
+	}
+	if res.ExitCode != 0 {
+		return out.String(), sandbox.Errorf(kind, op, what(id), "%s exited %d: %s", argv[0], res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+func (p *Provider) abs(name string) string {
+	if !path.IsAbs(name) {
+		name = path.Join(p.o.Workdir, name)
+	}
+	return path.Clean(name)
+}
+
+// ReadFile reads a file through envd's /files.
+func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error) {
+	st, err := p.running(ctx, "read", id)
+	if err != nil {
+		return nil, err
+	}
+	return p.getFile(ctx, "read", st, p.abs(name))
+}
+
+// WriteFile writes a file through envd's /files (which makes its parent
+// directories) and then sets its mode.
+func (p *Provider) WriteFile(ctx context.Context, id, name string, data []byte, mode fs.FileMode) error {
+	st, err := p.running(ctx, "write", id)
+	if err != nil {
+		return err
+	}
+	name = p.abs(name)
+	if err := p.postFile(ctx, "write", st, name, func() io.Reader { return bytes.NewReader(data) }, idempotent); err != nil {
+		return err
+	}
+	_, err = p.run(ctx, "write", id, sandbox.ErrInvalid, nil, "chmod", strconv.FormatUint(uint64(mode.Perm()), 8), "--", name)
+	return err
+}
+
+func tmpName(prefix string) string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "/tmp/.stasis-" + prefix + "-" + hex.EncodeToString(b)
+}
+
+// Upload writes the tar stream to a file in the sandbox through /files,
+// then extracts it into dir with tar (inside, so it sees what the sandbox
+// sees) and removes the file.
+func (p *Provider) Upload(ctx context.Context, id, dir string, tr io.Reader) error {
+	st, err := p.running(ctx, "upload", id)
+	if err != nil {
+		return err
+	}
+	tmp := tmpName("upload") + ".tar"
+	if err := p.postFile(ctx, "upload", st, tmp, func() io.Reader { return tr }, once); err != nil {
+		return err
+	}
+	_, err = p.run(ctx, "upload", id, sandbox.ErrInvalid, nil, "/bin/sh", "-c",
+		`mkdir -p -- "$1" && tar -x --no-same-owner -C "$1" -f "$2"; rc=$?; rm -f -- "$2"; exit $rc`, "stasis-upload", p.abs(dir), tmp)
+	return err
+}
+
+// Download streams dir from tar's stdout in the sandbox to w.
+func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) error {
+	var errb bytes.Buffer
+	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"tar", "-c", "-C", p.abs(dir), "-f", "-", "."}, Cwd: "/", Stdout: w, Stderr: &errb})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return sandbox.Errorf(sandbox.ErrNotFound, "download", what(id), "%s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	return nil
+}
+
+// uploadDir seeds dir in the sandbox from a host directory, as a tar
+// stream: modes, symlinks and modification times kept.
+func (p *Provider) uploadDir(ctx context.Context, id, host, dir string) error {
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(writeTar(pw, host)) }()
+	err := p.Upload(ctx, id, dir, pr)
+	pr.CloseWithError(errors.New("upload ended"))
+	return err
+}
+
+func writeTar(w io.Writer, root string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(root, func(file string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, file)
+		if err != nil || rel == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(file); err != nil {
+				return err
+			}
+		}
+		h, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		h.Name = filepath.ToSlash(rel)
+		if fi.IsDir() {
+			h.Name += "/"
+		}
+		h.Uname, h.Gname = "", ""
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// SetClock sets the sandbox's wall clock (date -s, as the provider's user,
+// root by default). E2B syncs a sandbox's clock to the host's as it resumes
+// it; stasis's clock policy calls this after Resume when it wants another
+// time. It needs a sandbox that lets its user set the time (CAP_SYS_TIME);
+// one that refuses gives an error matching ErrUnsupported.
+func (p *Provider) SetClock(ctx context.Context, id string, wall time.Time) error {
+	at := fmt.Sprintf("@%d.%09d", wall.Unix(), wall.Nanosecond())
+	_, err := p.run(ctx, "set-clock", id, sandbox.ErrUnsupported, nil, "date", "-u", "-s", at)
+	if err != nil {
+		var se *sandbox.Error
+		if errors.As(err, &se) && se.Kind == sandbox.ErrUnsupported {
+			se.Msg = "the sandbox refused to set its clock to " + wall.UTC().Format(time.RFC3339Nano) + " (" + se.Msg + "); its template must let " + p.o.User + " set the time"
+		}
+		return err
+	}
+	return nil
+}

@@ -204,7 +204,7 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	// Two memory images of one VM differ in pages scattered all over:
 	// chunks of 64 KiB on average (16 KiB at least) let a second snapshot
 	// store what changed, not every megabyte a changed page falls in.
-	p.cas.SetChunking(16<<10, 16)
+	p.cas.SetChunking(32<<10, 17)
 	return p, nil
 }
 

@@ -182,6 +182,13 @@ func (p *Provider) save(ctx context.Context, id, path string) (time.Duration, er
 	return took, nil
 }
 
+// Paused says how long the guest was stopped while snapshot was saved (the
+// part of a snapshot the guest waits for; storing the state comes after).
+func (p *Provider) Paused(snapshot string) (time.Duration, error) {
+	s, err := p.readSnap("get", snapshot)
+	return s.Paused, err
+}
+
 // GetSnapshot describes a snapshot.
 func (p *Provider) GetSnapshot(ctx context.Context, id string) (sandbox.SnapshotInfo, error) {
 	s, err := p.readSnap("get", id)

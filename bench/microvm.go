@@ -1,0 +1,207 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"stasis/sandbox"
+	"stasis/sandbox/microvm"
+)
+
+// MicroVMOptions configure MicroVM.
+type MicroVMOptions struct {
+	Exe, GuestBinary string   // host stasis (keepers) and the guest's static stasis
+	Env              []string // extra environment for Exe
+	Home             string   // state directory (default: a new temporary one, removed after)
+	Mem              []int    // guest memory sizes, MiB (default 128, 256, 512)
+	// Fill is the share of guest memory filled with random data in the
+	// guest's RAM file system before the first snapshot (default 0.25): an
+	// idle guest's state is the same at any size.
+	Fill     float64
+	Progress io.Writer
+}
+
+// MicroVMRow is one guest size's figures.
+type MicroVMRow struct {
+	MemMiB int `json:"mem_mib"`
+	// StateBytes is what the first snapshot's migration stream holds;
+	// NewBytes what it added to the store; SecondNewBytes what a second
+	// snapshot of the same VM (a second later) added.
+	StateBytes     int64 `json:"state_bytes"`
+	NewBytes       int64 `json:"new_bytes"`
+	SecondNewBytes int64 `json:"second_new_bytes"`
+	// Snapshot: stop, save, continue, store. Paused: the save, while the
+	// guest is stopped (stop, migration to a file, continue). DDWrite: dd
+	// writing StateBytes to a file in the state directory with
+	// conv=fsync, in the same run.
+	Snapshot time.Duration `json:"snapshot_ns"`
+	Paused   time.Duration `json:"guest_paused_ns"`
+	DDWrite  time.Duration `json:"dd_write_ns"`
+	// Restore: Fork of 1 to the end of the fork's first exec. DDRead: dd
+	// reading that file back.
+	Restore time.Duration `json:"restore_to_first_exec_ns"`
+	DDRead  time.Duration `json:"dd_read_ns"`
+	// ColdBoot: Create to the end of the first exec.
+	ColdBoot time.Duration `json:"cold_boot_to_first_exec_ns"`
+	// Fork4: Fork of 4 to the end of the first exec in each.
+	Fork4 time.Duration `json:"fork4_to_first_exec_ns"`
+}
+
+// MicroVMResult is the microVM provider's snapshot, restore and boot
+// figures, beside dd in the same run.
+type MicroVMResult struct {
+	Accel  string       `json:"accel"`
+	Reason string       `json:"accel_reason"`
+	Kernel string       `json:"kernel"`
+	Rows   []MicroVMRow `json:"rows"`
+}
+
+// MicroVM measures, per guest size: cold boot to first exec; a snapshot
+// of a guest with Fill of its memory in use, against dd writing as many
+// bytes; a second snapshot's new bytes; restore to first exec, against dd
+// reading them; a fork of 4.
+func MicroVM(ctx context.Context, o MicroVMOptions) (MicroVMResult, error) {
+	var res MicroVMResult
+	if len(o.Mem) == 0 {
+		o.Mem = []int{128, 256, 512}
+	}
+	if o.Fill == 0 {
+		o.Fill = 0.25
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.Home == "" {
+		dir, err := os.MkdirTemp("", "stasis-bench-microvm-")
+		if err != nil {
+			return res, err
+		}
+		defer os.RemoveAll(dir)
+		o.Home = dir
+	}
+	for _, mem := range o.Mem {
+		p, err := microvm.New(ctx, microvm.Options{Home: filepath.Join(o.Home, strconv.Itoa(mem)), Exe: o.Exe, ExeEnv: o.Env, GuestBinary: o.GuestBinary, MemMiB: mem})
+		if err != nil {
+			return res, err
+		}
+		res.Accel, res.Reason = p.Accel()
+		res.Kernel = p.Kernel().Version
+		fmt.Fprintf(o.Progress, "guest of %d MiB (%s) ...\n", mem, res.Accel)
+		row, err := microVMRow(ctx, p, mem, o.Fill, filepath.Join(o.Home, strconv.Itoa(mem)))
+		if err != nil {
+			return res, fmt.Errorf("guest of %d MiB: %w", mem, err)
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	return res, nil
+}
+
+func microVMRow(ctx context.Context, p *microvm.Provider, mem int, fill float64, dir string) (row MicroVMRow, err error) {
+	row.MemMiB = mem
+	var made []string
+	defer func() {
+		for _, id := range made {
+			if derr := p.Delete(context.WithoutCancel(ctx), id); derr != nil && err == nil {
+				err = derr
+			}
+		}
+	}()
+	exec1 := func(id string, script string) error {
+		var out bytes.Buffer
+		res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out, Timeout: 5 * time.Minute})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("%q exited %d: %s", script, res.ExitCode, strings.TrimSpace(out.String()))
+		}
+		return err
+	}
+	expiry := time.Now().Add(time.Hour)
+	t0 := time.Now()
+	src, err := p.Create(ctx, sandbox.Spec{Expiry: expiry})
+	if err != nil {
+		return row, err
+	}
+	made = append(made, src.ID)
+	if err := exec1(src.ID, "true"); err != nil {
+		return row, err
+	}
+	row.ColdBoot = time.Since(t0)
+
+	// Fill a share of the guest's memory (its RAM file system) with data
+	// that does not compress or deduplicate.
+	if fillMiB := int(float64(mem) * fill); fillMiB > 0 {
+		if err := exec1(src.ID, fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1048576 count=%d 2>/dev/null", fillMiB)); err != nil {
+			return row, err
+		}
+	}
+	t0 = time.Now()
+	s1, err := p.Snapshot(ctx, src.ID, "")
+	if err != nil {
+		return row, err
+	}
+	row.Snapshot = time.Since(t0)
+	defer p.DeleteSnapshot(context.WithoutCancel(ctx), s1.ID)
+	if row.Paused, err = p.Paused(s1.ID); err != nil {
+		return row, err
+	}
+	row.StateBytes, row.NewBytes = s1.Bytes, s1.NewBytes
+	if err := exec1(src.ID, "sleep 1"); err != nil {
+		return row, err
+	}
+	s2, err := p.Snapshot(ctx, src.ID, "")
+	if err != nil {
+		return row, err
+	}
+	defer p.DeleteSnapshot(context.WithoutCancel(ctx), s2.ID)
+	row.SecondNewBytes = s2.NewBytes
+
+	// dd: the same bytes written (and made durable) and read back, on the
+	// same file system, in the same run.
+	ddFile := filepath.Join(dir, "dd.bin")
+	count := (row.StateBytes + 1<<20 - 1) >> 20
+	t0 = time.Now()
+	if out, err := exec.CommandContext(ctx, "dd", "if=/dev/zero", "of="+ddFile, "bs=1M", "count="+strconv.FormatInt(count, 10), "conv=fsync").CombinedOutput(); err != nil {
+		return row, fmt.Errorf("dd: %v: %s", err, out)
+	}
+	row.DDWrite = time.Since(t0)
+	t0 = time.Now()
+	if out, err := exec.CommandContext(ctx, "dd", "if="+ddFile, "of=/dev/null", "bs=1M").CombinedOutput(); err != nil {
+		return row, fmt.Errorf("dd: %v: %s", err, out)
+	}
+	row.DDRead = time.Since(t0)
+	_ = os.Remove(ddFile)
+
+	t0 = time.Now()
+	f1, err := p.Fork(ctx, s1.ID, 1, sandbox.ForkSpec{Expiry: expiry})
+	if err != nil {
+		return row, err
+	}
+	made = append(made, f1[0].ID)
+	if err := exec1(f1[0].ID, "true"); err != nil {
+		return row, err
+	}
+	row.Restore = time.Since(t0)
+
+	t0 = time.Now()
+	f4, err := p.Fork(ctx, s1.ID, 4, sandbox.ForkSpec{Expiry: expiry})
+	if err != nil {
+		return row, err
+	}
+	for _, f := range f4 {
+		made = append(made, f.ID)
+	}
+	for _, f := range f4 {
+		if err := exec1(f.ID, "true"); err != nil {
+			return row, err
+		}
+	}
+	row.Fork4 = time.Since(t0)
+	return row, nil
+}

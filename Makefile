@@ -139,13 +139,16 @@ fuzz: deps
 	$(GO) test ./task -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)
 	$(GO) test ./task -run '^$$' -fuzz FuzzParseDefinition -fuzztime $(FUZZTIME)
 	$(GO) test ./task -run '^$$' -fuzz FuzzInstance -fuzztime $(FUZZTIME)
+	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzReadFrame -fuzztime $(FUZZTIME)
+	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzParseExecHeader -fuzztime $(FUZZTIME)
 
 ## bench: the figures BENCHMARKS.md records.
-bench: build
+bench: build deps-microvm
 	./$(BIN) bench supervise
 	./$(BIN) bench snapshot
 	./$(BIN) bench sandbox
 	./$(BIN) bench checkpoint
+	./$(BIN) bench microvm
 	$(GO) test ./bench -run '^$$' -bench . -benchtime 200x
 
 clean:

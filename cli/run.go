@@ -21,7 +21,7 @@ func newRunCmd() *cobra.Command {
 		logFormat, logLevel string
 	)
 	cmd := &cobra.Command{
-		Use:   "run [--tasks builtin|DIR|FILE] [--episodes N] [--harness mini|opencode|mixed] [--provider local|microvm|opensandbox] [--checkpoint-at FRACTION] [--crash] [--json]",
+		Use:   "run [--tasks builtin|DIR|FILE] [--episodes N] [--harness mini|opencode|mixed] [--provider local|microvm|opensandbox|e2b] [--checkpoint-at FRACTION] [--crash] [--json]",
 		Short: "Run episodes, checkpoint them mid-way, optionally crash everything, restore, finish, verify, report",
 		Long: `run is the main job. It runs N episodes on the embedded defaults (the local
 provider, SQLite, the scripted model solving the tasks with their reference
@@ -100,7 +100,7 @@ verify; 2 a usage error; 1 the run failed.`,
 	f.StringVar(&o.Repos, "repos", "", "the directory of git clones a SWE-bench file refers to")
 	f.IntVar(&o.N, "episodes", 4, "how many episodes")
 	f.StringVar(&o.Harness, "harness", "mini", "mini, opencode, or mixed (alternating)")
-	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider: local, microvm or opensandbox (OPENSANDBOX_URL; see serve --help)")
+	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider: local, microvm, opensandbox (OPENSANDBOX_URL) or e2b (E2B_API_KEY); see serve --help")
 	f.StringVar(&o.GuestBinary, "guest-binary", "", "microvm: the static stasis for the guest image (default: this binary)")
 	f.Float64Var(&o.CheckpointAt, "checkpoint-at", 0.5, "take the checkpoint when about this fraction of the model calls is made")
 	f.BoolVar(&o.Crash, "crash", false, "after the checkpoint, kill the server and every sandbox, start again and restore")

@@ -21,6 +21,7 @@ import (
 
 	"stasis/home"
 	"stasis/sandbox"
+	"stasis/sandbox/e2b"
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/sandbox/opensandbox"
@@ -36,8 +37,14 @@ func openProvider(name string) (sandbox.Provider, error) {
 		return openMicroVM(context.Background())
 	case opensandbox.Name:
 		return opensandbox.FromEnv()
+	case e2b.Name:
+		p, err := e2b.New(e2b.FromEnv())
+		if err != nil {
+			return nil, err // not a nil *Provider in the interface
+		}
+		return p, nil
 	}
-	return nil, &exitError{code: 2, err: fmt.Errorf("--provider %q: the providers are: local, microvm, opensandbox", name)}
+	return nil, &exitError{code: 2, err: fmt.Errorf("--provider %q: the providers are: local, microvm, opensandbox, e2b", name)}
 }
 
 func openLocal() (*local.Provider, error) {
@@ -95,7 +102,7 @@ what it needs and whether KVM or TCG is used.
 Exit status: 0 done; 2 bad request; 3 no such (or expired) sandbox or
 snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	}
-	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: local, microvm or opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY)")
+	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: local, microvm, opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY) or e2b (E2B_API_KEY, E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL, E2B_FILE_ONLY_SNAPSHOTS)")
 	open := func() (sandbox.Provider, error) { return openProvider(provider) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
@@ -507,6 +514,12 @@ func newSandboxGCCmd(provider *string) *cobra.Command {
 				var op *opensandbox.Provider
 				if op, err = opensandbox.FromEnv(); err == nil {
 					p = noBlobs{op}
+				}
+			case e2b.Name:
+				var ep *e2b.Provider
+				if ep, err = e2b.New(e2b.FromEnv()); err == nil {
+					defer ep.Close()
+					p = noBlobs{ep}
 				}
 			default:
 				_, err = openProvider(*provider)

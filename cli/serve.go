@@ -70,9 +70,23 @@ launch is relaunched instead, and the restore says why.
 With --provider opensandbox the sandboxes are the OpenSandbox server's at
 OPENSANDBOX_URL (OPENSANDBOX_API_KEY its key): their relays reach the gateway
 at --gateway-listen (or --gateway-url), stasis is copied into each, pauses
-stop the harness and a restore relaunches it. Without --model-upstream the server runs
-the scripted model in-process, solving the tasks it loaded; with it the
-gateway forwards the model calls there.
+stop the harness and a restore relaunches it.
+
+With --provider e2b the sandboxes are E2B's (hosted Firecracker microVMs),
+reached as E2B's SDKs are configured: E2B_API_KEY (the team's key, required),
+E2B_DOMAIN (default e2b.app), E2B_API_URL (the REST API, default
+https://api.$E2B_DOMAIN) and E2B_SANDBOX_URL (one address for every
+sandbox's envd, routed by header). As with opensandbox their relays reach the
+gateway at --gateway-listen (or --gateway-url) and stasis is copied into
+each. E2B's snapshots keep the processes, so episodes pause by hold and a
+restore resumes them in place; for an E2B-compatible service whose
+snapshots keep files only (no memory snapshots), set
+E2B_FILE_ONLY_SNAPSHOTS=1: pauses then stop the harness and a restore
+relaunches it.
+
+Without --model-upstream the server runs the scripted model in-process,
+solving the tasks it loaded; with it the gateway forwards the model calls
+there.
 
 ADDR is host:port (port 0 picks a free port) or unix:/path. Once serving,
 serve prints the address on stdout, one line, and serves until SIGTERM or
@@ -151,7 +165,7 @@ start or failed.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path")
-	f.StringVar(&provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place) or opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch)")
+	f.StringVar(&provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch)")
 	f.StringVar(&gwListen, "gateway-listen", "", "hosted providers: a TCP address where the gateway also listens for the sandboxes' relays")
 	f.StringVar(&gwURL, "gateway-url", "", "hosted providers: the gateway's URL as the sandboxes reach it (default: http:// and the --gateway-listen address)")
 	f.StringVar(&guestBinary, "guest-binary", "", "microvm: the static stasis binary for the guest image (default: this binary, which must be static)")

@@ -31,6 +31,8 @@ import (
 
 	"stasis/harness/opencode"
 	"stasis/model"
+	"stasis/sandbox"
+	"stasis/sandbox/e2b"
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/sandbox/opensandbox"
@@ -45,7 +47,9 @@ type Options struct {
 	Harness string // mini, opencode, mixed
 	// Provider is the sandbox provider: local, or microvm (shell tasks and
 	// the mini harness only: the guest has busybox and stasis, no Python,
-	// Node.js or Go).
+	// Node.js or Go), or a hosted one, opensandbox or e2b (the mini
+	// harness; configured by their environment variables, which the serve
+	// child inherits).
 	Provider string
 	// GuestBinary is the static stasis for microVM guests (default: Exe,
 	// which must then be static).
@@ -466,12 +470,12 @@ func (o *Options) defaults() error {
 		if o.Harness != "mini" {
 			return fmt.Errorf("--provider microvm runs the mini harness only (OpenCode needs a glibc userland; the guest has busybox): use --harness mini")
 		}
-	case opensandbox.Name:
+	case opensandbox.Name, e2b.Name:
 		if o.Harness != "mini" {
 			return fmt.Errorf("--provider %s runs the mini harness (stasis is copied into each sandbox; OpenCode is not): use --harness mini", o.Provider)
 		}
 	default:
-		return fmt.Errorf("--provider %q: want local, microvm or opensandbox", o.Provider)
+		return fmt.Errorf("--provider %q: want local, microvm, opensandbox or e2b", o.Provider)
 	}
 	if o.CheckpointAt == 0 {
 		o.CheckpointAt = 0.5
@@ -506,17 +510,37 @@ func (o *Options) defaults() error {
 
 // hostedProvider says whether a provider's sandboxes run elsewhere (a
 // service's), not on this machine.
-func hostedProvider(name string) bool { return name == opensandbox.Name }
+func hostedProvider(name string) bool { return name == opensandbox.Name || name == e2b.Name }
+
+// openHosted opens the named hosted provider as the server does, from the
+// environment (the serve child's); close it when done.
+func openHosted(name string) (sandbox.Provider, func() error, error) {
+	switch name {
+	case opensandbox.Name:
+		p, err := opensandbox.FromEnv()
+		if err != nil {
+			return nil, nil, err
+		}
+		return p, p.Close, nil
+	case e2b.Name:
+		p, err := e2b.New(e2b.FromEnv())
+		if err != nil {
+			return nil, nil, err
+		}
+		return p, p.Close, nil
+	}
+	return nil, nil, fmt.Errorf("%q is not a hosted provider", name)
+}
 
 // crashHosted deletes, through the service, every sandbox of the run's
 // episodes: on a hosted provider a crash takes the sandboxes with it only
 // if someone deletes them, and the restore has nothing live to refuse.
 func crashHosted(ctx context.Context, name string) (int, error) {
-	p, err := opensandbox.FromEnv()
+	p, closeP, err := openHosted(name)
 	if err != nil {
 		return 0, err
 	}
-	defer p.Close()
+	defer closeP()
 	sbs, err := p.List(ctx, nil)
 	if err != nil {
 		return 0, err

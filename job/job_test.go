@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"stasis/job"
+	"stasis/sandbox/e2b"
+	"stasis/sandbox/e2b/e2bfake"
 	"stasis/sandbox/local"
 	"stasis/sandbox/opensandbox/osfake"
 	"stasis/stasistest"
@@ -143,6 +145,62 @@ func TestRunOnOpenSandboxFake(t *testing.T) {
 		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "opensandbox" || e.Resume == "in_place" {
 			t.Errorf("episode %+v", e)
 		}
+	}
+	if left, err := backend.List(ctx, nil); err != nil || len(left) != 0 {
+		t.Fatalf("sandboxes left on the service: %v %v", left, err)
+	}
+}
+
+// The main job on the E2B provider, against the fake E2B: the fake's
+// sandboxes are local bubblewrap sandboxes, whose snapshots keep files
+// only, so the server is told so (E2B_FILE_ONLY_SNAPSHOTS) and pauses by
+// stop. A crash of the server with every sandbox deleted on the service,
+// and a restore that relaunches the running episodes from their snapshots.
+// As with OpenSandbox, the relays reach the gateway on a unix socket in a
+// directory bound into the sandboxes.
+func TestRunOnE2BFake(t *testing.T) {
+	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
+	gwDir, err := os.MkdirTemp("", "stasis-gw-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(gwDir) })
+	backend, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := e2bfake.New(backend, e2bfake.Options{APIKey: "test-key"})
+	srv := httptest.NewServer(fake)
+	t.Cleanup(func() { fake.Close(); srv.Close() }) // the fake ends its processes first
+	t.Setenv(e2b.EnvAPIKey, "test-key")
+	t.Setenv(e2b.EnvDomain, "")
+	t.Setenv(e2b.EnvAPIURL, srv.URL)
+	t.Setenv(e2b.EnvSandboxURL, srv.URL)
+	t.Setenv(e2b.EnvFileOnlySnapshots, "1")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	rep, err := job.Run(ctx, job.Options{
+		Tasks: "builtin", N: 3, Harness: "mini", Provider: "e2b", CheckpointAt: 0.4, Crash: true,
+		GatewayListen: "unix:" + filepath.Join(gwDir, "gw.sock"), GatewayURL: "unix://" + filepath.Join(gwDir, "gw.sock"),
+		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, TokenDelay: 3 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Episodes) != 3 || rep.Resolved != 3 || rep.Restore == nil {
+		t.Fatalf("report: %+v", rep)
+	}
+	for _, e := range rep.Episodes {
+		t.Logf("%s: resume %s %s", e.ID, e.Resume, e.ResumeWhy)
+		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "e2b" || e.Resume == "in_place" {
+			t.Errorf("episode %+v", e)
+		}
+	}
+	if left := fake.Sandboxes(); len(left) != 0 {
+		t.Errorf("sandboxes left on the fake E2B: %v", left)
 	}
 	if left, err := backend.List(ctx, nil); err != nil || len(left) != 0 {
 		t.Fatalf("sandboxes left on the service: %v %v", left, err)

@@ -35,6 +35,7 @@ import (
 	"stasis/model"
 	"stasis/relay"
 	"stasis/sandbox"
+	"stasis/sandbox/e2b"
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/sandbox/opensandbox"
@@ -69,8 +70,9 @@ type Options struct {
 	// their own binary as stasis.
 	Binary    string
 	BinaryEnv map[string]string
-	// Provider names the sandbox provider: local (the default) or
-	// microvm.
+	// Provider names the sandbox provider: local (the default), microvm,
+	// or a hosted one: opensandbox or e2b (configured by their
+	// environment variables).
 	Provider string
 	// GuestBinary is the static stasis binary the microvm provider puts in
 	// its guest image (default: Binary, which must then be static).
@@ -204,7 +206,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		}
 		mh := model.New(model.Options{Scripts: scripts, Name: o.Model, Logger: log.With("component", "model")})
 		s.modelSrv = &http.Server{Handler: mh, ReadHeaderTimeout: 30 * time.Second}
-		go func() { _ = s.modelSrv.Serve(ln) }()
+		go func(hs *http.Server) { _ = hs.Serve(ln) }(s.modelSrv) // not s.modelSrv: a New that fails sets s to nil
 		upstream = "http://" + ln.Addr().String()
 	}
 
@@ -229,7 +231,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		gh = o.GatewayMiddleware(gh)
 	}
 	s.sockSrv = &http.Server{Handler: gh, ReadHeaderTimeout: 30 * time.Second}
-	go func() { _ = s.sockSrv.Serve(sockLn) }()
+	go func(hs *http.Server) { _ = hs.Serve(sockLn) }(s.sockSrv) // not s.sockSrv: a New that fails sets s to nil
 
 	// The provider.
 	bin := o.Binary
@@ -251,7 +253,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 			return fmt.Errorf("server: --gateway-listen: %w", err)
 		}
 		s.tcpSrv = &http.Server{Handler: gh, ReadHeaderTimeout: 30 * time.Second}
-		go func() { _ = s.tcpSrv.Serve(ln) }()
+		go func(hs *http.Server) { _ = hs.Serve(ln) }(s.tcpSrv) // not s.tcpSrv: a New that fails sets s to nil
 		gatewayURL = o.GatewayURL
 		if gatewayURL == "" && strings.HasPrefix(shown, "unix:") {
 			gatewayURL = "unix://" + strings.TrimPrefix(shown, "unix:")
@@ -260,6 +262,12 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		}
 		inSandbox = ""
 		return nil
+	}
+	// A constructor that fails returns a nil pointer, which in s.provider
+	// would be an interface Close calls: it is cleared.
+	noProvider := func(err error) (*Server, error) {
+		s.provider = nil
+		return s, err
 	}
 	switch o.Provider {
 	case "", local.Name:
@@ -277,7 +285,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 			// the record store: no sandbox may read it.
 			Hide: []string{state},
 		}); err != nil {
-			return s, err
+			return noProvider(err)
 		}
 	case microvm.Name:
 		// The guest image holds the stasis binary at the bound binary's
@@ -290,7 +298,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		if s.provider, err = microvm.New(ctx, microvm.Options{
 			Home: filepath.Join(state, "microvm"), Exe: o.Exe, ExeEnv: o.ExeEnv, GuestBinary: guest, Gateway: s.sock,
 		}); err != nil {
-			return s, err
+			return noProvider(err)
 		}
 		gatewayURL = "http://" + microvm.GatewayAddr
 	case opensandbox.Name:
@@ -298,10 +306,17 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 			return s, err
 		}
 		if s.provider, err = opensandbox.FromEnv(); err != nil {
+			return noProvider(err)
+		}
+	case e2b.Name:
+		if err := hosted(); err != nil {
 			return s, err
 		}
+		if s.provider, err = e2b.New(e2b.FromEnv()); err != nil {
+			return noProvider(err)
+		}
 	default:
-		return s, fmt.Errorf("server: provider %q: use %s, %s or %s", o.Provider, local.Name, microvm.Name, opensandbox.Name)
+		return s, fmt.Errorf("server: provider %q: use %s, %s, %s or %s", o.Provider, local.Name, microvm.Name, opensandbox.Name, e2b.Name)
 	}
 	switch o.ClockPolicy {
 	case "", episode.ClockContinuous, episode.ClockHost:

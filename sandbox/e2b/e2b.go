@@ -82,12 +82,14 @@ const (
 // StatePaused is the State Get and List report for a paused sandbox.
 const StatePaused = wire.StatePaused
 
-// Environment variables FromEnv reads, as E2B's SDKs name them.
+// Environment variables FromEnv reads: the first four as E2B's SDKs name
+// them; EnvFileOnlySnapshots is stasis's own (Options.FileOnlySnapshots).
 const (
-	EnvAPIKey     = "E2B_API_KEY"
-	EnvDomain     = "E2B_DOMAIN"
-	EnvAPIURL     = "E2B_API_URL"
-	EnvSandboxURL = "E2B_SANDBOX_URL"
+	EnvAPIKey            = "E2B_API_KEY"
+	EnvDomain            = "E2B_DOMAIN"
+	EnvAPIURL            = "E2B_API_URL"
+	EnvSandboxURL        = "E2B_SANDBOX_URL"
+	EnvFileOnlySnapshots = "E2B_FILE_ONLY_SNAPSHOTS"
 )
 
 // DefaultDomain is E2B's domain when neither Options.Domain nor E2B_DOMAIN
@@ -161,14 +163,30 @@ type Options struct {
 }
 
 // FromEnv returns Options from the environment variables E2B's SDKs read:
-// E2B_API_KEY, E2B_DOMAIN, E2B_API_URL and E2B_SANDBOX_URL.
+// E2B_API_KEY, E2B_DOMAIN, E2B_API_URL and E2B_SANDBOX_URL; and
+// E2B_FILE_ONLY_SNAPSHOTS, for an E2B-compatible service whose snapshots
+// and pauses keep files only (FileOnlySnapshots), on when set to anything
+// but empty, 0, false, off or no (a misspelt value errs the safe way:
+// pauses that stop the harness and restores that relaunch it, never a
+// restore counting on processes that are not there).
 func FromEnv() Options {
 	return Options{
-		APIKey:  os.Getenv(EnvAPIKey),
-		Domain:  os.Getenv(EnvDomain),
-		BaseURL: os.Getenv(EnvAPIURL),
-		EnvdURL: os.Getenv(EnvSandboxURL),
+		APIKey:            os.Getenv(EnvAPIKey),
+		Domain:            os.Getenv(EnvDomain),
+		BaseURL:           os.Getenv(EnvAPIURL),
+		EnvdURL:           os.Getenv(EnvSandboxURL),
+		FileOnlySnapshots: envOn(os.Getenv(EnvFileOnlySnapshots)),
 	}
+}
+
+// envOn reads a switch from the environment: on unless empty, 0, false,
+// off or no.
+func envOn(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "0", "false", "off", "no":
+		return false
+	}
+	return true
 }
 
 // Provider is the E2B provider.

@@ -40,6 +40,11 @@ func (p *Provider) Reap(ctx context.Context) ([]string, error) {
 	return reaped, err
 }
 
+// GC is Reap, under the name the other providers give the removal of
+// sandboxes a crash left behind (stasis serve calls it as it starts): here
+// those are the sandboxes past their expiry, which no process deleted.
+func (p *Provider) GC(ctx context.Context) ([]string, error) { return p.Reap(ctx) }
+
 // tombstoneLife is how long this process remembers that it deleted a
 // sandbox at its expiry (calls on it say "expired", not "not found").
 const tombstoneLife = time.Hour

@@ -103,13 +103,14 @@ func TestRunOnMicroVM(t *testing.T) {
 	}
 }
 
-// The main job on the OpenSandbox provider, against the fake server: stop
-// pauses, a crash of the server with every sandbox deleted on the
-// service, and a restore that relaunches the running episodes from their
-// snapshots. The fake's sandboxes are local bubblewrap sandboxes, with no
-// network: their relays reach the gateway by the URL the server is given,
-// here a unix socket in a directory bound into them.
-func TestRunOnOpenSandboxFake(t *testing.T) {
+// runOnFake runs the main job (3 mini episodes, a crash) on a hosted
+// provider against its fake, whose sandboxes are local bubblewrap
+// sandboxes with no network: their relays reach the gateway by the URL the
+// server is given, here a unix socket in a directory bound into them.
+// serve starts the fake over the backend and returns its URL and a stop
+// function; env is what the serve child needs to find it. Every episode
+// must be resolved by a relaunch, and no sandbox may be left.
+func runOnFake(t *testing.T, provider string, serve func(backend *local.Provider) (url string, stop func()), env func(url string) map[string]string) {
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
 	gwDir, err := os.MkdirTemp("", "stasis-gw-")
 	if err != nil {
@@ -120,71 +121,18 @@ func TestRunOnOpenSandboxFake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fake := osfake.New(osfake.Options{Backend: backend, APIKey: "test-key"})
-	srv := httptest.NewServer(fake)
-	t.Cleanup(func() { srv.Close(); fake.Close() })
-	t.Setenv("OPENSANDBOX_URL", srv.URL)
-	t.Setenv("OPENSANDBOX_API_KEY", "test-key")
-
+	url, stop := serve(backend)
+	t.Cleanup(stop)
+	for k, v := range env(url) {
+		t.Setenv(k, v)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	tmp := t.TempDir()
-	t.Setenv("TMPDIR", tmp)
+	t.Setenv("TMPDIR", t.TempDir())
+	sock := filepath.Join(gwDir, "gw.sock")
 	rep, err := job.Run(ctx, job.Options{
-		Tasks: "builtin", N: 3, Harness: "mini", Provider: "opensandbox", CheckpointAt: 0.4, Crash: true,
-		GatewayListen: "unix:" + filepath.Join(gwDir, "gw.sock"), GatewayURL: "unix://" + filepath.Join(gwDir, "gw.sock"),
-		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, TokenDelay: 3 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rep.Episodes) != 3 || rep.Resolved != 3 || rep.Restore == nil {
-		t.Fatalf("report: %+v", rep)
-	}
-	for _, e := range rep.Episodes {
-		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "opensandbox" || e.Resume == "in_place" {
-			t.Errorf("episode %+v", e)
-		}
-	}
-	if left, err := backend.List(ctx, nil); err != nil || len(left) != 0 {
-		t.Fatalf("sandboxes left on the service: %v %v", left, err)
-	}
-}
-
-// The main job on the E2B provider, against the fake E2B: the fake's
-// sandboxes are local bubblewrap sandboxes, whose snapshots keep files
-// only, so the server is told so (E2B_FILE_ONLY_SNAPSHOTS) and pauses by
-// stop. A crash of the server with every sandbox deleted on the service,
-// and a restore that relaunches the running episodes from their snapshots.
-// As with OpenSandbox, the relays reach the gateway on a unix socket in a
-// directory bound into the sandboxes.
-func TestRunOnE2BFake(t *testing.T) {
-	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
-	gwDir, err := os.MkdirTemp("", "stasis-gw-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(gwDir) })
-	backend, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fake := e2bfake.New(backend, e2bfake.Options{APIKey: "test-key"})
-	srv := httptest.NewServer(fake)
-	t.Cleanup(func() { fake.Close(); srv.Close() }) // the fake ends its processes first
-	t.Setenv(e2b.EnvAPIKey, "test-key")
-	t.Setenv(e2b.EnvDomain, "")
-	t.Setenv(e2b.EnvAPIURL, srv.URL)
-	t.Setenv(e2b.EnvSandboxURL, srv.URL)
-	t.Setenv(e2b.EnvFileOnlySnapshots, "1")
-
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	tmp := t.TempDir()
-	t.Setenv("TMPDIR", tmp)
-	rep, err := job.Run(ctx, job.Options{
-		Tasks: "builtin", N: 3, Harness: "mini", Provider: "e2b", CheckpointAt: 0.4, Crash: true,
-		GatewayListen: "unix:" + filepath.Join(gwDir, "gw.sock"), GatewayURL: "unix://" + filepath.Join(gwDir, "gw.sock"),
+		Tasks: "builtin", N: 3, Harness: "mini", Provider: provider, CheckpointAt: 0.4, Crash: true,
+		GatewayListen: "unix:" + sock, GatewayURL: "unix://" + sock,
 		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, TokenDelay: 3 * time.Millisecond,
 	})
 	if err != nil {
@@ -195,14 +143,42 @@ func TestRunOnE2BFake(t *testing.T) {
 	}
 	for _, e := range rep.Episodes {
 		t.Logf("%s: resume %s %s", e.ID, e.Resume, e.ResumeWhy)
-		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "e2b" || e.Resume == "in_place" {
+		if !e.LedgerVerified || e.Reward != 1 || e.Provider != provider || e.Resume == "in_place" {
 			t.Errorf("episode %+v", e)
 		}
 	}
-	if left := fake.Sandboxes(); len(left) != 0 {
-		t.Errorf("sandboxes left on the fake E2B: %v", left)
-	}
 	if left, err := backend.List(ctx, nil); err != nil || len(left) != 0 {
 		t.Fatalf("sandboxes left on the service: %v %v", left, err)
+	}
+}
+
+// The main job on the OpenSandbox provider, against the fake server: stop
+// pauses, a crash of the server with every sandbox deleted on the
+// service, and a restore that relaunches the running episodes from their
+// snapshots.
+func TestRunOnOpenSandboxFake(t *testing.T) {
+	runOnFake(t, "opensandbox", func(backend *local.Provider) (string, func()) {
+		fake := osfake.New(osfake.Options{Backend: backend, APIKey: "test-key"})
+		srv := httptest.NewServer(fake)
+		return srv.URL, func() { srv.Close(); fake.Close() }
+	}, func(url string) map[string]string {
+		return map[string]string{"OPENSANDBOX_URL": url, "OPENSANDBOX_API_KEY": "test-key"}
+	})
+}
+
+// The main job on the E2B provider, against the fake E2B: its snapshots
+// keep files only, so the server is told so (E2B_FILE_ONLY_SNAPSHOTS) and
+// pauses by stop; the restore relaunches.
+func TestRunOnE2BFake(t *testing.T) {
+	var fake *e2bfake.Server
+	runOnFake(t, "e2b", func(backend *local.Provider) (string, func()) {
+		fake = e2bfake.New(backend, e2bfake.Options{APIKey: "test-key"})
+		srv := httptest.NewServer(fake)
+		return srv.URL, func() { fake.Close(); srv.Close() } // the fake ends its processes first
+	}, func(url string) map[string]string {
+		return map[string]string{e2b.EnvAPIKey: "test-key", e2b.EnvDomain: "", e2b.EnvAPIURL: url, e2b.EnvSandboxURL: url, e2b.EnvFileOnlySnapshots: "1"}
+	})
+	if left := fake.Sandboxes(); len(left) != 0 {
+		t.Errorf("sandboxes left on the fake E2B: %v", left)
 	}
 }

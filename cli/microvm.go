@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -96,7 +97,22 @@ func newMicroVMCmd() *cobra.Command {
 		},
 	}
 	agentCmd.Flags().StringVar(&listen, "listen", fmt.Sprintf(":%d", microvm.AgentPort), "address to serve on")
-	cmd.AddCommand(keeper, pipe, agentCmd)
+	var blobs, manifest string
+	state := &cobra.Command{
+		Use:   "state --blobs DIR --manifest ID",
+		Short: "Write a saved VM state to stdout, streamed out of the blob store (QEMU runs it for a fork's incoming migration)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w := bufio.NewWriterSize(os.Stdout, 1<<20)
+			if err := microvm.CatState(cmd.Context(), blobs, manifest, w); err != nil {
+				return err
+			}
+			return w.Flush()
+		},
+	}
+	state.Flags().StringVar(&blobs, "blobs", "", "the provider's blob store")
+	state.Flags().StringVar(&manifest, "manifest", "", "the snapshot's manifest")
+	cmd.AddCommand(keeper, pipe, agentCmd, state)
 	return cmd
 }
 

@@ -3,23 +3,21 @@ package local
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"stasis/atomicfile"
 	"stasis/proc"
+	"stasis/sandbox/hostkeep"
 )
 
 // bwrapArgs builds the bubblewrap command line for a sandbox directory.
@@ -138,8 +136,7 @@ func keep(dir string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	sigs := hostkeep.Signals()
 	cmd := exec.Command("bwrap", args...)
 	cmd.ExtraFiles = []*os.File{infoW, readyW}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
@@ -199,35 +196,9 @@ func keep(dir string, log *slog.Logger) error {
 			<-exited
 		}
 	}
-	for {
-		timer := time.NewTimer(time.Until(m.Expiry))
-		select {
-		case <-timer.C:
-			// Mark first: from now on the host refuses the sandbox.
-			_ = atomicfile.Write(filepath.Join(dir, expiredFile), []byte(time.Now().UTC().Format(time.RFC3339Nano)+"\n"), 0o600)
-			kill("expired")
-			return nil
-		case s := <-sigs:
-			timer.Stop()
-			if s == syscall.SIGHUP {
-				nm, err := readMetaAt(dir)
-				if err != nil {
-					log.Warn("re-read meta.json", "err", err)
-					continue
-				}
-				m.Expiry = nm.Expiry
-				log.Info("expiry changed", "id", m.ID, "expiry", m.Expiry)
-				continue
-			}
-			kill("asked to stop")
-			return nil
-		case err := <-exited:
-			timer.Stop()
-			var ee *exec.ExitError
-			if err == nil || errors.As(err, &ee) {
-				return fmt.Errorf("the sandbox ended on its own (%v)", err)
-			}
-			return err
-		}
+	readExpiry := func() (time.Time, error) {
+		nm, err := readMetaAt(dir)
+		return nm.Expiry, err
 	}
+	return hostkeep.Loop(m.ID, m.Expiry, readExpiry, sigs, exited, kill, filepath.Join(dir, expiredFile), filepath.Join(dir, logFile), log)
 }

@@ -19,8 +19,6 @@ package local
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +38,7 @@ import (
 	"stasis/cas"
 	"stasis/proc"
 	"stasis/sandbox"
+	"stasis/sandbox/hostkeep"
 )
 
 // Name is the provider's name in records and on the command line.
@@ -179,27 +178,13 @@ type keeperInfo struct {
 	Bwrap  proc.Identity `json:"bwrap"` // bubblewrap's outer process, the keeper's child
 }
 
-func newID(prefix string) string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
-
-func validID(id, prefix string) bool {
-	if !strings.HasPrefix(id, prefix) || len(id) != len(prefix)+16 {
-		return false
-	}
-	_, err := hex.DecodeString(id[len(prefix):])
-	return err == nil && strings.ToLower(id) == id
-}
-
 func (p *Provider) sbDir(id string) string { return filepath.Join(p.dir, id) }
 
 func what(id string) string { return "sandbox " + id }
 
 func (p *Provider) readMeta(op, id string) (meta, error) {
 	var m meta
-	if !validID(id, "sb-") {
+	if !hostkeep.ValidID(id, "sb-") {
 		return m, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "not a local sandbox id (sb- and 16 hex digits)")
 	}
 	b, err := os.ReadFile(filepath.Join(p.sbDir(id), metaFile))
@@ -312,7 +297,7 @@ func (p *Provider) newMeta(labels map[string]string, expiry time.Time) meta {
 	if home == "" || home == "/" {
 		home = "/root"
 	}
-	m := meta{ID: newID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds, ROBinds: p.o.ReadOnlyBinds}
+	m := meta{ID: hostkeep.NewID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds, ROBinds: p.o.ReadOnlyBinds}
 	// Hide the state directory from the sandbox when the read-only view of
 	// the host root would show it.
 	m.Hide = append([]string{p.o.Home}, p.o.Hide...)
@@ -396,20 +381,14 @@ func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbo
 	}
 	var out []sandbox.Info
 	for _, e := range ents {
-		if !validID(e.Name(), "sb-") {
+		if !hostkeep.ValidID(e.Name(), "sb-") {
 			continue
 		}
 		m, err := p.readMeta("list", e.Name())
 		if err != nil {
 			continue
 		}
-		match := true
-		for k, v := range labels {
-			if m.Labels[k] != v {
-				match = false
-			}
-		}
-		if !match {
+		if !hostkeep.MatchLabels(m.Labels, labels) {
 			continue
 		}
 		state := sandbox.StateRunning
@@ -444,36 +423,28 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 // Delete retires a sandbox: kills everything in it and removes its
 // directory. Deleting a sandbox that is already gone returns nil.
 func (p *Provider) Delete(ctx context.Context, id string) error {
-	if !validID(id, "sb-") {
+	if !hostkeep.ValidID(id, "sb-") {
 		return sandbox.Errorf(sandbox.ErrNotFound, "delete", what(id), "not a local sandbox id")
 	}
 	return p.retire(id)
 }
 
-// retire kills and removes a sandbox exactly once: the directory is first
-// renamed aside, so of two concurrent calls only one proceeds.
+// retire kills and removes a sandbox exactly once.
 func (p *Provider) retire(id string) error {
-	dir := p.sbDir(id)
-	dead := filepath.Join(p.dir, ".retiring-"+id+"-"+newID(""))
-	if err := os.Rename(dir, dead); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
+	done, err := hostkeep.Retire(p.sbDir(id), id, func(dead string) {
+		if k, ok := readKeeperAt(dead); ok {
+			killSandbox(k)
 		}
-		return fmt.Errorf("delete %s: %w", what(id), err)
+	})
+	if done {
+		p.retiredMu.Lock()
+		if p.retired == nil {
+			p.retired = map[string]int{}
+		}
+		p.retired[id]++
+		p.retiredMu.Unlock()
 	}
-	p.retiredMu.Lock()
-	if p.retired == nil {
-		p.retired = map[string]int{}
-	}
-	p.retired[id]++
-	p.retiredMu.Unlock()
-	if k, ok := readKeeperAt(dead); ok {
-		killSandbox(k)
-	}
-	if err := os.RemoveAll(dead); err != nil {
-		return fmt.Errorf("delete %s: remove %s: %w", what(id), dead, err)
-	}
-	return nil
+	return err
 }
 
 func readKeeperAt(dir string) (keeperInfo, bool) {
@@ -485,24 +456,9 @@ func readKeeperAt(dir string) (keeperInfo, bool) {
 	return k, true
 }
 
-// killSandbox ends the keeper, bubblewrap and the sandbox's init (and so every process
-// in its PID namespace), and waits until they are gone.
-func killSandbox(k keeperInfo) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		alive := false
-		for _, id := range []proc.Identity{k.Init, k.Bwrap, k.Keeper} {
-			if id.PID > 0 && proc.Alive(id) {
-				alive = true
-				_ = unix.Kill(id.PID, unix.SIGKILL)
-			}
-		}
-		if !alive || time.Now().After(deadline) {
-			return
-		}
-		nap(time.Millisecond) // poll interval, bounded by the deadline above
-	}
-}
+// killSandbox ends the keeper, bubblewrap and the sandbox's init (and so
+// every process in its PID namespace), and waits until they are gone.
+func killSandbox(k keeperInfo) { hostkeep.KillAndWait(k.Init, k.Bwrap, k.Keeper) }
 
 // GC removes sandboxes whose keeper is gone (it was killed, the host
 // restarted, or it ended at the expiry) and returns their ids.
@@ -514,7 +470,7 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 	var reaped []string
 	for _, e := range ents {
 		name := e.Name()
-		if strings.HasPrefix(name, ".retiring-") {
+		if _, ok := hostkeep.RetiringID(name, "sb-"); ok {
 			// An interrupted delete: finish it.
 			if k, ok := readKeeperAt(filepath.Join(p.dir, name)); ok {
 				killSandbox(k)
@@ -522,7 +478,7 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 			_ = os.RemoveAll(filepath.Join(p.dir, name))
 			continue
 		}
-		if !validID(name, "sb-") {
+		if !hostkeep.ValidID(name, "sb-") {
 			continue
 		}
 		k, ok := p.readKeeper(name)

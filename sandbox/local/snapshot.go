@@ -10,10 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"stasis/atomicfile"
 	"stasis/sandbox"
+	"stasis/sandbox/hostkeep"
 )
 
 // snapMeta is snapshots/local/ID.json. A deleted snapshot keeps its file as
@@ -37,7 +36,7 @@ func (s snapMeta) info() sandbox.SnapshotInfo {
 
 func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 	var s snapMeta
-	if !validID(id, "snap-") {
+	if !hostkeep.ValidID(id, "snap-") {
 		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "not a local snapshot id (snap- and 16 hex digits)")
 	}
 	b, err := os.ReadFile(p.snapPath(id))
@@ -59,19 +58,7 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 // blobLock takes the cross-process lock on the blob store: shared while a
 // snapshot adds blobs, exclusive while garbage is collected.
 func (p *Provider) blobLock(exclusive bool) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(p.o.Home, "blobs.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	how := unix.LOCK_SH
-	if exclusive {
-		how = unix.LOCK_EX
-	}
-	if err := unix.Flock(int(f.Fd()), how); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+	return hostkeep.Flock(filepath.Join(p.o.Home, "blobs.lock"), exclusive)
 }
 
 // Snapshot stores the sandbox's writable places (/work, $HOME, /tmp). It is
@@ -93,7 +80,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	}
 	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes}
 	for {
-		s.ID = newID("snap-")
+		s.ID = hostkeep.NewID("snap-")
 		f, err := os.OpenFile(p.snapPath(s.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if errors.Is(err, os.ErrExist) {
 			continue // an id is never reused, not even a deleted one's

@@ -1,20 +1,18 @@
 package microvm
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"stasis/atomicfile"
 	"stasis/proc"
+	"stasis/sandbox/hostkeep"
 )
 
 // RunKeeper is `stasis microvm keeper --dir DIR`: it runs the sandbox's
@@ -36,8 +34,7 @@ func keep(dir string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	sigs := hostkeep.Signals()
 	qlog, err := os.OpenFile(filepath.Join(dir, qemuLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -74,35 +71,9 @@ func keep(dir string, log *slog.Logger) error {
 		_ = unix.Kill(qid.PID, unix.SIGKILL)
 		<-exited
 	}
-	for {
-		timer := time.NewTimer(time.Until(m.Expiry))
-		select {
-		case <-timer.C:
-			// Mark first: from now on the host refuses the sandbox.
-			_ = atomicfile.Write(filepath.Join(dir, expiredFile), []byte(time.Now().UTC().Format(time.RFC3339Nano)+"\n"), 0o600)
-			kill("expired")
-			return nil
-		case s := <-sigs:
-			timer.Stop()
-			if s == syscall.SIGHUP {
-				nm, err := readMetaAt(dir)
-				if err != nil {
-					log.Warn("re-read meta.json", "err", err)
-					continue
-				}
-				m.Expiry = nm.Expiry
-				log.Info("expiry changed", "id", m.ID, "expiry", m.Expiry)
-				continue
-			}
-			kill("asked to stop")
-			return nil
-		case err := <-exited:
-			timer.Stop()
-			var ee *exec.ExitError
-			if err == nil || errors.As(err, &ee) {
-				return fmt.Errorf("QEMU ended on its own (%v); see %s", err, filepath.Join(dir, qemuLogFile))
-			}
-			return err
-		}
+	readExpiry := func() (time.Time, error) {
+		nm, err := readMetaAt(dir)
+		return nm.Expiry, err
 	}
+	return hostkeep.Loop(m.ID, m.Expiry, readExpiry, sigs, exited, kill, filepath.Join(dir, expiredFile), filepath.Join(dir, qemuLogFile), log)
 }

@@ -19,8 +19,6 @@ package microvm
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,6 +41,7 @@ import (
 	"stasis/cas"
 	"stasis/proc"
 	"stasis/sandbox"
+	"stasis/sandbox/hostkeep"
 	"stasis/sandbox/microvm/agent"
 )
 
@@ -196,7 +195,7 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	default:
 		return nil, fmt.Errorf("microvm provider: accelerator %q: want kvm, tcg or empty (probe)", o.Accel)
 	}
-	bs, err := blob.NewDir(filepath.Join(o.Home, "vmblobs"))
+	bs, err := blob.NewDir(p.blobDir())
 	if err != nil {
 		return nil, err
 	}
@@ -206,6 +205,20 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	// store what changed, not every megabyte a changed page falls in.
 	p.cas.SetChunking(32<<10, 17)
 	return p, nil
+}
+
+func (p *Provider) blobDir() string { return filepath.Join(p.o.Home, "vmblobs") }
+
+// CatState writes a snapshot's saved state (a cas manifest in the blob
+// store at blobDir) to w: what `stasis microvm state` runs for QEMU's
+// incoming migration, so that a fork streams its state out of the store
+// instead of through a file.
+func CatState(ctx context.Context, blobDir, manifest string, w io.Writer) error {
+	bs, err := blob.NewDir(blobDir)
+	if err != nil {
+		return err
+	}
+	return cas.New(bs).CatFile(ctx, manifest, stateFile, w)
 }
 
 func (p *Provider) Name() string { return Name }
@@ -227,20 +240,6 @@ func (p *Provider) Retired(id string) int {
 	return p.retired[id]
 }
 
-func newID(prefix string) string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
-
-func validID(id, prefix string) bool {
-	if !strings.HasPrefix(id, prefix) || len(id) != len(prefix)+16 {
-		return false
-	}
-	_, err := hex.DecodeString(id[len(prefix):])
-	return err == nil && strings.ToLower(id) == id
-}
-
 func (p *Provider) sbDir(id string) string { return filepath.Join(p.dir, id) }
 
 func what(id string) string { return "sandbox " + id }
@@ -255,7 +254,7 @@ func readMetaAt(dir string) (meta, error) {
 }
 
 func (p *Provider) readMeta(op, id string) (meta, error) {
-	if !validID(id, "vm-") {
+	if !hostkeep.ValidID(id, "vm-") {
 		return meta{}, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "not a microvm sandbox id (vm- and 16 hex digits)")
 	}
 	m, err := readMetaAt(p.sbDir(id))
@@ -349,7 +348,7 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
 		}
 	}
-	m := meta{ID: newID("vm-"), Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM()}
+	m := meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -408,7 +407,7 @@ func (p *Provider) boot(ctx context.Context, m *meta) error {
 		if err = p.startKeeper(ctx, m.ID); err != nil {
 			return err
 		}
-		if m.VM.Incoming != "" {
+		if len(m.VM.Incoming) > 0 {
 			if err = p.resumeIncoming(ctx, *m); err != nil {
 				return err
 			}
@@ -570,20 +569,14 @@ func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbo
 	}
 	var out []sandbox.Info
 	for _, e := range ents {
-		if !validID(e.Name(), "vm-") {
+		if !hostkeep.ValidID(e.Name(), "vm-") {
 			continue
 		}
 		m, err := p.readMeta("list", e.Name())
 		if err != nil {
 			continue
 		}
-		match := true
-		for k, v := range labels {
-			if m.Labels[k] != v {
-				match = false
-			}
-		}
-		if !match {
+		if !hostkeep.MatchLabels(m.Labels, labels) {
 			continue
 		}
 		state := sandbox.StateRunning
@@ -620,56 +613,33 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 // Delete retires a sandbox: kills its QEMU and removes its directory.
 // Deleting a sandbox that is already gone returns nil.
 func (p *Provider) Delete(ctx context.Context, id string) error {
-	if !validID(id, "vm-") {
+	if !hostkeep.ValidID(id, "vm-") {
 		return sandbox.Errorf(sandbox.ErrNotFound, "delete", what(id), "not a microvm sandbox id")
 	}
 	return p.retire(id)
 }
 
-// retire kills and removes a sandbox exactly once: the directory is first
-// renamed aside, so of two concurrent calls only one proceeds.
+// retire kills and removes a sandbox exactly once.
 func (p *Provider) retire(id string) error {
-	dir := p.sbDir(id)
-	dead := filepath.Join(p.dir, ".retiring-"+id+"-"+newID(""))
-	if err := os.Rename(dir, dead); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
+	done, err := hostkeep.Retire(p.sbDir(id), id, func(dead string) {
+		if k, ok := readKeeperAt(dead); ok {
+			killVM(k)
 		}
-		return fmt.Errorf("delete %s: %w", what(id), err)
+		_ = os.Remove(qmpPath(id))
+	})
+	if done {
+		p.retiredMu.Lock()
+		if p.retired == nil {
+			p.retired = map[string]int{}
+		}
+		p.retired[id]++
+		p.retiredMu.Unlock()
 	}
-	p.retiredMu.Lock()
-	if p.retired == nil {
-		p.retired = map[string]int{}
-	}
-	p.retired[id]++
-	p.retiredMu.Unlock()
-	if k, ok := readKeeperAt(dead); ok {
-		killVM(k)
-	}
-	_ = os.Remove(qmpPath(id))
-	if err := os.RemoveAll(dead); err != nil {
-		return fmt.Errorf("delete %s: remove %s: %w", what(id), dead, err)
-	}
-	return nil
+	return err
 }
 
 // killVM ends QEMU and the keeper and waits until both are gone.
-func killVM(k keeperInfo) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		alive := false
-		for _, id := range []proc.Identity{k.QEMU, k.Keeper} {
-			if id.PID > 0 && proc.Alive(id) {
-				alive = true
-				_ = unix.Kill(id.PID, unix.SIGKILL)
-			}
-		}
-		if !alive || time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(time.Millisecond) // poll interval, bounded by the deadline above
-	}
-}
+func killVM(k keeperInfo) { hostkeep.KillAndWait(k.QEMU, k.Keeper) }
 
 // GC removes sandboxes whose keeper is gone (killed, the host restarted,
 // or it ended at the expiry), ending a QEMU that outlived its keeper, and
@@ -683,17 +653,16 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 	var reaped []string
 	for _, e := range ents {
 		name := e.Name()
-		if strings.HasPrefix(name, ".retiring-") {
+		if id, ok := hostkeep.RetiringID(name, "vm-"); ok {
+			// An interrupted delete: finish it.
 			if k, ok := readKeeperAt(filepath.Join(p.dir, name)); ok {
 				killVM(k)
 			}
-			if rest := strings.TrimPrefix(name, ".retiring-"); len(rest) >= 19 && validID(rest[:19], "vm-") {
-				_ = os.Remove(qmpPath(rest[:19]))
-			}
+			_ = os.Remove(qmpPath(id))
 			_ = os.RemoveAll(filepath.Join(p.dir, name))
 			continue
 		}
-		if !validID(name, "vm-") {
+		if !hostkeep.ValidID(name, "vm-") {
 			continue
 		}
 		k, ok := readKeeperAt(p.sbDir(name))

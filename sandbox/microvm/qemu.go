@@ -39,8 +39,10 @@ type vmConfig struct {
 	// the emulated PIT: on a loaded host that calibration fails, the
 	// kernel finds no clock source and never boots.
 	TSCKHz int `json:"tsc_khz,omitempty"`
-	// Incoming is a saved state to start from (a fork), or empty.
-	Incoming string `json:"incoming,omitempty"`
+	// Incoming is the command whose output is the saved state a fork
+	// starts from (QEMU runs it: `stasis microvm state`, streaming it out
+	// of the blob store), or empty.
+	Incoming []string `json:"incoming,omitempty"`
 }
 
 // shellQuote quotes s for the glib shell parser QEMU uses on a guestfwd
@@ -119,8 +121,12 @@ func (c vmConfig) args(dir string) []string {
 		"-netdev", netdev, "-device", "virtio-net-device,netdev=n0",
 		"-qmp", "unix:" + qmpPath(filepath.Base(dir)) + ",server=on,wait=off",
 	}
-	if c.Incoming != "" {
-		a = append(a, "-incoming", "exec:cat "+shellQuote(c.Incoming))
+	if len(c.Incoming) > 0 {
+		q := make([]string, len(c.Incoming))
+		for i, arg := range c.Incoming {
+			q[i] = shellQuote(arg)
+		}
+		a = append(a, "-incoming", "exec:"+strings.Join(q, " "))
 	}
 	return a
 }

@@ -11,10 +11,9 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"stasis/atomicfile"
 	"stasis/sandbox"
+	"stasis/sandbox/hostkeep"
 )
 
 // stateFile is the migration stream's name inside a stored snapshot tree.
@@ -45,7 +44,7 @@ func (s snapMeta) info() sandbox.SnapshotInfo {
 
 func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 	var s snapMeta
-	if !validID(id, "vms-") {
+	if !hostkeep.ValidID(id, "vms-") {
 		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "not a microvm snapshot id (vms- and 16 hex digits)")
 	}
 	b, err := os.ReadFile(p.snapPath(id))
@@ -64,24 +63,6 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 	return s, nil
 }
 
-// flock takes an advisory lock on path (shared or exclusive) until the
-// returned function is called.
-func flock(path string, exclusive bool) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	how := unix.LOCK_SH
-	if exclusive {
-		how = unix.LOCK_EX
-	}
-	if err := unix.Flock(int(f.Fd()), how); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
-}
-
 // Snapshot stops the guest, saves its whole state (memory and devices: the
 // processes and the RAM root file system) by a QEMU migration to a file,
 // lets the guest run on, and stores the state content-addressed.
@@ -90,7 +71,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
-	unlock, err := flock(filepath.Join(p.sbDir(id), lockFile), true)
+	unlock, err := hostkeep.Flock(filepath.Join(p.sbDir(id), lockFile), true)
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
@@ -107,7 +88,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		}
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
 	}
-	unlockBlobs, err := flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
+	unlockBlobs, err := hostkeep.Flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
@@ -117,10 +98,10 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: store the state: %w", what(id), err)
 	}
 	vm := m.VM
-	vm.Port, vm.Incoming = 0, ""
+	vm.Port, vm.Incoming = 0, nil
 	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), VM: vm, Env: m.Env, Bytes: st.Bytes, NewBytes: st.NewBytes, Paused: paused}
 	for {
-		s.ID = newID("vms-")
+		s.ID = hostkeep.NewID("vms-")
 		f, err := os.OpenFile(p.snapPath(s.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if errors.Is(err, os.ErrExist) {
 			continue // an id is never reused, not even a deleted one's
@@ -198,9 +179,9 @@ func (p *Provider) GetSnapshot(ctx context.Context, id string) (sandbox.Snapshot
 	return s.info(), nil
 }
 
-// Fork starts n microVMs from a snapshot, all or nothing: the state is
-// restored from the store once, and each fork's QEMU starts from it with
-// its own port; the snapshot's processes continue in each.
+// Fork starts n microVMs from a snapshot, all or nothing: each fork's
+// QEMU starts with its own port and loads the state streamed out of the
+// store; the snapshot's processes continue in each.
 func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
 	if n < 1 {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", "snapshot "+snap, "count %d: fork at least one", n)
@@ -212,21 +193,15 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	if err != nil {
 		return nil, err
 	}
-	tmp, err := os.MkdirTemp(p.stateDir, "restore-"+snap+"-")
+	// Each fork's QEMU streams the state out of the blob store (no file
+	// is written); the shared lock keeps a garbage collection from taking
+	// its chunks meanwhile.
+	unlockBlobs, err := hostkeep.Flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
-	unlockBlobs, err := flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
-	if err != nil {
-		return nil, err
-	}
-	_, err = p.cas.Restore(ctx, s.Manifest, filepath.Join(tmp, "tree"))
-	unlockBlobs()
-	if err != nil {
-		return nil, fmt.Errorf("fork %s: restore the saved state: %w", snap, err)
-	}
-	state := filepath.Join(tmp, "tree", stateFile)
+	defer unlockBlobs()
+	state := []string{p.o.Exe, "microvm", "state", "--blobs", p.blobDir(), "--manifest", s.Manifest}
 
 	made := make([]sandbox.Info, n)
 	errs := make([]error, n)
@@ -259,8 +234,8 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	return made, nil
 }
 
-func (p *Provider) forkOne(ctx context.Context, s snapMeta, state string, spec sandbox.ForkSpec) (sandbox.Info, error) {
-	m := meta{ID: newID("vm-"), Labels: spec.Labels, Env: s.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), Source: s.ID, VM: s.VM, LastManifest: s.Manifest}
+func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, spec sandbox.ForkSpec) (sandbox.Info, error) {
+	m := meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: s.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), Source: s.ID, VM: s.VM, LastManifest: s.Manifest}
 	m.VM.Incoming = state
 	// A fork's gateway is this provider's (the host's socket may have
 	// moved since the save).
@@ -270,9 +245,9 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state string, spec s
 		_ = p.retire(m.ID)
 		return sandbox.Info{}, err
 	}
-	// The state file goes when Fork returns; nothing reads it again.
+	// The state is loaded; nothing reads it again.
 	p.mu.Lock()
-	m.VM.Incoming = ""
+	m.VM.Incoming = nil
 	err := p.writeMeta(m)
 	p.mu.Unlock()
 	if err != nil {
@@ -303,7 +278,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
 // CollectBlobs deletes blobs that no snapshot and no sandbox's incremental
 // base references.
 func (p *Provider) CollectBlobs(ctx context.Context) (int, int64, error) {
-	unlock, err := flock(filepath.Join(p.o.Home, "vmblobs.lock"), true)
+	unlock, err := hostkeep.Flock(filepath.Join(p.o.Home, "vmblobs.lock"), true)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 
@@ -153,6 +154,7 @@ kernel. Exit status 1 when something is missing.`,
 					}
 				}
 				_ = tw.Flush()
+				fmt.Fprintf(cmd.OutOrStdout(), "the guest has busybox and stasis: of the built-in tasks it runs the shell ones (%s), with the mini harness\n", strings.Join(r.Tasks, ", "))
 				if r.Ready {
 					fmt.Fprintf(cmd.OutOrStdout(), "microvm provider ready (%s)\n", r.Accel)
 				}

@@ -18,6 +18,7 @@ import (
 	"stasis/ledger"
 	"stasis/model"
 	"stasis/relay"
+	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/stasistest"
 	"stasis/store"
@@ -309,6 +310,78 @@ func TestStartWithDeadline(t *testing.T) {
 		t.Fatalf("receipt %+v %v: want timed out", rc, err)
 	}
 	if err := c.Retire(ctx, "ep-d"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// claimsProcesses is the local provider saying its snapshots keep
+// processes when they do not: a fork of such a "process-keeping" snapshot
+// has no supervisor running, as a microVM fork whose guest rebooted would
+// not run the recorded launch.
+type claimsProcesses struct{ *local.Provider }
+
+func (claimsProcesses) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{KeepsProcesses: true, SnapshotOutlivesSource: true}
+}
+
+// A record that says its snapshot kept processes, restored into a fork
+// whose supervisor is not the recorded launch, is relaunched instead of
+// resumed in place, and the restore says why; the episode still reaches
+// reward 1 with a ledger that verifies.
+func TestNotTheRecordedLaunchRelaunches(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	w.env.Provider = claimsProcesses{w.env.Provider.(*local.Provider)}
+	w.env.Verifier.Provider = w.env.Provider
+	c := w.coordinator(ctx)
+	a, r := w.holdCall("ep-x", 3)
+	released := false
+	defer func() {
+		if !released {
+			close(r)
+		}
+	}()
+	if _, err := c.Start(ctx, "ep-x", "sh-renext-spaces", "mini"); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, ctx, a, "call 3 of ep-x")
+	if _, err := c.Prepare(ctx, "ckpt-x"); err != nil {
+		t.Fatal(err)
+	}
+	_, recs, err := w.st.Get(ctx, "ckpt-x")
+	if err != nil || len(recs) != 1 || !recs[0].RestoresInPlace() || recs[0].PauseMode != "hold" {
+		t.Fatalf("record: %+v %v", recs, err)
+	}
+	row, _ := w.st.GetEpisode(ctx, "ep-x")
+	if err := w.env.Provider.Delete(ctx, row.Sandbox); err != nil {
+		t.Fatal(err)
+	}
+	close(r)
+	released = true
+	c.Close()
+	c = w.coordinator(ctx)
+	res, err := c.Restore(ctx, "ckpt-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Episodes) != 1 || res.Episodes[0].Resume != "relaunch" || !strings.Contains(res.Episodes[0].ResumeWhy, "not the recorded launch") {
+		t.Fatalf("restore: %+v", res.Episodes)
+	}
+	if _, err := c.Wait(ctx, "ep-x"); err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := c.Verify(ctx, "ep-x")
+	if err != nil || v.Reward != 1 {
+		t.Fatalf("reward %d %v\n%s", v.Reward, err, v.Output)
+	}
+	if rep, err := ledger.Verify(w.gw.LedgerDir(), "ep-x"); err != nil || !rep.OK || rep.Broken {
+		t.Fatalf("ledger %+v %v", rep, err)
+	}
+	if err := c.Retire(ctx, "ep-x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeleteCheckpoint(ctx, "ckpt-x"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -45,8 +45,9 @@ func newMicroVMRig(t *testing.T) (*rig, *microvm.Provider) {
 // twice from that one snapshot (a fork of 2): one copy in place under its
 // own name, one as a copy with a ledger of its own. Both finish with
 // reward 1 without a relaunch, each ledger verifies with the held call
-// re-issued once under the new attempt, and the guest's wall clock does
-// not jump across the restore (continuous policy).
+// re-issued once under the new attempt; the guest's wall clock does not
+// jump across the restore under the continuous policy (the original), and
+// is the host's under the host policy (the copy).
 func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 	r, mp := newMicroVMRig(t)
 	tk, err := task.Lookup(r.tasks, "sh-renext-spaces")
@@ -91,6 +92,12 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 	closed = true
 	g.Open()
 
+	// Let time pass outside the saved guest, so that the two clock
+	// policies give clocks seconds apart (a deliberate gap, not a wait for
+	// anything).
+	if d := time.Until(time.Unix(0, int64(st.PauseWall*1e9)).Add(5 * time.Second)); d > 0 {
+		time.Sleep(d)
+	}
 	forks, err := mp.Fork(ctx, snap.ID, 2, episode.ForkSpec(spec))
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +109,10 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 		if i == 0 {
 			e2, err = episode.ResumeInPlace(ctx, r.env, spec, f.ID, st)
 		} else {
-			e2, err = episode.ResumeCopy(ctx, r.env, spec, f.ID, st, copyID)
+			// The copy under the host clock policy.
+			hostEnv := *r.env
+			hostEnv.ClockPolicy = episode.ClockHost
+			e2, err = episode.ResumeCopy(ctx, &hostEnv, spec, f.ID, st, copyID)
 		}
 		if err != nil {
 			for _, f := range forks {
@@ -113,19 +123,27 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 		eps = append(eps, e2)
 		defer e2.Close(context.Background())
 	}
-	for _, e2 := range eps {
-		// The clock: continuous across the restore.
+	for i, e2 := range eps {
 		cf := e2.Clock()
 		in, err := mp.GuestInfo(ctx, e2.SandboxID())
 		if err != nil {
 			t.Fatal(err)
 		}
-		jump := (in.Wall - st.PauseWall) - (in.Uptime - st.PauseUptime)
-		if jump > 1 || jump < -1 {
-			t.Fatalf("%s: the guest's wall clock jumped %.3fs across the restore (clock fix %+v)", e2.ID(), jump, cf)
+		if i == 0 {
+			// Continuous: the wall clock moved as much as uptime did.
+			jump := (in.Wall - st.PauseWall) - (in.Uptime - st.PauseUptime)
+			if jump > 1 || jump < -1 || cf.Policy != episode.ClockContinuous {
+				t.Fatalf("%s: the guest's wall clock jumped %.3fs across the restore (clock fix %+v)", e2.ID(), jump, cf)
+			}
+			// ... so it lags the host's by the time the guest was saved.
+			if lag := float64(time.Now().UnixNano())/1e9 - in.Wall; lag < 3 {
+				t.Fatalf("%s: the continuous guest clock lags the host's by %.3fs only, after 5s outside the guest", e2.ID(), lag)
+			}
+			continue
 		}
-		if cf.Policy != episode.ClockContinuous {
-			t.Fatalf("%s: clock policy %q", e2.ID(), cf.Policy)
+		// Host: the guest's wall clock is the host's.
+		if d := in.Wall - float64(time.Now().UnixNano())/1e9; d > 2 || d < -2 || cf.Policy != episode.ClockHost {
+			t.Fatalf("%s: the guest's wall clock is %.3fs off the host's under the host policy (clock fix %+v)", e2.ID(), d, cf)
 		}
 	}
 	for _, e2 := range eps {

@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+
+	"stasis/task"
 )
 
 // Check is one line of a doctor report.
@@ -23,6 +25,8 @@ type Report struct {
 	Accel  string `json:"accel,omitempty"`
 	Reason string `json:"accel_reason,omitempty"`
 	Ready  bool   `json:"ready"`
+	// Tasks are the built-in tasks the guest image can run.
+	Tasks []string `json:"tasks"`
 }
 
 // Doctor checks what the provider needs, without failing at the first
@@ -32,6 +36,13 @@ type Report struct {
 func Doctor(ctx context.Context, o Options) Report {
 	var r Report
 	add := func(c Check) { r.Checks = append(r.Checks, c) }
+	if ts, err := task.Builtin(); err == nil {
+		for _, t := range ts {
+			if CanRun(t) {
+				r.Tasks = append(r.Tasks, t.ID)
+			}
+		}
+	}
 	const fix = "make deps-microvm"
 	ok := true
 	if path, err := exec.LookPath(QEMU); err != nil {

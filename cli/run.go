@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/schollz/progressbar/v3"
@@ -130,10 +131,19 @@ func printRunReport(out io.Writer, rep *job.Report) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.ID, e.Task, e.Harness, e.Provider, resume, e.Reward, e.ModelCalls, ledger)
 	}
 	_ = tw.Flush()
+	// Why episodes were relaunched, once per reason.
+	var whys []string
+	who := map[string][]string{}
 	for _, e := range rep.Episodes {
 		if e.ResumeWhy != "" && e.Resume == "relaunch" {
-			fmt.Fprintf(out, "%s relaunched: %s\n", e.ID, e.ResumeWhy)
+			if who[e.ResumeWhy] == nil {
+				whys = append(whys, e.ResumeWhy)
+			}
+			who[e.ResumeWhy] = append(who[e.ResumeWhy], e.ID)
 		}
+	}
+	for _, w := range whys {
+		fmt.Fprintf(out, "relaunched (%s): %s\n", strings.Join(who[w], ", "), w)
 	}
 	fmt.Fprintf(out, "\ncheckpoint %s: %d episodes in %.2fs\n", rep.Checkpoint.ID, rep.Checkpoint.Episodes, rep.Checkpoint.Seconds)
 	if rep.Crashed {

@@ -585,7 +585,7 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 		sb := forks[eid]
 		mu.Unlock()
 		var e *episode.Episode
-		mode, why := "relaunch", "" // file-only snapshots always relaunch
+		mode, why := "relaunch", fmt.Sprintf("the %s provider's snapshot kept files only (keeps_processes false): the harness is relaunched from its saved session", r.Provider)
 		if r.RestoresInPlace() {
 			st := checkpoint.State{Episode: eid, PauseSeq: r.PauseSeq, Identity: *r.Identity, PauseWall: *r.PauseWall, PauseUptime: *r.PauseUptime, RelayDelivered: r.RelayDelivered, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
 			var err error

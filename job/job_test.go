@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,6 +146,9 @@ func runOnFake(t *testing.T, provider string, serve func(backend *local.Provider
 		t.Logf("%s: resume %s %s", e.ID, e.Resume, e.ResumeWhy)
 		if !e.LedgerVerified || e.Reward != 1 || e.Provider != provider || e.Resume == "in_place" {
 			t.Errorf("episode %+v", e)
+		}
+		if e.Resume == "relaunch" && !strings.Contains(e.ResumeWhy, "kept files only") {
+			t.Errorf("%s relaunched with no reason reported: %q", e.ID, e.ResumeWhy)
 		}
 	}
 	if left, err := backend.List(ctx, nil); err != nil || len(left) != 0 {

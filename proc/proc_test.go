@@ -165,7 +165,10 @@ func TestDescendantsBothWays(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := os.Stat(ready)
-		if err == nil && len(must(Descendants(cmd.Process.Pid))) >= 4 {
+		// Exactly the four long-lived processes (three sleeps and the
+		// subshell): the touch that made the ready file may still be there
+		// a moment after it, and would be in one walk and not the other.
+		if err == nil && len(must(Descendants(cmd.Process.Pid))) == 4 {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // QEMU is the system emulator the provider runs.
@@ -172,6 +174,12 @@ func (m *qmpConn) Close() error { return m.c.Close() }
 // qmpRun runs one QMP command (within a minute) and decodes its "return"
 // into out (when not nil).
 func qmpRun(m *qmpConn, cmd string, args any, out any) error {
+	return qmpRunFD(m, cmd, args, out, nil)
+}
+
+// qmpRunFD is qmpRun passing file f to QEMU with the command (SCM_RIGHTS),
+// as getfd wants.
+func qmpRunFD(m *qmpConn, cmd string, args any, out any, f *os.File) error {
 	req := map[string]any{"execute": cmd}
 	if args != nil {
 		req["arguments"] = args
@@ -182,7 +190,15 @@ func qmpRun(m *qmpConn, cmd string, args any, out any) error {
 	}
 	_ = m.c.SetDeadline(time.Now().Add(time.Minute))
 	defer m.c.SetDeadline(time.Time{})
-	if _, err := m.c.Write(append(b, '\n')); err != nil {
+	if f != nil {
+		uc, ok := m.c.(*net.UnixConn)
+		if !ok {
+			return fmt.Errorf("QMP %s: passing a file needs a unix socket", cmd)
+		}
+		if _, _, err := uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(int(f.Fd())), nil); err != nil {
+			return fmt.Errorf("QMP %s: %w", cmd, err)
+		}
+	} else if _, err := m.c.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("QMP %s: %w", cmd, err)
 	}
 	for {

@@ -147,7 +147,18 @@ func (p *Provider) save(ctx context.Context, id, path string) (time.Duration, er
 		return 0, err
 	}
 	defer func() { _ = qmpRun(mon, "cont", nil, nil) }()
-	if err := qmpRun(mon, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}, nil); err != nil {
+	// QEMU writes the state straight into the file, whose descriptor it
+	// is handed (no pipe, no copying process).
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	err = qmpRunFD(mon, "getfd", map[string]any{"fdname": "state"}, nil, f)
+	f.Close()
+	if err != nil {
+		return 0, err
+	}
+	if err := qmpRun(mon, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
 		return 0, err
 	}
 	if _, err := waitMigration(ctx, mon); err != nil {

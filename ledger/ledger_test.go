@@ -762,3 +762,36 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	})
 }
+
+// A harness that saved its turn before the model's answer was in it (as
+// OpenCode does, when a stop pause comes right after a delivery) re-sends
+// that turn empty: the response was lost, not acted on, and the ledger is
+// cut before it rather than marked broken. A ledger entry whose response
+// really was empty still matches an empty message exactly.
+func TestMatchLostResponseSentBackEmpty(t *testing.T) {
+	r := []json.RawMessage{chat("a"), chat("b")}
+	l, _ := ledgerWith(t, r...)
+	empty := json.RawMessage(`{"role":"assistant","content":""}`)
+	m, err := l.Match(conv(asMessage(t, r[0]), empty))
+	if err != nil || m.Position != 1 || !m.Boundary {
+		t.Fatalf("match: %+v %v", m, err)
+	}
+	if b, _ := l.Broken(); b || l.Len() != 1 {
+		t.Fatalf("broken %v, len %d", b, l.Len())
+	}
+	// Only the empty turn: a start over.
+	l2, _ := ledgerWith(t, r[0])
+	if m, err := l2.Match(conv(json.RawMessage(`{"role":"assistant","content":null}`))); err != nil || m.Position != 0 || !m.Boundary {
+		t.Fatalf("start over: %+v %v", m, err)
+	}
+	// An empty response in the ledger matches an empty message as it is.
+	l3, _ := ledgerWith(t, chat("a"), chat(""))
+	if m, err := l3.Match(conv(asMessage(t, chat("a")), empty)); err != nil || m.Position != 2 {
+		t.Fatalf("empty response: %+v %v", m, err)
+	}
+	// A turn that is not empty and not in the ledger is still broken.
+	l4, _ := ledgerWith(t, r...)
+	if _, err := l4.Match(conv(asMessage(t, r[0]), empty, asMessage(t, chat("other")))); !errors.Is(err, ErrBroken) {
+		t.Fatalf("mismatch with an empty turn: %v", err)
+	}
+}

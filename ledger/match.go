@@ -56,16 +56,54 @@ func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
 	if err := l.usable(); err != nil {
 		return Match{}, err
 	}
+	m, ok, reason, err := l.matchLocked(want, "")
+	if err != nil || ok {
+		return m, err
+	}
+	// A harness that records its turn before the model's answer is in it
+	// (OpenCode) and was stopped in between sends that turn back empty:
+	// the response it stands for was lost, not acted on. Without such
+	// turns the conversation may match.
+	if kept := withoutEmpty(want); len(kept) < len(want) {
+		note := fmt.Sprintf(" (%d empty assistant messages, responses the harness lost, left out)", len(want)-len(kept))
+		if m, ok, _, err := l.matchLocked(kept, note); err != nil || ok {
+			return m, err
+		}
+	}
+	if err := l.markBroken(reason); err != nil {
+		return Match{}, err
+	}
+	return Match{}, fmt.Errorf("ledger %s: %w: %s", l.path, ErrBroken, reason)
+}
+
+// emptyAssistant is the fingerprint of an assistant message with no text
+// and no tool call.
+var emptyAssistant = assistant{}.fingerprint()
+
+func withoutEmpty(fps []string) []string {
+	var out []string
+	for _, fp := range fps {
+		if fp != emptyAssistant {
+			out = append(out, fp)
+		}
+	}
+	return out
+}
+
+// matchLocked matches the conversation's assistant fingerprints against
+// the ledger: on a match it cuts the ledger (the cut's reason ends with
+// note) and returns ok; otherwise it changes nothing and returns why not.
+func (l *Ledger) matchLocked(want []string, note string) (Match, bool, string, error) {
 	have := l.fps
 	k := int64(len(want))
 	if k == 0 && len(have) == 0 {
-		return Match{Fresh: true}, nil
+		return Match{Fresh: true}, true, "", nil
 	}
 	if k <= int64(len(have)) && equalRun(have[:k], want) {
-		if err := l.cut(k, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries 1..%d", k, k), true); err != nil {
-			return Match{}, err
+		if err := l.cut(k, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries 1..%d%s", k, k, note), true); err != nil {
+			return Match{}, false, "", err
 		}
-		return Match{Position: k, Boundary: true}, nil
+		return Match{Position: k, Boundary: true}, true, "", nil
 	}
 	var at []int64
 	for p := int64(1); k > 0 && p+k <= int64(len(have)); p++ {
@@ -73,29 +111,24 @@ func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
 			at = append(at, p)
 		}
 	}
-	var reason string
 	switch {
 	case len(at) == 1:
 		p := at[0]
-		if err := l.cut(p+k, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries %d..%d (compacted)", k, p+1, p+k), true); err != nil {
-			return Match{}, err
+		if err := l.cut(p+k, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries %d..%d (compacted)%s", k, p+1, p+k, note), true); err != nil {
+			return Match{}, false, "", err
 		}
-		return Match{Position: p + k, Start: p, Boundary: true}, nil
+		return Match{Position: p + k, Start: p, Boundary: true}, true, "", nil
 	case len(at) > 1:
-		reason = fmt.Sprintf("relaunch: the conversation's %d assistant messages match the ledger at %d places (entries %d.. and %d..); cannot tell which responses the harness acted on", k, len(at), at[0]+1, at[1]+1)
+		return Match{}, false, fmt.Sprintf("relaunch: the conversation's %d assistant messages match the ledger at %d places (entries %d.. and %d..); cannot tell which responses the harness acted on", k, len(at), at[0]+1, at[1]+1), nil
 	case k > int64(len(have)):
-		reason = fmt.Sprintf("relaunch: the conversation has %d assistant messages but the ledger only %d entries: the harness acted on responses the ledger does not hold", k, len(have))
+		return Match{}, false, fmt.Sprintf("relaunch: the conversation has %d assistant messages but the ledger only %d entries: the harness acted on responses the ledger does not hold", k, len(have)), nil
 	default:
 		i := 0
 		for i < len(want) && want[i] == have[i] {
 			i++
 		}
-		reason = fmt.Sprintf("relaunch: the conversation's assistant message %d differs from entry %d's response, and its %d assistant messages match no run of the ledger's %d entries", i+1, i+1, k, len(have))
+		return Match{}, false, fmt.Sprintf("relaunch: the conversation's assistant message %d differs from entry %d's response, and its %d assistant messages match no run of the ledger's %d entries", i+1, i+1, k, len(have)), nil
 	}
-	if err := l.markBroken(reason); err != nil {
-		return Match{}, err
-	}
-	return Match{}, fmt.Errorf("ledger %s: %w: %s", l.path, ErrBroken, reason)
 }
 
 func equalRun(a, b []string) bool {

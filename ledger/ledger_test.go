@@ -765,9 +765,11 @@ func BenchmarkAppend(b *testing.B) {
 
 // A harness that saved its turn before the model's answer was in it (as
 // OpenCode does, when a stop pause comes right after a delivery) re-sends
-// that turn empty: the response was lost, not acted on, and the ledger is
-// cut before it rather than marked broken. A ledger entry whose response
-// really was empty still matches an empty message exactly.
+// that turn empty, or with a tool call but not its arguments: the response
+// was not acted on whole, and the ledger is cut before it rather than
+// marked broken. A ledger entry whose response really was empty still
+// matches an empty message exactly; a mismatch before the last turn is
+// still a broken history.
 func TestMatchLostResponseSentBackEmpty(t *testing.T) {
 	r := []json.RawMessage{chat("a"), chat("b")}
 	l, _ := ledgerWith(t, r...)
@@ -789,9 +791,23 @@ func TestMatchLostResponseSentBackEmpty(t *testing.T) {
 	if m, err := l3.Match(conv(asMessage(t, chat("a")), empty)); err != nil || m.Position != 2 {
 		t.Fatalf("empty response: %+v %v", m, err)
 	}
-	// A turn that is not empty and not in the ledger is still broken.
-	l4, _ := ledgerWith(t, r...)
-	if _, err := l4.Match(conv(asMessage(t, r[0]), empty, asMessage(t, chat("other")))); !errors.Is(err, ErrBroken) {
-		t.Fatalf("mismatch with an empty turn: %v", err)
+	// The last turn a partial copy of its entry's response (a tool call
+	// saved without its arguments): cut before it.
+	withCall := json.RawMessage(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Let me look.","tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{\"command\":\"ls\"}"}}]},"finish_reason":"tool_calls"}]}`)
+	l4, _ := ledgerWith(t, r[0], withCall)
+	partial := json.RawMessage(`{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{}"}}]}`)
+	if m, err := l4.Match(conv(asMessage(t, r[0]), partial)); err != nil || m.Position != 1 || !m.Boundary {
+		t.Fatalf("partial last turn: %+v %v", m, err)
+	}
+	// A tool call the response does not have is no partial copy.
+	l6, _ := ledgerWith(t, r[0], withCall)
+	other := json.RawMessage(`{"role":"assistant","content":"","tool_calls":[{"id":"c2","type":"function","function":{"name":"bash","arguments":"{}"}}]}`)
+	if _, err := l6.Match(conv(asMessage(t, r[0]), other)); !errors.Is(err, ErrBroken) {
+		t.Fatalf("a foreign tool call: %v", err)
+	}
+	// A turn before the last that is not in the ledger is still broken.
+	l5, _ := ledgerWith(t, chat("a"), chat("b"), chat("c"))
+	if _, err := l5.Match(conv(asMessage(t, chat("other")), asMessage(t, chat("b")))); !errors.Is(err, ErrBroken) {
+		t.Fatalf("mismatch before the last turn: %v", err)
 	}
 }

@@ -40,6 +40,7 @@ type Match struct {
 // record is written), and a start-over (cut to 0, boundary) otherwise.
 func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
 	var want []string
+	var last json.RawMessage // the last assistant message that is not empty
 	for i, m := range messages {
 		var head struct {
 			Role string `json:"role"`
@@ -48,7 +49,11 @@ func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
 			return Match{}, fmt.Errorf("ledger match: message %d is not a JSON object: %v", i, err)
 		}
 		if head.Role == "assistant" {
-			want = append(want, messageFingerprint(m))
+			fp := messageFingerprint(m)
+			want = append(want, fp)
+			if fp != emptyAssistant {
+				last = m
+			}
 		}
 	}
 	l.mu.Lock()
@@ -69,11 +74,68 @@ func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
 		if m, ok, _, err := l.matchLocked(kept, note); err != nil || ok {
 			return m, err
 		}
+		want = kept
+	}
+	// The same harness may have saved the last response it was given only
+	// in part (a tool call without its arguments, the text missing): when
+	// every earlier assistant message is the ledger's prefix, that last
+	// turn is the response of the next entry, not acted on whole. The
+	// ledger is cut before it, and the boundary marks where the harness's
+	// history and the ledger part.
+	if k := int64(len(want)); k > 0 && k <= int64(len(l.fps)) && equalRun(l.fps[:k-1], want[:k-1]) && partialCopy(last, l.st.entries[k-1].Response) {
+		if err := l.cut(k-1, fmt.Sprintf("relaunch: the conversation's first %d assistant messages are entries 1..%d; its last is a partial copy of entry %d's response, not acted on whole", k-1, k-1, k), true); err != nil {
+			return Match{}, err
+		}
+		return Match{Position: k - 1, Boundary: true}, nil
 	}
 	if err := l.markBroken(reason); err != nil {
 		return Match{}, err
 	}
 	return Match{}, fmt.Errorf("ledger %s: %w: %s", l.path, ErrBroken, reason)
+}
+
+// partialCopy says whether assistant message msg is what a harness saved
+// of response resp before all of it was in: it has tool calls, each with
+// the id and the name of one of resp's, and its text is empty or the start
+// of resp's.
+func partialCopy(msg, resp json.RawMessage) bool {
+	type call struct {
+		ID       string `json:"id"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	var m struct {
+		Content   json.RawMessage `json:"content"`
+		ToolCalls []call          `json:"tool_calls"`
+	}
+	var r struct {
+		Choices []struct {
+			Message struct {
+				Content   json.RawMessage `json:"content"`
+				ToolCalls []call          `json:"tool_calls"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(msg, &m) != nil || json.Unmarshal(resp, &r) != nil || len(r.Choices) == 0 || len(m.ToolCalls) == 0 {
+		return false
+	}
+	have := map[string]string{}
+	for _, c := range r.Choices[0].Message.ToolCalls {
+		have[c.ID] = c.Function.Name
+	}
+	for _, c := range m.ToolCalls {
+		if name, ok := have[c.ID]; c.ID == "" || !ok || name != c.Function.Name {
+			return false
+		}
+	}
+	text := func(raw json.RawMessage) string {
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		return strings.TrimSpace(s)
+	}
+	got := text(m.Content)
+	return got == "" || strings.HasPrefix(text(r.Choices[0].Message.Content), got)
 }
 
 // emptyAssistant is the fingerprint of an assistant message with no text

@@ -157,6 +157,26 @@ func Retire(dir, id string, kill func(dead string)) (bool, error) {
 	return true, nil
 }
 
+// Crash calls kill on every sandbox directory under dir (a missing dir
+// has none) and counts those kill says it killed: what a provider's Crash
+// does to the sandboxes a state directory holds.
+func Crash(dir string, kill func(sandboxDir string) bool) (int, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range ents {
+		if e.IsDir() && kill(filepath.Join(dir, e.Name())) {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // RetiringID returns the sandbox id of a directory Retire renamed aside
 // and a crash left there (".retiring-ID-…"), if name is one.
 func RetiringID(name, prefix string) (string, bool) {

@@ -1,8 +1,9 @@
 package microvm
 
 import (
-	"os"
 	"path/filepath"
+
+	"stasis/sandbox/hostkeep"
 )
 
 // Crash kills every microVM under state directory home the way a machine
@@ -11,23 +12,11 @@ import (
 // Snapshots, stored apart, survive. It returns how many it killed. It is
 // for tests and for `stasis run --crash`.
 func Crash(home string) (int, error) {
-	dir := filepath.Join(home, "sandboxes", Name)
-	ents, err := os.ReadDir(dir)
-	if os.IsNotExist(err) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
-		}
-		if k, ok := readKeeperAt(filepath.Join(dir, e.Name())); ok {
+	return hostkeep.Crash(filepath.Join(home, "sandboxes", Name), func(dir string) bool {
+		k, ok := readKeeperAt(dir)
+		if ok {
 			killVM(k)
-			n++
 		}
-	}
-	return n, nil
+		return ok
+	})
 }

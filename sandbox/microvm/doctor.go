@@ -100,6 +100,10 @@ func Doctor(ctx context.Context, o Options) Report {
 		add(Check{Name: "provider", Detail: err.Error()})
 		return r
 	}
+	if err := p.Prepare(ctx); err != nil {
+		add(Check{Name: "guest image", Detail: err.Error()})
+		return r
+	}
 	r.Accel, r.Reason = p.Accel()
 	add(Check{Name: "accelerator", OK: true, Detail: r.Accel + ": " + r.Reason})
 	r.Ready = true

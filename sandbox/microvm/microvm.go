@@ -97,6 +97,9 @@ type Provider struct {
 	qemu      string
 	accel     string
 	accelWhy  string
+	tscKHz    int // under TCG, the host's TSC frequency (see vmConfig)
+	prepOnce  sync.Once
+	prepErr   error
 	mu        sync.Mutex // serialises this process's rewrites of meta.json
 
 	retiredMu sync.Mutex
@@ -134,10 +137,11 @@ type keeperInfo struct {
 	QEMU   proc.Identity `json:"qemu"`
 }
 
-// New opens the provider: it checks QEMU, the kernel, busybox and the
-// guest binary, builds (or finds) the guest image, and chooses the
-// accelerator.
-func New(ctx context.Context, o Options) (*Provider, error) {
+// New opens the provider: it checks that QEMU, the kernel and its modules,
+// and a static busybox and guest binary are there. The guest image and the
+// accelerator wait for Prepare (the first Create), so that a command that
+// boots nothing (exec, ls, rm, gc) does not pay for them.
+func New(_ context.Context, o Options) (*Provider, error) {
 	if o.Home == "" {
 		return nil, errors.New("microvm provider: no state directory")
 	}
@@ -182,16 +186,15 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 			return nil, err
 		}
 	}
-	if p.initramfs, err = Initramfs(filepath.Join(o.Home, "images"), p.kernel, o.Busybox, o.GuestBinary); err != nil {
-		return nil, fmt.Errorf("microvm provider: the guest image: %w", err)
+	// What the image needs is checked here (cheap); the image is built,
+	// and the accelerator chosen, when a sandbox is first booted.
+	for _, bin := range []string{o.Busybox, o.GuestBinary} {
+		if err := checkStatic(bin); err != nil {
+			return nil, fmt.Errorf("microvm provider: %w", err)
+		}
 	}
 	switch o.Accel {
-	case "kvm", "tcg":
-		p.accel, p.accelWhy = o.Accel, "asked for"
-	case "":
-		// The answer is a fact about this machine, QEMU and kernel: it is
-		// kept beside the kernel, for every state directory.
-		p.accel, p.accelWhy = chooseAccel(ctx, filepath.Join(p.kernel.Dir, ".stasis-accel.json"), p.qemu, p.kernel, p.initramfs)
+	case "", "kvm", "tcg":
 	default:
 		return nil, fmt.Errorf("microvm provider: accelerator %q: want kvm, tcg or empty (probe)", o.Accel)
 	}
@@ -201,7 +204,7 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	}
 	p.cas = cas.New(bs)
 	// Two memory images of one VM differ in pages scattered all over:
-	// chunks of 64 KiB on average (16 KiB at least) let a second snapshot
+	// chunks of 128 KiB on average (32 KiB at least) let a second snapshot
 	// store what changed, not every megabyte a changed page falls in.
 	p.cas.SetChunking(32<<10, 17)
 	return p, nil
@@ -227,8 +230,37 @@ func (p *Provider) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{KeepsProcesses: true, SnapshotOutlivesSource: true}
 }
 
-// Accel says which accelerator the provider uses, and why.
-func (p *Provider) Accel() (string, string) { return p.accel, p.accelWhy }
+// Prepare builds (or finds) the guest image and chooses the accelerator,
+// once per Provider; Create does it first. Only commands that boot pay for
+// it: hashing the image's inputs, and the KVM probe the first time on a
+// machine.
+func (p *Provider) Prepare(ctx context.Context) error {
+	p.prepOnce.Do(func() {
+		var err error
+		if p.initramfs, err = Initramfs(filepath.Join(p.o.Home, "images"), p.kernel, p.o.Busybox, p.o.GuestBinary); err != nil {
+			p.prepErr = fmt.Errorf("microvm provider: the guest image: %w", err)
+			return
+		}
+		if p.o.Accel != "" {
+			p.accel, p.accelWhy = p.o.Accel, "asked for"
+		} else {
+			// The answer is a fact about this machine, QEMU and kernel:
+			// it is kept beside the kernel, for every state directory.
+			p.accel, p.accelWhy = chooseAccel(ctx, filepath.Join(p.kernel.Dir, ".stasis-accel.json"), p.qemu, p.kernel, p.initramfs)
+		}
+		if p.accel == "tcg" {
+			p.tscKHz = hostTSCKHz()
+		}
+	})
+	return p.prepErr
+}
+
+// Accel says which accelerator the provider uses, and why (empty when
+// Prepare failed).
+func (p *Provider) Accel() (string, string) {
+	_ = p.Prepare(context.Background())
+	return p.accel, p.accelWhy
+}
 
 // Kernel is the guest kernel in use.
 func (p *Provider) Kernel() Kernel { return p.kernel }
@@ -323,16 +355,20 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
+// baseVM is a new VM's config; Prepare has run.
 func (p *Provider) baseVM() vmConfig {
-	c := vmConfig{QEMU: p.qemu, Kernel: p.kernel.Image, Initramfs: p.initramfs, MemMiB: p.o.MemMiB, Accel: p.accel}
-	if p.accel == "tcg" {
-		c.TSCKHz = hostTSCKHz()
-	}
-	if p.o.Gateway != "" {
-		c.Gateway = p.o.Gateway
-		c.Pipe = []string{p.o.Exe, "microvm", "pipe", "--unix", p.o.Gateway}
-	}
+	c := vmConfig{QEMU: p.qemu, Kernel: p.kernel.Image, Initramfs: p.initramfs, MemMiB: p.o.MemMiB, Accel: p.accel, TSCKHz: p.tscKHz}
+	c.Gateway, c.Pipe = p.gateway()
 	return c
+}
+
+// gateway is the host socket the guests' GatewayAddr leads to, and the
+// command QEMU runs per connection to join it (none without a socket).
+func (p *Provider) gateway() (string, []string) {
+	if p.o.Gateway == "" {
+		return "", nil
+	}
+	return p.o.Gateway, []string{p.o.Exe, "microvm", "pipe", "--unix", p.o.Gateway}
 }
 
 // Create boots a microVM and returns once its agent answers.
@@ -347,6 +383,9 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 		if fi, err := os.Stat(spec.Root); err != nil || !fi.IsDir() {
 			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
 		}
+	}
+	if err := p.Prepare(ctx); err != nil {
+		return sandbox.Info{}, err
 	}
 	m := meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM()}
 	ok := false

@@ -141,6 +141,7 @@ fuzz: deps
 	$(GO) test ./task -run '^$$' -fuzz FuzzInstance -fuzztime $(FUZZTIME)
 	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzReadFrame -fuzztime $(FUZZTIME)
 	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzParseExecHeader -fuzztime $(FUZZTIME)
+	$(GO) test ./sandbox/microvm/vmstate -run '^$$' -fuzz FuzzSplitter -fuzztime $(FUZZTIME)
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build deps-microvm

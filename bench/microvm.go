@@ -34,20 +34,25 @@ type MicroVMOptions struct {
 type MicroVMRow struct {
 	MemMiB int `json:"mem_mib"`
 	// StateBytes is what the first snapshot's migration stream holds;
-	// NewBytes what it added to the store; SecondNewBytes what a second
-	// snapshot of the same VM (a second later) added.
+	// NewBytes what it added to the store (what it wrote); SecondNewBytes
+	// what a second snapshot of the same VM (a second later) added.
 	StateBytes     int64 `json:"state_bytes"`
 	NewBytes       int64 `json:"new_bytes"`
 	SecondNewBytes int64 `json:"second_new_bytes"`
-	// Snapshot: stop, save, continue, store. Paused: the save, while the
-	// guest is stopped (stop, migration to a file, continue). DDWrite: dd
-	// writing StateBytes to a file in the state directory with
-	// conv=fsync, in the same run.
-	Snapshot time.Duration `json:"snapshot_ns"`
-	Paused   time.Duration `json:"guest_paused_ns"`
-	DDWrite  time.Duration `json:"dd_write_ns"`
+	// Snapshot: stop, the migration streamed into the store (cut,
+	// hashed, staged), continue, made durable; the median of 3 first
+	// snapshots of 3 VMs. Paused: how long the guest was stopped.
+	// DDWrite: dd writing NewBytes to a file in the state directory with
+	// conv=fsync, right after each snapshot; SnapshotOverDD the median
+	// of the three ratios. Cut: how the state was cut into chunks.
+	Snapshot       time.Duration `json:"snapshot_ns"`
+	Paused         time.Duration `json:"guest_paused_ns"`
+	DDWrite        time.Duration `json:"dd_write_ns"`
+	SnapshotOverDD float64       `json:"snapshot_over_dd"`
+	Cut            string        `json:"cut"`
 	// Restore: Fork of 1 to the end of the fork's first exec, the source
-	// deleted first (as after a crash); median of 3. DDRead: dd reading that file back.
+	// deleted first (as after a crash); median of 3. DDRead: dd reading
+	// NewBytes back.
 	Restore time.Duration `json:"restore_to_first_exec_ns"`
 	DDRead  time.Duration `json:"dd_read_ns"`
 	// ColdBoot: Create to the end of the first exec (median of 3).
@@ -133,11 +138,26 @@ func microVMRow(ctx context.Context, p *microvm.Provider, mem int, fill float64,
 		return err
 	}
 	expiry := time.Now().Add(time.Hour)
-	// Cold boots: the median of three (the first guest of a run is the
-	// slowest: QEMU and the image are not in the page cache yet); the
-	// last one stays, as the source of the snapshots.
-	var boots []time.Duration
+	ddFile := filepath.Join(dir, "dd.bin")
+	dd := func(args ...string) (time.Duration, error) {
+		t0 := time.Now()
+		if out, err := exec.CommandContext(ctx, "dd", args...).CombinedOutput(); err != nil {
+			return 0, fmt.Errorf("dd: %v: %s", err, out)
+		}
+		return time.Since(t0), nil
+	}
+	// Three rounds, each taking the median: a cold boot; fill of the
+	// memory filled; the first snapshot of that VM; dd writing as
+	// many bytes as the snapshot added to the store, right after it.
+	// The first guest of a run is the slowest (QEMU and the image are not
+	// in the page cache yet). The last VM and its snapshot stay, for the
+	// second snapshot and the restores; the others are deleted, their
+	// snapshots too, so that each round's snapshot starts from an empty
+	// store.
+	var boots, snaps, paused, dds []time.Duration
+	var ratios []float64
 	var src sandbox.Info
+	var s1 sandbox.SnapshotInfo
 	for i := 0; i < reps; i++ {
 		t0 := time.Now()
 		if src, err = p.Create(ctx, sandbox.Spec{Expiry: expiry}); err != nil {
@@ -148,33 +168,52 @@ func microVMRow(ctx context.Context, p *microvm.Provider, mem int, fill float64,
 			return row, err
 		}
 		boots = append(boots, time.Since(t0))
+
+		// Fill a share of the guest's memory (its RAM file system) with
+		// data that does not compress or deduplicate.
+		if fillMiB := int(float64(mem) * fill); fillMiB > 0 {
+			if err := exec1(src.ID, fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1048576 count=%d 2>/dev/null", fillMiB)); err != nil {
+				return row, err
+			}
+		}
+		t0 = time.Now()
+		if s1, err = p.Snapshot(ctx, src.ID, ""); err != nil {
+			return row, err
+		}
+		took := time.Since(t0)
+		defer p.DeleteSnapshot(context.WithoutCancel(ctx), s1.ID)
+		si, err := p.Saved(s1.ID)
+		if err != nil {
+			return row, err
+		}
+		if !si.ByAddress() {
+			return row, fmt.Errorf("the state was not cut by guest address: %s", si.Cut)
+		}
+		row.Cut = si.Cut
+		// dd: the bytes the snapshot wrote, made durable, on the same
+		// file system, in the same run.
+		count := (s1.NewBytes + 1<<20 - 1) >> 20
+		ddt, err := dd("if=/dev/zero", "of="+ddFile, "bs=1M", "count="+strconv.FormatInt(count, 10), "conv=fsync")
+		if err != nil {
+			return row, err
+		}
+		snaps, paused, dds = append(snaps, took), append(paused, si.Paused), append(dds, ddt)
+		ratios = append(ratios, float64(took)/float64(ddt))
 		if i < reps-1 {
 			if err := p.Delete(ctx, src.ID); err != nil {
 				return row, err
 			}
 			made = made[:len(made)-1]
+			if err := p.DeleteSnapshot(ctx, s1.ID); err != nil {
+				return row, err
+			}
 		}
 	}
-	row.ColdBoot = median(boots)
-
-	// Fill a share of the guest's memory (its RAM file system) with data
-	// that does not compress or deduplicate.
-	if fillMiB := int(float64(mem) * fill); fillMiB > 0 {
-		if err := exec1(src.ID, fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1048576 count=%d 2>/dev/null", fillMiB)); err != nil {
-			return row, err
-		}
-	}
-	t0 := time.Now()
-	s1, err := p.Snapshot(ctx, src.ID, "")
-	if err != nil {
-		return row, err
-	}
-	row.Snapshot = time.Since(t0)
-	defer p.DeleteSnapshot(context.WithoutCancel(ctx), s1.ID)
-	if row.Paused, err = p.Paused(s1.ID); err != nil {
-		return row, err
-	}
+	row.ColdBoot, row.Snapshot, row.Paused, row.DDWrite = median(boots), median(snaps), median(paused), median(dds)
+	sort.Float64s(ratios)
+	row.SnapshotOverDD = ratios[len(ratios)/2]
 	row.StateBytes, row.NewBytes = s1.Bytes, s1.NewBytes
+
 	if err := exec1(src.ID, "sleep 1"); err != nil {
 		return row, err
 	}
@@ -185,20 +224,9 @@ func microVMRow(ctx context.Context, p *microvm.Provider, mem int, fill float64,
 	defer p.DeleteSnapshot(context.WithoutCancel(ctx), s2.ID)
 	row.SecondNewBytes = s2.NewBytes
 
-	// dd: the same bytes written (and made durable) and read back, on the
-	// same file system, in the same run.
-	ddFile := filepath.Join(dir, "dd.bin")
-	count := (row.StateBytes + 1<<20 - 1) >> 20
-	t0 = time.Now()
-	if out, err := exec.CommandContext(ctx, "dd", "if=/dev/zero", "of="+ddFile, "bs=1M", "count="+strconv.FormatInt(count, 10), "conv=fsync").CombinedOutput(); err != nil {
-		return row, fmt.Errorf("dd: %v: %s", err, out)
+	if row.DDRead, err = dd("if="+ddFile, "of=/dev/null", "bs=1M"); err != nil {
+		return row, err
 	}
-	row.DDWrite = time.Since(t0)
-	t0 = time.Now()
-	if out, err := exec.CommandContext(ctx, "dd", "if="+ddFile, "of=/dev/null", "bs=1M").CombinedOutput(); err != nil {
-		return row, fmt.Errorf("dd: %v: %s", err, out)
-	}
-	row.DDRead = time.Since(t0)
 	_ = os.Remove(ddFile)
 
 	// Restores are timed as after a crash: the source VM is gone. (Under
@@ -228,7 +256,7 @@ func microVMRow(ctx context.Context, p *microvm.Provider, mem int, fill float64,
 	}
 	row.Restore = median(restores)
 
-	t0 = time.Now()
+	t0 := time.Now()
 	f4, err := p.Fork(ctx, s1.ID, 4, sandbox.ForkSpec{Expiry: expiry})
 	if err != nil {
 		return row, err

@@ -2,9 +2,10 @@
 // sandbox (machine type microvm, the Debian cloud kernel, an initramfs of
 // busybox and a static stasis built by this package), whose root file
 // system lives in guest RAM, so that a memory snapshot holds files and
-// processes alike. Snapshots are QEMU migrations to a file, stored
-// content-addressed through the cas package (forks of forks share what is
-// unchanged); a fork starts new QEMU processes from a saved state, and the
+// processes alike. A snapshot is a QEMU migration streamed into the cas
+// package's store as QEMU writes it, cut into chunks by guest address
+// (sandbox/microvm/vmstate), so that snapshots of one VM and forks of forks
+// share the pages that did not change; a fork starts new QEMU processes from a saved state, and the
 // processes of the snapshot continue in each (keeps_processes).
 //
 // The host reaches the guest agent (sandbox/microvm/agent, run by busybox
@@ -90,7 +91,6 @@ type Provider struct {
 	o         Options
 	dir       string // sandboxes
 	snapDir   string // snapshot metadata
-	stateDir  string // states being saved or restored
 	cas       *cas.Store
 	kernel    Kernel
 	initramfs string
@@ -170,7 +170,7 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	p := &Provider{o: o, dir: filepath.Join(o.Home, "sandboxes", Name), snapDir: filepath.Join(o.Home, "snapshots", Name), stateDir: filepath.Join(o.Home, "vmstate")}
+	p := &Provider{o: o, dir: filepath.Join(o.Home, "sandboxes", Name), snapDir: filepath.Join(o.Home, "snapshots", Name)}
 	var err error
 	if p.qemu, err = exec.LookPath(QEMU); err != nil {
 		return nil, fmt.Errorf("microvm provider needs %s: install it with `apt-get install qemu-system-x86` (make deps-microvm does)", QEMU)
@@ -181,7 +181,7 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	if _, err := os.Stat(o.Busybox); err != nil {
 		return nil, fmt.Errorf("microvm provider needs a static busybox at %s: install it with `apt-get install busybox-static`", o.Busybox)
 	}
-	for _, d := range []string{p.dir, p.snapDir, p.stateDir} {
+	for _, d := range []string{p.dir, p.snapDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -202,11 +202,9 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Saved states are stored cut by guest address (see save), so two
+	// states of one VM share the pages that did not change.
 	p.cas = cas.New(bs)
-	// Two memory images of one VM differ in pages scattered all over:
-	// chunks of 128 KiB on average (32 KiB at least) let a second snapshot
-	// store what changed, not every megabyte a changed page falls in.
-	p.cas.SetChunking(32<<10, 17)
 	return p, nil
 }
 
@@ -718,12 +716,6 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 			return reaped, err
 		}
 		reaped = append(reaped, name)
-	}
-	states, _ := os.ReadDir(p.stateDir)
-	for _, e := range states {
-		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > 10*time.Minute {
-			_ = os.RemoveAll(filepath.Join(p.stateDir, e.Name()))
-		}
 	}
 	return reaped, nil
 }

@@ -158,6 +158,10 @@ func TestForkContinuesProcesses(t *testing.T) {
 	if !snap.KeepsProcesses || snap.NewBytes <= 0 {
 		t.Fatalf("snapshot info %+v", snap)
 	}
+	// QEMU's stream was understood: its memory cut by guest address.
+	if si, err := p.Saved(snap.ID); err != nil || !si.ByAddress() {
+		t.Fatalf("the state was not cut by guest address: %+v, %v", si, err)
+	}
 	forks, err := p.Fork(ctx, snap.ID, 2, sandbox.ForkSpec{Expiry: time.Now().Add(10 * time.Minute)})
 	if err != nil {
 		t.Fatal(err)

@@ -5,15 +5,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"stasis/atomicfile"
+	"stasis/cas"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
+	"stasis/sandbox/microvm/vmstate"
 )
 
 // stateFile is the migration stream's name inside a stored snapshot tree.
@@ -32,8 +38,10 @@ type snapMeta struct {
 	Bytes    int64             `json:"bytes"`
 	NewBytes int64             `json:"new_bytes"`
 	// Paused is how long the guest was stopped for the save.
-	Paused  time.Duration `json:"paused_ns"`
-	Deleted bool          `json:"deleted,omitempty"`
+	Paused time.Duration `json:"paused_ns"`
+	// Cut says how the state was cut into chunks.
+	Cut     string `json:"cut,omitempty"`
+	Deleted bool   `json:"deleted,omitempty"`
 }
 
 func (p *Provider) snapPath(id string) string { return filepath.Join(p.snapDir, id+".json") }
@@ -63,9 +71,11 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 	return s, nil
 }
 
-// Snapshot stops the guest, saves its whole state (memory and devices: the
-// processes and the RAM root file system) by a QEMU migration to a file,
-// lets the guest run on, and stores the state content-addressed.
+// Snapshot stops the guest, has QEMU migrate its whole state (memory and
+// devices: the processes and the RAM root file system) into a pipe that
+// the blob store reads as it is written, cut by guest address
+// (vmstate.Splitter), hashed and deduplicated on two cores, lets the guest
+// run on, and makes the state durable.
 func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
 	m, _, err := p.live("snapshot", id)
 	if err != nil {
@@ -76,30 +86,27 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		return sandbox.SnapshotInfo{}, err
 	}
 	defer unlock()
-	tmp, err := os.MkdirTemp(p.stateDir, "save-"+id+"-")
+	// The shared lock keeps a garbage collection from taking chunks this
+	// snapshot finds already stored.
+	unlockBlobs, err := hostkeep.Flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
-	defer os.RemoveAll(tmp)
-	paused, err := p.save(ctx, id, filepath.Join(tmp, stateFile))
+	defer unlockBlobs()
+	staged, sv, err := p.save(ctx, id)
 	if err != nil {
 		if _, err2 := p.running("snapshot", m); err2 != nil {
 			return sandbox.SnapshotInfo{}, err2
 		}
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
 	}
-	unlockBlobs, err := hostkeep.Flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
-	if err != nil {
-		return sandbox.SnapshotInfo{}, err
-	}
-	defer unlockBlobs()
-	manifest, st, err := p.cas.Snapshot(ctx, tmp, m.LastManifest)
+	manifest, st, err := staged.Commit(ctx)
 	if err != nil {
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: store the state: %w", what(id), err)
 	}
 	vm := m.VM
 	vm.Port, vm.Incoming = 0, nil
-	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), VM: vm, Env: m.Env, Bytes: st.Bytes, NewBytes: st.NewBytes, Paused: paused}
+	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), VM: vm, Env: m.Env, Bytes: st.Bytes, NewBytes: st.NewBytes, Paused: sv.paused, Cut: sv.cut}
 	for {
 		s.ID = hostkeep.NewID("vms-")
 		f, err := os.OpenFile(p.snapPath(s.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -127,58 +134,121 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	return s.info(), nil
 }
 
-// save stops the VM, migrates its state to path and continues it; it
-// returns how long the guest was stopped.
-func (p *Provider) save(ctx context.Context, id, path string) (time.Duration, error) {
+// saved is what save tells of a save besides the staged state.
+type saved struct {
+	paused time.Duration // how long the guest was stopped
+	cut    string        // how the stream was cut (vmstate.Splitter.Parsed)
+}
+
+// save stops the VM, has QEMU migrate its state into a pipe that the blob
+// store stages as it reads, and continues the VM once the migration has
+// completed and every chunk is staged. A migration that does not complete
+// stages nothing: a stream that merely ended is not taken for a whole one.
+func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, saved, error) {
+	var sv saved
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	mon, err := monitor(mctx, qmpPath(id))
 	cancel()
 	if err != nil {
-		return 0, err
+		return nil, sv, err
 	}
 	defer mon.Close()
 	// The default bandwidth cap (128 MiB/s) would set the pace of a
-	// stopped guest's save; the disk sets it instead.
+	// stopped guest's save; the store sets it instead.
 	if err := qmpRun(mon, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
-		return 0, err
+		return nil, sv, err
 	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, sv, err
+	}
+	defer pr.Close()
+	// A larger pipe: fewer wake-ups of QEMU's migration thread and of the
+	// reader (the kernel may refuse; the default 64 KiB works too).
+	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20)
 	start := time.Now()
 	if err := qmpRun(mon, "stop", nil, nil); err != nil {
-		return 0, err
+		pw.Close()
+		return nil, sv, err
 	}
 	defer func() { _ = qmpRun(mon, "cont", nil, nil) }()
-	// QEMU writes the state straight into the file, whose descriptor it
-	// is handed (no pipe, no copying process).
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	// QEMU writes the state straight into the pipe, whose write end it is
+	// handed; this process keeps only the read end, so the reader sees
+	// the end of the stream when QEMU closes it.
+	err = qmpRunFD(mon, "getfd", map[string]any{"fdname": "state"}, nil, pw)
+	pw.Close()
 	if err != nil {
-		return 0, err
+		return nil, sv, err
 	}
-	err = qmpRunFD(mon, "getfd", map[string]any{"fdname": "state"}, nil, f)
-	f.Close()
-	if err != nil {
-		return 0, err
+	type result struct {
+		st  *cas.Staged
+		err error
 	}
+	done := make(chan result, 1)
+	sp := vmstate.NewSplitter(pr)
+	go func() {
+		st, err := p.cas.StageStream(ctx, stateFile, sp)
+		// Should staging stop early, QEMU's next write fails (EPIPE)
+		// instead of waiting on a pipe nobody reads.
+		pr.Close()
+		done <- result{st, err}
+	}()
 	if err := qmpRun(mon, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
-		return 0, err
+		pr.Close()
+		if r := <-done; r.st != nil {
+			r.st.Abort()
+		}
+		return nil, sv, err
 	}
-	if _, err := waitMigration(ctx, mon); err != nil {
-		return 0, err
+	_, merr := waitMigration(ctx, mon)
+	r := <-done
+	switch {
+	case merr != nil:
+		if r.st != nil {
+			r.st.Abort()
+		}
+		if r.err != nil {
+			return nil, sv, fmt.Errorf("%w (storing the stream: %v)", merr, r.err)
+		}
+		return nil, sv, merr
+	case r.err != nil:
+		return nil, sv, r.err
 	}
 	if err := qmpRun(mon, "cont", nil, nil); err != nil {
-		return 0, err
+		r.st.Abort()
+		return nil, sv, err
 	}
-	took := time.Since(start)
-	if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
-		return 0, fmt.Errorf("the saved state %s is missing or empty (%v)", path, err)
+	sv.paused = time.Since(start)
+	ok, why, pages := sp.Parsed()
+	if ok {
+		sv.cut = fmt.Sprintf("%s (%d pages)", cutByAddress, pages)
+	} else {
+		sv.cut = "fixed-size, after " + strconv.FormatInt(pages, 10) + " pages: " + why
+		slog.Warn("the migration stream was not understood; it is stored in fixed-size chunks, which deduplicate poorly", "sandbox", id, "why", why, "pages", pages)
 	}
-	return took, nil
+	return r.st, sv, nil
 }
 
-// Paused says how long the guest was stopped while snapshot was saved (the
-// part of a snapshot the guest waits for; storing the state comes after).
-func (p *Provider) Paused(snapshot string) (time.Duration, error) {
+// SaveInfo is how a snapshot was saved.
+type SaveInfo struct {
+	// Paused is how long the guest was stopped: the migration, read,
+	// cut, hashed and staged as QEMU wrote it (making it durable came
+	// after the guest went on).
+	Paused time.Duration
+	// Cut says how the state was cut into chunks: "by guest address (N
+	// pages)", or fixed-size and why.
+	Cut string
+}
+
+// ByAddress reports whether the state was cut by guest address.
+func (i SaveInfo) ByAddress() bool { return strings.HasPrefix(i.Cut, cutByAddress) }
+
+const cutByAddress = "by guest address"
+
+// Saved says how snapshot was saved.
+func (p *Provider) Saved(snapshot string) (SaveInfo, error) {
 	s, err := p.readSnap("get", snapshot)
-	return s.Paused, err
+	return SaveInfo{Paused: s.Paused, Cut: s.Cut}, err
 }
 
 // GetSnapshot describes a snapshot.

@@ -80,6 +80,7 @@ func (b *dirBatch) Commit(ctx context.Context) error {
 	if err := atomicfile.SyncFS(b.d.path); err != nil {
 		return fmt.Errorf("commit blobs: %w", err)
 	}
+	fanout := map[string]bool{} // fan-out directories known to exist
 	for key, size := range b.staged {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -88,8 +89,11 @@ func (b *dirBatch) Commit(ctx context.Context) error {
 		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() && fi.Size() == int64(size) {
 			continue
 		}
-		if err := os.Mkdir(filepath.Dir(p), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("commit blob %s: %w", key, err)
+		if dir := filepath.Dir(p); !fanout[dir] {
+			if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("commit blob %s: %w", key, err)
+			}
+			fanout[dir] = true
 		}
 		if err := os.Rename(filepath.Join(b.dir, key), p); err != nil {
 			return fmt.Errorf("commit blob %s: %w", key, err)

@@ -34,7 +34,8 @@ type Staged struct {
 // StageStream stores the stream ch cuts, as the content of a tree holding
 // one regular file named file (mode 0600), ready for CatFile and Restore like any
 // snapshot. Chunks are hashed, deduplicated and written by the Store's
-// workers while ch reads on. It returns when ch has ended (or failed);
+// workers while ch reads on, up to streamAhead chunks ahead of them. It
+// returns when every chunk is staged, or at the first failure;
 // nothing is durable, and with a batching blob store nothing is visible,
 // until Commit. Stats.Bytes and ReadBytes are the stream's length.
 func (s *Store) StageStream(ctx context.Context, file string, ch Chunker) (*Staged, error) {
@@ -55,10 +56,13 @@ func (s *Store) StageStream(ctx context.Context, file string, ch Chunker) (*Stag
 		refs []chunkRef
 		n    int64
 	)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the read-ahead, should the workers fail
+	next := readAhead(ctx, ch, streamAhead)
 	err := fanOut(ctx, s.workers,
 		func(ctx context.Context, jobs chan job) error {
 			for {
-				c, err := ch.Next()
+				c, err := next()
 				if errors.Is(err, io.EOF) {
 					return nil
 				}
@@ -102,6 +106,48 @@ func (s *Store) StageStream(ctx context.Context, file string, ch Chunker) (*Stag
 	st.m = &manifest{Root: root, Entries: []entry{{Path: name(file), Type: typeFile, meta: fm, Size: n, Ctime: now, Chunks: refs}}}
 	sn.st.Files, sn.st.Bytes, sn.st.ReadBytes = 1, n, n
 	return st, nil
+}
+
+// streamAhead is how many chunks StageStream reads ahead of the workers
+// (at 256 KiB a chunk, up to 1 GiB): the stream's writer is not held back
+// by hashing and writing; a VM being saved goes on as soon as QEMU has
+// written its state.
+const streamAhead = 4096
+
+// readAhead reads ch in a goroutine of its own, up to n chunks ahead of
+// the returned function's caller; it stops at the end of the stream, at
+// an error, or when ctx ends.
+func readAhead(ctx context.Context, ch Chunker, n int) func() ([]byte, error) {
+	type item struct {
+		b   []byte
+		err error
+	}
+	q := make(chan item, n)
+	go func() {
+		defer close(q)
+		for {
+			b, err := ch.Next()
+			select {
+			case q <- item{b, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return func() ([]byte, error) {
+		select {
+		case it, ok := <-q:
+			if !ok {
+				return nil, ctx.Err()
+			}
+			return it.b, it.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // Commit stores the manifest and makes it and every chunk durable (and

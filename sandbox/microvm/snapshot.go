@@ -74,8 +74,8 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 // Snapshot stops the guest, has QEMU migrate its whole state (memory and
 // devices: the processes and the RAM root file system) into a pipe that
 // the blob store reads as it is written, cut by guest address
-// (vmstate.Splitter), hashed and deduplicated on two cores, lets the guest
-// run on, and makes the state durable.
+// (vmstate.Splitter), hashed and deduplicated on every core, lets the
+// guest run on once QEMU is done, and makes the state durable.
 func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
 	m, _, err := p.live("snapshot", id)
 	if err != nil {
@@ -141,9 +141,10 @@ type saved struct {
 }
 
 // save stops the VM, has QEMU migrate its state into a pipe that the blob
-// store stages as it reads, and continues the VM once the migration has
-// completed and every chunk is staged. A migration that does not complete
-// stages nothing: a stream that merely ended is not taken for a whole one.
+// store reads ahead and stages, continues the VM once the migration has
+// completed, and returns when every chunk is staged. A migration that does
+// not complete stages nothing: a stream that merely ended is not taken for
+// a whole one.
 func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, saved, error) {
 	var sv saved
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -200,25 +201,29 @@ func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, saved, err
 		}
 		return nil, sv, err
 	}
-	_, merr := waitMigration(ctx, mon)
-	r := <-done
-	switch {
-	case merr != nil:
-		if r.st != nil {
+	if _, err := waitMigration(ctx, mon); err != nil {
+		pr.Close()
+		if r := <-done; r.st != nil {
+			r.st.Abort()
+		} else if r.err != nil {
+			err = fmt.Errorf("%w (storing the stream: %v)", err, r.err)
+		}
+		return nil, sv, err
+	}
+	// QEMU has written the whole state; what the pipe and the read-ahead
+	// still hold is the store's to finish. The guest goes on meanwhile.
+	if err := qmpRun(mon, "cont", nil, nil); err != nil {
+		pr.Close()
+		if r := <-done; r.st != nil {
 			r.st.Abort()
 		}
-		if r.err != nil {
-			return nil, sv, fmt.Errorf("%w (storing the stream: %v)", merr, r.err)
-		}
-		return nil, sv, merr
-	case r.err != nil:
-		return nil, sv, r.err
-	}
-	if err := qmpRun(mon, "cont", nil, nil); err != nil {
-		r.st.Abort()
 		return nil, sv, err
 	}
 	sv.paused = time.Since(start)
+	r := <-done
+	if r.err != nil {
+		return nil, sv, r.err
+	}
 	ok, why, pages := sp.Parsed()
 	if ok {
 		sv.cut = fmt.Sprintf("%s (%d pages)", cutByAddress, pages)
@@ -231,9 +236,9 @@ func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, saved, err
 
 // SaveInfo is how a snapshot was saved.
 type SaveInfo struct {
-	// Paused is how long the guest was stopped: the migration, read,
-	// cut, hashed and staged as QEMU wrote it (making it durable came
-	// after the guest went on).
+	// Paused is how long the guest was stopped: QEMU writing its state
+	// into the store's read-ahead (hashing, writing and making the chunks
+	// durable finish after the guest went on).
 	Paused time.Duration
 	// Cut says how the state was cut into chunks: "by guest address (N
 	// pages)", or fixed-size and why.

@@ -133,6 +133,7 @@ fuzz: deps
 	$(GO) test ./ledger -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
 	$(GO) test ./ledger -run '^$$' -fuzz FuzzCanon -fuzztime $(FUZZTIME)
 	$(GO) test ./ledger -run '^$$' -fuzz FuzzScan -fuzztime $(FUZZTIME)
+	$(GO) test ./ledger -run '^$$' -fuzz FuzzFloatFastPaths -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,6 +32,11 @@ type RelayOptions struct {
 	TokenDelay time.Duration
 	Dir        string // state directory (default: a temporary one, removed after)
 	Progress   io.Writer
+	// Phase, when set, is called as each part of the measurement starts
+	// ("latency", then "direct/C" and "relayed/C" for each concurrency C);
+	// the function it returns, if any, is called as that part ends. A
+	// profile of one part hangs on it.
+	Phase func(name string) (end func())
 }
 
 // RelayRow is the throughput at one concurrency.
@@ -65,10 +71,24 @@ func serve(h http.Handler) (string, func(), error) {
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
 }
 
+// serveUnix serves h on a unix socket at path and returns its URL as a
+// relay's upstream (unix://PATH).
+func serveUnix(h http.Handler, path string) (string, func(), error) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	return "unix://" + path, func() { _ = srv.Close() }, nil
+}
+
 // Relay measures the path harness → relay → gateway (ledger fsync per call)
-// → scripted model against harness → model directly, on loopback, in this
-// process. Each concurrent caller is its own episode with its own relay and
-// ledger, as in training.
+// → scripted model against harness → model directly, in this process:
+// harness to relay and gateway to model over loopback TCP, relay to gateway
+// over a unix socket (as a sandbox's relay reaches the gateway). Each
+// concurrent caller is its own episode with its own relay and ledger, as in
+// training.
 func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 	var res RelayResult
 	if len(o.Concurrency) == 0 {
@@ -102,7 +122,15 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 		return res, err
 	}
 	defer g.Close()
-	gwURL, stopGW, err := serve(g.Handler())
+	// Relays reach the gateway over a unix socket, as in a sandbox (the
+	// socket's directory is bound into it); the socket lives in a directory
+	// of its own, as a path under Dir may be too long for one.
+	sockDir, err := os.MkdirTemp("", "stasis-bench-gw-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(sockDir)
+	gwURL, stopGW, err := serveUnix(g.Handler(), filepath.Join(sockDir, "gateway.sock"))
 	if err != nil {
 		return res, err
 	}
@@ -154,7 +182,16 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 	}
 	// Latency: one caller, direct and relayed calls interleaved so both see
 	// the same machine.
+	phase := func(name string) func() {
+		if o.Phase != nil {
+			if end := o.Phase(name); end != nil {
+				return end
+			}
+		}
+		return func() {}
+	}
 	fmt.Fprintf(o.Progress, "relay: latency, %d calls each way ...\n", o.LatencyCalls)
+	endPhase := phase("latency")
 	var direct, relayed []time.Duration
 	for i := 0; i < o.LatencyCalls; i++ {
 		d, err := call(modelURL, 0, i)
@@ -167,6 +204,7 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 		}
 		direct, relayed = append(direct, d), append(relayed, r)
 	}
+	endPhase()
 	res.Direct, res.Relayed = summarise(direct), summarise(relayed)
 	res.AddedP50, res.AddedP99 = res.Relayed.P50-res.Direct.P50, res.Relayed.P99-res.Direct.P99
 	// Throughput at each concurrency.
@@ -180,6 +218,11 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 		if per < 1 {
 			per = 1
 		}
+		name := "direct/"
+		if via {
+			name = "relayed/"
+		}
+		defer phase(name + strconv.Itoa(c))()
 		t0, cpu0 := time.Now(), processCPU()
 		for k := 0; k < c; k++ {
 			wg.Add(1)

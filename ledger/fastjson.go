@@ -475,9 +475,60 @@ func parseInt(b []byte) (int64, bool) {
 // parseFloat parses the JSON number b as a float64 as encoding/json would;
 // ok is false for anything else (a string, an out-of-range number).
 func parseFloat(b []byte) (float64, bool) {
+	if f, ok := parseShortDecimal(b); ok {
+		return f, true
+	}
 	if len(b) == 0 || (b[0] != '-' && !isDigit(b[0])) {
 		return 0, false
 	}
 	f, err := strconv.ParseFloat(string(b), 64)
 	return f, err == nil
+}
+
+// pow10 are the powers of ten a float64 holds exactly.
+var pow10 = [...]float64{1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10,
+	1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22}
+
+// parseShortDecimal parses a number without an exponent whose digits, read
+// as an integer, are at most 2^53, with at most 22 of them after the point
+// (a logprob such as -0.338788): that integer and the power of ten are
+// exact float64s, so their quotient is the correctly rounded value, which
+// is what strconv.ParseFloat returns (Clinger's fast path). ok is false for
+// any other number, which strconv then parses.
+func parseShortDecimal(b []byte) (float64, bool) {
+	i, n := 0, len(b)
+	neg := n > 0 && b[0] == '-'
+	if neg {
+		i++
+	}
+	var m uint64
+	digits, frac := 0, -1 // frac: digits after the point, -1 before it
+	for ; i < n; i++ {
+		c := b[i]
+		switch {
+		case isDigit(c):
+			if digits++; digits > 19 {
+				return 0, false
+			}
+			m = m*10 + uint64(c-'0')
+			if frac >= 0 {
+				frac++
+			}
+		case c == '.' && frac < 0 && digits > 0:
+			frac = 0
+		default:
+			return 0, false // an exponent, or not a number
+		}
+	}
+	if digits == 0 || frac == 0 || m > 1<<53 || frac > 22 {
+		return 0, false
+	}
+	f := float64(m)
+	if frac > 0 {
+		f /= pow10[frac]
+	}
+	if neg {
+		f = -f
+	}
+	return f, true
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -185,6 +186,10 @@ func checkScan(t *testing.T, resp []byte) {
 		if want := responseFingerprintJSON(resp); s.fp != want {
 			t.Fatalf("scan of %s: fingerprint %s, want %s", resp, s.fp, want)
 		}
+	}
+	// Without the fingerprint, the same usage and tokens.
+	if st := scanTokens(resp); st.fpOK || st.tokensOK != s.tokensOK || !bytes.Equal(st.usage, s.usage) || !reflect.DeepEqual(st.tokens, s.tokens) {
+		t.Fatalf("scanTokens of %s: %+v, scanResponse: %+v", resp, st, s)
 	}
 	// The exported and internal entry points agree with encoding/json
 	// whichever way they go.
@@ -435,4 +440,62 @@ func TestLedgerFileIsEncodingJSON(t *testing.T) {
 	if got := l.Entries()[1].Tokens; got == nil || fmt.Sprint(got.PromptIDs, got.CompletionIDs, got.Logprobs) != "[1 2 3] [7 8] [-0.5 -0.25]" {
 		t.Fatalf("tokens of entry 2: %+v", got)
 	}
+}
+
+// checkFloat holds the float fast paths to strconv on one number's text:
+// parseShortDecimal to ParseFloat, and appendMicros to AppendFloat's
+// shortest 'f' form (what encoding/json writes between 1e-6 and 1e21).
+func checkFloat(t *testing.T, text string) {
+	t.Helper()
+	want, err := strconv.ParseFloat(text, 64)
+	if got, ok := parseShortDecimal([]byte(text)); ok && (err != nil || math.Float64bits(got) != math.Float64bits(want)) {
+		t.Fatalf("parseShortDecimal(%q) = %v, strconv %v (%v)", text, got, want, err)
+	}
+	if err != nil {
+		return
+	}
+	if got, ok := appendMicros([]byte("x"), want); ok {
+		if w := strconv.AppendFloat([]byte("x"), want, 'f', -1, 64); !bytes.Equal(got, w) {
+			t.Fatalf("appendMicros(%v) = %s, strconv %s", want, got[1:], w[1:])
+		}
+	}
+	if b, ok := appendFloats(nil, []float64{want}); ok {
+		ref, _ := json.Marshal([]float64{want})
+		if !bytes.Equal(b, ref) {
+			t.Fatalf("appendFloats(%v) = %s, encoding/json %s", want, b, ref)
+		}
+	}
+}
+
+func TestFloatFastPaths(t *testing.T) {
+	for _, s := range []string{"0", "-0", "0.0", "-0.338788", "-2.465245", "-0.000257", "0.000001", "0.0000001",
+		"1e-6", "-1.5e3", "123456789", "999999999.999999", "1000000000", "9007199254740993", "9007199254740992",
+		"0.1", "0.30000000000000004", "-0.10000000000000001", "12345678901234567890", "1.", "-", "", ".5", "1.5.5"} {
+		checkFloat(t, s)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 200000 {
+		// Logprob-like: up to 9 integer digits, up to 8 decimals.
+		ip := rng.Int64N([]int64{1, 10, 1000, 1e9}[rng.IntN(4)])
+		s := strconv.FormatInt(ip, 10)
+		if d := rng.IntN(9); d > 0 {
+			s += "." + fmt.Sprintf("%0*d", d, rng.Int64N(int64(math.Pow10(d))))
+		}
+		if rng.IntN(2) == 0 {
+			s = "-" + s
+		}
+		checkFloat(t, s)
+		// Any float64, written shortest.
+		f := math.Float64frombits(rng.Uint64())
+		if !math.IsNaN(f) && !math.IsInf(f, 0) {
+			checkFloat(t, strconv.FormatFloat(f, 'f', -1, 64))
+		}
+		checkFloat(t, strconv.FormatFloat(-rng.Float64()*math.Pow(10, float64(rng.IntN(12)-4)), 'f', -1, 64))
+	}
+}
+
+func FuzzFloatFastPaths(f *testing.F) {
+	f.Add("-0.338788")
+	f.Add("123.000001")
+	f.Fuzz(func(t *testing.T, s string) { checkFloat(t, s) })
 }

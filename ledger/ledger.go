@@ -121,9 +121,11 @@ type Ledger struct {
 	off     int64 // end of the last complete record
 	torn    bool  // bytes after off (a torn or failed write) must go before the next write
 	st      *state
-	fps     []string // fingerprint of each live entry's assistant message
-	err     error    // sticky: after a failed fsync nothing more is written
-	closed  bool
+	// fps are the fingerprints of the first live entries' assistant
+	// messages, worked out when a match needs them (fingerprints).
+	fps    []string
+	err    error // sticky: after a failed fsync nothing more is written
+	closed bool
 }
 
 // Open opens (creating it and dir when missing) the ledger of episode in dir,
@@ -168,12 +170,17 @@ func Open(dir, episode string) (*Ledger, error) {
 		f.Close()
 		return nil, fmt.Errorf("ledger %s: %w: %s; nothing was changed: run `stasis ledger verify %s --dir %s` for details, and restore the file from a copy or discard the episode", path, ErrCorrupt, prob, episode, dir)
 	}
-	l := &Ledger{path: path, episode: episode, f: f, off: st.off, torn: st.off < int64(len(data)), st: st}
-	l.fps = make([]string, len(st.entries))
-	for i, e := range st.entries {
-		l.fps[i] = responseFingerprint(e.Response)
+	return &Ledger{path: path, episode: episode, f: f, off: st.off, torn: st.off < int64(len(data)), st: st}, nil
+}
+
+// fingerprints returns the fingerprint of each live entry's assistant
+// message, working out those not known yet. Only a relaunch match needs
+// them, so appends and opens do not spend time on them. l.mu is held.
+func (l *Ledger) fingerprints() []string {
+	for i := len(l.fps); i < len(l.st.entries); i++ {
+		l.fps = append(l.fps, responseFingerprint(l.st.entries[i].Response))
 	}
-	return l, nil
+	return l.fps
 }
 
 // Path returns the ledger's file.
@@ -292,10 +299,10 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	if e.Request, err = canonJSON("request of "+e.CallID, e.Request); err != nil {
 		return Entry{}, fmt.Errorf("ledger append: %w", err)
 	}
-	// One pass over the (now canonical, so valid) response finds usage,
-	// tokens and the assistant message's fingerprint.
-	scan := scanResponse(e.Response)
+	// One pass over the (now canonical, so valid) response finds usage and
+	// tokens.
 	if e.Tokens == nil || len(e.Usage) == 0 {
+		scan := scanTokens(e.Response)
 		usage, tokens := scan.usage, scan.tokens
 		if !scan.tokensOK {
 			usage, tokens = extractJSON(e.Response)
@@ -309,10 +316,6 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	}
 	if e.Usage, err = canonJSON("usage of "+e.CallID, e.Usage); err != nil {
 		return Entry{}, fmt.Errorf("ledger append: %w", err)
-	}
-	fp := scan.fp
-	if !scan.fpOK {
-		fp = responseFingerprintJSON(e.Response)
 	}
 
 	l.mu.Lock()
@@ -331,7 +334,6 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	l.fps = append(l.fps, fp)
 	return recs[len(recs)-1].entry(), nil
 }
 
@@ -393,7 +395,9 @@ func (l *Ledger) cut(pos int64, reason string, boundary bool) error {
 	if _, err := l.write(record{Kind: kindCut, To: &pos, Reason: reason, Boundary: boundary, At: time.Now().UTC()}); err != nil {
 		return err
 	}
-	l.fps = l.fps[:pos]
+	if int64(len(l.fps)) > pos {
+		l.fps = l.fps[:pos]
+	}
 	return nil
 }
 

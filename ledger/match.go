@@ -82,7 +82,7 @@ func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
 	// turn is the response of the next entry, not acted on whole. The
 	// ledger is cut before it, and the boundary marks where the harness's
 	// history and the ledger part.
-	if k := int64(len(want)); k > 0 && k <= int64(len(l.fps)) && equalRun(l.fps[:k-1], want[:k-1]) && partialCopy(last, l.st.entries[k-1].Response) {
+	if k := int64(len(want)); k > 0 && k <= int64(len(l.fingerprints())) && equalRun(l.fps[:k-1], want[:k-1]) && partialCopy(last, l.st.entries[k-1].Response) {
 		if err := l.cut(k-1, fmt.Sprintf("relaunch: the conversation's first %d assistant messages are entries 1..%d; its last is a partial copy of entry %d's response, not acted on whole", k-1, k-1, k), true); err != nil {
 			return Match{}, err
 		}
@@ -156,7 +156,7 @@ func withoutEmpty(fps []string) []string {
 // the ledger: on a match it cuts the ledger (the cut's reason ends with
 // note) and returns ok; otherwise it changes nothing and returns why not.
 func (l *Ledger) matchLocked(want []string, note string) (Match, bool, string, error) {
-	have := l.fps
+	have := l.fingerprints()
 	k := int64(len(want))
 	if k == 0 && len(have) == 0 {
 		return Match{Fresh: true}, true, "", nil

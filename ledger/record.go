@@ -261,6 +261,10 @@ func appendFloats(b []byte, v []float64) ([]byte, bool) {
 		if i > 0 {
 			b = append(b, ',')
 		}
+		if c, ok := appendMicros(b, f); ok {
+			b = c
+			continue
+		}
 		format := byte('f')
 		if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
 			format = 'e'
@@ -276,6 +280,48 @@ func appendFloats(b []byte, v []float64) ([]byte, bool) {
 		}
 	}
 	return append(b, ']'), true
+}
+
+// appendMicros appends f as strconv.AppendFloat(b, f, 'f', -1, 64) does
+// when f is a whole number of millionths (as a float64 parsed from such a
+// decimal is: a logprob like -0.338788) between 1e-6 and 1e9; ok is false
+// for any other f, which is left to strconv.
+//
+// m = f×10^6 rounded is below 10^15 < 2^53, so m and 10^6 are exact and
+// m/10^6 is the correctly rounded value of the decimal m×10^-6. When that
+// is f, the decimal reads back as f; and as it has at most 15 significant
+// digits, no other decimal of at most 15 digits reads back as f (a float64
+// tells such decimals apart), so it is the shortest that does, the one
+// AppendFloat writes: its integer part, and its fraction without trailing
+// zeros.
+func appendMicros(b []byte, f float64) ([]byte, bool) {
+	a := math.Abs(f)
+	if !(a >= 1e-6 && a < 1e9) {
+		return b, false
+	}
+	m := math.Round(a * 1e6)
+	if m/1e6 != a {
+		return b, false
+	}
+	u := uint64(m)
+	if f < 0 {
+		b = append(b, '-')
+	}
+	b = strconv.AppendUint(b, u/1e6, 10)
+	if fr := u % 1e6; fr != 0 {
+		var d [7]byte
+		d[0] = '.'
+		for i := 6; i >= 1; i-- {
+			d[i] = byte('0' + fr%10)
+			fr /= 10
+		}
+		n := 7
+		for d[n-1] == '0' {
+			n--
+		}
+		b = append(b, d[:n]...)
+	}
+	return b, true
 }
 
 func appendTime(b []byte, t time.Time) ([]byte, bool) {

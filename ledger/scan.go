@@ -22,8 +22,14 @@ type scanned struct {
 // usage, token ids and logprobs (as extract does) and the fingerprint of
 // its assistant message (as responseFingerprint does). Values it does not
 // need are skipped, not decoded.
-func scanResponse(resp []byte) scanned {
-	s := scanned{tokensOK: true, fpOK: true}
+func scanResponse(resp []byte) scanned { return scan(resp, true) }
+
+// scanTokens is scanResponse without the fingerprint (fpOK is false): what
+// an append needs.
+func scanTokens(resp []byte) scanned { return scan(resp, false) }
+
+func scan(resp []byte, wantFP bool) scanned {
+	s := scanned{tokensOK: true, fpOK: wantFP}
 	var (
 		usageSet, promptSet, choicesSet bool
 		usage                           []byte
@@ -67,7 +73,7 @@ func scanResponse(resp []byte) scanned {
 			choicesSet = true
 			return elements(resp, from, func(from int) int {
 				nChoices++
-				return s.choice(resp, from, nChoices == 1, &c)
+				return s.choice(resp, from, nChoices == 1, wantFP, &c)
 			})
 		case m[3] == keyExact:
 			s.fpOK = false // a responses-API object: encoding/json reads it
@@ -112,8 +118,8 @@ type choiceScan struct {
 }
 
 // choice walks one element of choices (first: choices[0]) and returns where
-// it ends.
-func (s *scanned) choice(b []byte, from int, first bool, c *choiceScan) int {
+// it ends; wantFP: fingerprint choices[0]'s message.
+func (s *scanned) choice(b []byte, from int, first, wantFP bool, c *choiceScan) int {
 	if b[from] != '{' {
 		s.tokensOK, s.fpOK = false, false // null or not an object: encoding/json decides
 		return skipValue(b, from)
@@ -131,6 +137,9 @@ func (s *scanned) choice(b []byte, from int, first bool, c *choiceScan) int {
 			}
 		}
 		switch {
+		case m[0] == keyExact && !wantFP:
+			msgSet = true
+			return skipValue(b, from)
 		case m[0] == keyExact:
 			to := skipValue(b, from)
 			if msgSet || b[from] != '{' {

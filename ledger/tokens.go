@@ -23,7 +23,7 @@ func ExtractTokens(response json.RawMessage) *Tokens {
 // (nil when it has none).
 func extract(response json.RawMessage) (usage json.RawMessage, tokens *Tokens) {
 	if json.Valid(response) {
-		if s := scanResponse(response); s.tokensOK {
+		if s := scanTokens(response); s.tokensOK {
 			return s.usage, s.tokens
 		}
 	}

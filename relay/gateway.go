@@ -187,13 +187,18 @@ func (g *Gateway) saveLocked(st *EpisodeState) error {
 	return atomicfile.WriteJSON(g.epPath(st.Episode), st, 0o600)
 }
 
-// AddEpisode registers an episode with a fresh bearer token, attempt 0.
+// AddEpisode registers an episode with a fresh bearer token, attempt 0,
+// and opens its ledger (creating the file), so that its first call finds
+// the ledger open rather than creating it.
 func (g *Gateway) AddEpisode(id string) (EpisodeState, error) {
 	if !episodeName.MatchString(id) {
 		return EpisodeState{}, fmt.Errorf("episode name %q: use letters, digits, '.', '_' and '-' (at most 128)", id)
 	}
 	if err := g.load(id); !errors.Is(err, ErrUnknownEpisode) {
 		return EpisodeState{}, fmt.Errorf("episode %q already exists", id)
+	}
+	if _, err := g.ledger(id); err != nil {
+		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

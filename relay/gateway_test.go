@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -54,6 +55,23 @@ func newTestGateway(t *testing.T, model string) (*Gateway, *httptest.Server) {
 	srv := httptest.NewServer(g.Handler())
 	t.Cleanup(srv.Close)
 	return g, srv
+}
+
+// restartGateway closes g and opens a gateway over its state, as after a
+// restart: the episodes are known, their ledgers not yet open.
+func restartGateway(t *testing.T, g *Gateway) (*Gateway, *httptest.Server) {
+	t.Helper()
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := OpenGateway(g.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g2.Close() })
+	srv := httptest.NewServer(g2.Handler())
+	t.Cleanup(srv.Close)
+	return g2, srv
 }
 
 func gwCall(t *testing.T, url, token string, attempt int, callID, body string) (*http.Response, []byte) {
@@ -265,12 +283,13 @@ func TestConcurrentDuplicatesCallTheModelOnce(t *testing.T) {
 	_ = json.Unmarshal([]byte(bodies[0]), &m)
 }
 
-// The first calls of many episodes arrive together: each episode's ledger
-// is opened once (a second Open would fail: the ledger is locked), the
-// opens do not wait on one another, and every call is recorded.
+// The first calls of many episodes arrive together after a restart: each
+// episode's ledger is opened once (a second Open would fail: the ledger is
+// locked), the opens do not wait on one another, and every call is
+// recorded.
 func TestFirstCallsOfManyEpisodesAtOnce(t *testing.T) {
 	model := newFakeModel(t)
-	g, srv := newTestGateway(t, model.srv.URL)
+	g, _ := newTestGateway(t, model.srv.URL)
 	const episodes, callsEach = 16, 3
 	eps := make([]EpisodeState, episodes)
 	for i := range eps {
@@ -279,6 +298,7 @@ func TestFirstCallsOfManyEpisodesAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	g, srv := restartGateway(t, g)
 	var wg sync.WaitGroup
 	for i := range episodes {
 		for c := 1; c <= callsEach; c++ {
@@ -326,8 +346,9 @@ func TestFirstCallsOfManyEpisodesAtOnce(t *testing.T) {
 // time, and does not leave later calls waiting for the failed open.
 func TestLedgerThatWillNotOpen(t *testing.T) {
 	model := newFakeModel(t)
-	g, srv := newTestGateway(t, model.srv.URL)
+	g, _ := newTestGateway(t, model.srv.URL)
 	ep, _ := g.AddEpisode("ep")
+	g, srv := restartGateway(t, g)
 	if err := os.WriteFile(filepath.Join(g.LedgerDir(), "ep.ledger"), []byte("not a ledger\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -339,5 +360,33 @@ func TestLedgerThatWillNotOpen(t *testing.T) {
 	}
 	if model.n.Load() != 0 {
 		t.Fatalf("the model was called %d times", model.n.Load())
+	}
+}
+
+// AddEpisode opens the episode's ledger (its first call does not create
+// it), and refuses an episode whose ledger cannot be opened.
+func TestAddEpisodeOpensItsLedger(t *testing.T) {
+	model := newFakeModel(t)
+	g, _ := newTestGateway(t, model.srv.URL)
+	if _, err := g.AddEpisode("ep"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(g.LedgerDir(), "ep.ledger")); err != nil {
+		t.Fatalf("no ledger file after AddEpisode: %v", err)
+	}
+	g.mu.Lock()
+	_, open := g.ledgers["ep"]
+	g.mu.Unlock()
+	if !open {
+		t.Fatal("the ledger is not open after AddEpisode")
+	}
+	if err := os.WriteFile(filepath.Join(g.LedgerDir(), "bad.ledger"), []byte("not a ledger\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AddEpisode("bad"); err == nil || !strings.Contains(err.Error(), "damaged") {
+		t.Fatalf("AddEpisode over a damaged ledger: %v", err)
+	}
+	if _, err := g.Episode("bad"); !errors.Is(err, ErrUnknownEpisode) {
+		t.Fatalf("the refused episode is registered: %v", err)
 	}
 }

@@ -290,15 +290,130 @@ func apiError(w http.ResponseWriter, status int, typ, msg string) {
 // top-level "stream" is false and "stream_options" is gone: the members are
 // cut out by their offsets rather than the whole body re-encoded, so unknown
 // fields, their order and their number formats pass through untouched, and
-// a large conversation costs one scan.
+// a large conversation costs one validating scan (json.Valid) and one walk
+// over its top-level members.
 func ParseCall(body []byte) (upstream []byte, stream, includeUsage bool, err error) {
+	if up, stream, includeUsage, ok := parseCallFast(body); ok {
+		return up, stream, includeUsage, nil
+	}
+	return parseCallJSON(body)
+}
+
+// span is a member of the request's top-level object, with the separator
+// before it: the bytes from the end of the previous member (or the '{')
+// to the end of its value.
+type span struct{ from, to int64 }
+
+// parseCallFast is ParseCall in one validating pass and one walk over the
+// top-level members, without decoding any value but "stream" and
+// "stream_options". ok is false for a body it leaves to parseCallJSON,
+// which says what is wrong with it: one that is not a JSON object, a key
+// with an escape in it, a "stream" that is not true, false or null.
+func parseCallFast(body []byte) (upstream []byte, stream, includeUsage bool, ok bool) {
+	if !json.Valid(body) {
+		return nil, false, false, false
+	}
+	i := skipWS(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return nil, false, false, false
+	}
+	var cutBuf [2]span
+	cut := cutBuf[:0]
+	i++
+	prevEnd := i
+	for {
+		i = skipWS(body, i)
+		if body[i] == '}' {
+			break
+		}
+		if body[i] == ',' {
+			i = skipWS(body, i+1)
+		}
+		// A key (valid JSON: a string, then ':').
+		k := i + 1
+		for body[k] != '"' {
+			if body[k] == '\\' {
+				return nil, false, false, false // escaped: the decoder unescapes it
+			}
+			k++
+		}
+		key := body[i+1 : k]
+		from := skipWS(body, skipWS(body, k+1)+1) // past ':'
+		end := skipJSON(body, from)
+		switch string(key) {
+		case "stream":
+			switch string(body[from:end]) {
+			case "true":
+				stream = true
+			case "false":
+				stream = false
+			case "null": // json.Unmarshal leaves the bool as it was
+			default:
+				return nil, false, false, false
+			}
+			cut = append(cut, span{int64(prevEnd), int64(end)})
+		case "stream_options":
+			var opts struct {
+				IncludeUsage bool `json:"include_usage"`
+			}
+			_ = json.Unmarshal(body[from:end], &opts)
+			includeUsage = opts.IncludeUsage
+			cut = append(cut, span{int64(prevEnd), int64(end)})
+		}
+		prevEnd, i = end, end
+	}
+	return splice(body, cut), stream, includeUsage, true
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipJSON returns the end of the value starting at b[i], in JSON known to
+// be valid.
+func skipJSON(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i // the end of the object holding a number or literal
+			}
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return i
+}
+
+// parseCallJSON is ParseCall by encoding/json's decoder: the reference
+// parseCallFast is tested against, and what says what is wrong with a body.
+func parseCallJSON(body []byte) (upstream []byte, stream, includeUsage bool, err error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	tok, err := dec.Token()
 	if err != nil || tok != json.Delim('{') {
 		return nil, false, false, fmt.Errorf("request body must be a JSON object")
 	}
-	type span struct{ from, to int64 }
 	var cut []span
 	prevEnd := dec.InputOffset() // just after '{' or after the previous member
 	for dec.More() {
@@ -337,6 +452,12 @@ func ParseCall(body []byte) (upstream []byte, stream, includeUsage bool, err err
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, false, false, fmt.Errorf("request body must be one JSON object")
 	}
+	return splice(body, cut), stream, includeUsage, nil
+}
+
+// splice returns body, a JSON object, without the members cut and with
+// "stream":false as its first member.
+func splice(body []byte, cut []span) []byte {
 	// Splice: drop the cut members (each span starts at the separator
 	// before its key), then add "stream":false as the first member.
 	out := make([]byte, 0, len(body)+16)
@@ -365,7 +486,7 @@ func ParseCall(body []byte) (upstream []byte, stream, includeUsage bool, err err
 		out = append(out, ',')
 		out = append(out, kept...)
 	}
-	return out, stream, includeUsage, nil
+	return out
 }
 
 type result struct {
@@ -379,7 +500,8 @@ type result struct {
 
 func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	start := time.Now()
-	body, err := readAll(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody), q.ContentLength)
+	body, bodyBuf, err := readPooled(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody), q.ContentLength)
+	defer releaseBody(bodyBuf) // ParseCall copies what goes upstream
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -315,7 +315,13 @@ func FuzzParseCall(f *testing.F) {
 	f.Add([]byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`null`))
+	f.Add([]byte(` { "stream" : null , "a" : [1, {"b":"}"}], "stream_options":{"include_usage":true} , "n":-1.5e3 } `))
+	f.Add([]byte(`{"a":1,"stream":false}`))
+	f.Add([]byte(`{"stream":true}`))
+	f.Add([]byte(`{"str\u0065am":true,"x":"\"}"}`))
+	f.Add([]byte(`{"stream":1}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		checkParseCallFast(t, b)
 		up, _, _, err := ParseCall(b)
 		if err != nil {
 			return
@@ -348,4 +354,37 @@ func FuzzChatChunks(f *testing.F) {
 			t.Fatalf("chunks do not parse: %v", err)
 		}
 	})
+}
+
+// checkParseCallFast holds ParseCall's fast path to the decoder's: where
+// it answers, it answers the same, byte for byte.
+func checkParseCallFast(t *testing.T, b []byte) {
+	t.Helper()
+	up, stream, usage, ok := parseCallFast(b)
+	if !ok {
+		return
+	}
+	wup, wstream, wusage, err := parseCallJSON(b)
+	if err != nil || !bytes.Equal(up, wup) || stream != wstream || usage != wusage {
+		t.Fatalf("parseCallFast(%s) = %s %v %v; decoder: %s %v %v %v", b, up, stream, usage, wup, wstream, wusage, err)
+	}
+}
+
+func TestParseCallFast(t *testing.T) {
+	for _, b := range []string{
+		`{}`, ` {} `, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`,
+		`{"stream":false}`, `{"stream":null,"a":1}`, `{"a":1,"stream":true}`, `{"a":{"stream":true},"b":"stream"}`,
+		"{\n\t\"stream\" :\r true ,\n \"m\": [ 1 , \"x\\\"y\" ] }", `{"stream":true,"stream":false}`,
+		`{"n":1,"stream_options":null,"m":-0.5e-3}`, `{"s":"\\","stream":true}`,
+	} {
+		if _, _, _, ok := parseCallFast([]byte(b)); !ok {
+			t.Errorf("fast path refuses %s", b)
+		}
+		checkParseCallFast(t, []byte(b))
+	}
+	for _, b := range []string{`[]`, `not json`, `{"stream":"yes"}`, `{"str\u0065am":true}`, `{} {}`, ``} {
+		if _, _, _, ok := parseCallFast([]byte(b)); ok {
+			t.Errorf("fast path takes %s", b)
+		}
+	}
 }

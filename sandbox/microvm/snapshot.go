@@ -195,6 +195,7 @@ func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, saved, err
 		done <- result{st, err}
 	}()
 	if err := qmpRun(mon, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
+		_ = qmpRun(mon, "closefd", map[string]any{"fdname": "state"}, nil) // QEMU's copy of the pipe
 		pr.Close()
 		if r := <-done; r.st != nil {
 			r.st.Abort()

@@ -680,8 +680,9 @@ func killVM(k keeperInfo) { hostkeep.KillAndWait(k.QEMU, k.Keeper) }
 
 // GC removes sandboxes whose keeper is gone (killed, the host restarted,
 // or it ended at the expiry), ending a QEMU that outlived its keeper, and
-// returns their ids. It also removes states left by an interrupted
-// snapshot or fork.
+// returns their ids. (Saved states are never written to files of their
+// own: a snapshot streams into the blob store, whose staging a new
+// blob.Dir clears, and a fork streams out of it.)
 func (p *Provider) GC(ctx context.Context) ([]string, error) {
 	ents, err := os.ReadDir(p.dir)
 	if err != nil {

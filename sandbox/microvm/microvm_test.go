@@ -35,7 +35,9 @@ func newProvider(t *testing.T, o microvm.Options) *microvm.Provider {
 	if os.Getenv(microvm.KernelEnv) == "" {
 		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel), or point it at an unpacked linux-image-*-cloud-amd64 package", microvm.KernelEnv)
 	}
-	o.Home = t.TempDir()
+	if o.Home == "" {
+		o.Home = t.TempDir()
+	}
 	o.Exe, o.ExeEnv = stasistest.Exe(), stasistest.Env
 	o.GuestBinary = stasistest.StaticBinary(t)
 	if o.MemMiB == 0 {
@@ -257,5 +259,74 @@ func TestGCEndsQEMUOfADeadKeeper(t *testing.T) {
 	}
 	if left := hostProcesses(info.ID); len(left) > 0 {
 		t.Fatalf("processes left after GC: %v", left)
+	}
+}
+
+// A QEMU killed while its state streams into the store: the snapshot
+// fails, nothing is stored or left staged, and the sandbox reads as not
+// running.
+func TestSnapshotOfAVMKilledMidSave(t *testing.T) {
+	home := t.TempDir()
+	p := newProvider(t, microvm.Options{Home: home, MemMiB: 256})
+	info, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(10 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(ctx, info.ID)
+	// Enough state that the save takes a while (about 100 MB).
+	sh(t, p, info.ID, "dd if=/dev/urandom of=/tmp/fill bs=1048576 count=96 2>/dev/null")
+	var qemu int
+	for _, pid := range hostProcesses(info.ID) {
+		if b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline")); bytes.Contains(b, []byte(microvm.QEMU)) {
+			qemu = pid
+		}
+	}
+	if qemu == 0 {
+		t.Fatalf("no QEMU among %v", hostProcesses(info.ID))
+	}
+	staging := filepath.Join(home, "vmblobs", ".staging")
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Snapshot(ctx, info.ID, "")
+		done <- err
+	}()
+	// Kill QEMU once the store has staged its first chunks.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if ents, _ := os.ReadDir(staging); len(ents) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the store never began staging the state")
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the snapshot ended (%v) before QEMU could be killed during it", err)
+		case <-time.After(2 * time.Millisecond): // poll interval, bounded by the deadline above
+		}
+	}
+	if err := syscall.Kill(qemu, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the snapshot of a VM killed during its save succeeded")
+	} else {
+		t.Logf("the snapshot failed as it should: %v", err)
+	}
+	if ents, err := os.ReadDir(staging); err != nil || len(ents) != 0 {
+		t.Fatalf("staging left behind: %v %v", ents, err)
+	}
+	var blobs []string
+	_ = filepath.WalkDir(filepath.Join(home, "vmblobs"), func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			blobs = append(blobs, path)
+		}
+		return nil
+	})
+	if len(blobs) != 0 {
+		t.Fatalf("a failed snapshot stored %d blobs: %v", len(blobs), blobs)
+	}
+	if _, err := p.Get(ctx, info.ID); err == nil {
+		t.Fatal("the sandbox whose QEMU was killed reads as running")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -44,12 +45,17 @@ func Call(ctx context.Context, dir string, req Request) (*Response, error) {
 	}
 	b, _ := json.Marshal(req)
 	if _, err := c.Write(append(b, '\n')); err != nil {
+		if peerGone(err) {
+			// The supervisor ended between accepting and reading (it
+			// writes its receipt before it closes its socket).
+			return fromReceipt(dir, req, err)
+		}
 		return nil, fmt.Errorf("send to %s: %w", path, err)
 	}
 	line, err := bufio.NewReader(c).ReadBytes('\n')
 	if err != nil {
-		if req.Op == OpStop && len(line) == 0 {
-			// The supervisor may have finished before flushing; read the receipt.
+		if len(line) == 0 && (req.Op == OpStop || peerGone(err)) {
+			// The supervisor may have finished before answering; read the receipt.
 			if r, rerr := fromReceipt(dir, req, err); rerr == nil {
 				return r, nil
 			}
@@ -61,6 +67,12 @@ func Call(ctx context.Context, dir string, req Request) (*Response, error) {
 		return nil, fmt.Errorf("malformed reply from %s: %w", path, err)
 	}
 	return &r, nil
+}
+
+// peerGone reports whether err says the supervisor's end of the
+// connection went away.
+func peerGone(err error) bool {
+	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)
 }
 
 // ReadReceipt reads DIR/receipt.json.

@@ -106,7 +106,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	}
 	vm := m.VM
 	vm.Port, vm.Incoming = 0, nil
-	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), VM: vm, Env: m.Env, Bytes: st.Bytes, NewBytes: st.NewBytes, Paused: sv.paused, Cut: sv.cut}
+	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), VM: vm, Env: m.Env, Bytes: st.Bytes, NewBytes: st.NewBytes, Paused: sv.Paused, Cut: sv.Cut}
 	for {
 		s.ID = hostkeep.NewID("vms-")
 		f, err := os.OpenFile(p.snapPath(s.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -134,19 +134,13 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	return s.info(), nil
 }
 
-// saved is what save tells of a save besides the staged state.
-type saved struct {
-	paused time.Duration // how long the guest was stopped
-	cut    string        // how the stream was cut (vmstate.Splitter.Parsed)
-}
-
 // save stops the VM, has QEMU migrate its state into a pipe that the blob
 // store reads ahead and stages, continues the VM once the migration has
 // completed, and returns when every chunk is staged. A migration that does
 // not complete stages nothing: a stream that merely ended is not taken for
 // a whole one.
-func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, saved, error) {
-	var sv saved
+func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, SaveInfo, error) {
+	var sv SaveInfo
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	mon, err := monitor(mctx, qmpPath(id))
 	cancel()
@@ -220,16 +214,16 @@ func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, saved, err
 		}
 		return nil, sv, err
 	}
-	sv.paused = time.Since(start)
+	sv.Paused = time.Since(start)
 	r := <-done
 	if r.err != nil {
 		return nil, sv, r.err
 	}
 	ok, why, pages := sp.Parsed()
 	if ok {
-		sv.cut = fmt.Sprintf("%s (%d pages)", cutByAddress, pages)
+		sv.Cut = fmt.Sprintf("%s (%d pages)", cutByAddress, pages)
 	} else {
-		sv.cut = "fixed-size, after " + strconv.FormatInt(pages, 10) + " pages: " + why
+		sv.Cut = "fixed-size, after " + strconv.FormatInt(pages, 10) + " pages: " + why
 		slog.Warn("the migration stream was not understood; it is stored in fixed-size chunks, which deduplicate poorly", "sandbox", id, "why", why, "pages", pages)
 	}
 	return r.st, sv, nil

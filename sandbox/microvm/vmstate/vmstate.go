@@ -66,11 +66,6 @@ const (
 	OpaqueChunk = 256 << 10
 )
 
-type block struct {
-	name   string
-	length uint64
-}
-
 // Splitter cuts a migration stream into chunks. It is not safe for
 // concurrent use.
 type Splitter struct {
@@ -81,8 +76,8 @@ type Splitter struct {
 	// came in the middle of reading a record.
 	out [][]byte
 
-	blocks   map[string]block
-	ramID    uint32 // the "ram" section's id, once seen
+	blocks   map[string]uint64 // RAM block lengths, by name
+	ramID    uint32            // the "ram" section's id, once seen
 	haveRAM  bool
 	curBlock string
 	group    int64 // index of the group the last page belonged to; -1 none
@@ -97,7 +92,7 @@ type Splitter struct {
 
 // NewSplitter returns a Splitter reading the stream from r.
 func NewSplitter(r io.Reader) *Splitter {
-	return &Splitter{r: bufio.NewReaderSize(r, 256<<10), blocks: map[string]block{}, group: -1}
+	return &Splitter{r: bufio.NewReaderSize(r, 256<<10), blocks: map[string]uint64{}, group: -1}
 }
 
 // Parsed reports whether the stream's RAM part was understood (every
@@ -372,8 +367,8 @@ func (s *Splitter) record() {
 			}
 			name = string(idb[9:])
 		}
-		b, known := s.blocks[name]
-		if !known || addr >= b.length {
+		length, known := s.blocks[name]
+		if !known || addr >= length {
 			s.fail(fmt.Sprintf("a page of unknown RAM block %q at %#x", name, addr))
 			return
 		}
@@ -414,7 +409,7 @@ func (s *Splitter) record() {
 				s.fail("RAM block sizes do not add up")
 				return
 			}
-			s.blocks[name] = block{name: name, length: n}
+			s.blocks[name] = n
 			total -= n
 		}
 	case flagEOS:

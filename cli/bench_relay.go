@@ -31,7 +31,7 @@ func newBenchRelayCmd() *cobra.Command {
 		Long: `relay runs the scripted model, the gateway and one relay per concurrent
 caller (each its own episode and ledger) in this process (relays reach
 the gateway over a unix socket, as in a sandbox; the rest is loopback TCP),
-and measures a call through harness → relay → gateway (ledger entry fsync'd) →
+and measures a call through harness → relay → gateway (ledger entry on disk) →
 model against the same call made to the model directly, interleaved in the
 same run: the latency added at p50 and p99 with one caller, and the
 throughput at each concurrency with the CPU time the process spent per call

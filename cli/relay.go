@@ -75,7 +75,8 @@ func newGatewayCmd() *cobra.Command {
 		Long: `gateway is the host-side end of the model relay. Each episode has a bearer
 token (stasis gateway episode add); a call with an unknown token is refused
 (401), one from an older attempt is refused (409). Every response is appended
-to the episode's ledger (STATE/ledgers), fsync'd, before it is answered; a
+to the episode's ledger (STATE/ledgers) and flushed to disk before it is
+answered (appends of episodes that wait at once share one flush); a
 call id already in the ledger is answered from it without calling the model.
 Metrics in Prometheus format at /metrics.`,
 		Args: cobra.NoArgs,

@@ -34,8 +34,10 @@
 //
 // # Durability and crashes
 //
-// Append writes the line and fsyncs the file before it returns, so an entry
-// is on disk before the gateway lets its response reach the harness. A crash
+// Append writes the line and flushes it to disk before it returns, so an
+// entry is on disk before the gateway lets its response reach the harness.
+// Appends to many ledgers at once share their flushes (group commit; see
+// groupsync.go). A crash
 // in the middle of an append leaves a last line without its newline: it was
 // never acknowledged, so readers ignore it and the next append truncates it
 // away. A damaged line anywhere else — one that does not parse, whose hash
@@ -124,8 +126,9 @@ type Ledger struct {
 	// fps are the fingerprints of the first live entries' assistant
 	// messages, worked out when a match needs them (fingerprints).
 	fps    []string
-	err    error // sticky: after a failed fsync nothing more is written
+	err    error // sticky: after a failed flush nothing more is written
 	closed bool
+	group  *syncGroup // the group commit of the file system that holds f
 }
 
 // Open opens (creating it and dir when missing) the ledger of episode in dir,
@@ -170,7 +173,12 @@ func Open(dir, episode string) (*Ledger, error) {
 		f.Close()
 		return nil, fmt.Errorf("ledger %s: %w: %s; nothing was changed: run `stasis ledger verify %s --dir %s` for details, and restore the file from a copy or discard the episode", path, ErrCorrupt, prob, episode, dir)
 	}
-	return &Ledger{path: path, episode: episode, f: f, off: st.off, torn: st.off < int64(len(data)), st: st}, nil
+	group, err := groupFor(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open ledger: %w", err)
+	}
+	return &Ledger{path: path, episode: episode, f: f, off: st.off, torn: st.off < int64(len(data)), st: st, group: group}, nil
 }
 
 // fingerprints returns the fingerprint of each live entry's assistant
@@ -200,7 +208,7 @@ func (l *Ledger) usable() error {
 }
 
 // write appends recs (a header first when the file has none), chaining their
-// parents from the current head, and fsyncs. It returns the records with
+// parents from the current head, and flushes it to disk. It returns the records with
 // parent and hash filled in; on success the caller applies them to l.st.
 func (l *Ledger) write(recs ...record) ([]record, error) {
 	if l.st.head == "" && l.st.records == 0 {
@@ -236,12 +244,12 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 		l.torn = true
 		return nil, fmt.Errorf("ledger %s: write: %w", l.path, err)
 	}
-	if err := l.f.Sync(); err != nil {
-		// After a failed fsync the page cache cannot be trusted to say
+	if err := l.group.sync(l.f); err != nil {
+		// After a failed flush the page cache cannot be trusted to say
 		// what is on disk: stop writing.
 		l.err = err
 		l.torn = true
-		return nil, fmt.Errorf("ledger %s: fsync: %w", l.path, err)
+		return nil, fmt.Errorf("ledger %s: %w", l.path, err)
 	}
 	l.off += int64(len(buf))
 	for _, r := range recs {
@@ -280,7 +288,7 @@ func canonJSON(what string, m json.RawMessage) (json.RawMessage, error) {
 }
 
 // Append adds e as the next entry of the logical ledger and returns it with
-// Seq, Parent and Hash filled in; the record is on disk (fsync'd) when Append
+// Seq, Parent and Hash filled in; the record is on disk (flushed) when Append
 // returns. Tokens and Usage, when not given, are read from the response in
 // one pass (see ExtractTokens).
 // The first entry after a relaunch match is marked Boundary. A call id

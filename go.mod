@@ -8,9 +8,9 @@ require (
 	github.com/restic/chunker v0.4.0
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/spf13/cobra v1.10.2
+	github.com/zeebo/blake3 v0.2.4
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.44.0
-	lukechampine.com/blake3 v1.4.1
 	modernc.org/sqlite v1.62.0
 )
 
@@ -20,7 +20,7 @@ require (
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/klauspost/cpuid/v2 v2.0.9 // indirect
+	github.com/klauspost/cpuid/v2 v2.0.12 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect

@@ -52,8 +52,8 @@ import (
 	"time"
 
 	"github.com/restic/chunker"
+	"github.com/zeebo/blake3"
 	"golang.org/x/sys/unix"
-	"lukechampine.com/blake3"
 
 	"stasis/blob"
 )

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"lukechampine.com/blake3"
+	"github.com/zeebo/blake3"
 )
 
 // guest is a synthetic guest memory: blocks of pages, nil for a zero page.

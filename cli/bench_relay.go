@@ -35,13 +35,16 @@ and measures a call through harness → relay → gateway (ledger entry on disk)
 model against the same call made to the model directly, interleaved in the
 same run: the latency added at p50 and p99 with one caller, and the
 throughput at each concurrency with the CPU time the process spent per call
-(callers, relays, gateway and model all share it). --token-delay makes the model take time per
+(callers, relays, gateway and model all share it). Each throughput run
+starts with one untimed call per caller, so connections are open and
+ledgers written before the clock starts; then every caller makes
+--throughput-calls/C timed calls. --token-delay makes the model take time per
 generated token, as a real one does; 0 is the relay's hardest case.
 
 Targets: <= 1 ms added at p50; >= 90% of direct throughput at 512.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			serve.ProcsForFsync() // the gateway fsyncs each ledger entry
+			serve.ProcsForFsync() // the gateway flushes each ledger entry to disk
 			opts := bench.RelayOptions{Concurrency: conc, LatencyCalls: lat, ThroughputCalls: thr, TokenDelay: tokenDelay, Progress: cmd.ErrOrStderr()}
 			prof := &profiles{cpuPath: cpuProf, memPath: memProf}
 			profiling := cpuProf != "" || memProf != ""

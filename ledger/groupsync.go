@@ -136,3 +136,16 @@ func groupFor(f *os.File) (*syncGroup, error) {
 	g, _ := groups.LoadOrStore(st.Dev, &syncGroup{flush: flushFiles})
 	return g.(*syncGroup), nil
 }
+
+// Flushes reports, over every file system this process's ledgers are on,
+// how many flushes were made and how many writes (appends, cuts) they made
+// durable: their ratio is how many writes a flush shared.
+func Flushes() (flushes, writes uint64) {
+	groups.Range(func(_, v any) bool {
+		g := v.(*syncGroup)
+		flushes += g.flushes.Load()
+		writes += g.synced.Load()
+		return true
+	})
+	return flushes, writes
+}

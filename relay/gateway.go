@@ -115,7 +115,11 @@ func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 		added:        prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stasis_gateway_added_seconds", Help: "Time in the gateway beyond the model server's round trip (ledger write included).", Buckets: buckets}),
 	}
 	g.m.ok = g.m.calls.WithLabelValues("200")
-	g.reg.MustRegister(g.m.calls, g.m.dedupe, g.m.stale, g.m.unauthorized, g.m.bad, g.m.upstream, g.m.added)
+	g.reg.MustRegister(g.m.calls, g.m.dedupe, g.m.stale, g.m.unauthorized, g.m.bad, g.m.upstream, g.m.added,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stasis_gateway_ledger_flushes_total", Help: "Disk flushes made for ledger writes (in this process); writes that wait at once share one."},
+			func() float64 { f, _ := ledger.Flushes(); return float64(f) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stasis_gateway_ledger_flushed_writes_total", Help: "Ledger writes (appends and cuts, in this process) those flushes made durable."},
+			func() float64 { _, w := ledger.Flushes(); return float64(w) }))
 	if err := g.reload(); err != nil {
 		return nil, err
 	}

@@ -121,9 +121,25 @@ func TestGatewayRefusesAndRecords(t *testing.T) {
 	if model.n.Load() != 0 {
 		t.Fatal("a refused call reached the model")
 	}
+	_, written0 := ledger.Flushes()
 	resp, b := gwCall(t, srv.URL, ep.Token, 0, "ep/1", `{"messages":[{"role":"user","content":"hi"}]}`)
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderLedgerSeq) != "1" || !strings.Contains(string(b), "answer 1") {
 		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	// The append was flushed, and the metrics say so.
+	if _, written := ledger.Flushes(); written <= written0 {
+		t.Fatalf("flushed ledger writes %d before the call, %d after", written0, written)
+	}
+	mr, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(mr.Body)
+	mr.Body.Close()
+	for _, name := range []string{"stasis_gateway_ledger_flushes_total ", "stasis_gateway_ledger_flushed_writes_total "} {
+		if !strings.Contains(string(metrics), "\n"+name) {
+			t.Errorf("/metrics has no %s", name)
+		}
 	}
 	// Dedupe: the same call again is answered from the ledger.
 	resp, b2 := gwCall(t, srv.URL, ep.Token, 0, "ep/1", `{ "messages": [{"role":"user","content":"hi"}] }`)

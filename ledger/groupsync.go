@@ -26,8 +26,8 @@ import (
 //
 // The price: syncfs also writes back whatever else is dirty on that file
 // system, so a batch that coincides with a bulk write (a snapshot being
-// staged on the same disk) waits for it. Keep the gateway's state on a file
-// system that does not take bulk writes when that matters.
+// staged on the same disk, as in `stasis serve`, whose state directory
+// holds both) waits for it. A lone append never does.
 //
 // An error from a batch's flush is every member's error: none of them is
 // known to be on disk, and each ledger stops writing (see Ledger.err).

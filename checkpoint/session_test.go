@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"stasis/checkpoint"
+	"stasis/internal/testwait"
 	"stasis/proc"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
@@ -56,13 +57,7 @@ func size(t *testing.T, p sandbox.Provider, id string) int {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 15s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
-	}
+	testwait.Until(t, what, 15*time.Second, cond)
 }
 
 func TestSessionPausesThroughExec(t *testing.T) {

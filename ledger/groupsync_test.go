@@ -7,18 +7,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"stasis/internal/testwait"
 )
 
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(t, what, 10*time.Second, cond)
 }
 
 // Appends that arrive while a flush is under way share the next flush, and

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"stasis/internal/testwait"
 	"stasis/serve"
 )
 
@@ -92,13 +93,7 @@ func post(t *testing.T, url, body string) (*http.Response, []byte) {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 10s: %s", what)
-		}
-		time.Sleep(2 * time.Millisecond) // poll interval, bounded by the deadline above
-	}
+	testwait.Until(t, what, 10*time.Second, cond)
 }
 
 func TestStoreAndForwardAsStream(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/internal/testwait"
 	"stasis/proc"
 	"stasis/stasistest"
 	"stasis/supervisor"
@@ -132,13 +133,7 @@ func (h *harness) status() supervisor.Status { return *h.ok(supervisor.OpStatus,
 
 func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval, bounded by the deadline above
-	}
+	testwait.Until(t, what, timeout, cond)
 }
 
 func size(path string) int64 {

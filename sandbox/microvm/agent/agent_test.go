@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/internal/testwait"
 	"stasis/proc"
 	"stasis/sandbox"
 	"stasis/sandbox/microvm/agent"
@@ -77,13 +78,7 @@ func start(t *testing.T) *agent.Client {
 // waitFor polls cond until it holds, failing the test after 20 seconds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval, bounded by the deadline above
-	}
+	testwait.Until(t, what, 20*time.Second, cond)
 }
 
 // gone reports whether a process no longer runs (a zombie counts as gone

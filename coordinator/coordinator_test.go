@@ -69,6 +69,25 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A test that passed must have retired every episode; one that failed
+	// part-way may not have, and its sandboxes must not outlive it (the
+	// next test would find their processes). Either way none is left.
+	t.Cleanup(func() {
+		ctx := context.Background()
+		left, err := p.List(ctx, nil)
+		if err != nil {
+			t.Errorf("list the sandboxes left: %v", err)
+			return
+		}
+		if len(left) > 0 && !t.Failed() {
+			t.Errorf("%d sandboxes left behind (first %s): every test retires its episodes", len(left), left[0].ID)
+		}
+		for _, sb := range left {
+			if err := p.Delete(ctx, sb.ID); err != nil {
+				t.Errorf("delete sandbox %s: %v", sb.ID, err)
+			}
+		}
+	})
 	w.env = &episode.Env{
 		Provider: p, GatewayURL: "unix://" + w.sock, Model: model.DefaultName,
 		Binary: stasistest.Exe(), BinaryEnv: stasistest.EnvMap,

@@ -214,6 +214,11 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 		var wg sync.WaitGroup
 		var firstErr error
 		var mu sync.Mutex
+		fail := func(err error) {
+			mu.Lock()
+			firstErr = err
+			mu.Unlock()
+		}
 		per := o.ThroughputCalls / c
 		if per < 1 {
 			per = 1
@@ -229,8 +234,6 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 		start := make(chan struct{})
 		var warm sync.WaitGroup
 		warm.Add(c)
-		var t0 time.Time
-		var cpu0 time.Duration
 		for k := 0; k < c; k++ {
 			wg.Add(1)
 			go func(k int) {
@@ -242,9 +245,7 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 				_, err := call(base, k, next)
 				warm.Done()
 				if err != nil {
-					mu.Lock()
-					firstErr = err
-					mu.Unlock()
+					fail(err)
 					return
 				}
 				<-start
@@ -253,9 +254,7 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 						return
 					}
 					if _, err := call(base, k, next+i); err != nil {
-						mu.Lock()
-						firstErr = err
-						mu.Unlock()
+						fail(err)
 						return
 					}
 					done.Add(1)
@@ -264,7 +263,7 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 		}
 		warm.Wait()
 		endPhase := phase(name + strconv.Itoa(c))
-		t0, cpu0 = time.Now(), processCPU()
+		t0, cpu0 := time.Now(), processCPU()
 		close(start)
 		wg.Wait()
 		took, cpu := time.Since(t0), processCPU()-cpu0

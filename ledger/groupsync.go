@@ -53,30 +53,26 @@ type batch struct {
 }
 
 // sync returns once f's written data is on disk, flushing alone or in a
-// batch.
+// batch. A batch opened while the group is idle has its turn at once.
 func (g *syncGroup) sync(f *os.File) error {
 	g.mu.Lock()
 	if g.open == nil {
 		g.open = &batch{turn: make(chan struct{}), done: make(chan struct{})}
+		if !g.busy {
+			g.busy = true
+			close(g.open.turn)
+		}
 	}
 	b := g.open
 	b.files = append(b.files, f)
-	if !g.busy {
-		g.busy = true
-		b.led = true
-		g.open = nil
-		g.mu.Unlock()
-		g.run(b)
-		return b.err
-	}
 	g.mu.Unlock()
 	select {
 	case <-b.done:
 		return b.err
 	case <-b.turn:
 	}
-	// The flush before this batch is done: the first member here flushes
-	// the batch, with everyone who joined it until then.
+	// The flush before this batch is done (or there was none): the first
+	// member here flushes the batch, with everyone who joined it until then.
 	g.mu.Lock()
 	if b.led {
 		g.mu.Unlock()

@@ -37,10 +37,9 @@
 // Append writes the line and flushes it to disk before it returns, so an
 // entry is on disk before the gateway lets its response reach the harness.
 // Appends to many ledgers at once share their flushes (group commit; see
-// groupsync.go). A crash
-// in the middle of an append leaves a last line without its newline: it was
-// never acknowledged, so readers ignore it and the next append truncates it
-// away. A damaged line anywhere else — one that does not parse, whose hash
+// groupsync.go). A crash in the middle of an append leaves a last line
+// without its newline: it was never acknowledged, so readers ignore it and
+// the next append truncates it away. A damaged line anywhere else — one that does not parse, whose hash
 // does not match, or whose parent is not the line before — makes Open fail;
 // Verify names the line and what is wrong with it.
 //
@@ -208,8 +207,9 @@ func (l *Ledger) usable() error {
 }
 
 // write appends recs (a header first when the file has none), chaining their
-// parents from the current head, and flushes it to disk. It returns the records with
-// parent and hash filled in; on success the caller applies them to l.st.
+// parents from the current head, and flushes them to disk. It returns the
+// records with parent and hash filled in; on success the caller applies
+// them to l.st.
 func (l *Ledger) write(recs ...record) ([]record, error) {
 	if l.st.head == "" && l.st.records == 0 {
 		recs = append([]record{{Kind: kindHeader, Format: formatVersion, Episode: l.episode, At: time.Now().UTC()}}, recs...)

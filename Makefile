@@ -130,6 +130,8 @@ fuzz: deps
 	$(GO) test ./store -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
 	$(GO) test ./cas -run '^$$' -fuzz FuzzDecodeManifest -fuzztime $(FUZZTIME)
 	$(GO) test ./cas -run '^$$' -fuzz FuzzChunkVerify -fuzztime $(FUZZTIME)
+	$(GO) test ./blob -run '^$$' -fuzz FuzzDecodeIndex -fuzztime $(FUZZTIME)
+	$(GO) test ./blob -run '^$$' -fuzz FuzzDecodeDead -fuzztime $(FUZZTIME)
 	$(GO) test ./ledger -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
 	$(GO) test ./ledger -run '^$$' -fuzz FuzzCanon -fuzztime $(FUZZTIME)
 	$(GO) test ./ledger -run '^$$' -fuzz FuzzScan -fuzztime $(FUZZTIME)

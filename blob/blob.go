@@ -67,6 +67,13 @@ func CheckKey(key string) error {
 	return fmt.Errorf("blob key %q: %w: want %d lowercase hex digits (a blake3-256 hash)", show, ErrInvalidKey, KeyLen)
 }
 
+// BulkDeleter is implemented by stores that delete many blobs at once
+// far more cheaply than one at a time (package cas's GC uses it).
+type BulkDeleter interface {
+	// DeleteKeys deletes every key, like Delete does one.
+	DeleteKeys(ctx context.Context, keys []string) error
+}
+
 // Batcher is implemented by stores that can make many blobs durable
 // together, which is far cheaper than one at a time.
 type Batcher interface {

@@ -330,60 +330,92 @@ func TestDedupAcrossTrees(t *testing.T) {
 	compareTrees(t, b, out, nil)
 }
 
+// A damaged chunk fails the restore with ErrCorrupt naming the file and
+// the chunk, whether the blob is a loose file or in a pack, and leaves
+// nothing behind.
 func TestCorruptChunkFailsRestore(t *testing.T) {
-	damages := map[string]func(t *testing.T, p string){
-		"truncated": func(t *testing.T, p string) {
-			must(t, os.Truncate(p, 1000))
-		},
-		"one byte flipped": func(t *testing.T, p string) {
-			b, err := os.ReadFile(p)
+	type damage struct {
+		do func(t *testing.T, file string, off, size int64)
+		// exact: only the victim is damaged, so the error names it;
+		// otherwise other blobs in the same file fail too (in a pack,
+		// the manifest may be one of them).
+		exact, loose, packed bool
+	}
+	damages := map[string]damage{
+		"truncated": {do: func(t *testing.T, file string, off, size int64) {
+			must(t, os.Truncate(file, off+size/2))
+		}, exact: false, loose: true, packed: true},
+		"one byte flipped": {do: func(t *testing.T, file string, off, size int64) {
+			f, err := os.OpenFile(file, os.O_RDWR, 0)
 			must(t, err)
-			b[len(b)/2] ^= 0x01
-			must(t, os.WriteFile(p, b, 0o600))
-		},
-		"one byte longer": func(t *testing.T, p string) {
-			f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+			b := []byte{0}
+			_, err = f.ReadAt(b, off+size/2)
+			must(t, err)
+			b[0] ^= 0x01
+			_, err = f.WriteAt(b, off+size/2)
+			must(t, err)
+			must(t, f.Close())
+		}, exact: true, loose: true, packed: true},
+		"one byte longer": {do: func(t *testing.T, file string, off, size int64) {
+			f, err := os.OpenFile(file, os.O_APPEND|os.O_WRONLY, 0)
 			must(t, err)
 			_, err = f.Write([]byte{0})
 			must(t, err)
 			must(t, f.Close())
-		},
-		"missing": func(t *testing.T, p string) {
-			must(t, os.Remove(p))
-		},
+		}, exact: true, loose: true},
+		"missing": {do: func(t *testing.T, file string, off, size int64) {
+			must(t, os.Remove(file))
+		}, exact: false, loose: true, packed: true},
 	}
-	for what, damage := range damages {
-		t.Run(what, func(t *testing.T) {
-			s, d := newDirStore(t)
-			tree := t.TempDir()
-			manyFiles(t, tree, 30, 4)
-			id, _, err := s.Snapshot(ctx, tree, "")
-			must(t, err)
-			m, err := s.loadManifest(ctx, id)
-			must(t, err)
-			var victim *entry
-			for i := range m.Entries {
-				if m.Entries[i].Path == "big.bin" {
-					victim = &m.Entries[i]
+	for what, dmg := range damages {
+		for _, packed := range []bool{false, true} {
+			if packed && !dmg.packed || !packed && !dmg.loose {
+				continue
+			}
+			where := "loose"
+			if packed {
+				where = "packed"
+			}
+			t.Run(where+" "+what, func(t *testing.T) {
+				s, d := newLooseStore(t)
+				if packed {
+					s, d = newDirStore(t)
 				}
-			}
-			if victim == nil || len(victim.Chunks) < 3 {
-				t.Fatalf("big.bin has no three chunks: %+v", victim)
-			}
-			key := victim.Chunks[1].Key
-			damage(t, blobFile(d, key))
-			base := t.TempDir()
-			dst := filepath.Join(base, "out")
-			_, err = s.Restore(ctx, id, dst)
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("restore with a %s chunk: %v, want ErrCorrupt", what, err)
-			}
-			msg := err.Error()
-			if !strings.Contains(msg, `"big.bin"`) || !strings.Contains(msg, key) || !strings.Contains(msg, "chunk 2 of") {
-				t.Fatalf("error does not name the file and the chunk: %v", err)
-			}
-			noSiblings(t, base) // dst does not exist, no temporary left
-		})
+				tree := t.TempDir()
+				manyFiles(t, tree, 30, 4)
+				id, _, err := s.Snapshot(ctx, tree, "")
+				must(t, err)
+				m, err := s.loadManifest(ctx, id)
+				must(t, err)
+				var victim *entry
+				for i := range m.Entries {
+					if m.Entries[i].Path == "big.bin" {
+						victim = &m.Entries[i]
+					}
+				}
+				if victim == nil || len(victim.Chunks) < 3 {
+					t.Fatalf("big.bin has no three chunks: %+v", victim)
+				}
+				key := victim.Chunks[1].Key
+				file, off, size := locate(t, d, key)
+				if inPack := off != 0 || size != victim.Chunks[1].Size || filepath.Base(file) != key; inPack != packed {
+					t.Fatalf("the chunk is at %s+%d (%d bytes): packed is %v, want %v", file, off, size, inPack, packed)
+				}
+				dmg.do(t, file, off, size)
+				base := t.TempDir()
+				dst := filepath.Join(base, "out")
+				_, err = s.Restore(ctx, id, dst)
+				switch msg := fmt.Sprint(err); {
+				case dmg.exact && !errors.Is(err, ErrCorrupt):
+					t.Fatalf("restore with a %s chunk: %v, want ErrCorrupt", what, err)
+				case dmg.exact && !(strings.Contains(msg, `"big.bin"`) && strings.Contains(msg, key) && strings.Contains(msg, "chunk 2 of")):
+					t.Fatalf("error does not name the file and the damaged chunk: %v", err)
+				case !errors.Is(err, ErrCorrupt) && !errors.Is(err, blob.ErrNotFound):
+					t.Fatalf("restore with a %s chunk: %v, want ErrCorrupt or ErrNotFound", what, err)
+				}
+				noSiblings(t, base) // dst does not exist, no temporary left
+			})
+		}
 	}
 }
 
@@ -393,10 +425,10 @@ func TestTamperedManifest(t *testing.T) {
 	manyFiles(t, tree, 5, 5)
 	id, _, err := s.Snapshot(ctx, tree, "")
 	must(t, err)
-	p := blobFile(d, id)
+	p, off, size := locate(t, d, id)
 	b, err := os.ReadFile(p)
 	must(t, err)
-	b[len(b)/3] ^= 0x20
+	b[off+size/3] ^= 0x20
 	must(t, os.WriteFile(p, b, 0o600))
 	base := t.TempDir()
 	if _, err := s.Restore(ctx, id, filepath.Join(base, "out")); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), id) {

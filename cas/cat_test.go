@@ -38,7 +38,9 @@ func TestCatFile(t *testing.T) {
 			if len(e.Chunks) < 3*catAhead {
 				t.Fatalf("big.bin has %d chunks: too few to have many in flight", len(e.Chunks))
 			}
-			must(t, os.Remove(blobFile(d, e.Chunks[len(e.Chunks)/2].Key)))
+			// A pack cut short at the middle chunk.
+			file, off, _ := locate(t, d, e.Chunks[len(e.Chunks)/2].Key)
+			must(t, os.Truncate(file, off))
 		}
 	}
 	got.Reset()

@@ -3,6 +3,8 @@ package cas
 import (
 	"context"
 	"fmt"
+
+	"stasis/blob"
 )
 
 // Chunks lists the blob keys snapshot id references: the manifest's own key
@@ -57,6 +59,17 @@ func (s *Store) GC(ctx context.Context, live []string) (freedBlobs int, freedByt
 	s.mu.Lock()
 	clear(s.complete) // what this Store knew to be stored may go now
 	s.mu.Unlock()
+	if bd, ok := s.blobs.(blob.BulkDeleter); ok {
+		keys := make([]string, len(del))
+		for i, d := range del {
+			keys[i] = d.key
+			freedBytes += d.size
+		}
+		if err := bd.DeleteKeys(ctx, keys); err != nil {
+			return 0, 0, fmt.Errorf("gc: %w", err)
+		}
+		return len(del), freedBytes, nil
+	}
 	for _, d := range del {
 		if err := s.blobs.Delete(ctx, d.key); err != nil {
 			return freedBlobs, freedBytes, fmt.Errorf("gc: %w (%d blobs freed before it)", err, freedBlobs)

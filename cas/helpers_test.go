@@ -93,7 +93,30 @@ func newDirStore(t *testing.T) (*Store, *blob.Dir) {
 	return New(d), d
 }
 
-func blobFile(d *blob.Dir, key string) string { return filepath.Join(d.Path(), key[:2], key) }
+// looseStore hides the directory store's batches, so that the cas store
+// writes every blob with Put, as a loose file.
+type looseStore struct{ blob.Store }
+
+// newLooseStore is a Store over a fresh blob.Dir that keeps every blob in
+// a file of its own, and that directory.
+func newLooseStore(t *testing.T) (*Store, *blob.Dir) {
+	t.Helper()
+	d, err := blob.NewDir(filepath.Join(t.TempDir(), "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(looseStore{d}), d
+}
+
+// locate is where key's blob is: its file, offset and length.
+func locate(t *testing.T, d *blob.Dir, key string) (string, int64, int64) {
+	t.Helper()
+	f, off, size, err := d.Locate(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, off, size
+}
 
 func randBytes(r *rand.Rand, n int) []byte {
 	b := make([]byte, n)

@@ -22,33 +22,75 @@ type Chunker interface {
 	Next() ([]byte, error)
 }
 
-// Staged is a stream stored by StageStream and not yet durable: Commit
+// Staged is a stream stored by StageFile and not yet durable: Commit
 // makes it a snapshot, Abort forgets it.
 type Staged struct {
 	sn    *snapshotter
+	pf    blob.PackFile
 	m     *manifest
 	start time.Time
 	done  bool
 }
 
-// StageStream stores the stream ch cuts, as the content of a tree holding
-// one regular file named file (mode 0600), ready for CatFile and Restore like any
-// snapshot. Chunks are hashed, deduplicated and written by the Store's
-// workers while ch reads on, up to streamAhead chunks ahead of them. It
-// returns when every chunk is staged, or at the first failure;
-// nothing is durable, and with a batching blob store nothing is visible,
-// until Commit. Stats.Bytes and ReadBytes are the stream's length.
-func (s *Store) StageStream(ctx context.Context, file string, ch Chunker) (*Staged, error) {
-	if checkPath(file) != nil || strings.Contains(file, "/") {
-		return nil, fmt.Errorf("stage stream: %q is not a file name", file)
-	}
+// StageFile stores a stream its producer wrote straight into pf, a pack
+// file of this Store's blob store, as the content of a tree holding one
+// regular file named file (mode 0600), ready for CatFile and Restore like
+// any snapshot. The stream's bytes are not copied again: ch cuts the
+// file's content, read from its start, and the Store's workers hash the
+// chunks while ch reads on, up to streamAhead chunks ahead of them. A chunk not stored yet is kept where it lies in the file (its
+// write-back starts at once); the bytes of one already stored, or already
+// kept earlier in the file, are dropped and take no space. Commit appends
+// the manifest to pf and commits it; Abort, or a failure here, aborts
+// it. Nothing is durable or visible before Commit. Stats.Bytes and
+// ReadBytes are the stream's length; Stats.NewBytes
+// counts the kept chunks (and the manifest), not the whole blocks a
+// dropped stretch shares with its neighbours, which stay allocated.
+func (s *Store) StageFile(ctx context.Context, file string, pf blob.PackFile, ch Chunker) (*Staged, error) {
 	sn := &snapshotter{s: s, claimed: map[string]bool{}}
-	if b, ok := s.blobs.(blob.Batcher); ok {
-		sn.batch = b.NewBatch()
+	st := &Staged{sn: sn, pf: pf, start: time.Now()}
+	err := st.stage(ctx, file, ch, func(ctx context.Context, key string, off int64, data []byte) error {
+		sn.mu.Lock()
+		dup := sn.claimed[key]
+		sn.claimed[key] = true
+		sn.mu.Unlock()
+		if !dup {
+			has, err := s.blobs.Has(ctx, key)
+			if err != nil {
+				return err
+			}
+			dup = has
+		}
+		if dup {
+			return pf.Drop(off, int64(len(data)))
+		}
+		if err := pf.Keep(key, off, int64(len(data))); err != nil {
+			return err
+		}
+		sn.mu.Lock()
+		sn.st.NewBlobs++
+		sn.st.NewBytes += int64(len(data))
+		sn.mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	st := &Staged{sn: sn, start: time.Now()}
+	return st, nil
+}
+
+// stage runs ch's chunks through the Store's workers, each handing one
+// chunk (its key, its offset in the stream, its bytes) to store, and
+// builds the manifest of the one-file tree. On failure it aborts st and
+// returns the error.
+func (st *Staged) stage(ctx context.Context, file string, ch Chunker, store func(ctx context.Context, key string, off int64, data []byte) error) error {
+	if checkPath(file) != nil || strings.Contains(file, "/") {
+		st.Abort()
+		return fmt.Errorf("stage stream: %q is not a file name", file)
+	}
+	sn, s := st.sn, st.sn.s
 	type job struct {
 		i    int
+		off  int64
 		data []byte
 	}
 	var (
@@ -76,9 +118,10 @@ func (s *Store) StageStream(ctx context.Context, file string, ch Chunker) (*Stag
 				i := len(refs)
 				refs = append(refs, chunkRef{Size: int64(len(c))})
 				mu.Unlock()
+				j := job{i, n, c}
 				n += int64(len(c))
 				select {
-				case jobs <- job{i, c}:
+				case jobs <- j:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -87,7 +130,7 @@ func (s *Store) StageStream(ctx context.Context, file string, ch Chunker) (*Stag
 		func() func(context.Context, job) error {
 			return func(ctx context.Context, j job) error {
 				key := hashKey(j.data)
-				if err := sn.put(ctx, key, j.data); err != nil {
+				if err := store(ctx, key, j.off, j.data); err != nil {
 					return err
 				}
 				mu.Lock()
@@ -98,20 +141,19 @@ func (s *Store) StageStream(ctx context.Context, file string, ch Chunker) (*Stag
 		})
 	if err != nil {
 		st.Abort()
-		return nil, fmt.Errorf("stage stream %s: %w", file, err)
+		return fmt.Errorf("stage stream %s: %w", file, err)
 	}
 	now := time.Now().UnixNano()
 	root := meta{Mode: 0o700, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Mtime: now}
 	fm := meta{Mode: 0o600, UID: root.UID, GID: root.GID, Mtime: now}
 	st.m = &manifest{Root: root, Entries: []entry{{Path: name(file), Type: typeFile, meta: fm, Size: n, Ctime: now, Chunks: refs}}}
 	sn.st.Files, sn.st.Bytes, sn.st.ReadBytes = 1, n, n
-	return st, nil
+	return nil
 }
 
-// streamAhead is how many chunks StageStream reads ahead of the workers
-// (at 256 KiB a chunk, up to 1 GiB): the stream's writer is not held back
-// by hashing and writing; a VM being saved goes on as soon as QEMU has
-// written its state.
+// streamAhead is how many chunks StageFile's cutting runs ahead of the
+// hashing workers (the chunks of a mapped file cost no memory of their
+// own): the cutting is not held back by a slow hash.
 const streamAhead = 4096
 
 // readAhead reads ch in a goroutine of its own, up to n chunks ahead of
@@ -163,24 +205,22 @@ func (st *Staged) Commit(ctx context.Context) (string, Stats, error) {
 		return "", Stats{}, fmt.Errorf("commit stream: %w", err)
 	}
 	id := hashKey(b)
-	if err := sn.put(ctx, id, b); err != nil {
+	if err := st.pf.Append(id, b); err != nil {
 		st.abort()
 		return "", Stats{}, fmt.Errorf("commit stream: store manifest: %w", err)
 	}
-	if sn.batch != nil {
-		if err := sn.batch.Commit(ctx); err != nil {
-			st.abort()
-			return "", Stats{}, fmt.Errorf("commit stream: %w", err)
-		}
+	if err := st.pf.Commit(ctx); err != nil {
+		st.abort()
+		return "", Stats{}, fmt.Errorf("commit stream: %w", err)
 	}
+	sn.st.NewBlobs++
+	sn.st.NewBytes += int64(len(b))
 	sn.s.setComplete(id)
 	sn.st.Duration = time.Since(st.start)
 	return id, sn.st, nil
 }
 
-// Abort drops what was staged (with a batching blob store; otherwise the
-// blobs written stay until a GC finds nothing references them). It is a
-// no-op after Commit.
+// Abort drops what was staged. It is a no-op after Commit.
 func (st *Staged) Abort() {
 	if st.done {
 		return
@@ -190,7 +230,5 @@ func (st *Staged) Abort() {
 }
 
 func (st *Staged) abort() {
-	if st.sn.batch != nil {
-		st.sn.batch.Abort()
-	}
+	st.pf.Abort()
 }

@@ -8,6 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"stasis/blob"
 )
 
 // sliceChunker hands out fixed chunks, then err (io.EOF by default).
@@ -45,13 +49,35 @@ func blobCount(t *testing.T, s *Store) int {
 	return n
 }
 
-// A staged stream, committed, reads back byte for byte with CatFile and
-// restores as a one-file tree; storing it again adds only a manifest.
-func TestStageStream(t *testing.T) {
-	s, _ := newDirStore(t)
+// stageFile writes data into a new pack file of d, as QEMU does, and
+// stages it cut by c.
+func stageFile(t *testing.T, s *Store, d *blob.Dir, name string, data []byte, c Chunker) (*Staged, error) {
+	t.Helper()
+	pf, err := d.NewPackFile()
+	must(t, err)
+	_, err = pf.File().Write(data)
+	must(t, err)
+	return s.StageFile(ctx, name, pf, c)
+}
+
+// allocated is how many bytes of disk the file holding key's blob takes.
+func allocated(t *testing.T, d *blob.Dir, key string) int64 {
+	t.Helper()
+	file, _, _ := locate(t, d, key)
+	var st unix.Stat_t
+	must(t, unix.Stat(file, &st))
+	return st.Blocks * 512
+}
+
+// A stream written in place into a pack file, staged and committed, reads
+// back byte for byte with CatFile and restores as a one-file tree; the
+// bytes of repeated chunks take no disk space; staging it again adds only
+// a manifest, and next to nothing on disk.
+func TestStageFile(t *testing.T) {
+	s, d := newDirStore(t)
 	r := rand.New(rand.NewPCG(1, 2))
 	data := append(randBytes(r, 3<<20), make([]byte, 1<<20)...) // random, then zeros
-	st, err := s.StageStream(ctx, "vm.state", cutEvery(data, 100<<10))
+	st, err := stageFile(t, s, d, "vm.state", data, cutEvery(data, 100<<10))
 	must(t, err)
 	if n := blobCount(t, s); n != 0 {
 		t.Fatalf("%d blobs visible before the commit", n)
@@ -66,6 +92,11 @@ func TestStageStream(t *testing.T) {
 	// and the manifest.
 	if stats.NewBlobs != 34 {
 		t.Errorf("%d new blobs, want 34", stats.NewBlobs)
+	}
+	// The eight repeated all-zero chunks were released: at least 7 x 96
+	// KiB of whole blocks.
+	if a := allocated(t, d, id); a > int64(len(data))-7*96<<10 {
+		t.Errorf("the pack takes %d bytes of disk for a %d-byte stream with 800 KiB repeated", a, len(data))
 	}
 	var got bytes.Buffer
 	must(t, s.CatFile(ctx, id, "vm.state", &got))
@@ -84,18 +115,28 @@ func TestStageStream(t *testing.T) {
 		t.Fatal("a second Commit of one staging succeeded")
 	}
 
-	st2, err := s.StageStream(ctx, "vm.state", cutEvery(data, 100<<10))
+	st2, err := stageFile(t, s, d, "vm.state", data, cutEvery(data, 100<<10))
 	must(t, err)
-	_, stats2, err := st2.Commit(ctx)
+	id2, stats2, err := st2.Commit(ctx)
 	must(t, err)
 	if stats2.NewBlobs > 1 {
 		t.Errorf("the same stream again added %d blobs (%d bytes), want at most the manifest", stats2.NewBlobs, stats2.NewBytes)
+	}
+	if id2 != id {
+		if a := allocated(t, d, id2); a > 256<<10 {
+			t.Errorf("the second pack takes %d bytes of disk, want little more than its manifest", a)
+		}
+	}
+	got.Reset()
+	must(t, s.CatFile(ctx, id2, "vm.state", &got))
+	if !bytes.Equal(got.Bytes(), data) {
+		t.Fatal("CatFile of the second staging does not give the stream back")
 	}
 }
 
 // A chunker's error, an aborted staging and a bad name leave nothing in
 // the store.
-func TestStageStreamFailures(t *testing.T) {
+func TestStageFileFailures(t *testing.T) {
 	s, d := newDirStore(t)
 	r := rand.New(rand.NewPCG(3, 4))
 	data := randBytes(r, 1<<20)
@@ -104,10 +145,10 @@ func TestStageStreamFailures(t *testing.T) {
 	c := cutEvery(data, 64<<10)
 	c.err = boom
 	c.chunks = c.chunks[:5]
-	if _, err := s.StageStream(ctx, "vm.state", c); !errors.Is(err, boom) {
-		t.Fatalf("StageStream with a failing chunker: %v, want boom", err)
+	if _, err := stageFile(t, s, d, "vm.state", data, c); !errors.Is(err, boom) {
+		t.Fatalf("StageFile with a failing chunker: %v, want boom", err)
 	}
-	st, err := s.StageStream(ctx, "vm.state", cutEvery(data, 64<<10))
+	st, err := stageFile(t, s, d, "vm.state", data, cutEvery(data, 64<<10))
 	must(t, err)
 	st.Abort()
 	st.Abort() // idempotent
@@ -115,8 +156,8 @@ func TestStageStreamFailures(t *testing.T) {
 		t.Fatal("Commit after Abort succeeded")
 	}
 	for _, bad := range []string{"", "a/b", "..", "."} {
-		if _, err := s.StageStream(ctx, bad, cutEvery(data, 64<<10)); err == nil {
-			t.Errorf("StageStream named %q succeeded", bad)
+		if _, err := stageFile(t, s, d, bad, data, cutEvery(data, 64<<10)); err == nil {
+			t.Errorf("StageFile named %q succeeded", bad)
 		}
 	}
 	if n := blobCount(t, s); n != 0 {

@@ -92,6 +92,7 @@ type Provider struct {
 	dir       string // sandboxes
 	snapDir   string // snapshot metadata
 	cas       *cas.Store
+	blobs     *blob.Dir
 	kernel    Kernel
 	initramfs string
 	qemu      string
@@ -204,7 +205,7 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	}
 	// Saved states are stored cut by guest address (see save), so two
 	// states of one VM share the pages that did not change.
-	p.cas = cas.New(bs)
+	p.cas, p.blobs = cas.New(bs), bs
 	return p, nil
 }
 

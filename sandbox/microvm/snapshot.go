@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"stasis/atomicfile"
+	"stasis/blob"
 	"stasis/cas"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
@@ -93,7 +94,11 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		return sandbox.SnapshotInfo{}, err
 	}
 	defer unlockBlobs()
-	staged, sv, err := p.save(ctx, id)
+	// A VM with no state in the store yet (its first snapshot) shares
+	// little with what is stored: its state is written back to disk while
+	// QEMU writes it. Later ones are mostly dropped, so only what they
+	// keep is written.
+	staged, sv, err := p.save(ctx, id, m.LastManifest == "")
 	if err != nil {
 		if _, err2 := p.running("snapshot", m); err2 != nil {
 			return sandbox.SnapshotInfo{}, err2
@@ -134,12 +139,15 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	return s.info(), nil
 }
 
-// save stops the VM, has QEMU migrate its state into a pipe that the blob
-// store reads ahead and stages, continues the VM once the migration has
-// completed, and returns when every chunk is staged. A migration that does
-// not complete stages nothing: a stream that merely ended is not taken for
-// a whole one.
-func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, SaveInfo, error) {
+// save stops the VM, has QEMU migrate its state straight into a new pack
+// file of the blob store, continues the VM once the migration has
+// completed, and then stages the file: it is cut by guest address
+// (vmstate.Splitter) and hashed on every core, each chunk not stored yet
+// is kept where QEMU wrote it (its write-back starting at once), and the
+// bytes of the others are released. The state's bytes are written once,
+// by QEMU, and never pass through this process on their way to disk. A
+// migration that does not complete stages nothing.
+func (p *Provider) save(ctx context.Context, id string, writeBehind bool) (*cas.Staged, SaveInfo, error) {
 	var sv SaveInfo
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	mon, err := monitor(mctx, qmpPath(id))
@@ -149,75 +157,69 @@ func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, SaveInfo, 
 	}
 	defer mon.Close()
 	// The default bandwidth cap (128 MiB/s) would set the pace of a
-	// stopped guest's save; the store sets it instead.
+	// stopped guest's save; the disk sets it instead.
 	if err := qmpRun(mon, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
 		return nil, sv, err
 	}
-	pr, pw, err := os.Pipe()
+	pf, err := p.blobs.NewPackFile()
 	if err != nil {
 		return nil, sv, err
 	}
-	defer pr.Close()
-	// A larger pipe: fewer wake-ups of QEMU's migration thread and of the
-	// reader (the kernel may refuse; the default 64 KiB works too).
-	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+	staged := false
+	defer func() {
+		if !staged {
+			pf.Abort()
+		}
+	}()
 	start := time.Now()
 	if err := qmpRun(mon, "stop", nil, nil); err != nil {
-		pw.Close()
 		return nil, sv, err
 	}
 	defer func() { _ = qmpRun(mon, "cont", nil, nil) }()
-	// QEMU writes the state straight into the pipe, whose write end it is
-	// handed; this process keeps only the read end, so the reader sees
-	// the end of the stream when QEMU closes it.
-	err = qmpRunFD(mon, "getfd", map[string]any{"fdname": "state"}, nil, pw)
-	pw.Close()
+	// QEMU writes the state straight into the pack file, a copy of whose
+	// descriptor it is handed.
+	if err := qmpRunFD(mon, "getfd", map[string]any{"fdname": "state"}, nil, pf.File()); err != nil {
+		return nil, sv, err
+	}
+	if err := qmpRun(mon, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
+		_ = qmpRun(mon, "closefd", map[string]any{"fdname": "state"}, nil) // QEMU's copy of the file
+		return nil, sv, err
+	}
+	stopWB := func() {}
+	if writeBehind {
+		stopWB = writeBackWhile(pf)
+	}
+	_, err = waitMigration(ctx, mon)
+	stopWB()
 	if err != nil {
 		return nil, sv, err
 	}
-	type result struct {
-		st  *cas.Staged
-		err error
-	}
-	done := make(chan result, 1)
-	sp := vmstate.NewSplitter(pr)
-	go func() {
-		st, err := p.cas.StageStream(ctx, stateFile, sp)
-		// Should staging stop early, QEMU's next write fails (EPIPE)
-		// instead of waiting on a pipe nobody reads.
-		pr.Close()
-		done <- result{st, err}
-	}()
-	if err := qmpRun(mon, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
-		_ = qmpRun(mon, "closefd", map[string]any{"fdname": "state"}, nil) // QEMU's copy of the pipe
-		pr.Close()
-		if r := <-done; r.st != nil {
-			r.st.Abort()
-		}
-		return nil, sv, err
-	}
-	if _, err := waitMigration(ctx, mon); err != nil {
-		pr.Close()
-		if r := <-done; r.st != nil {
-			r.st.Abort()
-		} else if r.err != nil {
-			err = fmt.Errorf("%w (storing the stream: %v)", err, r.err)
-		}
-		return nil, sv, err
-	}
-	// QEMU has written the whole state; what the pipe and the read-ahead
-	// still hold is the store's to finish. The guest goes on meanwhile.
+	// QEMU has written the whole state; the guest goes on while it is
+	// cut, hashed and made durable.
 	if err := qmpRun(mon, "cont", nil, nil); err != nil {
-		pr.Close()
-		if r := <-done; r.st != nil {
-			r.st.Abort()
-		}
 		return nil, sv, err
 	}
 	sv.Paused = time.Since(start)
-	r := <-done
-	if r.err != nil {
-		return nil, sv, r.err
+	fi, err := pf.File().Stat()
+	if err != nil {
+		return nil, sv, err
+	}
+	if fi.Size() == 0 {
+		return nil, sv, errors.New("QEMU reported the migration completed but wrote nothing")
+	}
+	// The state is read where QEMU left it, in the page cache, through a
+	// mapping: it is cut, hashed and released without a copy. (Populating
+	// the mapping up front cost more than the cutter's faults.)
+	data, err := unix.Mmap(int(pf.File().Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, sv, fmt.Errorf("map the saved state: %w", err)
+	}
+	defer unix.Munmap(data)
+	sp := vmstate.NewBytesSplitter(data)
+	staged = true // StageFile aborts pf should it fail
+	st, err := p.cas.StageFile(ctx, stateFile, pf, sp)
+	if err != nil {
+		return nil, sv, err
 	}
 	ok, why, pages := sp.Parsed()
 	if ok {
@@ -226,14 +228,38 @@ func (p *Provider) save(ctx context.Context, id string) (*cas.Staged, SaveInfo, 
 		sv.Cut = "fixed-size, after " + strconv.FormatInt(pages, 10) + " pages: " + why
 		slog.Warn("the migration stream was not understood; it is stored in fixed-size chunks, which deduplicate poorly", "sandbox", id, "why", why, "pages", pages)
 	}
-	return r.st, sv, nil
+	return st, sv, nil
+}
+
+// writeBackWhile starts the write-back of what QEMU writes into pf every
+// few milliseconds, until the returned function is called (which returns
+// once the last round is over).
+func writeBackWhile(pf blob.PackFile) (stop func()) {
+	done, over := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(over)
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := pf.WriteBack(); err != nil {
+					slog.Debug("write-back of a state being saved", "err", err)
+					return // Commit's fsync writes it all anyway
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-over }
 }
 
 // SaveInfo is how a snapshot was saved.
 type SaveInfo struct {
 	// Paused is how long the guest was stopped: QEMU writing its state
-	// into the store's read-ahead (hashing, writing and making the chunks
-	// durable finish after the guest went on).
+	// into the blob store (cutting, hashing and making the chunks durable
+	// come after the guest went on).
 	Paused time.Duration
 	// Cut says how the state was cut into chunks: "by guest address (N
 	// pages)", or fixed-size and why.
@@ -385,3 +411,4 @@ func (p *Provider) CollectBlobs(ctx context.Context) (int, int64, error) {
 	}
 	return p.cas.GC(ctx, live)
 }
+

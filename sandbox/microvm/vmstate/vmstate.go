@@ -70,6 +70,11 @@ const (
 // concurrent use.
 type Splitter struct {
 	r *bufio.Reader
+	// data is the whole stream when it is in memory (NewBytesSplitter;
+	// r is nil then): chunks are slices of it, pos is how far it was
+	// read, start where the current chunk began.
+	data       []byte
+	pos, start int
 	// cur is the chunk being assembled; it is handed out by Next.
 	cur []byte
 	// out holds a finished chunk waiting to be handed out, when a cut
@@ -93,6 +98,13 @@ type Splitter struct {
 // NewSplitter returns a Splitter reading the stream from r.
 func NewSplitter(r io.Reader) *Splitter {
 	return &Splitter{r: bufio.NewReaderSize(r, 256<<10), blocks: map[string]uint64{}, group: -1}
+}
+
+// NewBytesSplitter returns a Splitter over a whole stream in memory (a
+// mapped file, say). It copies nothing: every chunk is a slice of data,
+// which must not change while the chunks are in use.
+func NewBytesSplitter(data []byte) *Splitter {
+	return &Splitter{data: data, cur: data[:0], blocks: map[string]uint64{}, group: -1}
 }
 
 // Parsed reports whether the stream's RAM part was understood (every
@@ -130,7 +142,12 @@ func (s *Splitter) emit() {
 		return
 	}
 	s.out = append(s.out, s.cur)
-	s.cur = make([]byte, 0, GroupBytes+GroupBytes/64)
+	if s.r == nil {
+		s.start = s.pos
+		s.cur = s.data[s.pos:s.pos]
+	} else {
+		s.cur = make([]byte, 0, GroupBytes+GroupBytes/64)
+	}
 	s.framing = false
 }
 
@@ -164,6 +181,15 @@ func (s *Splitter) readOpaque() {
 		s.emit()
 		return
 	}
+	if s.r == nil {
+		n := min(OpaqueChunk, len(s.data)-s.pos)
+		s.take(n)
+		s.emit()
+		if s.pos == len(s.data) {
+			s.err = io.EOF
+		}
+		return
+	}
 	buf := make([]byte, OpaqueChunk)
 	n, err := io.ReadFull(s.r, buf)
 	if n > 0 {
@@ -178,8 +204,11 @@ func (s *Splitter) setErr(err error) {
 		return
 	}
 	// What a Peek saw before the end is part of the stream too.
-	if n := s.r.Buffered(); n > 0 {
-		b, _ := s.r.Peek(n)
+	if s.r == nil {
+		s.pos = len(s.data)
+		s.cur = s.data[s.start:s.pos]
+	} else if n := s.r.Buffered(); n > 0 {
+		b, _ := s.peek(n)
 		s.cur = append(s.cur, b...)
 		_, _ = s.r.Discard(n)
 	}
@@ -192,8 +221,28 @@ func (s *Splitter) setErr(err error) {
 	}
 }
 
+// peek returns the next n bytes without reading them.
+func (s *Splitter) peek(n int) ([]byte, error) {
+	if s.r != nil {
+		return s.r.Peek(n)
+	}
+	if s.pos+n > len(s.data) {
+		return s.data[s.pos:], io.EOF
+	}
+	return s.data[s.pos : s.pos+n], nil
+}
+
 // take reads n bytes into the current chunk and returns them.
 func (s *Splitter) take(n int) ([]byte, bool) {
+	if s.r == nil {
+		if s.pos+n > len(s.data) {
+			s.setErr(io.ErrUnexpectedEOF)
+			return nil, false
+		}
+		s.pos += n
+		s.cur = s.data[s.start:s.pos]
+		return s.data[s.pos-n : s.pos], true
+	}
 	at := len(s.cur)
 	if cap(s.cur)-at < n {
 		c := make([]byte, at, 2*cap(s.cur)+n)
@@ -258,7 +307,7 @@ func (s *Splitter) header() {
 		s.fail(fmt.Sprintf("not a QEMU migration stream of version %d (magic %#x, version %d)", fileVersion, magic, ver))
 		return
 	}
-	t, err := s.r.Peek(1)
+	t, err := s.peek(1)
 	if err != nil {
 		s.setErr(err)
 		return
@@ -276,7 +325,7 @@ func (s *Splitter) header() {
 		if _, ok := s.take(int(n)); !ok {
 			return
 		}
-		if t, err := s.r.Peek(1); err == nil && t[0] == subsection {
+		if t, err := s.peek(1); err == nil && t[0] == subsection {
 			s.fail("configuration subsections")
 			return
 		}
@@ -286,14 +335,14 @@ func (s *Splitter) header() {
 
 // section reads a section header; only the RAM section's are parsed on.
 func (s *Splitter) section() {
-	b, err := s.r.Peek(1)
+	b, err := s.peek(1)
 	if err != nil {
 		s.setErr(err)
 		return
 	}
 	switch b[0] {
 	case secStart:
-		hdr, err := s.r.Peek(6)
+		hdr, err := s.peek(6)
 		if err != nil {
 			s.setErr(err)
 			return
@@ -302,7 +351,7 @@ func (s *Splitter) section() {
 			s.fail(reasonDevices)
 			return
 		}
-		full, err := s.r.Peek(6 + 3)
+		full, err := s.peek(6 + 3)
 		if err != nil {
 			s.setErr(err)
 			return
@@ -321,7 +370,7 @@ func (s *Splitter) section() {
 		}
 		s.ramID, s.haveRAM = id, true
 	case secPart, secEnd:
-		hdr, err := s.r.Peek(5)
+		hdr, err := s.peek(5)
 		if err != nil {
 			s.setErr(err)
 			return
@@ -344,7 +393,7 @@ func (s *Splitter) section() {
 // record reads one RAM record, cutting before it when it starts a new
 // group of pages.
 func (s *Splitter) record() {
-	hdr, err := s.r.Peek(8)
+	hdr, err := s.peek(8)
 	if err != nil {
 		s.setErr(err)
 		return
@@ -355,12 +404,12 @@ func (s *Splitter) record() {
 	case flagZero, flagPage:
 		name := s.curBlock
 		if flags&flagCont == 0 {
-			n, err := s.r.Peek(9)
+			n, err := s.peek(9)
 			if err != nil {
 				s.setErr(err)
 				return
 			}
-			idb, err := s.r.Peek(9 + int(n[8]))
+			idb, err := s.peek(9 + int(n[8]))
 			if err != nil {
 				s.setErr(err)
 				return
@@ -423,7 +472,7 @@ func (s *Splitter) record() {
 			s.emit()
 		}
 		s.take(8)
-		if t, err := s.r.Peek(1); err == nil && t[0] == secFooter {
+		if t, err := s.peek(1); err == nil && t[0] == secFooter {
 			s.take(5)
 		}
 		s.framing = true

@@ -127,18 +127,37 @@ func (g *guest) stream(breaks []int, devices []byte) []byte {
 	return b.Bytes()
 }
 
+// split cuts data with a Splitter reading it and with one over it in
+// memory, checks that both cut alike, and returns the first's chunks.
 func split(t testing.TB, data []byte) ([][]byte, *Splitter) {
-	s := NewSplitter(bytes.NewReader(data))
-	var out [][]byte
-	for {
-		c, err := s.Next()
-		if errors.Is(err, io.EOF) {
-			break
+	t.Helper()
+	all := func(s *Splitter) [][]byte {
+		var out [][]byte
+		for {
+			c, err := s.Next()
+			if errors.Is(err, io.EOF) {
+				return out
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, c)
 		}
-		if err != nil {
-			t.Fatal(err)
+	}
+	s, m := NewSplitter(bytes.NewReader(data)), NewBytesSplitter(data)
+	out, outm := all(s), all(m)
+	if len(out) != len(outm) {
+		t.Fatalf("read, the stream is cut in %d chunks; in memory, in %d", len(out), len(outm))
+	}
+	for i := range out {
+		if !bytes.Equal(out[i], outm[i]) {
+			t.Fatalf("chunk %d differs: %d bytes read, %d in memory", i, len(out[i]), len(outm[i]))
 		}
-		out = append(out, c)
+	}
+	ok, why, pages := s.Parsed()
+	okm, whym, pagesm := m.Parsed()
+	if ok != okm || why != whym || pages != pagesm {
+		t.Fatalf("Parsed: read %v %q %d, in memory %v %q %d", ok, why, pages, okm, whym, pagesm)
 	}
 	return out, s
 }

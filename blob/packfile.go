@@ -21,9 +21,10 @@ type PackFiler interface {
 }
 
 // PackFile is a file being written in place as a pack. Its producer
-// writes the content through File; the caller then names each blob in it
-// with Keep and each stretch it does not need with Drop (from any number
-// of goroutines), may add blobs after the content with Append, and makes
+// writes the content through File; the caller names each blob in it with
+// Keep and each stretch it does not need with Drop (from any number of
+// goroutines, while the producer is still writing if it likes), may add
+// blobs after the content with Append, and makes
 // the kept blobs durable and visible with Commit, or forgets it all with
 // Abort.
 type PackFile interface {
@@ -35,14 +36,10 @@ type PackFile interface {
 	// was first kept; the second stretch is dropped.
 	Keep(key string, off, size int64) error
 	// Drop releases, at Commit, the whole file-system blocks inside [off,
-	// off+size): bytes no blob needs (a blob stored before, say) then take
-	// no space, and most are never written to disk.
+	// off+size) (adjacent dropped stretches taken as one): bytes no blob
+	// needs (a blob stored before, say) then take no space, and most are
+	// never written to disk.
 	Drop(off, size int64) error
-	// WriteBack starts writing back to disk what the producer has written
-	// so far and WriteBack has not started yet: called while the producer
-	// writes, the disk works alongside it. Worth it only when most of the
-	// content will be kept (Drop releases blocks already written too).
-	WriteBack() error
 	// Append writes data after everything in the file and keeps it as the
 	// blob key.
 	Append(key string, data []byte) error
@@ -73,7 +70,6 @@ func (d *Dir) NewPackFile() (PackFile, error) {
 type packFile struct {
 	b     *packBatch
 	drops [][2]int64 // stretches to release, [start, end)
-	wb    int64      // how far WriteBack has started the write-back
 	end   int64      // past the last byte Append wrote; 0 before the first
 	done  bool
 }
@@ -148,21 +144,6 @@ func (p *packFile) release() error {
 	}
 	p.drops = nil
 	return nil
-}
-
-func (p *packFile) WriteBack() error {
-	fi, err := p.b.f.Stat()
-	if err != nil {
-		return err
-	}
-	p.b.mu.Lock()
-	from := p.wb
-	p.wb = max(p.wb, fi.Size())
-	p.b.mu.Unlock()
-	if fi.Size() <= from {
-		return nil
-	}
-	return unix.SyncFileRange(int(p.b.f.Fd()), from, fi.Size()-from, unix.SYNC_FILE_RANGE_WRITE)
 }
 
 func (p *packFile) Append(key string, data []byte) error {

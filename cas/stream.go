@@ -32,19 +32,23 @@ type Staged struct {
 	done  bool
 }
 
-// StageFile stores a stream its producer wrote straight into pf, a pack
+// StageFile stores a stream its producer writes straight into pf, a pack
 // file of this Store's blob store, as the content of a tree holding one
 // regular file named file (mode 0600), ready for CatFile and Restore like
 // any snapshot. The stream's bytes are not copied again: ch cuts the
-// file's content, read from its start, and the Store's workers hash the
-// chunks while ch reads on, up to streamAhead chunks ahead of them. A chunk not stored yet is kept where it lies in the file (its
-// write-back starts at once); the bytes of one already stored, or already
-// kept earlier in the file, are dropped and take no space. Commit appends
-// the manifest to pf and commits it; Abort, or a failure here, aborts
-// it. Nothing is durable or visible before Commit. Stats.Bytes and
-// ReadBytes are the stream's length; Stats.NewBytes
-// counts the kept chunks (and the manifest), not the whole blocks a
-// dropped stretch shares with its neighbours, which stay allocated.
+// file's content from its start (while the producer is still writing,
+// if ch waits for the bytes it needs), and the Store's workers hash the
+// chunks while ch reads on, up to streamAhead chunks ahead of them.
+// StageFile has stopped calling ch when it returns, whatever the outcome.
+//
+// A chunk not stored yet is kept where it lies in the file (its
+// write-back starts at once); the bytes of one already stored, or kept
+// earlier in the file, are dropped and take no space. Commit appends the
+// manifest to pf and commits it; Abort, or a failure here, aborts it.
+// Nothing is durable or visible before Commit. Stats.Bytes and ReadBytes
+// are the stream's length; Stats.NewBytes counts the kept chunks (and the
+// manifest), not the part-blocks a dropped stretch shares with its
+// neighbours, which stay allocated.
 func (s *Store) StageFile(ctx context.Context, file string, pf blob.PackFile, ch Chunker) (*Staged, error) {
 	sn := &snapshotter{s: s, claimed: map[string]bool{}}
 	st := &Staged{sn: sn, pf: pf, start: time.Now()}
@@ -99,8 +103,10 @@ func (st *Staged) stage(ctx context.Context, file string, ch Chunker, store func
 		n    int64
 	)
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the read-ahead, should the workers fail
-	next := readAhead(ctx, ch, streamAhead)
+	next, wait := readAhead(ctx, ch, streamAhead)
+	// The read-ahead ends, should the workers fail, before this returns:
+	// the caller may free what ch reads as soon as it does.
+	defer func() { cancel(); wait() }()
 	err := fanOut(ctx, s.workers,
 		func(ctx context.Context, jobs chan job) error {
 			for {
@@ -157,15 +163,17 @@ func (st *Staged) stage(ctx context.Context, file string, ch Chunker, store func
 const streamAhead = 4096
 
 // readAhead reads ch in a goroutine of its own, up to n chunks ahead of
-// the returned function's caller; it stops at the end of the stream, at
-// an error, or when ctx ends.
-func readAhead(ctx context.Context, ch Chunker, n int) func() ([]byte, error) {
+// the returned next's caller; it stops at the end of the stream, at an
+// error, or when ctx ends. wait returns once it has stopped calling ch.
+func readAhead(ctx context.Context, ch Chunker, n int) (next func() ([]byte, error), wait func()) {
 	type item struct {
 		b   []byte
 		err error
 	}
 	q := make(chan item, n)
+	stopped := make(chan struct{})
 	go func() {
+		defer close(stopped)
 		defer close(q)
 		for {
 			b, err := ch.Next()
@@ -179,7 +187,7 @@ func readAhead(ctx context.Context, ch Chunker, n int) func() ([]byte, error) {
 			}
 		}
 	}()
-	return func() ([]byte, error) {
+	next = func() ([]byte, error) {
 		select {
 		case it, ok := <-q:
 			if !ok {
@@ -190,7 +198,11 @@ func readAhead(ctx context.Context, ch Chunker, n int) func() ([]byte, error) {
 			return nil, ctx.Err()
 		}
 	}
+	return next, func() { <-stopped }
 }
+
+// Bytes is the length of the staged stream.
+func (st *Staged) Bytes() int64 { return st.sn.st.Bytes }
 
 // Commit stores the manifest and makes it and every chunk durable (and
 // visible) at once; it returns the snapshot's id.

@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"stasis/atomicfile"
-	"stasis/blob"
 	"stasis/cas"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
@@ -94,11 +93,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		return sandbox.SnapshotInfo{}, err
 	}
 	defer unlockBlobs()
-	// A VM with no state in the store yet (its first snapshot) shares
-	// little with what is stored: its state is written back to disk while
-	// QEMU writes it. Later ones are mostly dropped, so only what they
-	// keep is written.
-	staged, sv, err := p.save(ctx, id, m.LastManifest == "")
+	staged, sv, err := p.save(ctx, id, m.VM.MemMiB)
 	if err != nil {
 		if _, err2 := p.running("snapshot", m); err2 != nil {
 			return sandbox.SnapshotInfo{}, err2
@@ -139,15 +134,16 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	return s.info(), nil
 }
 
-// save stops the VM, has QEMU migrate its state straight into a new pack
-// file of the blob store, continues the VM once the migration has
-// completed, and then stages the file: it is cut by guest address
+// save stops the VM and has QEMU migrate its state straight into a new
+// pack file of the blob store, which is staged as QEMU writes it: read
+// through a mapping of the file, cut by guest address
 // (vmstate.Splitter) and hashed on every core, each chunk not stored yet
-// is kept where QEMU wrote it (its write-back starting at once), and the
-// bytes of the others are released. The state's bytes are written once,
-// by QEMU, and never pass through this process on their way to disk. A
-// migration that does not complete stages nothing.
-func (p *Provider) save(ctx context.Context, id string, writeBehind bool) (*cas.Staged, SaveInfo, error) {
+// kept where QEMU wrote it (its write-back starting at once), the bytes
+// of the others released. The guest goes on once the migration has
+// completed; save returns when the last chunk is staged. The state's
+// bytes are written once, by QEMU, and never pass through this process on
+// their way to disk. A migration that does not complete stages nothing.
+func (p *Provider) save(ctx context.Context, id string, memMiB int) (*cas.Staged, SaveInfo, error) {
 	var sv SaveInfo
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	mon, err := monitor(mctx, qmpPath(id))
@@ -165,60 +161,76 @@ func (p *Provider) save(ctx context.Context, id string, writeBehind bool) (*cas.
 	if err != nil {
 		return nil, sv, err
 	}
-	staged := false
-	defer func() {
-		if !staged {
-			pf.Abort()
-		}
+	// The mapping spans the most the state can take: the guest's memory,
+	// an 8-byte header per page, the device state and room to spare.
+	mem := int64(memMiB) << 20
+	limit := mem + mem/256 + 64<<20
+	data, err := unix.Mmap(int(pf.File().Fd()), 0, int(limit), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		pf.Abort()
+		return nil, sv, fmt.Errorf("map the state file: %w", err)
+	}
+	// Staging runs from here on, waiting for the bytes it needs as QEMU
+	// writes them; from here on it owns pf (StageFile aborts it should it
+	// fail) and the mapping outlives it.
+	defer unix.Munmap(data)
+	w := &written{f: pf.File(), limit: limit, done: make(chan struct{})}
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	w.ctx = sctx
+	sp := vmstate.NewGrowingSplitter(data, w.avail)
+	type result struct {
+		st  *cas.Staged
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		st, err := p.cas.StageFile(sctx, stateFile, pf, sp)
+		res <- result{st, err}
 	}()
+	fail := func(err error) (*cas.Staged, SaveInfo, error) {
+		w.end()
+		scancel()
+		if r := <-res; r.st != nil {
+			r.st.Abort()
+		} else if r.err != nil && !errors.Is(r.err, context.Canceled) {
+			err = fmt.Errorf("%w (staging the state: %v)", err, r.err)
+		}
+		return nil, sv, err
+	}
 	start := time.Now()
 	if err := qmpRun(mon, "stop", nil, nil); err != nil {
-		return nil, sv, err
+		return fail(err)
 	}
 	defer func() { _ = qmpRun(mon, "cont", nil, nil) }()
 	// QEMU writes the state straight into the pack file, a copy of whose
 	// descriptor it is handed.
 	if err := qmpRunFD(mon, "getfd", map[string]any{"fdname": "state"}, nil, pf.File()); err != nil {
-		return nil, sv, err
+		return fail(err)
 	}
 	if err := qmpRun(mon, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
 		_ = qmpRun(mon, "closefd", map[string]any{"fdname": "state"}, nil) // QEMU's copy of the file
-		return nil, sv, err
+		return fail(err)
 	}
-	stopWB := func() {}
-	if writeBehind {
-		stopWB = writeBackWhile(pf)
+	if _, err := waitMigration(ctx, mon); err != nil {
+		return fail(err)
 	}
-	_, err = waitMigration(ctx, mon)
-	stopWB()
-	if err != nil {
-		return nil, sv, err
-	}
-	// QEMU has written the whole state; the guest goes on while it is
-	// cut, hashed and made durable.
+	w.end() // QEMU has written the whole state
+	// The guest goes on while the last chunks are staged.
 	if err := qmpRun(mon, "cont", nil, nil); err != nil {
-		return nil, sv, err
+		return fail(err)
 	}
 	sv.Paused = time.Since(start)
+	r := <-res
+	if r.err != nil {
+		return nil, sv, r.err
+	}
 	fi, err := pf.File().Stat()
-	if err != nil {
-		return nil, sv, err
+	if err == nil && (fi.Size() != r.st.Bytes() || fi.Size() == 0) {
+		err = fmt.Errorf("QEMU wrote %d bytes of state and %d were staged (at most %d fit the mapping)", fi.Size(), r.st.Bytes(), limit)
 	}
-	if fi.Size() == 0 {
-		return nil, sv, errors.New("QEMU reported the migration completed but wrote nothing")
-	}
-	// The state is read where QEMU left it, in the page cache, through a
-	// mapping: it is cut, hashed and released without a copy. (Populating
-	// the mapping up front cost more than the cutter's faults.)
-	data, err := unix.Mmap(int(pf.File().Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		return nil, sv, fmt.Errorf("map the saved state: %w", err)
-	}
-	defer unix.Munmap(data)
-	sp := vmstate.NewBytesSplitter(data)
-	staged = true // StageFile aborts pf should it fail
-	st, err := p.cas.StageFile(ctx, stateFile, pf, sp)
-	if err != nil {
+		r.st.Abort()
 		return nil, sv, err
 	}
 	ok, why, pages := sp.Parsed()
@@ -228,31 +240,45 @@ func (p *Provider) save(ctx context.Context, id string, writeBehind bool) (*cas.
 		sv.Cut = "fixed-size, after " + strconv.FormatInt(pages, 10) + " pages: " + why
 		slog.Warn("the migration stream was not understood; it is stored in fixed-size chunks, which deduplicate poorly", "sandbox", id, "why", why, "pages", pages)
 	}
-	return st, sv, nil
+	return r.st, sv, nil
 }
 
-// writeBackWhile starts the write-back of what QEMU writes into pf every
-// few milliseconds, until the returned function is called (which returns
-// once the last round is over).
-func writeBackWhile(pf blob.PackFile) (stop func()) {
-	done, over := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(over)
-		t := time.NewTicker(5 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if err := pf.WriteBack(); err != nil {
-					slog.Debug("write-back of a state being saved", "err", err)
-					return // Commit's fsync writes it all anyway
-				}
-			}
+// written tells a growing Splitter how much of the state file QEMU has
+// written: it polls the file's size until there is enough, QEMU is done,
+// or staging is cancelled.
+type written struct {
+	f     *os.File
+	limit int64
+	ctx   context.Context
+	done  chan struct{}
+	once  sync.Once
+}
+
+// end says QEMU writes no more.
+func (w *written) end() { w.once.Do(func() { close(w.done) }) }
+
+func (w *written) size() int {
+	fi, err := w.f.Stat()
+	if err != nil {
+		return 0
+	}
+	return int(min(fi.Size(), w.limit))
+}
+
+func (w *written) avail(need int) int {
+	for {
+		n := w.size()
+		if n >= need || n >= int(w.limit) {
+			return n
 		}
-	}()
-	return func() { close(done); <-over }
+		select {
+		case <-w.done:
+			return w.size()
+		case <-w.ctx.Done():
+			return n
+		case <-time.After(500 * time.Microsecond): // QEMU writes about a megabyte meanwhile
+		}
+	}
 }
 
 // SaveInfo is how a snapshot was saved.

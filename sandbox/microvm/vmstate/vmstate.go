@@ -70,11 +70,13 @@ const (
 // concurrent use.
 type Splitter struct {
 	r *bufio.Reader
-	// data is the whole stream when it is in memory (NewBytesSplitter;
-	// r is nil then): chunks are slices of it, pos is how far it was
-	// read, start where the current chunk began.
-	data       []byte
-	pos, start int
+	// data is the stream when it is in memory (NewBytesSplitter,
+	// NewGrowingSplitter; r is nil then): chunks are slices of it, pos is
+	// how far it was read, start where the current chunk began, avail
+	// how much of it is written (grow says more, when it is growing).
+	data              []byte
+	pos, start, avail int
+	grow              func(need int) int
 	// cur is the chunk being assembled; it is handed out by Next.
 	cur []byte
 	// out holds a finished chunk waiting to be handed out, when a cut
@@ -104,7 +106,25 @@ func NewSplitter(r io.Reader) *Splitter {
 // mapped file, say). It copies nothing: every chunk is a slice of data,
 // which must not change while the chunks are in use.
 func NewBytesSplitter(data []byte) *Splitter {
-	return &Splitter{data: data, cur: data[:0], blocks: map[string]uint64{}, group: -1}
+	return &Splitter{data: data, avail: len(data), cur: data[:0], blocks: map[string]uint64{}, group: -1}
+}
+
+// NewGrowingSplitter returns a Splitter over a stream still being written
+// into data (a mapping of the file its producer writes, say), copying
+// nothing, as NewBytesSplitter does. avail(need) returns how many bytes
+// at the start of data are written, once at least need are or once no
+// more will come; the Splitter reads no further.
+func NewGrowingSplitter(data []byte, avail func(need int) int) *Splitter {
+	return &Splitter{data: data, grow: avail, cur: data[:0], blocks: map[string]uint64{}, group: -1}
+}
+
+// ensure reports whether the first need bytes of an in-memory stream are
+// there, waiting for them if it grows.
+func (s *Splitter) ensure(need int) bool {
+	if need > s.avail && s.grow != nil {
+		s.avail = min(max(s.grow(need), s.avail), len(s.data))
+	}
+	return need <= s.avail
 }
 
 // Parsed reports whether the stream's RAM part was understood (every
@@ -182,10 +202,10 @@ func (s *Splitter) readOpaque() {
 		return
 	}
 	if s.r == nil {
-		n := min(OpaqueChunk, len(s.data)-s.pos)
-		s.take(n)
+		whole := s.ensure(s.pos + OpaqueChunk)
+		s.take(min(OpaqueChunk, s.avail-s.pos))
 		s.emit()
-		if s.pos == len(s.data) {
+		if !whole {
 			s.err = io.EOF
 		}
 		return
@@ -205,7 +225,7 @@ func (s *Splitter) setErr(err error) {
 	}
 	// What a Peek saw before the end is part of the stream too.
 	if s.r == nil {
-		s.pos = len(s.data)
+		s.pos = s.avail
 		s.cur = s.data[s.start:s.pos]
 	} else if n := s.r.Buffered(); n > 0 {
 		b, _ := s.peek(n)
@@ -226,8 +246,8 @@ func (s *Splitter) peek(n int) ([]byte, error) {
 	if s.r != nil {
 		return s.r.Peek(n)
 	}
-	if s.pos+n > len(s.data) {
-		return s.data[s.pos:], io.EOF
+	if !s.ensure(s.pos + n) {
+		return s.data[s.pos:s.avail], io.EOF
 	}
 	return s.data[s.pos : s.pos+n], nil
 }
@@ -235,7 +255,7 @@ func (s *Splitter) peek(n int) ([]byte, error) {
 // take reads n bytes into the current chunk and returns them.
 func (s *Splitter) take(n int) ([]byte, bool) {
 	if s.r == nil {
-		if s.pos+n > len(s.data) {
+		if !s.ensure(s.pos + n) {
 			s.setErr(io.ErrUnexpectedEOF)
 			return nil, false
 		}

@@ -127,8 +127,9 @@ func (g *guest) stream(breaks []int, devices []byte) []byte {
 	return b.Bytes()
 }
 
-// split cuts data with a Splitter reading it and with one over it in
-// memory, checks that both cut alike, and returns the first's chunks.
+// split cuts data with a Splitter reading it and with ones over it in
+// memory, whole or growing, checks that all cut alike, and returns the
+// first's chunks.
 func split(t testing.TB, data []byte) ([][]byte, *Splitter) {
 	t.Helper()
 	all := func(s *Splitter) [][]byte {
@@ -144,20 +145,38 @@ func split(t testing.TB, data []byte) ([][]byte, *Splitter) {
 			out = append(out, c)
 		}
 	}
-	s, m := NewSplitter(bytes.NewReader(data)), NewBytesSplitter(data)
-	out, outm := all(s), all(m)
-	if len(out) != len(outm) {
-		t.Fatalf("read, the stream is cut in %d chunks; in memory, in %d", len(out), len(outm))
-	}
-	for i := range out {
-		if !bytes.Equal(out[i], outm[i]) {
-			t.Fatalf("chunk %d differs: %d bytes read, %d in memory", i, len(out[i]), len(outm[i]))
+	// A producer that has written just what the Splitter waits for, and
+	// one that writes odd amounts ahead of it.
+	var written int
+	exact := func(need int) int { written = max(written, min(need, len(data))); return written }
+	var ahead int
+	odd := func(need int) int {
+		for ahead < need && ahead < len(data) {
+			ahead = min(len(data), ahead+1+(ahead*7919)%4099)
 		}
+		return ahead
 	}
+	s := NewSplitter(bytes.NewReader(data))
+	out := all(s)
 	ok, why, pages := s.Parsed()
-	okm, whym, pagesm := m.Parsed()
-	if ok != okm || why != whym || pages != pagesm {
-		t.Fatalf("Parsed: read %v %q %d, in memory %v %q %d", ok, why, pages, okm, whym, pagesm)
+	for name, m := range map[string]*Splitter{
+		"in memory":            NewBytesSplitter(data),
+		"growing, exactly":     NewGrowingSplitter(data, exact),
+		"growing, odd amounts": NewGrowingSplitter(data, odd),
+	} {
+		outm := all(m)
+		if len(out) != len(outm) {
+			t.Fatalf("read, the stream is cut in %d chunks; %s, in %d", len(out), name, len(outm))
+		}
+		for i := range out {
+			if !bytes.Equal(out[i], outm[i]) {
+				t.Fatalf("chunk %d differs: %d bytes read, %d %s", i, len(out[i]), len(outm[i]), name)
+			}
+		}
+		okm, whym, pagesm := m.Parsed()
+		if ok != okm || why != whym || pages != pagesm {
+			t.Fatalf("Parsed: read %v %q %d, %s %v %q %d", ok, why, pages, name, okm, whym, pagesm)
+		}
 	}
 	return out, s
 }

@@ -39,8 +39,9 @@ type MicroVMRow struct {
 	StateBytes     int64 `json:"state_bytes"`
 	NewBytes       int64 `json:"new_bytes"`
 	SecondNewBytes int64 `json:"second_new_bytes"`
-	// Snapshot: stop, the migration streamed into the store (cut,
-	// hashed, staged), continue, made durable; the median of 3 first
+	// Snapshot: stop, the migration written into a pack file of the
+	// store and staged as it is written (cut, hashed), continue, made
+	// durable; the median of 3 first
 	// snapshots of 3 VMs. Paused: how long the guest was stopped.
 	// DDWrite: dd writing NewBytes to a file in the state directory with
 	// conv=fsync, right after each snapshot; SnapshotOverDD the median

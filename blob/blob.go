@@ -2,9 +2,12 @@
 // under content keys (the lowercase hex of a 32-byte blake3 hash). Store is
 // the small interface the rest of stasis consumes (the content-addressed
 // tree store in package cas is its first user); Dir is the directory
-// implementation, the default on one host. A store does not hash what it
-// is given: the key is the caller's claim, and readers verify (package cas
-// checks every blob it reads).
+// implementation, the default on one host, which keeps each batch of blobs
+// as one pack file and its index (Batcher), takes a file written in place
+// by someone else as a pack (PackFiler), and deletes many blobs a pack at
+// a time (BulkDeleter). A store does not hash what it is given: the key is
+// the caller's claim, and readers verify (package cas checks every blob it
+// reads).
 package blob
 
 import (

@@ -1,9 +1,10 @@
 // Package cas owns the content-addressed tree store behind the local
 // provider's file-only snapshots: it stores a directory tree (a sandbox's
 // writable tree) in a blob.Store, deduplicated across snapshots and trees,
-// and materialises it again for forks. It also stores a stream as a
-// one-file tree, cut where the caller's Chunker says (StageStream: the
-// microVM provider's saved states), and streams a file back (CatFile).
+// and materialises it again for forks. It also stores a stream written in
+// place into a blob store's pack file as a one-file tree, cut where the
+// caller's Chunker says (StageFile: the microVM provider's saved states),
+// and streams a file back (CatFile).
 //
 // A snapshot is a manifest plus chunks. Every regular file is cut into
 // chunks, each stored as one blob whose key is the blake3-256 hash of its

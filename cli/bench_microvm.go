@@ -27,9 +27,10 @@ afterwards), fills --fill of its memory with random data in its RAM file
 system, and measures:
 
   cold boot    create to the end of the first exec
-  snapshot     the first snapshot of the VM: stop, QEMU's migration streamed
-               into the content-addressed store (cut by guest address,
-               hashed, deduplicated), continue, made durable; beside dd
+  snapshot     the first snapshot of the VM: stop, QEMU's migration written
+               into a pack file of the content-addressed store and staged
+               as it is written (cut by guest address, hashed,
+               deduplicated), continue, made durable; beside dd
                writing as many bytes as it stored, with conv=fsync, on the
                same file system, right after it. PAUSED is how long the
                guest was stopped.

@@ -202,16 +202,6 @@ type pack struct {
 	deadB   int64 // dead entries' bytes
 }
 
-func (p *pack) live() []packEntry {
-	var out []packEntry
-	for _, e := range p.entries {
-		if !p.dead[e.key] {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // loc is where a live blob is; next chains the rare other packs that hold
 // the same blob (a compaction's copy before its original is gone, or a
 // blob two processes stored at once).

@@ -93,7 +93,8 @@ type Store struct {
 	workers int           // files chunked, hashed and stored (or restored) at once
 	racy    time.Duration // see racyWindow; tests set it
 	// minChunk and avgBits set the chunker's cuts (zero: its defaults,
-	// 512 KiB minimum and 1 MiB on average); see SetChunking.
+	// 512 KiB minimum and 1 MiB on average). Tests set them to cut small
+	// files into many chunks; restores read any chunking.
 	minChunk uint
 	avgBits  int
 
@@ -113,15 +114,6 @@ const workers = 8
 // New returns a tree store keeping its blobs in b.
 func New(b blob.Store) *Store {
 	return &Store{blobs: b, workers: workers, racy: racyWindow(), complete: map[string]bool{}}
-}
-
-// SetChunking makes later snapshots cut chunks of at least min bytes and
-// 2^avgBits bytes on average (at most the chunker's 8 MiB). Smaller chunks
-// share more between files that differ in many scattered places, such as
-// two memory images of one VM, at the cost of more blobs. Restores read
-// any chunking. Call it before the Store is used.
-func (s *Store) SetChunking(min uint, avgBits int) {
-	s.minChunk, s.avgBits = min, avgBits
 }
 
 func (s *Store) isComplete(id string) bool {

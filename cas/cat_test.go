@@ -14,7 +14,7 @@ import (
 // path that is not a regular file of the snapshot is ErrNotExist.
 func TestCatFile(t *testing.T) {
 	s, d := newDirStore(t)
-	s.SetChunking(16<<10, 14)
+	s.minChunk, s.avgBits = 16<<10, 14 // many small chunks
 	tree := t.TempDir()
 	manyFiles(t, tree, 30, 4)
 	want, err := os.ReadFile(filepath.Join(tree, "big.bin"))

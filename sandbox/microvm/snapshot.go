@@ -437,4 +437,3 @@ func (p *Provider) CollectBlobs(ctx context.Context) (int, int64, error) {
 	}
 	return p.cas.GC(ctx, live)
 }
-

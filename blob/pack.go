@@ -81,6 +81,11 @@ func encodeIndex(entries []packEntry) []byte {
 		b = binary.AppendUvarint(b, uint64(e.off))
 		b = binary.AppendUvarint(b, uint64(e.size))
 	}
+	return seal(b)
+}
+
+// seal appends the blake3-256 of b to it.
+func seal(b []byte) []byte {
 	sum := blake3.Sum256(b)
 	return append(b, sum[:]...)
 }
@@ -143,8 +148,7 @@ func encodeDead(keys []rawKey) []byte {
 	for _, k := range keys {
 		b = append(b, k[:]...)
 	}
-	sum := blake3.Sum256(b)
-	return append(b, sum[:]...)
+	return seal(b)
 }
 
 // decodeDead parses a dead list strictly (ascending keys, each once).

@@ -313,20 +313,10 @@ func (sn *snapshotter) storeFile(ctx context.Context, w *chunkWorker, abs string
 // put stores a blob unless this snapshot already did or the store has it,
 // counting what it writes.
 func (sn *snapshotter) put(ctx context.Context, key string, data []byte) error {
-	sn.mu.Lock()
-	if sn.claimed[key] {
-		sn.mu.Unlock()
-		return nil
-	}
-	sn.claimed[key] = true
-	sn.mu.Unlock()
-	has, err := sn.s.blobs.Has(ctx, key)
-	if err != nil {
+	if isNew, err := sn.claim(ctx, key); err != nil || !isNew {
 		return err
 	}
-	if has {
-		return nil
-	}
+	var err error
 	if sn.batch != nil {
 		err = sn.batch.Stage(ctx, key, data)
 	} else {
@@ -335,11 +325,30 @@ func (sn *snapshotter) put(ctx context.Context, key string, data []byte) error {
 	if err != nil {
 		return err
 	}
+	sn.stored(len(data))
+	return nil
+}
+
+// claim reports whether key is this snapshot's to store: neither claimed
+// by it before nor in the store already.
+func (sn *snapshotter) claim(ctx context.Context, key string) (bool, error) {
+	sn.mu.Lock()
+	if sn.claimed[key] {
+		sn.mu.Unlock()
+		return false, nil
+	}
+	sn.claimed[key] = true
+	sn.mu.Unlock()
+	has, err := sn.s.blobs.Has(ctx, key)
+	return !has && err == nil, err
+}
+
+// stored counts a new blob of n bytes.
+func (sn *snapshotter) stored(n int) {
 	sn.mu.Lock()
 	sn.st.NewBlobs++
-	sn.st.NewBytes += int64(len(data))
+	sn.st.NewBytes += int64(n)
 	sn.mu.Unlock()
-	return nil
 }
 
 // fdReader reads a file descriptor, retrying on EINTR.

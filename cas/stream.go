@@ -53,27 +53,17 @@ func (s *Store) StageFile(ctx context.Context, file string, pf blob.PackFile, ch
 	sn := &snapshotter{s: s, claimed: map[string]bool{}}
 	st := &Staged{sn: sn, pf: pf, start: time.Now()}
 	err := st.stage(ctx, file, ch, func(ctx context.Context, key string, off int64, data []byte) error {
-		sn.mu.Lock()
-		dup := sn.claimed[key]
-		sn.claimed[key] = true
-		sn.mu.Unlock()
-		if !dup {
-			has, err := s.blobs.Has(ctx, key)
-			if err != nil {
-				return err
-			}
-			dup = has
+		isNew, err := sn.claim(ctx, key)
+		if err != nil {
+			return err
 		}
-		if dup {
+		if !isNew {
 			return pf.Drop(off, int64(len(data)))
 		}
 		if err := pf.Keep(key, off, int64(len(data))); err != nil {
 			return err
 		}
-		sn.mu.Lock()
-		sn.st.NewBlobs++
-		sn.st.NewBytes += int64(len(data))
-		sn.mu.Unlock()
+		sn.stored(len(data))
 		return nil
 	})
 	if err != nil {
@@ -225,8 +215,7 @@ func (st *Staged) Commit(ctx context.Context) (string, Stats, error) {
 		st.abort()
 		return "", Stats{}, fmt.Errorf("commit stream: %w", err)
 	}
-	sn.st.NewBlobs++
-	sn.st.NewBytes += int64(len(b))
+	sn.stored(len(b))
 	sn.s.setComplete(id)
 	sn.st.Duration = time.Since(st.start)
 	return id, sn.st, nil

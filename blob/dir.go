@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -319,7 +320,7 @@ func (d *Dir) retire(ctx context.Context, p *pack, ks []rawKey) error {
 		}
 	}
 	dir := filepath.Join(d.path, packsDir)
-	if len(live) > 0 && 2*deadB <= p.bytes {
+	writeDead := func() error {
 		list := make([]rawKey, 0, len(dead))
 		for k := range dead {
 			list = append(list, k)
@@ -333,25 +334,17 @@ func (d *Dir) retire(ctx context.Context, p *pack, ks []rawKey) error {
 		}
 		return nil
 	}
+	if len(live) > 0 && 2*deadB <= p.bytes {
+		return writeDead()
+	}
 	if len(live) > 0 {
-		// Copy the live blobs into a new pack before the old one goes.
-		b := d.NewBatch()
-		for _, e := range live {
-			data, err := readAt(d.packPath(p.id), e.off, e.size)
-			if err == nil && int64(len(data)) != e.size {
-				err = fmt.Errorf("blob %s: the pack holds %d of its %d bytes", e.key, len(data), e.size)
-			}
-			if err == nil {
-				err = b.Stage(ctx, e.key.String(), data)
-			}
-			if err != nil {
-				b.Abort()
-				return fmt.Errorf("rewrite with its live blobs: %w", err)
-			}
-		}
-		if err := b.Commit(ctx); err != nil {
-			b.Abort()
-			return fmt.Errorf("rewrite with its live blobs: %w", err)
+		// Copy the live blobs into a new pack before the old one goes. A
+		// pack that cannot be read whole keeps its place (with a dead
+		// list): the blobs it holds fail their readers' checks, and the
+		// rest of the store is collected as usual.
+		if err := d.rewrite(ctx, p, live); err != nil {
+			slog.Warn("a pack more than half dead could not be rewritten; its dead blobs are listed instead", "pack", d.packPath(p.id), "err", err)
+			return writeDead()
 		}
 	}
 	// The index first: without it the pack is invisible, whatever is
@@ -365,6 +358,29 @@ func (d *Dir) retire(ctx context.Context, p *pack, ks []rawKey) error {
 	_ = os.Remove(filepath.Join(dir, p.id+packExt))
 	if p.gen > 0 {
 		_ = os.Remove(filepath.Join(dir, p.id+deadExt+strconv.Itoa(p.gen)))
+	}
+	return nil
+}
+
+// rewrite copies p's live blobs into a new pack.
+func (d *Dir) rewrite(ctx context.Context, p *pack, live []packEntry) error {
+	b := d.NewBatch()
+	for _, e := range live {
+		data, err := readAt(d.packPath(p.id), e.off, e.size)
+		if err == nil && int64(len(data)) != e.size {
+			err = fmt.Errorf("blob %s: the pack holds %d of its %d bytes", e.key, len(data), e.size)
+		}
+		if err == nil {
+			err = b.Stage(ctx, e.key.String(), data)
+		}
+		if err != nil {
+			b.Abort()
+			return err
+		}
+	}
+	if err := b.Commit(ctx); err != nil {
+		b.Abort()
+		return err
 	}
 	return nil
 }

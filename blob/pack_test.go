@@ -443,3 +443,52 @@ func TestConcurrentDeletesAndReads(t *testing.T) {
 		t.Fatalf("packs directory holds %v, want one pack, its index and at most a dead list", f)
 	}
 }
+
+// A pack that cannot be read whole when it is due for its rewrite keeps
+// its place with a dead list: the delete succeeds, the blobs it can still
+// serve are served.
+func TestDamagedPackIsNotRewritten(t *testing.T) {
+	ctx := context.Background()
+	d := newDir(t)
+	var keys []string
+	blobs := map[string][]byte{}
+	for i := 0; i < 4; i++ {
+		k, data := blobOf("dmg"+strconv.Itoa(i), 1000)
+		keys = append(keys, k)
+		blobs[k] = data
+	}
+	stage(t, d, blobs)
+	// Cut the pack short inside the blob that comes last in it.
+	var last, file string
+	var lastOff int64 = -1
+	for _, k := range keys {
+		f, off, _, err := d.Locate(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if off > lastOff {
+			last, lastOff, file = k, off, f
+		}
+	}
+	if err := os.Truncate(file, lastOff+500); err != nil {
+		t.Fatal(err)
+	}
+	var doomed []string
+	for _, k := range keys {
+		if k != last && len(doomed) < 3 {
+			doomed = append(doomed, k)
+		}
+	}
+	if err := d.DeleteKeys(ctx, doomed); err != nil {
+		t.Fatalf("delete from a damaged pack: %v", err)
+	}
+	if f := packFiles(t, d); len(f) != 3 || !strings.HasSuffix(f[0], deadExt+"1") {
+		t.Fatalf("packs directory holds %v, want the damaged pack with a dead list", f)
+	}
+	if got, err := d.Get(ctx, last); err != nil || len(got) != 500 {
+		t.Fatalf("the damaged blob reads %d bytes, %v; want the 500 there are", len(got), err)
+	}
+	if got := walkAll(t, d); len(got) != 1 {
+		t.Fatalf("Walk found %d blobs, want 1", len(got))
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -12,9 +13,8 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"stasis/atomicfile"
+	"stasis/internal/flock"
 )
 
 // Dir is a Store in a directory on the local file system. Blobs live in
@@ -272,7 +272,7 @@ func (d *Dir) DeleteKeys(ctx context.Context, keys []string) error {
 	}
 	d.delMu.Lock()
 	defer d.delMu.Unlock()
-	unlock, err := flock(filepath.Join(d.path, packLock))
+	unlock, err := flock.Lock(filepath.Join(d.path, packLock), true)
 	if err != nil {
 		return fmt.Errorf("delete blobs: %w", err)
 	}
@@ -364,11 +364,17 @@ func (d *Dir) retire(ctx context.Context, p *pack, ks []rawKey) error {
 
 // rewrite copies p's live blobs into a new pack.
 func (d *Dir) rewrite(ctx context.Context, p *pack, live []packEntry) error {
+	f, err := os.Open(d.packPath(p.id))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
 	b := d.NewBatch()
 	for _, e := range live {
-		data, err := readAt(d.packPath(p.id), e.off, e.size)
-		if err == nil && int64(len(data)) != e.size {
-			err = fmt.Errorf("blob %s: the pack holds %d of its %d bytes", e.key, len(data), e.size)
+		data := make([]byte, e.size)
+		n, err := f.ReadAt(data, e.off)
+		if err == io.EOF && int64(n) < e.size {
+			err = fmt.Errorf("blob %s: the pack holds %d of its %d bytes", e.key, n, e.size)
 		}
 		if err == nil {
 			err = b.Stage(ctx, e.key.String(), data)
@@ -383,26 +389,6 @@ func (d *Dir) rewrite(ctx context.Context, p *pack, live []packEntry) error {
 		return err
 	}
 	return nil
-}
-
-// flock takes an exclusive lock on path (created if missing) and returns
-// its release.
-func flock(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		return nil, &os.PathError{Op: "flock", Path: path, Err: err}
-	}
-	return func() { f.Close() }, nil
 }
 
 // Walk calls fn for every stored blob once: loose blobs fan-out directory

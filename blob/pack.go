@@ -19,6 +19,8 @@ import (
 
 	"github.com/zeebo/blake3"
 	"golang.org/x/sys/unix"
+
+	"stasis/internal/fsclock"
 )
 
 // Packs. A batch is committed as one pack: DIR/packs/ID.pack holds the
@@ -229,18 +231,7 @@ type packSet struct {
 }
 
 func newPackSet(dir string) *packSet {
-	return &packSet{dir: dir, racy: racyTick(), packs: map[string]*pack{}, keys: map[rawKey]*loc{}, bad: map[string]bool{}}
-}
-
-// racyTick is how close to a scan the directory's mtime may be for an
-// unchanged mtime to prove nothing changed since: two ticks of the
-// kernel's coarse clock, which file timestamps come from.
-func racyTick() time.Duration {
-	var ts unix.Timespec
-	if err := unix.ClockGetres(unix.CLOCK_REALTIME_COARSE, &ts); err != nil || ts.Nano() <= 0 {
-		return 20 * time.Millisecond
-	}
-	return 2 * time.Duration(ts.Nano())
+	return &packSet{dir: dir, racy: fsclock.RacyWindow(), packs: map[string]*pack{}, keys: map[rawKey]*loc{}, bad: map[string]bool{}}
 }
 
 // lookup returns where key lives, if in a pack.

@@ -54,9 +54,9 @@ import (
 
 	"github.com/restic/chunker"
 	"github.com/zeebo/blake3"
-	"golang.org/x/sys/unix"
 
 	"stasis/blob"
+	"stasis/internal/fsclock"
 )
 
 // ErrCorrupt is wrapped by every error about a chunk or a manifest whose
@@ -72,26 +72,12 @@ const polynomial = chunker.Pol(0x339ca55aadf609)
 // maxChunk bounds a chunk's size: the chunker's default maximum.
 const maxChunk = chunker.MaxSize
 
-// racyWindow is how close to the moment a file is read its ctime may be
-// for its stat to be trusted later: a file changed within that window may
-// change again within the same file-system timestamp tick without its stat
-// changing, so the next snapshot reads it again. File timestamps come from
-// the kernel's coarse clock, which advances a tick (1 to 10 ms) at a time;
-// the window is two of its ticks (20 ms if the tick cannot be read).
-func racyWindow() time.Duration {
-	var ts unix.Timespec
-	if err := unix.ClockGetres(unix.CLOCK_REALTIME_COARSE, &ts); err != nil || ts.Nano() <= 0 {
-		return 20 * time.Millisecond
-	}
-	return 2 * time.Duration(ts.Nano())
-}
-
 // Store is a content-addressed tree store over a blob.Store. It is safe
 // for concurrent use, except that GC must not run while a Snapshot does.
 type Store struct {
 	blobs   blob.Store
 	workers int           // files chunked, hashed and stored (or restored) at once
-	racy    time.Duration // see racyWindow; tests set it
+	racy    time.Duration // see fsclock.RacyWindow (applied to ctimes); tests set it
 	// minChunk and avgBits set the chunker's cuts (zero: its defaults,
 	// 512 KiB minimum and 1 MiB on average). Tests set them to cut small
 	// files into many chunks; restores read any chunking.
@@ -113,7 +99,7 @@ const workers = 8
 
 // New returns a tree store keeping its blobs in b.
 func New(b blob.Store) *Store {
-	return &Store{blobs: b, workers: workers, racy: racyWindow(), complete: map[string]bool{}}
+	return &Store{blobs: b, workers: workers, racy: fsclock.RacyWindow(), complete: map[string]bool{}}
 }
 
 func (s *Store) isComplete(id string) bool {

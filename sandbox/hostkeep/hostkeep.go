@@ -71,26 +71,6 @@ func KillAndWait(ids ...proc.Identity) {
 	}
 }
 
-// Flock takes an advisory lock on path (made if missing), shared or
-// exclusive, until the returned function is called: the blob store's lock
-// (shared while a snapshot adds or a fork reads blobs, exclusive while
-// garbage is collected), and a sandbox's snapshot lock.
-func Flock(path string, exclusive bool) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	how := unix.LOCK_SH
-	if exclusive {
-		how = unix.LOCK_EX
-	}
-	if err := unix.Flock(int(f.Fd()), how); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
-}
-
 // Signals are what a keeper listens to: SIGHUP (re-read the expiry),
 // SIGTERM and SIGINT (stop). Call it before starting the sandbox, so that
 // no signal is lost.

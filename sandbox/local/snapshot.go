@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"stasis/atomicfile"
+	"stasis/internal/flock"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
 )
@@ -58,7 +59,7 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 // blobLock takes the cross-process lock on the blob store: shared while a
 // snapshot adds blobs, exclusive while garbage is collected.
 func (p *Provider) blobLock(exclusive bool) (func(), error) {
-	return hostkeep.Flock(filepath.Join(p.o.Home, "blobs.lock"), exclusive)
+	return flock.Lock(filepath.Join(p.o.Home, "blobs.lock"), exclusive)
 }
 
 // Snapshot stores the sandbox's writable places (/work, $HOME, /tmp). It is

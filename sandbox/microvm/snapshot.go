@@ -17,6 +17,7 @@ import (
 
 	"stasis/atomicfile"
 	"stasis/cas"
+	"stasis/internal/flock"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
 	"stasis/sandbox/microvm/vmstate"
@@ -81,14 +82,14 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
-	unlock, err := hostkeep.Flock(filepath.Join(p.sbDir(id), lockFile), true)
+	unlock, err := flock.Lock(filepath.Join(p.sbDir(id), lockFile), true)
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
 	defer unlock()
 	// The shared lock keeps a garbage collection from taking chunks this
 	// snapshot finds already stored.
-	unlockBlobs, err := hostkeep.Flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
+	unlockBlobs, err := flock.Lock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
@@ -174,10 +175,9 @@ func (p *Provider) save(ctx context.Context, id string, memMiB int) (*cas.Staged
 	// writes them; from here on it owns pf (StageFile aborts it should it
 	// fail) and the mapping outlives it.
 	defer unix.Munmap(data)
-	w := &written{f: pf.File(), limit: limit, done: make(chan struct{})}
 	sctx, scancel := context.WithCancel(ctx)
 	defer scancel()
-	w.ctx = sctx
+	w := &written{f: pf.File(), limit: limit, ctx: sctx, done: make(chan struct{})}
 	sp := vmstate.NewGrowingSplitter(data, w.avail)
 	type result struct {
 		st  *cas.Staged
@@ -329,7 +329,7 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	// Each fork's QEMU streams the state out of the blob store (no file
 	// is written); the shared lock keeps a garbage collection from taking
 	// its chunks meanwhile.
-	unlockBlobs, err := hostkeep.Flock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
+	unlockBlobs, err := flock.Lock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
 	if err != nil {
 		return nil, err
 	}
@@ -410,7 +410,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
 // CollectBlobs deletes blobs that no snapshot and no sandbox's incremental
 // base references.
 func (p *Provider) CollectBlobs(ctx context.Context) (int, int64, error) {
-	unlock, err := hostkeep.Flock(filepath.Join(p.o.Home, "vmblobs.lock"), true)
+	unlock, err := flock.Lock(filepath.Join(p.o.Home, "vmblobs.lock"), true)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -2,10 +2,11 @@
 // sandbox (machine type microvm, the Debian cloud kernel, an initramfs of
 // busybox and a static stasis built by this package), whose root file
 // system lives in guest RAM, so that a memory snapshot holds files and
-// processes alike. A snapshot is a QEMU migration streamed into the cas
-// package's store as QEMU writes it, cut into chunks by guest address
-// (sandbox/microvm/vmstate), so that snapshots of one VM and forks of forks
-// share the pages that did not change; a fork starts new QEMU processes from a saved state, and the
+// processes alike. A snapshot is a QEMU migration written straight into a
+// pack file of the blob store and staged by the cas package as QEMU writes
+// it, cut into chunks by guest address (sandbox/microvm/vmstate), so that
+// snapshots of one VM and forks of forks share the pages that did not
+// change; a fork starts new QEMU processes from a saved state, and the
 // processes of the snapshot continue in each (keeps_processes).
 //
 // The host reaches the guest agent (sandbox/microvm/agent, run by busybox

@@ -73,9 +73,8 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 }
 
 // Snapshot stops the guest, has QEMU migrate its whole state (memory and
-// devices: the processes and the RAM root file system) into a pipe that
-// the blob store reads as it is written, cut by guest address
-// (vmstate.Splitter), hashed and deduplicated on every core, lets the
+// devices: the processes and the RAM root file system) into a pack file of
+// the blob store that is staged as it is written (see save), lets the
 // guest run on once QEMU is done, and makes the state durable.
 func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
 	m, _, err := p.live("snapshot", id)

@@ -10,7 +10,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/cli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build demo test deps deps-test deps-opencode deps-microvm vet staticcheck unit fuzz bench clean
+.PHONY: all build demo test deps deps-test deps-opencode deps-clients deps-microvm vet staticcheck unit fuzz bench clean
 
 all: build
 
@@ -70,6 +70,29 @@ deps-opencode:
 		fi; \
 	fi
 
+## deps-clients: third-party OpenAI clients the relay's tests drive: the
+## official openai npm SDK (6.x: 7.x needs Node.js 22, and the machines
+## we run on have 20) and the Codex CLI (@openai/codex, whose npm
+## package carries its native binary), pinned, in .tools/npm beside
+## OpenCode. npm runs only when either is missing or at another version;
+## after the install everything runs offline.
+OPENAI_SDK_VERSION := 6.49.0
+CODEX_VERSION      := 0.171.0
+CODEX              := $(NPM_PREFIX)/node_modules/.bin/codex
+
+deps-clients:
+	@if grep -q '"version": *"$(OPENAI_SDK_VERSION)"' $(NPM_PREFIX)/node_modules/openai/package.json 2>/dev/null && \
+	   grep -q '"version": *"$(CODEX_VERSION)"' $(NPM_PREFIX)/node_modules/@openai/codex/package.json 2>/dev/null && \
+	   [ -x $(CODEX) ]; then :; else \
+		command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }; \
+		echo "installing openai $(OPENAI_SDK_VERSION) and @openai/codex $(CODEX_VERSION) into $(NPM_PREFIX)"; \
+		mkdir -p $(NPM_PREFIX) && \
+		npm install --prefix $(NPM_PREFIX) --save-exact --no-audit --no-fund \
+			openai@$(OPENAI_SDK_VERSION) @openai/codex@$(CODEX_VERSION) || exit 1; \
+		got="$$($(CODEX) --version 2>&1)"; \
+		case "$$got" in *$(CODEX_VERSION)*) ;; *) echo "$(CODEX) --version printed '$$got', want $(CODEX_VERSION): its native package did not install; rm -rf $(NPM_PREFIX)/node_modules/@openai and run make deps-clients again" >&2; exit 1;; esac; \
+	fi
+
 ## deps-microvm: what the microVM provider needs: QEMU (qemu-system-x86)
 ## and a static busybox (busybox-static) from apt-get, and the Debian cloud
 ## kernel, whose package (linux-image-cloud-amd64's current kernel) is
@@ -99,7 +122,7 @@ deps-microvm:
 		rm -rf $(MICROVM_KERNEL) && mv $(MICROVM_KERNEL).tmp $(MICROVM_KERNEL) || exit 1; \
 	fi
 
-deps-test: deps $(STATICCHECK) deps-opencode deps-microvm
+deps-test: deps $(STATICCHECK) deps-opencode deps-clients deps-microvm
 
 build: deps
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stasis

@@ -310,7 +310,7 @@ func ChatChunks(completion []byte, includeUsage bool) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("completion: %w", err)
 	}
-	if _, ok := c.strField("id"); !ok || isNull(c["id"]) {
+	if id, ok := c.strField("id"); !ok || id == "" {
 		return nil, errors.New(`completion "id" is not a string`)
 	}
 	if _, ok := c.strField("model"); !ok {
@@ -359,6 +359,9 @@ func ChatChunks(completion []byte, includeUsage bool) ([]byte, error) {
 		}
 		if role == "" {
 			role = "assistant"
+		}
+		if role != "assistant" {
+			return nil, fmt.Errorf("choices[%d].message.role is %q, not assistant", i, role)
 		}
 		content, ok := msg.strField("content")
 		if !ok {
@@ -543,6 +546,9 @@ func ResponsesEvents(response []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("response: %w", err)
 	}
+	if id, ok := r.strField("id"); !ok || id == "" {
+		return nil, errors.New(`response "id" is not a string`)
+	}
 	status, ok := r.strField("status")
 	if !ok {
 		return nil, errors.New(`response "status" is not a string`)
@@ -555,6 +561,9 @@ func ResponsesEvents(response []byte) ([]byte, error) {
 		terminal = "response.incomplete"
 	case "failed":
 		terminal = "response.failed"
+	}
+	if !isJSONArray(r["output"]) {
+		return nil, errors.New(`response "output" is not a list`)
 	}
 	items, err := r.objList("output")
 	if err != nil {
@@ -637,8 +646,8 @@ func checkResponseItem(it obj) error {
 				if _, ok := p.strField("text"); !ok || isNull(p["text"]) {
 					return fmt.Errorf(`%s[%d]: "text" is not a string`, k, j)
 				}
-				if _, ok := p.strField("type"); !ok {
-					return fmt.Errorf(`%s[%d]: "type" is not a string`, k, j)
+				if pt, ok := p.strField("type"); !ok || (k == "content" && pt != "reasoning_text") {
+					return fmt.Errorf(`%s[%d]: "type" is %s`, k, j, p["type"])
 				}
 			}
 		}

@@ -114,7 +114,7 @@ func TestAppendReopenRoundTrip(t *testing.T) {
 	// The file is JSON lines, the header first.
 	data, _ := os.ReadFile(filepath.Join(dir, "ep1.ledger"))
 	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
-	if len(lines) != 5 || !strings.HasPrefix(lines[0], `{"kind":"ledger","format":1,"episode":"ep1"`) || !strings.HasPrefix(lines[1], `{"kind":"entry","seq":1,"call_id":"ep1/1"`) {
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], `{"kind":"ledger","format":2,"episode":"ep1"`) || !strings.HasPrefix(lines[1], `{"kind":"entry","seq":1,"call_id":"ep1/1"`) {
 		t.Fatalf("file:\n%s", data)
 	}
 }

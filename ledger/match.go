@@ -11,12 +11,14 @@ import (
 
 // Match is where a relaunched harness's conversation meets the ledger.
 type Match struct {
-	// Position is the logical length after the match: the ledger was cut
-	// to it, and the next entry is the harness's next call.
+	// Position is the logical length after the match, the seq of the last
+	// matched entry: the ledger was cut to it, and the next entry is the
+	// harness's next call.
 	Position int64 `json:"position"`
 	// Start is where the conversation's assistant messages begin in the
-	// ledger: 0 when they are a prefix of it; more when the conversation
-	// was compacted and only its last turns matched as one run.
+	// ledger (the seq of the first matched entry, less 1): 0 when they are
+	// a prefix of it; more when the conversation was compacted and only
+	// its last turns matched as one run.
 	Start int64 `json:"start"`
 	// Fresh: the ledger was empty and the conversation has no assistant
 	// message: a first start, no boundary.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -32,9 +33,10 @@ Every line is a JSON record whose hash covers the line and the hash of the
 line before it, so a changed, removed or reordered record is found. A restore
 never rewrites the file: it appends a cut record, and the logical ledger (the
 responses the harness has acted on, in order) is the entries up to the last
-cut plus those appended after it. A relaunched harness whose conversation did
-not match the ledger gets a broken record: training must not trust that
-history.
+cut plus those appended after it. Settle records say what became of each
+response: delivered to the harness, or abandoned (its client had gone). A
+relaunched harness whose conversation did not match the ledger gets a broken
+record: training must not trust that history.
 
 Both subcommands only read; they take no lock and may run while a gateway
 appends. Exit status: 0 done; 1 no such ledger, or another failure; 2 a usage
@@ -95,11 +97,17 @@ func newLedgerShowCmd(dir *string, asJSON *bool) *cobra.Command {
 acted on, in order — as a table: sequence number, call id, attempt, start time
 (UTC), duration in ms, prompt and completion tokens (from the usage, or the
 token ids), whether the entry is a boundary (the first after a relaunch;
-training masks it) and the start of its hash. Below it come the cuts and
+training masks it), its disposition and the start of its hash. The
+disposition says whether the harness got the response: delivered, abandoned
+(the client had gone and never saw it) or pending (not settled yet); in a
+ledger written before dispositions were recorded (format 1) an entry not
+settled reads as delivered. Below come the entries cuts dropped, with their
+disposition (undelivered, unless settled before the cut), then the cuts and
 broken marks, with the line of the file that holds them.
 
-With --json it prints {"path", "episode", "entries", "events", "total",
-"broken", "reason"}: entries are whole, request and response included.
+With --json it prints {"path", "episode", "format", "entries", "dropped",
+"events", "total", "broken", "reason"}: entries and dropped are whole,
+request, response and disposition included.
 A damaged ledger is refused (exit 2): run stasis ledger verify for where.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			episode, d, err := ledgerArgs(cmd, args, dir, *asJSON)
@@ -149,32 +157,65 @@ func ledgerTokens(e ledger.Entry) (string, string) {
 	return pick(u.Prompt, u.Input, pids), pick(u.Completion, u.Output, cids)
 }
 
+// dispositionCounts says how many entries have each disposition, in a
+// fixed order: "2 delivered, 1 abandoned".
+func dispositionCounts(es []ledger.Entry) string {
+	n := map[ledger.Disposition]int{}
+	for _, e := range es {
+		n[e.Disposition]++
+	}
+	var parts []string
+	for _, d := range []ledger.Disposition{ledger.Delivered, ledger.Abandoned, ledger.Pending, ledger.Undelivered} {
+		if n[d] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n[d], d))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// printLedgerEntries prints entries as a table, one row each.
+func printLedgerEntries(out io.Writer, es []ledger.Entry) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tCALL ID\tATTEMPT\tSTARTED\tMS\tPROMPT TOK\tCOMPLETION TOK\tBOUNDARY\tDISPOSITION\tHASH")
+	for _, e := range es {
+		started, ms := "-", "-"
+		if !e.Started.IsZero() {
+			started = e.Started.UTC().Format("2006-01-02T15:04:05.000Z")
+			if !e.Finished.IsZero() {
+				ms = strconv.FormatInt(e.Finished.Sub(e.Started).Milliseconds(), 10)
+			}
+		}
+		pt, ct := ledgerTokens(e)
+		b := "-"
+		if e.Boundary {
+			b = "yes"
+		}
+		d := string(e.Disposition)
+		if d == "" {
+			d = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.12s\n", e.Seq, e.CallID, e.Attempt, started, ms, pt, ct, b, d, e.Hash)
+	}
+	tw.Flush()
+}
+
 func printLedgerShow(out io.Writer, h ledger.History) {
 	state := "intact"
 	if h.Broken {
 		state = "BROKEN: " + h.Reason
 	}
-	fmt.Fprintf(out, "ledger %s (%s)\n%d live entries, %d recorded, %d events; history %s\n", h.Episode, h.Path, len(h.Entries), h.Total, len(h.Events), state)
+	fmt.Fprintf(out, "ledger %s (%s, format %d)\n%d live entries (%s), %d recorded, %d dropped by cuts, %d events; history %s\n",
+		h.Episode, h.Path, h.Format, len(h.Entries), dispositionCounts(h.Entries), h.Total, len(h.Dropped), len(h.Events), state)
 	if len(h.Entries) > 0 {
 		fmt.Fprintln(out)
-		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SEQ\tCALL ID\tATTEMPT\tSTARTED\tMS\tPROMPT TOK\tCOMPLETION TOK\tBOUNDARY\tHASH")
-		for _, e := range h.Entries {
-			started, ms := "-", "-"
-			if !e.Started.IsZero() {
-				started = e.Started.UTC().Format("2006-01-02T15:04:05.000Z")
-				if !e.Finished.IsZero() {
-					ms = strconv.FormatInt(e.Finished.Sub(e.Started).Milliseconds(), 10)
-				}
-			}
-			pt, ct := ledgerTokens(e)
-			b := "-"
-			if e.Boundary {
-				b = "yes"
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.12s\n", e.Seq, e.CallID, e.Attempt, started, ms, pt, ct, b, e.Hash)
-		}
-		tw.Flush()
+		printLedgerEntries(out, h.Entries)
+	}
+	if len(h.Dropped) > 0 {
+		fmt.Fprintf(out, "\ndropped by cuts (%s):\n", dispositionCounts(h.Dropped))
+		printLedgerEntries(out, h.Dropped)
 	}
 	if len(h.Events) > 0 {
 		fmt.Fprintln(out, "\nevents:")
@@ -204,17 +245,22 @@ func newLedgerVerifyCmd(dir *string, asJSON *bool) *cobra.Command {
 		Long: `verify walks the whole ledger file of an episode: every record must parse,
 its hash must cover it, its parent must be the hash of the record before it,
 entry sequence numbers must follow the logical ledger, and cuts must stay
-within it. It prints OK with the counts, or the first bad record: its line,
-its sequence number, and what is wrong.
+within it, and settle records must name live entries by seq and call id
+and never change a disposition. It prints OK with the counts — records,
+entries (live ones among them), cuts, and entries by disposition: delivered,
+abandoned, pending (not settled yet) and undelivered (dropped by a cut
+before being settled) — or the first bad record: its line, its sequence
+number, and what is wrong.
 
 A history marked broken (a relaunch that did not match) is reported but is
 not a verify failure: the file is intact. An unfinished last line (a crash in
 the middle of an append, never acknowledged) is reported and ignored.
 
 Exit status: 0 intact; 2 damaged (or a usage error); 1 no such ledger, or
-another failure. --json prints the report: {"path", "episode", "ok", "bad":
-{"line", "seq", "kind", "what"}, "records", "entries", "live", "cuts",
-"broken", "broken_reason", "head", "torn_bytes"}.`,
+another failure. --json prints the report: {"path", "episode", "format",
+"ok", "bad": {"line", "seq", "kind", "what"}, "records", "entries", "live",
+"cuts", "broken", "broken_reason", "head", "delivered", "abandoned",
+"pending", "undelivered", "torn_bytes"}.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			episode, d, err := ledgerArgs(cmd, args, dir, *asJSON)
 			if err != nil {
@@ -239,7 +285,8 @@ another failure. --json prints the report: {"path", "episode", "ok", "bad":
 }
 
 func printLedgerVerify(out io.Writer, rep ledger.Report) {
-	counts := fmt.Sprintf("%d records, %d entries (%d live), %d cuts", rep.Records, rep.Entries, rep.Live, rep.Cuts)
+	counts := fmt.Sprintf("%d records, %d entries (%d live), %d cuts; %d delivered, %d abandoned, %d pending, %d undelivered",
+		rep.Records, rep.Entries, rep.Live, rep.Cuts, rep.Delivered, rep.Abandoned, rep.Pending, rep.Undelivered)
 	if rep.OK {
 		fmt.Fprintf(out, "OK %s: %s, head %.12s\n", rep.Path, counts, rep.Head)
 	} else {

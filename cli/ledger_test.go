@@ -72,8 +72,9 @@ func ledgerResp(text string) json.RawMessage {
 	return b
 }
 
-// writeLedger makes a ledger with three calls, a restore cut to 2, a
-// re-issued call 3, a relaunch that matched, and a call after it.
+// writeLedger makes a ledger with three calls (the first two settled
+// delivered), a restore cut to 2, a re-issued call 3 (abandoned), a
+// relaunch that matched, and a call after it (pending).
 func writeLedger(t *testing.T, dir, ep string) {
 	t.Helper()
 	l, err := ledger.Open(dir, ep)
@@ -93,13 +94,20 @@ func writeLedger(t *testing.T, dir, ep string) {
 			t.Fatal(err)
 		}
 	}
+	settle := func(ss ...ledger.Settlement) {
+		if err := l.Settle(ss...); err != nil {
+			t.Fatal(err)
+		}
+	}
 	add(1, 1, "one")
 	add(2, 1, "two")
+	settle(ledger.Settlement{Seq: 1, CallID: ep + "/1", Disposition: ledger.Delivered}, ledger.Settlement{Seq: 2, CallID: ep + "/2", Disposition: ledger.Delivered})
 	add(3, 1, "three")
 	if err := l.Cut(2, "restore of ckpt-000001: relay_delivered 2"); err != nil {
 		t.Fatal(err)
 	}
 	add(3, 2, "three again")
+	settle(ledger.Settlement{Seq: 3, CallID: ep + "/3", Disposition: ledger.Abandoned})
 	m, err := l.Match([]json.RawMessage{
 		json.RawMessage(`{"role":"user","content":"go"}`),
 		json.RawMessage(`{"role":"assistant","content":"one"}`),
@@ -119,8 +127,10 @@ func TestLedgerShow(t *testing.T) {
 		t.Fatalf("exit %d: %s %s", code, out, errOut)
 	}
 	for _, want := range []string{
-		"3 live entries, 5 recorded, 2 events; history intact",
-		"SEQ  CALL ID", "PROMPT TOK", "BOUNDARY",
+		"format 2)",
+		"3 live entries (2 delivered, 1 pending), 5 recorded, 2 dropped by cuts, 2 events; history intact",
+		"SEQ  CALL ID", "PROMPT TOK", "BOUNDARY", "DISPOSITION",
+		"dropped by cuts (1 abandoned, 1 undelivered):",
 		"cut 3 -> 2 entries: restore of ckpt-000001",
 		"cut 3 -> 2 entries: relaunch", "the next entry is a boundary",
 	} {
@@ -130,18 +140,26 @@ func TestLedgerShow(t *testing.T) {
 	}
 	var rows []string
 	for _, l := range strings.Split(out, "\n") {
-		if f := strings.Fields(l); len(f) == 9 && (f[1] == "ep1/1" || f[1] == "ep1/3") {
+		if f := strings.Fields(l); len(f) == 10 && (f[1] == "ep1/1" || f[1] == "ep1/3") {
 			rows = append(rows, strings.Join(f, " "))
 		}
 	}
-	if len(rows) != 2 || !strings.HasPrefix(rows[0], "1 ep1/1 1 2026-03-01T12:00:01.000Z 250 4 2 - ") || !strings.HasPrefix(rows[1], "3 ep1/3 3 2026-03-01T12:00:03.000Z 250 4 2 yes ") {
+	if len(rows) != 4 || !strings.HasPrefix(rows[0], "1 ep1/1 1 2026-03-01T12:00:01.000Z 250 4 2 - delivered ") ||
+		!strings.HasPrefix(rows[1], "3 ep1/3 3 2026-03-01T12:00:03.000Z 250 4 2 yes pending ") ||
+		!strings.HasPrefix(rows[2], "3 ep1/3 1 2026-03-01T12:00:03.000Z 250 4 2 - undelivered ") ||
+		!strings.HasPrefix(rows[3], "3 ep1/3 2 2026-03-01T12:00:03.000Z 250 4 2 - abandoned ") {
 		t.Fatalf("rows %q:\n%s", rows, out)
 	}
 
 	out, _, code = runLedger(t, home, "ledger", "show", "ep1", "--json")
 	var h ledger.History
-	if code != 0 || json.Unmarshal([]byte(out), &h) != nil || len(h.Entries) != 3 || h.Total != 5 || len(h.Events) != 2 || !h.Entries[2].Boundary || h.Entries[2].Tokens == nil {
+	if code != 0 || json.Unmarshal([]byte(out), &h) != nil || len(h.Entries) != 3 || h.Total != 5 || len(h.Events) != 2 || !h.Entries[2].Boundary || h.Entries[2].Tokens == nil ||
+		h.Format != 2 || h.Entries[0].Disposition != ledger.Delivered || h.Entries[2].Disposition != ledger.Pending ||
+		len(h.Dropped) != 2 || h.Dropped[0].Disposition != ledger.Undelivered || h.Dropped[1].Disposition != ledger.Abandoned || h.Dropped[1].Attempt != 2 {
 		t.Fatalf("show --json: exit %d\n%s", code, out)
+	}
+	if !strings.Contains(out, `"disposition": "abandoned"`) {
+		t.Fatalf("show --json has no disposition:\n%s", out)
 	}
 
 	// --dir instead of $STASIS_HOME/ledgers.
@@ -157,8 +175,13 @@ func TestLedgerVerify(t *testing.T) {
 	dir := filepath.Join(home, "ledgers")
 	writeLedger(t, dir, "ep1")
 	out, errOut, code := runLedger(t, home, "ledger", "verify", "ep1")
-	if code != 0 || !strings.HasPrefix(out, "OK ") || !strings.Contains(out, "8 records, 5 entries (3 live), 2 cuts") {
+	if code != 0 || !strings.HasPrefix(out, "OK ") || !strings.Contains(out, "10 records, 5 entries (3 live), 2 cuts; 2 delivered, 1 abandoned, 1 pending, 1 undelivered") {
 		t.Fatalf("verify: exit %d\n%s%s", code, out, errOut)
+	}
+	out, _, code = runLedger(t, home, "ledger", "verify", "ep1", "--json")
+	var ok ledger.Report
+	if code != 0 || json.Unmarshal([]byte(out), &ok) != nil || !ok.OK || ok.Format != 2 || ok.Delivered != 2 || ok.Abandoned != 1 || ok.Pending != 1 || ok.Undelivered != 1 {
+		t.Fatalf("verify --json: exit %d\n%s", code, out)
 	}
 	// Change one byte of entry 2's response (line 3).
 	path := filepath.Join(dir, "ep1.ledger")

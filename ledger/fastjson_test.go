@@ -366,8 +366,10 @@ func checkEncode(t *testing.T, r record) {
 func TestEncodeRecordMatchesEncodingJSON(t *testing.T) {
 	at := time.Date(2026, 12, 2, 12, 0, 0, 123456789, time.UTC)
 	zone := time.FixedZone("x", -7*3600-30*60)
+	rng0 := rand.New(rand.NewPCG(9, 10))
 	recs := []record{
 		{Kind: kindHeader, Format: formatVersion, Episode: "ep", At: at},
+		{Kind: kindHeader, Format: formatV1, Episode: "ep", At: at},
 		{Kind: kindCut, To: new(int64(0)), Reason: "restore in place, attempt 2", At: at, Parent: strings.Repeat("a", 64)},
 		{Kind: kindCut, To: new(int64(3)), Reason: "relaunch <a & b> \"q\" \u2028 é \x01 \xff", Boundary: true, At: at.In(zone)},
 		{Kind: kindBroken, Reason: "no match", At: time.Date(2026, 1, 1, 0, 0, 0, 0, time.Local)},
@@ -382,8 +384,24 @@ func TestEncodeRecordMatchesEncodingJSON(t *testing.T) {
 		{Kind: kindEntry, Seq: 2, CallID: "ep/2", Response: json.RawMessage(`{"a":`)},
 		{Kind: kindEntry, Seq: 2, CallID: "ep/2", Response: chat("x"), Started: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
 		{Kind: "", Parent: ""},
+		{Kind: kindSettle, Settled: []Settlement{{Seq: 3, CallID: "ep/3", Disposition: Delivered}}, At: at, Parent: strings.Repeat("b", 64)},
+		{Kind: kindSettle, Settled: []Settlement{{Seq: 1, CallID: "ep/<1> & \"x\" \u2028 é \x01 \xff", Disposition: Abandoned},
+			{Seq: math.MaxInt64, CallID: "", Disposition: "odd <é>"}, {Seq: -1}}, At: at.In(zone)},
+		{Kind: kindSettle, Settled: []Settlement{}, At: at},
 	}
 	for _, r := range recs {
+		checkEncode(t, r)
+	}
+	disps := []Disposition{Delivered, Abandoned, Pending, Undelivered, ""}
+	for range 500 {
+		r := record{Kind: kindSettle, At: at.Add(time.Duration(rng0.Int64N(1e12))), Parent: strings.Repeat("c", 64*rng0.IntN(2))}
+		for range rng0.IntN(5) {
+			d := disps[rng0.IntN(len(disps))]
+			if rng0.IntN(4) == 0 {
+				d = Disposition(genString(rng0))
+			}
+			r.Settled = append(r.Settled, Settlement{Seq: rng0.Int64N(1000) - 1, CallID: string(genString(rng0)), Disposition: d})
+		}
 		checkEncode(t, r)
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -416,12 +434,15 @@ func TestLedgerFileIsEncodingJSON(t *testing.T) {
 	e := entry("ep/3", vllm)
 	e.Request = json.RawMessage(" {\n \"model\": \"m\", \"x\": \"<&>\"}")
 	mustAppend(t, l, e)
+	if err := l.Settle(Settlement{1, "ep/1", Delivered}, Settlement{2, "ep/3", Abandoned}); err != nil {
+		t.Fatal(err)
+	}
 	data, err := os.ReadFile(filepath.Join(dir, "ep.ledger"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lines := bytes.Split(bytes.TrimSuffix(data, []byte("\n")), []byte("\n"))
-	if len(lines) != 5 {
+	if len(lines) != 6 {
 		t.Fatalf("%d lines", len(lines))
 	}
 	for i, line := range lines {

@@ -15,8 +15,9 @@
 // its hash; removing, reordering or inserting a line breaks the parent chain.
 // The kinds:
 //
-//	{"kind":"ledger","format":1,"episode":"ep1","at":"...","parent":"","hash":"..."}
-//	    the first line: which episode the file belongs to
+//	{"kind":"ledger","format":2,"episode":"ep1","at":"...","parent":"","hash":"..."}
+//	    the first line: which episode the file belongs to, and the format
+//	    (see below)
 //	{"kind":"entry","seq":1,"call_id":"ep1/1","attempt":1,"request":{...},
 //	 "response":{...},"usage":{...},"tokens":{...},"started":"...",
 //	 "finished":"...","boundary":true,"parent":"...","hash":"..."}
@@ -26,11 +27,26 @@
 //	    next entry is the first after a relaunch match (training masks it)
 //	{"kind":"broken","reason":"...","at":"...","parent":"...","hash":"..."}
 //	    the history can no longer be trusted (a relaunch did not match)
+//	{"kind":"settle","settled":[{"seq":3,"call_id":"ep1/3","disposition":"delivered"},
+//	 {"seq":4,"call_id":"ep1/4","disposition":"abandoned"}],"at":"...","parent":"...","hash":"..."}
+//	    the dispositions of live entries, each named by seq and call id:
+//	    "delivered" (the harness got the whole response) or "abandoned"
+//	    (the client had gone and never saw it); at least one; an entry's
+//	    disposition, once settled, does not change
 //
 // The logical ledger is computed from the file: entries in order, a cut
 // drops the entries after its position, and the next entry continues the
 // numbering from there (its seq is the cut position + 1). Unknown fields are
 // ignored when reading, but they are covered by the hash.
+//
+// Each entry has a disposition (Entry.Disposition), computed from the file,
+// not written in the entry's record: that of the settle record naming it, or,
+// when none does, Pending. An entry a cut drops without having been settled
+// is Undelivered. Format 2 is the format this package writes; format 1
+// ledgers, written before dispositions were recorded, still read, verify
+// and take appends (their header stays as it is): there an entry no settle
+// record names reads as Delivered, which is what every entry meant then.
+// A header with another format is refused.
 //
 // # Durability and crashes
 //
@@ -78,6 +94,10 @@ type Entry struct {
 	Finished time.Time       `json:"finished"`
 	Boundary bool            `json:"boundary,omitempty"` // first entry after a relaunch match (training masks it)
 	Hash     string          `json:"hash"`               // over every other field, chained through Parent
+	// Disposition is what became of the response, worked out from the
+	// file's settle records (and cuts); it is not part of the entry's
+	// record, nor of its hash.
+	Disposition Disposition `json:"disposition,omitempty"`
 }
 
 // Errors callers can test for with errors.Is.
@@ -167,7 +187,7 @@ func Open(dir, episode string) (*Ledger, error) {
 		f.Close()
 		return nil, fmt.Errorf("read ledger %s: %w", path, err)
 	}
-	st, prob := load(data, episode)
+	st, prob := load(data, episode, false)
 	if prob != nil {
 		f.Close()
 		return nil, fmt.Errorf("ledger %s: %w: %s; nothing was changed: run `stasis ledger verify %s --dir %s` for details, and restore the file from a copy or discard the episode", path, ErrCorrupt, prob, episode, dir)
@@ -288,7 +308,8 @@ func canonJSON(what string, m json.RawMessage) (json.RawMessage, error) {
 }
 
 // Append adds e as the next entry of the logical ledger and returns it with
-// Seq, Parent and Hash filled in; the record is on disk (flushed) when Append
+// Seq, Parent, Hash and Disposition (Pending; Delivered in a format-1
+// ledger) filled in; e.Disposition is ignored; the record is on disk (flushed) when Append
 // returns. Tokens and Usage, when not given, are read from the response in
 // one pass (see ExtractTokens).
 // The first entry after a relaunch match is marked Boundary. A call id
@@ -338,15 +359,14 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	e.Boundary = e.Boundary || l.st.nextBoundary
 	rec := entryRecord(e)
 	rec.canon = true
-	recs, err := l.write(rec)
-	if err != nil {
+	if _, err := l.write(rec); err != nil {
 		return Entry{}, err
 	}
-	return recs[len(recs)-1].entry(), nil
+	return l.st.entries[len(l.st.entries)-1], nil
 }
 
 // Lookup returns the live entry (in the logical ledger, not cut away) for a
-// call id.
+// call id, with its disposition.
 func (l *Ledger) Lookup(callID string) (Entry, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -364,7 +384,8 @@ func (l *Ledger) Len() int64 {
 	return int64(len(l.st.entries))
 }
 
-// Entries returns the logical ledger, in order. The raw JSON fields share
+// Entries returns the logical ledger, in order, each entry with its
+// disposition. The raw JSON fields share
 // memory with the ledger: do not modify them.
 func (l *Ledger) Entries() []Entry {
 	l.mu.Lock()

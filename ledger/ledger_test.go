@@ -114,7 +114,7 @@ func TestAppendReopenRoundTrip(t *testing.T) {
 	// The file is JSON lines, the header first.
 	data, _ := os.ReadFile(filepath.Join(dir, "ep1.ledger"))
 	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
-	if len(lines) != 5 || !strings.HasPrefix(lines[0], `{"kind":"ledger","format":1,"episode":"ep1"`) || !strings.HasPrefix(lines[1], `{"kind":"entry","seq":1,"call_id":"ep1/1"`) {
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], `{"kind":"ledger","format":2,"episode":"ep1"`) || !strings.HasPrefix(lines[1], `{"kind":"entry","seq":1,"call_id":"ep1/1"`) {
 		t.Fatalf("file:\n%s", data)
 	}
 }
@@ -674,6 +674,11 @@ func FuzzDecodeRecord(f *testing.F) {
 		entryRecord(entry("ep/1", chat("hello <world> & \"you\"", "bash", `{"cmd":"ls"}`))),
 		{Kind: kindCut, To: new(int64(2)), Reason: "restore", Boundary: true, Parent: strings.Repeat("a", 64)},
 		{Kind: kindBroken, Reason: "relaunch: no match", Parent: strings.Repeat("0", 64)},
+		{Kind: kindHeader, Format: formatV1, Episode: "ep", At: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)},
+		{Kind: kindSettle, Settled: []Settlement{{Seq: 1, CallID: "ep/1", Disposition: Delivered}, {Seq: 2, CallID: "ep/<2>", Disposition: Abandoned}},
+			At: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), Parent: strings.Repeat("b", 64)},
+		{Kind: kindSettle, Settled: []Settlement{{Seq: 1, CallID: "ep/1", Disposition: Pending}}, Parent: strings.Repeat("b", 64)},
+		{Kind: kindSettle, Settled: []Settlement{}, Parent: strings.Repeat("b", 64)},
 	}
 	e := entryRecord(entry("ep/2", chat("x")))
 	e.Seq, e.Tokens, e.Usage = 2, &Tokens{PromptIDs: []int64{1, 2}, CompletionIDs: []int64{3}, Logprobs: []float64{-0.125}}, json.RawMessage(`{"prompt_tokens":2}`)

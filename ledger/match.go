@@ -11,12 +11,14 @@ import (
 
 // Match is where a relaunched harness's conversation meets the ledger.
 type Match struct {
-	// Position is the logical length after the match: the ledger was cut
-	// to it, and the next entry is the harness's next call.
+	// Position is the logical length after the match, the seq of the last
+	// matched entry: the ledger was cut to it, and the next entry is the
+	// harness's next call.
 	Position int64 `json:"position"`
 	// Start is where the conversation's assistant messages begin in the
-	// ledger: 0 when they are a prefix of it; more when the conversation
-	// was compacted and only its last turns matched as one run.
+	// ledger (the seq of the first matched entry, less 1): 0 when they are
+	// a prefix of it; more when the conversation was compacted and only
+	// its last turns matched as one run.
 	Start int64 `json:"start"`
 	// Fresh: the ledger was empty and the conversation has no assistant
 	// message: a first start, no boundary.
@@ -27,14 +29,18 @@ type Match struct {
 }
 
 // Match matches the messages of a relaunched harness's first request (the
-// chat-completions "messages" array) against the logical ledger: its
-// assistant messages, in order, must be the responses of the ledger's
-// entries 1..k. Then the ledger is cut to k, the next entry is marked as a
-// boundary, and Match returns Position k. When they are not a prefix but
-// match exactly one contiguous run of entries (a compacted conversation),
-// the ledger is cut to the end of that run. No match, or a run found in
-// more than one place, appends a broken record and returns an error
-// wrapping ErrBroken: it is never taken for a new start.
+// chat-completions "messages" array) against the logical ledger. A
+// harness's conversation never holds a response its client abandoned, so
+// Abandoned entries are left out: the conversation's assistant messages, in
+// order, must be the responses of the ledger's first k entries that are not
+// Abandoned. Then the ledger is cut at the last of them (Position is its
+// seq; Abandoned entries after it are cut too, those before it stay), the
+// next entry is marked as a boundary, and Match returns. When they are not
+// such a prefix but match exactly one contiguous run of the entries that
+// are not Abandoned (a compacted conversation), the ledger is cut at the end
+// of that run. No match, or a run found in more than one place, appends a
+// broken record and returns an error wrapping ErrBroken: it is never taken
+// for a new start.
 //
 // No assistant message at all is a fresh start when the ledger is empty (no
 // record is written), and a start-over (cut to 0, boundary) otherwise.
@@ -82,11 +88,16 @@ func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
 	// turn is the response of the next entry, not acted on whole. The
 	// ledger is cut before it, and the boundary marks where the harness's
 	// history and the ledger part.
-	if k := int64(len(want)); k > 0 && k <= int64(len(l.fingerprints())) && equalRun(l.fps[:k-1], want[:k-1]) && partialCopy(last, l.st.entries[k-1].Response) {
-		if err := l.cut(k-1, fmt.Sprintf("relaunch: the conversation's first %d assistant messages are entries 1..%d; its last is a partial copy of entry %d's response, not acted on whole", k-1, k-1, k), true); err != nil {
+	have, seqs := l.visible()
+	if k := len(want); k > 0 && k <= len(have) && equalRun(have[:k-1], want[:k-1]) && partialCopy(last, l.st.entries[seqs[k-1]-1].Response) {
+		pos := int64(0)
+		if k > 1 {
+			pos = seqs[k-2]
+		}
+		if err := l.cut(pos, fmt.Sprintf("relaunch: the conversation's first %d assistant messages are entries 1..%d%s; its last is a partial copy of entry %d's response, not acted on whole", k-1, pos, l.abandonedNote(pos), seqs[k-1]), true); err != nil {
 			return Match{}, err
 		}
-		return Match{Position: k - 1, Boundary: true}, nil
+		return Match{Position: pos, Boundary: true}, nil
 	}
 	if err := l.markBroken(reason); err != nil {
 		return Match{}, err
@@ -152,44 +163,85 @@ func withoutEmpty(fps []string) []string {
 	return out
 }
 
+// visible returns the fingerprints of the live entries that are not
+// Abandoned — the responses a harness can have in its conversation — and
+// their seqs. l.mu is held.
+func (l *Ledger) visible() (fps []string, seqs []int64) {
+	all := l.fingerprints()
+	fps = make([]string, 0, len(all))
+	seqs = make([]int64, 0, len(all))
+	for i, e := range l.st.entries {
+		if e.Disposition != Abandoned {
+			fps = append(fps, all[i])
+			seqs = append(seqs, e.Seq)
+		}
+	}
+	return fps, seqs
+}
+
+// abandonedNote says how many of the first pos live entries are Abandoned,
+// for a cut's reason ("" when none is). l.mu is held.
+func (l *Ledger) abandonedNote(pos int64) string {
+	n := 0
+	for _, e := range l.st.entries[:pos] {
+		if e.Disposition == Abandoned {
+			n++
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (the %d abandoned among them left out)", n)
+}
+
 // matchLocked matches the conversation's assistant fingerprints against
-// the ledger: on a match it cuts the ledger (the cut's reason ends with
-// note) and returns ok; otherwise it changes nothing and returns why not.
+// the live entries that are not Abandoned: on a match it cuts the ledger
+// (the cut's reason ends with note) and returns ok; otherwise it changes
+// nothing and returns why not.
 func (l *Ledger) matchLocked(want []string, note string) (Match, bool, string, error) {
-	have := l.fingerprints()
-	k := int64(len(want))
-	if k == 0 && len(have) == 0 {
+	have, seqs := l.visible()
+	k := len(want)
+	if k == 0 && len(l.st.entries) == 0 {
 		return Match{Fresh: true}, true, "", nil
 	}
-	if k <= int64(len(have)) && equalRun(have[:k], want) {
-		if err := l.cut(k, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries 1..%d%s", k, k, note), true); err != nil {
+	if k <= len(have) && equalRun(have[:k], want) {
+		pos := int64(0)
+		if k > 0 {
+			pos = seqs[k-1]
+		}
+		if err := l.cut(pos, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries 1..%d%s%s", k, pos, l.abandonedNote(pos), note), true); err != nil {
 			return Match{}, false, "", err
 		}
-		return Match{Position: k, Boundary: true}, true, "", nil
+		return Match{Position: pos, Boundary: true}, true, "", nil
 	}
-	var at []int64
-	for p := int64(1); k > 0 && p+k <= int64(len(have)); p++ {
+	var at []int
+	for p := 1; k > 0 && p+k <= len(have); p++ {
 		if equalRun(have[p:p+k], want) {
 			at = append(at, p)
 		}
 	}
+	// Entries the harness could not have seen, for the reasons below.
+	abandoned := ""
+	if n := len(l.st.entries) - len(have); n > 0 {
+		abandoned = fmt.Sprintf(" not abandoned (%d more were)", n)
+	}
 	switch {
 	case len(at) == 1:
-		p := at[0]
-		if err := l.cut(p+k, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries %d..%d (compacted)%s", k, p+1, p+k, note), true); err != nil {
+		from, pos := seqs[at[0]], seqs[at[0]+k-1]
+		if err := l.cut(pos, fmt.Sprintf("relaunch: the conversation's %d assistant messages are entries %d..%d (compacted)%s%s", k, from, pos, l.abandonedNote(pos), note), true); err != nil {
 			return Match{}, false, "", err
 		}
-		return Match{Position: p + k, Start: p, Boundary: true}, true, "", nil
+		return Match{Position: pos, Start: from - 1, Boundary: true}, true, "", nil
 	case len(at) > 1:
-		return Match{}, false, fmt.Sprintf("relaunch: the conversation's %d assistant messages match the ledger at %d places (entries %d.. and %d..); cannot tell which responses the harness acted on", k, len(at), at[0]+1, at[1]+1), nil
-	case k > int64(len(have)):
-		return Match{}, false, fmt.Sprintf("relaunch: the conversation has %d assistant messages but the ledger only %d entries: the harness acted on responses the ledger does not hold", k, len(have)), nil
+		return Match{}, false, fmt.Sprintf("relaunch: the conversation's %d assistant messages match the ledger at %d places (entries %d.. and %d..); cannot tell which responses the harness acted on", k, len(at), seqs[at[0]], seqs[at[1]]), nil
+	case k > len(have):
+		return Match{}, false, fmt.Sprintf("relaunch: the conversation has %d assistant messages but the ledger only %d entries%s: the harness acted on responses the ledger does not hold", k, len(have), abandoned), nil
 	default:
 		i := 0
 		for i < len(want) && want[i] == have[i] {
 			i++
 		}
-		return Match{}, false, fmt.Sprintf("relaunch: the conversation's assistant message %d differs from entry %d's response, and its %d assistant messages match no run of the ledger's %d entries", i+1, i+1, k, len(have)), nil
+		return Match{}, false, fmt.Sprintf("relaunch: the conversation's assistant message %d differs from entry %d's response, and its %d assistant messages match no run of the ledger's %d entries%s", i+1, seqs[i], k, len(have), abandoned), nil
 	}
 }
 

@@ -18,10 +18,17 @@ const (
 	kindEntry  = "entry"  // one model call
 	kindCut    = "cut"    // the logical ledger becomes its first "to" entries
 	kindBroken = "broken" // the episode's history cannot be trusted from here on
+	kindSettle = "settle" // the dispositions of live entries
 )
 
-// formatVersion is the "format" of the header line this code writes and reads.
-const formatVersion = 1
+// formatVersion is the "format" of the header line this code writes: 2,
+// entries start Pending and settle records give their dispositions. It
+// reads formatVersion and formatV1 (no settle records when written, so an
+// entry not settled reads as Delivered).
+const (
+	formatVersion = 2
+	formatV1      = 1
+)
 
 // hashLen is the length of a record hash: SHA-256, lowercase hex.
 const hashLen = 2 * sha256.Size
@@ -32,7 +39,7 @@ const hashLen = 2 * sha256.Size
 var hashKey = []byte(`"hash":"`)
 
 // record is one line of a ledger file. Entry fields are inline; control
-// records use kind, to, reason, boundary and at. Hash must stay the last
+// records use kind, to, reason, boundary, settled and at. Hash must stay the last
 // field: the encoder relies on it.
 type record struct {
 	Kind     string          `json:"kind"`
@@ -50,6 +57,7 @@ type record struct {
 	To       *int64          `json:"to,omitempty"`
 	Reason   string          `json:"reason,omitempty"`
 	Boundary bool            `json:"boundary,omitempty"`
+	Settled  []Settlement    `json:"settled,omitempty"`
 	At       time.Time       `json:"at,omitzero"`
 	Parent   string          `json:"parent"`
 	Hash     string          `json:"hash"`
@@ -213,6 +221,19 @@ func appendRecord(b []byte, r *record, canon bool) (_ []byte, ok bool) {
 	}
 	if r.Boundary {
 		b = append(b, `,"boundary":true`...)
+	}
+	if len(r.Settled) > 0 {
+		b = append(b, `,"settled":[`...)
+		for i, s := range r.Settled {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(append(b, `{"seq":`...), s.Seq, 10)
+			b = appendString(append(b, `,"call_id":`...), s.CallID)
+			b = appendString(append(b, `,"disposition":`...), string(s.Disposition))
+			b = append(b, '}')
+		}
+		b = append(b, ']')
 	}
 	if !r.At.IsZero() {
 		if b, ok = appendTime(append(b, `,"at":`...), r.At); !ok {
@@ -382,8 +403,8 @@ func (r record) check() error {
 	}
 	switch r.Kind {
 	case kindHeader:
-		if r.Format != formatVersion {
-			return fmt.Errorf("ledger header: format %d; this stasis reads format %d (a newer stasis wrote it?)", r.Format, formatVersion)
+		if r.Format < formatV1 || r.Format > formatVersion {
+			return fmt.Errorf("ledger header: format %d; this stasis reads formats %d to %d (a newer stasis wrote it?)", r.Format, formatV1, formatVersion)
 		}
 		if err := checkEpisode(r.Episode); err != nil {
 			return fmt.Errorf("ledger header: %w", err)
@@ -405,6 +426,15 @@ func (r record) check() error {
 	case kindBroken:
 		if r.Reason == "" {
 			return errors.New("broken record: no reason")
+		}
+	case kindSettle:
+		if len(r.Settled) == 0 {
+			return errors.New(`settle record: "settled" names no entry`)
+		}
+		for _, s := range r.Settled {
+			if err := s.check(); err != nil {
+				return fmt.Errorf("settle record: %w", err)
+			}
 		}
 	default:
 		return fmt.Errorf("unknown record kind %q (written by a newer stasis?)", r.Kind)

@@ -12,20 +12,28 @@ import (
 // state is what the records of a file add up to.
 type state struct {
 	episode      string
+	format       int   // the header's
 	records      int   // complete, valid lines
 	off          int64 // bytes those lines take
 	head         string
 	entries      []Entry // the logical ledger
+	settled      []bool  // per live entry: a settle record named it
 	index        map[string]int
 	nextBoundary bool // the last control record was a cut with boundary and no entry followed
 	broken       bool
 	reason       string
 	total        int64 // entry records in the file, cut ones included
 	events       []Event
+	// keepDropped: keep the entries cuts drop in dropped (Read wants
+	// them; an open ledger does not).
+	keepDropped bool
+	dropped     []Entry
+	// dropCounts counts the entries cuts dropped by disposition.
+	dropCounts map[Disposition]int64
 }
 
 func newState(episode string) *state {
-	return &state{episode: episode, index: map[string]int{}}
+	return &state{episode: episode, index: map[string]int{}, dropCounts: map[Disposition]int64{}}
 }
 
 // Event is a control record of the file: a cut or a broken mark.
@@ -77,6 +85,7 @@ func (s *state) apply(r record) error {
 		if r.Episode != s.episode {
 			return fmt.Errorf("this is the ledger of episode %q, not %q: the file was renamed or copied", r.Episode, s.episode)
 		}
+		s.format = r.Format
 	case kindEntry:
 		if r.Seq != n+1 {
 			return fmt.Errorf("seq %d, but the logical ledger has %d entries here, so it must be %d", r.Seq, n, n+1)
@@ -85,7 +94,10 @@ func (s *state) apply(r record) error {
 			return fmt.Errorf("call %s is already live at seq %d: a call is recorded once", r.CallID, i+1)
 		}
 		s.index[r.CallID] = len(s.entries)
-		s.entries = append(s.entries, r.entry())
+		e := r.entry()
+		e.Disposition = s.unsettled()
+		s.entries = append(s.entries, e)
+		s.settled = append(s.settled, false)
 		s.nextBoundary = false
 		s.total++
 	case kindCut:
@@ -93,28 +105,50 @@ func (s *state) apply(r record) error {
 		if to > n {
 			return fmt.Errorf("cut to %d, but the logical ledger has only %d entries here", to, n)
 		}
-		for _, e := range s.entries[to:] {
+		for i, e := range s.entries[to:] {
 			delete(s.index, e.CallID)
+			if !s.settled[to+int64(i)] {
+				e.Disposition = Undelivered
+			}
+			s.dropCounts[e.Disposition]++
+			if s.keepDropped {
+				s.dropped = append(s.dropped, e)
+			}
 		}
 		s.entries = s.entries[:to:to] // later appends must not overwrite entries a caller holds
+		s.settled = s.settled[:to]
 		s.nextBoundary = r.Boundary
 		s.events = append(s.events, Event{Line: s.records + 1, Kind: kindCut, To: to, From: n, Reason: r.Reason, Boundary: r.Boundary, At: r.At})
 	case kindBroken:
 		s.broken = true
 		s.reason = r.Reason
 		s.events = append(s.events, Event{Line: s.records + 1, Kind: kindBroken, To: n, From: n, Reason: r.Reason, At: r.At})
+	case kindSettle:
+		// A settle record repeating a disposition is harmless; one that
+		// changes a disposition, or names an entry that is not live, is
+		// not something Settle writes.
+		fresh, err := s.checkSettle(r.Settled)
+		if err != nil {
+			return fmt.Errorf("settle record: %w", err)
+		}
+		for _, x := range fresh {
+			s.entries[x.Seq-1].Disposition = x.Disposition
+			s.settled[x.Seq-1] = true
+		}
 	}
 	s.head = r.Hash
 	s.records++
 	return nil
 }
 
-// load walks a file's bytes. It stops at the first bad line and returns it
+// load walks a file's bytes (keepDropped: keep the entries cuts dropped in
+// st.dropped). It stops at the first bad line and returns it
 // as a Problem; a last line without its newline is not a problem (a torn
 // append that was never acknowledged): it is left out, and st.off ends
 // before it.
-func load(data []byte, episode string) (*state, *Problem) {
+func load(data []byte, episode string, keepDropped bool) (*state, *Problem) {
 	st := newState(episode)
+	st.keepDropped = keepDropped
 	rest := data
 	for len(rest) > 0 {
 		i := bytes.IndexByte(rest, '\n')
@@ -143,6 +177,7 @@ func load(data []byte, episode string) (*state, *Problem) {
 type Report struct {
 	Path    string `json:"path"`
 	Episode string `json:"episode"`
+	Format  int    `json:"format"` // the header's; 0 when the file has none
 	OK      bool   `json:"ok"`
 	// Bad is the first bad record; nil when OK.
 	Bad *Problem `json:"bad,omitempty"`
@@ -154,6 +189,13 @@ type Report struct {
 	Broken       bool   `json:"broken"`
 	BrokenReason string `json:"broken_reason,omitempty"`
 	Head         string `json:"head"` // the last good record's hash
+	// Entries by disposition, cut ones included (they add up to Entries):
+	// live entries are Delivered, Abandoned or Pending; a cut entry keeps
+	// the disposition it was settled with, or is Undelivered.
+	Delivered   int64 `json:"delivered"`
+	Abandoned   int64 `json:"abandoned"`
+	Pending     int64 `json:"pending"`
+	Undelivered int64 `json:"undelivered"`
 	// TornBytes is the size of an unfinished last line (a crash in the
 	// middle of an append); it is ignored, and the next append removes it.
 	TornBytes int64 `json:"torn_bytes,omitempty"`
@@ -172,11 +214,29 @@ func Verify(dir, episode string) (Report, error) {
 	if err != nil {
 		return Report{}, fmt.Errorf("ledger of episode %s: %w", episode, err)
 	}
-	st, prob := load(data, episode)
+	st, prob := load(data, episode, false)
 	rep := Report{
-		Path: path, Episode: episode, OK: prob == nil, Bad: prob,
+		Path: path, Episode: episode, Format: st.format, OK: prob == nil, Bad: prob,
 		Records: st.records, Entries: st.total, Live: int64(len(st.entries)),
 		Broken: st.broken, BrokenReason: st.reason, Head: st.head,
+	}
+	count := func(d Disposition, n int64) {
+		switch d {
+		case Delivered:
+			rep.Delivered += n
+		case Abandoned:
+			rep.Abandoned += n
+		case Pending:
+			rep.Pending += n
+		case Undelivered:
+			rep.Undelivered += n
+		}
+	}
+	for d, n := range st.dropCounts {
+		count(d, n)
+	}
+	for _, e := range st.entries {
+		count(e.Disposition, 1)
 	}
 	for _, e := range st.events {
 		if e.Kind == kindCut {
@@ -191,11 +251,15 @@ func Verify(dir, episode string) (Report, error) {
 
 // History is a ledger file as Read sees it.
 type History struct {
-	Path      string  `json:"path"`
-	Episode   string  `json:"episode"`
-	Entries   []Entry `json:"entries"` // the logical ledger
-	Events    []Event `json:"events"`  // cuts and broken marks, in file order
-	Total     int64   `json:"total"`   // entry records in the file, cut ones included
+	Path    string  `json:"path"`
+	Episode string  `json:"episode"`
+	Format  int     `json:"format"`  // the header's
+	Entries []Entry `json:"entries"` // the logical ledger, each with its disposition
+	// Dropped are the entries cuts dropped, in file order: Undelivered,
+	// or the disposition they were settled with before the cut.
+	Dropped   []Entry `json:"dropped"`
+	Events    []Event `json:"events"` // cuts and broken marks, in file order
+	Total     int64   `json:"total"`  // entry records in the file, cut ones included
 	Broken    bool    `json:"broken"`
 	Reason    string  `json:"reason,omitempty"`
 	TornBytes int64   `json:"torn_bytes,omitempty"`
@@ -212,16 +276,19 @@ func Read(dir, episode string) (History, error) {
 	if err != nil {
 		return History{}, fmt.Errorf("ledger of episode %s: %w", episode, err)
 	}
-	st, prob := load(data, episode)
+	st, prob := load(data, episode, true)
 	if prob != nil {
 		return History{}, fmt.Errorf("ledger %s: %w: %s; run `stasis ledger verify %s` for details", path, ErrCorrupt, prob, episode)
 	}
 	h := History{
-		Path: path, Episode: episode, Entries: st.entries, Events: st.events, Total: st.total,
-		Broken: st.broken, Reason: st.reason, TornBytes: int64(len(data)) - st.off,
+		Path: path, Episode: episode, Format: st.format, Entries: st.entries, Dropped: st.dropped,
+		Events: st.events, Total: st.total, Broken: st.broken, Reason: st.reason, TornBytes: int64(len(data)) - st.off,
 	}
 	if h.Entries == nil {
 		h.Entries = []Entry{}
+	}
+	if h.Dropped == nil {
+		h.Dropped = []Entry{}
 	}
 	if h.Events == nil {
 		h.Events = []Event{}

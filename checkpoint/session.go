@@ -369,9 +369,23 @@ type State struct {
 	PauseWall      float64         `json:"pause_wall"`
 	PauseUptime    float64         `json:"pause_uptime"`
 	RelayDelivered *int64          `json:"relay_delivered,omitempty"`
+	RelayPosition  *int64          `json:"relay_position,omitempty"`
 	HarnessSession string          `json:"harness_session,omitempty"`
 	Attempt        int             `json:"attempt"`
 	DeadlineLeftS  *float64        `json:"deadline_left_s,omitempty"`
+}
+
+// LedgerCut is where an in-place restore cuts the episode's ledger: the
+// relay's settled position at the pause, or, in a record from before
+// positions were recorded, its delivered count.
+func (s State) LedgerCut() int64 {
+	switch {
+	case s.RelayPosition != nil:
+		return *s.RelayPosition
+	case s.RelayDelivered != nil:
+		return *s.RelayDelivered
+	}
+	return 0
 }
 
 // ErrNoPause: CheckpointState was asked while no pause is in force.
@@ -388,7 +402,7 @@ func (s *Session) CheckpointState(ctx context.Context) (State, error) {
 	st := State{
 		Episode: s.o.Episode, Provider: s.p.Name(), Sandbox: s.id, KeepsProcesses: s.p.Capabilities().KeepsProcesses,
 		Dir: s.o.Dir, PauseSeq: a.Seq, PauseMode: a.Mode, PauseConfirmed: a.Confirmed, Identity: a.Identity,
-		PauseWall: a.Wall, PauseUptime: a.Uptime, RelayDelivered: a.RelayDelivered,
+		PauseWall: a.Wall, PauseUptime: a.Uptime, RelayDelivered: a.RelayDelivered, RelayPosition: a.RelayPosition,
 		HarnessSession: s.o.HarnessSession, Attempt: s.o.Attempt, DeadlineLeftS: a.DeadlineLeft,
 	}
 	if info, err := s.p.Get(ctx, s.id); err == nil {

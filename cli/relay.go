@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,15 +17,22 @@ import (
 
 func newRelayCmd() *cobra.Command {
 	var listen, upstream, tokenFile, logLevel string
+	var heartbeat time.Duration
 	cmd := &cobra.Command{
 		Use:   "relay --listen ADDR --upstream URL --token-file FILE",
 		Short: "Run the model relay alone (inside a sandbox, without a supervisor)",
 		Long: `relay serves the OpenAI-compatible API a harness talks to (POST
-/v1/chat/completions, POST /v1/responses, GET /v1/models) and forwards each
-call to the gateway with the episode's token and attempt from FILE, which the
-harness never sees. It stores and forwards: a response reaches the harness
-only once the relay holds all of it, re-chunked as a stream when asked.
-Upstream 429 and 5xx answers are retried with backoff (Retry-After honoured).
+/v1/chat/completions and POST /v1/responses, streamed or not, every other
+POST under /v1 as a recorded call, the first two also without /v1; GET
+/v1/models passed through) and forwards each call to the gateway with the
+episode's token and attempt from FILE, which the harness never sees. It
+stores and forwards: a response reaches the harness only once the relay
+holds all of it, re-chunked as a stream when asked; a streaming client gets
+its headers at once and an SSE comment every --heartbeat meanwhile. A
+response counts as delivered only once all of it was written and flushed to
+a live connection; a call whose client has gone is not sent upstream, or,
+if it was, is recorded as abandoned. Upstream 429 and 5xx answers are
+retried with backoff (Retry-After honoured).
 
 Usually the relay runs inside the supervisor (stasis supervise
 --relay-listen ...), where a pause holds it; alone it cannot be paused.
@@ -36,7 +44,7 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
-			r, err := relay.New(relay.Config{Upstream: upstream, TokenFile: tokenFile, Logger: log})
+			r, err := relay.New(relay.Config{Upstream: upstream, TokenFile: tokenFile, Heartbeat: heartbeat, Logger: log})
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
@@ -53,6 +61,7 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 	f.StringVar(&upstream, "upstream", "", "the gateway's URL")
 	f.StringVar(&tokenFile, "token-file", "", "the episode's credentials (JSON)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.DurationVar(&heartbeat, "heartbeat", relay.DefaultHeartbeat, "interval of the SSE comments a streaming client gets while its response is stored or held")
 	_ = cmd.MarkFlagRequired("upstream")
 	_ = cmd.MarkFlagRequired("token-file")
 	return cmd
@@ -116,15 +125,17 @@ Metrics in Prometheus format at /metrics.`,
 
 func newGatewayEpisodeCmd() *cobra.Command {
 	var state, tokenFile string
-	var delivered, nextCall int64
+	var delivered, position, nextCall int64
 	var inPlace, relaunch bool
 	cmd := &cobra.Command{
-		Use:   "episode (add EPISODE | restore EPISODE (--in-place --delivered N | --relaunch))",
+		Use:   "episode (add EPISODE | restore EPISODE (--in-place --position N | --relaunch))",
 		Short: "Register an episode, or start its next attempt after a restore",
 		Long: `episode add EPISODE registers an episode and writes the credentials its
 relay needs (to --token-file, or stdout). episode restore starts its next
-attempt: --in-place cuts the ledger to N delivered calls (the pause's
-relay_delivered); --relaunch makes the gateway match the relaunched harness's
+attempt: --in-place cuts the ledger to position N, the pause's
+relay_position (every response up to it was delivered or abandoned; an
+acknowledgement from before relay_position existed gives relay_delivered,
+pass it with --delivered); --relaunch makes the gateway match the relaunched harness's
 first call against the ledger. The credentials are written again with the new
 attempt; calls of older attempts are refused from now on.`,
 		Args: cobra.ExactArgs(2),
@@ -145,6 +156,12 @@ attempt; calls of older attempts are refused from now on.`,
 			case "restore":
 				if inPlace == relaunch {
 					return &exitError{code: 2, err: errors.New("give exactly one of --in-place and --relaunch")}
+				}
+				if inPlace && cmd.Flags().Changed("position") == cmd.Flags().Changed("delivered") {
+					return &exitError{code: 2, err: errors.New("restore --in-place needs exactly one of --position N (the pause's relay_position) and --delivered N (an older acknowledgement's relay_delivered)")}
+				}
+				if cmd.Flags().Changed("position") {
+					delivered = position
 				}
 				st, err = g.Restore(args[1], inPlace, delivered)
 			default:
@@ -167,7 +184,8 @@ attempt; calls of older attempts are refused from now on.`,
 	f.StringVar(&tokenFile, "token-file", "", "write the relay's credentials here (mode 0600) instead of stdout")
 	f.BoolVar(&inPlace, "in-place", false, "restore: the snapshot kept the harness running")
 	f.BoolVar(&relaunch, "relaunch", false, "restore: the harness is relaunched from its saved session")
-	f.Int64Var(&delivered, "delivered", 0, "restore --in-place: the pause's relay_delivered")
+	f.Int64Var(&position, "position", 0, "restore --in-place: the pause's relay_position, where the ledger is cut")
+	f.Int64Var(&delivered, "delivered", 0, "restore --in-place: an acknowledgement without relay_position: its relay_delivered")
 	f.Int64Var(&nextCall, "next-call", 0, "number the relaunched relay's first call (after the ledger's calls)")
 	return cmd
 }

@@ -19,6 +19,7 @@ func newSuperviseCmd() *cobra.Command {
 	var (
 		dir, mode, resume, logFormat, logLevel string
 		relayListen, relayUpstream, relayToken string
+		relayHeartbeat                         time.Duration
 		deadline, confirm, grace               time.Duration
 	)
 	cmd := &cobra.Command{
@@ -45,7 +46,10 @@ In both modes paused time does not count against --deadline.
 With --relay-listen, --relay-upstream and --relay-token-file the supervisor
 also hosts the model relay the harness calls: a pause (in either mode)
 then starts no new model call and no new delivery, waits for a delivery under
-way, and the acknowledgement carries relay_delivered. At each continue the
+way, and the acknowledgement carries relay_delivered (the responses the
+harness received whole) and relay_position (the ledger position up to which
+every response is settled, delivered or abandoned by a client that had
+gone: where an in-place restore cuts the ledger). At each continue the
 relay re-reads its token file; a raised attempt (a restore that kept the
 processes) makes it issue every undelivered call again.
 
@@ -94,7 +98,7 @@ the deadline ended it, 1 when the supervisor failed.`,
 				if relayListen == "" || relayUpstream == "" || relayToken == "" {
 					return &exitError{code: 2, err: fmt.Errorf("the relay needs all of --relay-listen, --relay-upstream and --relay-token-file")}
 				}
-				r, err := relay.New(relay.Config{Upstream: relayUpstream, TokenFile: relayToken, Logger: log.With("component", "relay")})
+				r, err := relay.New(relay.Config{Upstream: relayUpstream, TokenFile: relayToken, Heartbeat: relayHeartbeat, Logger: log.With("component", "relay")})
 				if err != nil {
 					return &exitError{code: 2, err: err}
 				}
@@ -149,6 +153,7 @@ the deadline ended it, 1 when the supervisor failed.`,
 	f.StringVar(&relayListen, "relay-listen", "", "host the model relay here (host:port or unix:PATH); a pause then holds its calls")
 	f.StringVar(&relayUpstream, "relay-upstream", "", "the gateway's URL (http://, https:// or unix://PATH)")
 	f.StringVar(&relayToken, "relay-token-file", "", "the episode's credentials for the gateway (JSON; re-read at each continue)")
+	f.DurationVar(&relayHeartbeat, "relay-heartbeat", relay.DefaultHeartbeat, "interval of the SSE comments the relay sends a streaming client while its response is stored or held")
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

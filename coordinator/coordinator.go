@@ -428,7 +428,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 		Schema: store.RecordSchema, Episode: eid, Provider: s.Provider, Sandbox: s.Descriptor,
 		SnapshotID: snap.ID, KeepsProcesses: s.KeepsProcesses, PauseSeq: s.PauseSeq, PauseMode: string(s.PauseMode),
 		PauseConfirmed: s.PauseConfirmed, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
-		RelayDelivered: s.RelayDelivered, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
+		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
 	}
 	if len(rec.Sandbox) == 0 {
 		rec.Sandbox, _ = json.Marshal(map[string]string{"id": e.SandboxID()})
@@ -587,7 +587,7 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 		var e *episode.Episode
 		mode, why := "relaunch", fmt.Sprintf("the %s provider's snapshot kept files only (keeps_processes false): the harness is relaunched from its saved session", r.Provider)
 		if r.RestoresInPlace() {
-			st := checkpoint.State{Episode: eid, PauseSeq: r.PauseSeq, Identity: *r.Identity, PauseWall: *r.PauseWall, PauseUptime: *r.PauseUptime, RelayDelivered: r.RelayDelivered, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+			st := checkpoint.State{Episode: eid, PauseSeq: r.PauseSeq, Identity: *r.Identity, PauseWall: *r.PauseWall, PauseUptime: *r.PauseUptime, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
 			var err error
 			e, err = episode.ResumeInPlace(ctx, c.o.Env, specs[eid], sb, st)
 			if err == nil {

@@ -544,16 +544,13 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	if e.clock, err = env.setClock(ctx, sandboxID, rec); err != nil {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
-	var delivered int64
-	if rec.RelayDelivered != nil {
-		delivered = *rec.RelayDelivered
-	}
+	cut := rec.LedgerCut()
 	if copyName != "" {
-		if _, err := env.Gateway.Fork(spec.ID, copyName, delivered); err != nil {
+		if _, err := env.Gateway.Fork(spec.ID, copyName, cut); err != nil {
 			return nil, fmt.Errorf("episode %s: copy %s at the gateway: %w", spec.ID, copyName, err)
 		}
 	}
-	gst, err := env.Gateway.Restore(name, true, delivered)
+	gst, err := env.Gateway.Restore(name, true, cut)
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
 	}

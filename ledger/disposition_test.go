@@ -311,3 +311,44 @@ func TestBadSettleRecordsAreFound(t *testing.T) {
 		t.Fatalf("repeated disposition: %+v %+v %v", rep, rep.Bad, err)
 	}
 }
+
+// TestSettleAndAppend: settlements ride on the next entry in one write
+// (one flush); settlements that do not hold are left out whole and the
+// entry is appended all the same.
+func TestSettleAndAppend(t *testing.T) {
+	dir := t.TempDir()
+	l := open(t, dir, "ep")
+	mustAppend(t, l, entry("ep/1", chat("1")))
+	mustAppend(t, l, entry("ep/2", chat("2")))
+	before := fileBytes(t, dir, "ep")
+	e, serr, err := l.SettleAndAppend([]Settlement{{1, "ep/1", Delivered}, {2, "ep/2", Abandoned}}, entry("ep/3", chat("3")))
+	if err != nil || serr != nil || e.Seq != 3 || e.Disposition != Pending {
+		t.Fatalf("settle and append: %+v %v %v", e, serr, err)
+	}
+	added := fileBytes(t, dir, "ep")[len(before):]
+	if lines := bytes.Split(bytes.TrimSuffix(added, []byte("\n")), []byte("\n")); len(lines) != 2 ||
+		!bytes.HasPrefix(lines[0], []byte(`{"kind":"settle"`)) || !bytes.HasPrefix(lines[1], []byte(`{"kind":"entry","seq":3`)) {
+		t.Fatalf("one write of a settle record and the entry, got:\n%s", added)
+	}
+	// A contradiction (ep/2 was abandoned) and a repeat: the settlements
+	// are left out whole, the entry goes in.
+	e, serr, err = l.SettleAndAppend([]Settlement{{3, "ep/3", Delivered}, {2, "ep/2", Delivered}}, entry("ep/4", chat("4")))
+	if err != nil || serr == nil || e.Seq != 4 {
+		t.Fatalf("a contradicting settlement: %+v %v %v", e, serr, err)
+	}
+	if got := dispositions(l.Entries()); got != "1:ep/1:delivered 2:ep/2:abandoned 3:ep/3:pending 4:ep/4:pending" {
+		t.Fatalf("entries: %s", got)
+	}
+	// A duplicate call id is refused and writes nothing, settlements
+	// included.
+	before = fileBytes(t, dir, "ep")
+	if _, _, err := l.SettleAndAppend([]Settlement{{3, "ep/3", Delivered}}, entry("ep/4", chat("4"))); !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("duplicate: %v", err)
+	}
+	if !bytes.Equal(before, fileBytes(t, dir, "ep")) {
+		t.Fatal("a refused append changed the file")
+	}
+	if rep, err := Verify(dir, "ep"); err != nil || !rep.OK {
+		t.Fatalf("verify: %+v %v", rep, err)
+	}
+}

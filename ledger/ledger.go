@@ -315,6 +315,60 @@ func canonJSON(what string, m json.RawMessage) (json.RawMessage, error) {
 // The first entry after a relaunch match is marked Boundary. A call id
 // that is already in the logical ledger is refused with ErrDuplicate.
 func (l *Ledger) Append(e Entry) (Entry, error) {
+	e, _, err := l.SettleAndAppend(nil, e)
+	return e, err
+}
+
+// SettleAndAppend is Settle and Append in one write and one flush: the
+// relay's settlements of earlier calls ride on the next call's entry, so
+// recording them costs no flush of its own. Settlements that do not hold
+// (Settle would refuse them: an entry a cut took away, a disposition that
+// contradicts the one recorded) are left out whole, the entry is appended
+// all the same, and settleErr says why; err is the append's.
+func (l *Ledger) SettleAndAppend(s []Settlement, e Entry) (_ Entry, settleErr, err error) {
+	e, err = prepareEntry(e)
+	if err != nil {
+		return Entry{}, nil, err
+	}
+	for _, x := range s {
+		if settleErr = x.check(); settleErr != nil {
+			s = nil
+			break
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.usable(); err != nil {
+		return Entry{}, nil, err
+	}
+	if i, ok := l.st.index[e.CallID]; ok {
+		return Entry{}, nil, fmt.Errorf("ledger %s: call %s: %w at seq %d: answer it with the recorded response (Lookup) instead of appending again", l.path, e.CallID, ErrDuplicate, i+1)
+	}
+	var recs []record
+	if len(s) > 0 {
+		fresh, err := l.st.checkSettle(s)
+		if err != nil {
+			settleErr = err
+		} else if len(fresh) > 0 {
+			recs = append(recs, record{Kind: kindSettle, Settled: fresh, At: time.Now().UTC()})
+		}
+	}
+	if settleErr != nil {
+		settleErr = fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.path, settleErr)
+	}
+	e.Seq = int64(len(l.st.entries)) + 1
+	e.Boundary = e.Boundary || l.st.nextBoundary
+	rec := entryRecord(e)
+	rec.canon = true
+	if _, err := l.write(append(recs, rec)...); err != nil {
+		return Entry{}, settleErr, err
+	}
+	return l.st.entries[len(l.st.entries)-1], settleErr, nil
+}
+
+// prepareEntry checks e and makes its JSON canonical, with its usage and
+// tokens read from the response when not given.
+func prepareEntry(e Entry) (Entry, error) {
 	if e.CallID == "" {
 		return Entry{}, errors.New("ledger append: empty call id: every entry needs the relay's call id (\"<episode>/<n>\")")
 	}
@@ -346,23 +400,7 @@ func (l *Ledger) Append(e Entry) (Entry, error) {
 	if e.Usage, err = canonJSON("usage of "+e.CallID, e.Usage); err != nil {
 		return Entry{}, fmt.Errorf("ledger append: %w", err)
 	}
-
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err := l.usable(); err != nil {
-		return Entry{}, err
-	}
-	if i, ok := l.st.index[e.CallID]; ok {
-		return Entry{}, fmt.Errorf("ledger %s: call %s: %w at seq %d: answer it with the recorded response (Lookup) instead of appending again", l.path, e.CallID, ErrDuplicate, i+1)
-	}
-	e.Seq = int64(len(l.st.entries)) + 1
-	e.Boundary = e.Boundary || l.st.nextBoundary
-	rec := entryRecord(e)
-	rec.canon = true
-	if _, err := l.write(rec); err != nil {
-		return Entry{}, err
-	}
-	return l.st.entries[len(l.st.entries)-1], nil
+	return e, nil
 }
 
 // Lookup returns the live entry (in the logical ledger, not cut away) for a

@@ -232,10 +232,12 @@ func (g *Gateway) Episode(id string) (EpisodeState, error) {
 var ErrUnknownEpisode = errors.New("unknown episode")
 
 // Restore starts the episode's next attempt. In place (the snapshot kept
-// the harness's processes), the ledger is cut to the relay's delivered
-// count; otherwise (a relaunch) the next call is matched against the
-// ledger. Calls of older attempts are refused from now on.
-func (g *Gateway) Restore(id string, inPlace bool, delivered int64) (EpisodeState, error) {
+// the harness's processes), the ledger is cut to position, the relay's
+// settled position at the pause (relay_position; relay_delivered in
+// acknowledgements older than it); otherwise (a relaunch) the next call is
+// matched against the ledger. Calls of older attempts are refused from now
+// on.
+func (g *Gateway) Restore(id string, inPlace bool, position int64) (EpisodeState, error) {
 	if err := g.load(id); err != nil {
 		return EpisodeState{}, err
 	}
@@ -250,10 +252,10 @@ func (g *Gateway) Restore(id string, inPlace bool, delivered int64) (EpisodeStat
 	st := g.episodes[id]
 	g.mu.Unlock()
 	if inPlace {
-		if delivered < 0 || delivered > l.Len() {
-			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), delivered)
+		if position < 0 || position > l.Len() {
+			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), position)
 		}
-		if err := l.Cut(delivered, fmt.Sprintf("restore in place, attempt %d", st.Attempt+1)); err != nil {
+		if err := l.Cut(position, fmt.Sprintf("restore in place, attempt %d", st.Attempt+1)); err != nil {
 			return EpisodeState{}, err
 		}
 	}
@@ -294,10 +296,21 @@ func (g *Gateway) Fork(src, dst string, upTo int64) (EpisodeState, error) {
 	if err != nil {
 		return EpisodeState{}, err
 	}
+	var settled []ledger.Settlement
 	for _, e := range entries[:upTo] {
-		e.Seq, e.Parent, e.Hash = 0, "", ""
-		if _, err := dl.Append(e); err != nil {
+		disp := e.Disposition
+		e.Seq, e.Parent, e.Hash, e.Disposition = 0, "", "", ""
+		c, err := dl.Append(e)
+		if err != nil {
 			return EpisodeState{}, fmt.Errorf("episode %q: copy %s's entry %s: %w", dst, src, e.CallID, err)
+		}
+		if disp == ledger.Delivered || disp == ledger.Abandoned {
+			settled = append(settled, ledger.Settlement{Seq: c.Seq, CallID: c.CallID, Disposition: disp})
+		}
+	}
+	if len(settled) > 0 {
+		if err := dl.Settle(settled...); err != nil {
+			return EpisodeState{}, fmt.Errorf("episode %q: copy %s's dispositions: %w", dst, src, err)
 		}
 	}
 	g.mu.Lock()
@@ -362,7 +375,9 @@ func (g *Gateway) Handler() http.Handler { return mux(g.routes()) }
 func (g *Gateway) Routes() []string { return keys(g.routes()) }
 
 func (g *Gateway) routes() map[string]http.Handler {
-	return apiRoutes(g.serveCall, g.serveModels, g.reg, openapi.Gateway)
+	r := apiRoutes(g.serveCall, g.serveModels, g.reg, openapi.Gateway)
+	r["POST "+settlePath] = http.HandlerFunc(g.serveSettle)
+	return r
 }
 
 // authenticate finds the episode of the bearer token.
@@ -498,13 +513,28 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 			g.log.Warn("relaunch does not match the ledger: history marked broken", "episode", st.Episode, "err", merr)
 		}
 	}
+	// Settlements of earlier calls ride on this one: they are recorded with
+	// its entry (one write, one flush), or alone when no entry is appended.
+	settled := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled))
+	settledAlone := func() {
+		if len(settled) == 0 {
+			w.Header().Set(HeaderSettledOK, "1")
+			return
+		}
+		if err := l.Settle(settled...); err != nil {
+			g.log.Warn("settlements not recorded", "episode", st.Episode, "err", err)
+			return
+		}
+		w.Header().Set(HeaderSettledOK, "1")
+	}
 	if e, ok := l.Lookup(callID); ok {
+		settledAlone()
 		if requestHash(e.Request) != requestHash(body) {
 			g.reply(w, http.StatusConflict, "call_id_reused", fmt.Sprintf("call id %s is already recorded with another request", callID))
 			return
 		}
 		g.m.dedupe.Inc()
-		g.answer(w, e)
+		g.answer(w, l, e, q)
 		return
 	}
 	t0 := time.Now()
@@ -515,10 +545,12 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 	upTime := time.Since(t0)
 	g.m.upstream.Observe(upTime.Seconds())
 	if err != nil {
+		settledAlone()
 		g.reply(w, http.StatusBadGateway, "upstream_error", err.Error())
 		return
 	}
 	if status/100 != 2 {
+		settledAlone()
 		g.m.calls.WithLabelValues(strconv.Itoa(status)).Inc()
 		for _, h := range []string{"Content-Type", "Retry-After"} {
 			if v := header.Get(h); v != "" {
@@ -535,30 +567,94 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 			respBody, err = AssembleChat(evs)
 		}
 		if err != nil {
+			settledAlone()
 			g.reply(w, http.StatusBadGateway, "upstream_error", "model stream: "+err.Error())
 			return
 		}
 	}
-	e, err := l.Append(ledger.Entry{
+	e, serr, err := l.SettleAndAppend(settled, ledger.Entry{
 		// Usage and tokens are read from the response by the ledger.
 		CallID: callID, Attempt: attempt, Request: body, Response: respBody, Started: t0, Finished: time.Now(),
 	})
+	if serr != nil {
+		g.log.Warn("settlements not recorded", "episode", st.Episode, "err", serr)
+	}
 	if err != nil {
 		g.log.Error("ledger append failed", "episode", st.Episode, "call", callID, "err", err)
 		g.reply(w, http.StatusInternalServerError, "server_error", "ledger: "+err.Error())
 		return
 	}
-	g.answer(w, e)
+	w.Header().Set(HeaderSettledOK, "1")
+	g.answer(w, l, e, q)
 	g.m.added.Observe((time.Since(start) - upTime).Seconds())
 }
 
-func (g *Gateway) answer(w http.ResponseWriter, e ledger.Entry) {
+func (g *Gateway) answer(w http.ResponseWriter, l *ledger.Ledger, e ledger.Entry, q *http.Request) {
 	g.m.ok.Inc()
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(e.Response)))
 	h.Set(HeaderLedgerSeq, strconv.FormatInt(e.Seq, 10))
+	if q.Header.Get(HeaderWantBase) != "" {
+		h.Set(HeaderDeliveredBefore, strconv.FormatInt(l.DeliveredBefore(e.Seq), 10))
+	}
 	_, _ = w.Write(e.Response)
+}
+
+// settlements reads the settlements a relay sent and keeps those that
+// name a live entry of the ledger; the others (entries a cut took away,
+// malformed items) are logged and dropped, never failing the call that
+// carried them.
+func (g *Gateway) settlements(episode string, l *ledger.Ledger, h string) []ledger.Settlement {
+	if h == "" {
+		return nil
+	}
+	all, err := ParseSettlements(episode, h)
+	if err != nil {
+		g.log.Warn("bad settlements from a relay", "episode", episode, "err", err)
+		return nil
+	}
+	keep := all[:0]
+	for _, s := range all {
+		if e, ok := l.Lookup(s.CallID); ok && e.Seq == s.Seq {
+			keep = append(keep, s)
+		} else {
+			g.log.Warn("settlement of an entry not in the ledger: dropped", "episode", episode, "seq", s.Seq, "call", s.CallID)
+		}
+	}
+	return keep
+}
+
+// serveSettle records settlements that had no call to ride on.
+func (g *Gateway) serveSettle(w http.ResponseWriter, q *http.Request) {
+	st, ok := g.authenticate(q)
+	if !ok {
+		g.m.unauthorized.Inc()
+		g.reply(w, http.StatusUnauthorized, "authentication_error", "unknown or missing episode token")
+		return
+	}
+	if a, err := strconv.Atoi(q.Header.Get(HeaderAttempt)); err != nil || a != st.Attempt {
+		g.m.stale.Inc()
+		g.reply(w, http.StatusConflict, "stale_attempt", fmt.Sprintf("settlements of attempt %q: episode %s is at attempt %d", q.Header.Get(HeaderAttempt), st.Episode, st.Attempt))
+		return
+	}
+	if _, err := ParseSettlements(st.Episode, q.Header.Get(HeaderSettled)); err != nil {
+		g.reply(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	l, err := g.ledger(st.Episode)
+	if err != nil {
+		g.reply(w, http.StatusInternalServerError, "server_error", err.Error())
+		return
+	}
+	if s := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled)); len(s) > 0 {
+		if err := l.Settle(s...); err != nil {
+			g.reply(w, http.StatusConflict, "invalid_settlement", err.Error())
+			return
+		}
+	}
+	w.Header().Set(HeaderSettledOK, "1")
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (g *Gateway) forward(ctx context.Context, path string, body []byte) (int, http.Header, []byte, *[]byte, error) {

@@ -18,7 +18,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"stasis/openapi"
+	"stasis/supervisor"
 )
 
 // Headers between relay and gateway.
@@ -96,35 +96,55 @@ type Config struct {
 	TokenFile string
 	MaxBody   int64
 	Retry     Retry
-	Logger    *slog.Logger
+	// Heartbeat is how often a streaming client waiting for its stored or
+	// held response gets an SSE comment (default 5s).
+	Heartbeat time.Duration
+	// SettleDelay is how long a settlement may wait to ride on the next
+	// call to the gateway before it is sent on its own (default 50ms).
+	SettleDelay time.Duration
+	Logger      *slog.Logger
 }
+
+// DefaultHeartbeat is Config.Heartbeat's default.
+const DefaultHeartbeat = 5 * time.Second
 
 // Relay is the in-sandbox end. It implements supervisor.Gate.
 type Relay struct {
-	up    *Upstream
-	cfg   Config
-	log   *slog.Logger
-	reg   *prometheus.Registry
-	m     relayMetrics
-	mu    sync.Mutex
-	cond  *sync.Cond
-	cred  Credentials
-	held  bool
-	gen   int   // bumped when a restore raises the attempt
-	next  int64 // last call number handed out
-	deliv int64 // deliveries of recorded responses (the ledger cut)
-	// baseUnknown: a relaunched relay, whose deliv is set from its first
-	// recorded response's ledger position.
+	up  *Upstream
+	cfg Config
+	log *slog.Logger
+	reg *prometheus.Registry
+	m   relayMetrics
+
+	mu sync.Mutex
+	// changed is closed (and replaced) whenever the state below changes;
+	// waiters select on it with their client's context and a heartbeat.
+	changed chan struct{}
+	cred    Credentials
+	held    bool
+	gen     int   // bumped when a restore raises the attempt
+	next    int64 // last call number handed out
+	// pos is the ledger position up to which every recorded response is
+	// settled (delivered or abandoned); deliveries go in ledger order, so
+	// the next one is the entry at pos+1. deliv counts the deliveries.
+	pos, deliv int64
+	// baseUnknown: a relaunched relay, whose pos and deliv are set from
+	// its first recorded response's ledger position.
 	baseUnknown bool
 	// delivering counts deliveries under way; Hold waits for zero.
 	delivering int
 	cancels    map[int64]context.CancelFunc // upstream calls in flight
+	// unsent are settlements the gateway has not recorded yet; carried
+	// are those riding on calls in flight (recorded when the call's
+	// answer says so, sent again otherwise).
+	unsent, carried []settlement
+	flushing        bool // a flush of unsent is scheduled
 }
 
 type relayMetrics struct {
-	calls, reissues, retries, delivered prometheus.Counter
-	held                                prometheus.Gauge
-	added                               prometheus.Histogram
+	calls, reissues, retries, delivered, abandoned, dropped, heartbeats prometheus.Counter
+	held                                                                prometheus.Gauge
+	added                                                               prometheus.Histogram
 }
 
 // New makes a relay.
@@ -149,28 +169,59 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.Retry.MaxInterval == 0 {
 		cfg.Retry.MaxInterval = 10 * time.Second
 	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.SettleDelay <= 0 {
+		cfg.SettleDelay = 50 * time.Millisecond
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &Relay{up: up, cfg: cfg, log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, reg: prometheus.NewRegistry()}
+	r := &Relay{up: up, cfg: cfg, log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, reg: prometheus.NewRegistry(), changed: make(chan struct{})}
 	if cred.NextCall > 0 {
 		r.next = cred.NextCall - 1
 		r.baseUnknown = true
 	}
-	r.cond = sync.NewCond(&r.mu)
 	f := prometheus.NewCounter
 	r.m = relayMetrics{
-		calls:     f(prometheus.CounterOpts{Name: "stasis_relay_calls_total", Help: "Model calls the harness made."}),
-		reissues:  f(prometheus.CounterOpts{Name: "stasis_relay_reissues_total", Help: "Calls issued again after a restore."}),
-		retries:   f(prometheus.CounterOpts{Name: "stasis_relay_retries_total", Help: "Upstream 429/5xx answers retried."}),
-		delivered: f(prometheus.CounterOpts{Name: "stasis_relay_delivered_total", Help: "Recorded responses delivered to the harness."}),
-		held:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "stasis_relay_held_calls", Help: "Calls waiting on a hold."}),
+		calls:      f(prometheus.CounterOpts{Name: "stasis_relay_calls_total", Help: "Model calls the harness made."}),
+		reissues:   f(prometheus.CounterOpts{Name: "stasis_relay_reissues_total", Help: "Calls issued again after a restore."}),
+		retries:    f(prometheus.CounterOpts{Name: "stasis_relay_retries_total", Help: "Upstream 429/5xx answers retried."}),
+		delivered:  f(prometheus.CounterOpts{Name: "stasis_relay_delivered_total", Help: "Recorded responses written whole and flushed to a live connection."}),
+		abandoned:  f(prometheus.CounterOpts{Name: "stasis_relay_abandoned_total", Help: "Recorded responses whose client had gone (timed out, disconnected) before it got them."}),
+		dropped:    f(prometheus.CounterOpts{Name: "stasis_relay_dropped_total", Help: "Calls whose client had gone before they were sent upstream (never sent)."}),
+		heartbeats: f(prometheus.CounterOpts{Name: "stasis_relay_heartbeats_total", Help: "SSE comments sent to streaming clients while their response was stored or held."}),
+		held:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "stasis_relay_held_calls", Help: "Calls waiting on a hold."}),
 		added: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stasis_relay_added_seconds", Help: "Time a call spent in the relay beyond its upstream round trip.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
 	}
-	r.reg.MustRegister(r.m.calls, r.m.reissues, r.m.retries, r.m.delivered, r.m.held, r.m.added)
+	r.reg.MustRegister(r.m.calls, r.m.reissues, r.m.retries, r.m.delivered, r.m.abandoned, r.m.dropped, r.m.heartbeats, r.m.held, r.m.added)
 	return r, nil
+}
+
+// broadcastLocked wakes every waiter; r.mu is held.
+func (r *Relay) broadcastLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// waitLocked waits, with r.mu held (it is released while waiting), until
+// ok holds. It returns false if done (nil: never) is closed first.
+func (r *Relay) waitLocked(done <-chan struct{}, ok func() bool) bool {
+	for !ok() {
+		ch := r.changed
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-done:
+			r.mu.Lock()
+			return false
+		}
+		r.mu.Lock()
+	}
+	return true
 }
 
 // Delivered is the number of recorded responses delivered so far.
@@ -180,23 +231,44 @@ func (r *Relay) Delivered() int64 {
 	return r.deliv
 }
 
-// Hold stops new upstream calls and deliveries, waits for a delivery under
-// way to finish, and returns the deliveries so far.
-func (r *Relay) Hold() (int64, error) {
+// Position is the ledger position up to which every recorded response is
+// settled, delivered or abandoned.
+func (r *Relay) Position() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.pos
+}
+
+// holdFlushTimeout bounds how long a hold waits for the gateway to record
+// the settlements not yet sent.
+const holdFlushTimeout = 10 * time.Second
+
+// Hold stops new upstream calls and deliveries, waits for a delivery under
+// way to finish, has the gateway record every settlement so far (so the
+// ledger says which responses the harness got), and returns the deliveries
+// and the settled position.
+func (r *Relay) Hold() (supervisor.Held, error) {
+	r.mu.Lock()
 	r.held = true
-	for r.delivering > 0 {
-		r.cond.Wait()
+	r.broadcastLocked()
+	r.waitLocked(nil, func() bool { return r.delivering == 0 })
+	h := supervisor.Held{Delivered: r.deliv, Position: r.pos}
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), holdFlushTimeout)
+	defer cancel()
+	if err := r.flushSettlements(ctx, true); err != nil {
+		// The ledger lacks these dispositions (its entries read pending);
+		// the position in the acknowledgement is what the cut uses.
+		r.log.Warn("hold: the gateway did not record the latest settlements", "err", err)
 	}
-	return r.deliv, nil
+	return h, nil
 }
 
 // Release lets calls proceed. It re-reads the token file first: a raised
 // attempt means the sandbox was restored from a snapshot that kept its
 // processes, so every call not yet delivered is issued again under the new
 // attempt (the old upstream connections are dead, and the ledger was cut
-// to the deliveries).
+// to the settled position).
 func (r *Relay) Release() error {
 	cred, err := ReadCredentials(r.cfg.TokenFile)
 	r.mu.Lock()
@@ -215,9 +287,12 @@ func (r *Relay) Release() error {
 		r.cred.Token = cred.Token
 	}
 	r.held = false
-	r.cond.Broadcast()
+	r.broadcastLocked()
 	if err != nil {
 		return err
+	}
+	if len(r.unsent) > 0 {
+		r.scheduleFlushLocked()
 	}
 	return nil
 }
@@ -234,17 +309,25 @@ func (r *Relay) routes() map[string]http.Handler {
 	return apiRoutes(r.serveCall, r.serveModels, r.reg, openapi.Relay)
 }
 
-// apiRoutes are the operations relay and gateway both serve: the two model
-// calls, the models list, metrics, liveness and the OpenAPI document.
+// apiRoutes are the operations relay and gateway both serve: every POST
+// under /v1 (the model calls: chat completions and responses, streamed or
+// not, and any other model endpoint, recorded alike), the same two calls
+// without the /v1 (for clients whose base URL lacks it), the models list,
+// metrics, liveness and the OpenAPI document.
 func apiRoutes(call func(http.ResponseWriter, *http.Request, string), models http.HandlerFunc, reg *prometheus.Registry, doc string) map[string]http.Handler {
 	routes := map[string]http.Handler{
 		"GET /v1/models":    models,
+		"GET /models":       models,
 		"GET /metrics":      promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		"GET /healthz":      http.HandlerFunc(healthz),
 		"GET /openapi.json": document(doc),
+		"POST /v1/{endpoint...}": http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			call(w, q, "/v1/"+q.PathValue("endpoint"))
+		}),
 	}
-	for _, path := range []string{"/v1/chat/completions", "/v1/responses"} {
-		routes["POST "+path] = http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { call(w, q, path) })
+	for _, path := range []string{"/chat/completions", "/responses"} {
+		h := http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { call(w, q, "/v1"+path) })
+		routes["POST "+path], routes["POST /v1"+path] = h, h
 	}
 	return routes
 }
@@ -487,230 +570,6 @@ func splice(body []byte, cut []span) []byte {
 		out = append(out, kept...)
 	}
 	return out
-}
-
-type result struct {
-	status int
-	header http.Header
-	body   []byte
-	buf    *[]byte // the pooled buffer body was read into, if it was
-	seq    int64   // ledger position from the gateway; 0 when none
-	took   time.Duration
-}
-
-func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
-	start := time.Now()
-	body, bodyBuf, err := readPooled(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody), q.ContentLength)
-	defer releaseBody(bodyBuf) // ParseCall copies what goes upstream
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			apiError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", fmt.Sprintf("request body over %d bytes", r.cfg.MaxBody))
-			return
-		}
-		apiError(w, http.StatusBadRequest, "invalid_request_error", "read request: "+err.Error())
-		return
-	}
-	upBody, stream, includeUsage, err := ParseCall(body)
-	if err != nil {
-		apiError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return
-	}
-	r.m.calls.Inc()
-	r.mu.Lock()
-	r.next++
-	n := r.next
-	r.mu.Unlock()
-	var res result
-	var upTime time.Duration
-	for {
-		r.mu.Lock()
-		if r.held {
-			r.m.held.Inc()
-			for r.held {
-				r.cond.Wait()
-			}
-			r.m.held.Dec()
-		}
-		gen, cred := r.gen, r.cred
-		// Not the harness's context: once issued, a call runs to its end even
-		// if the harness goes away, so the relay learns its ledger position
-		// and keeps deliveries in ledger order. Only a restore cancels it.
-		ctx, cancel := context.WithCancel(context.Background())
-		r.cancels[n] = cancel
-		r.mu.Unlock()
-
-		res, err = r.issue(ctx, path, upBody, n, cred)
-		cancel()
-		upTime += res.took
-		r.mu.Lock()
-		delete(r.cancels, n)
-		if r.gen != gen {
-			r.mu.Unlock()
-			r.m.reissues.Inc()
-			continue // restored meanwhile: issue again under the new attempt
-		}
-		if err != nil {
-			r.mu.Unlock()
-			apiError(w, http.StatusBadGateway, "upstream_error", err.Error())
-			return
-		}
-		if r.baseUnknown && res.seq > 0 && res.status/100 == 2 {
-			r.deliv, r.baseUnknown = res.seq-1, false
-		}
-		// Wait for the hold to end and for earlier ledger entries to be
-		// delivered first.
-		waited := false
-		for r.held || (res.seq > r.deliv+1 && r.gen == gen) {
-			if !waited {
-				r.m.held.Inc()
-				waited = true
-			}
-			r.cond.Wait()
-		}
-		if waited {
-			r.m.held.Dec()
-		}
-		if r.gen != gen {
-			r.mu.Unlock()
-			r.m.reissues.Inc()
-			continue
-		}
-		r.delivering++
-		r.mu.Unlock()
-		break
-	}
-	r.deliver(w, path, res, stream, includeUsage)
-	releaseBody(res.buf)
-	r.mu.Lock()
-	r.delivering--
-	// A response already counted (a duplicate of a delivered entry) does
-	// not move the count.
-	if res.status/100 == 2 && (res.seq == 0 || res.seq == r.deliv+1) {
-		r.deliv++
-		r.m.delivered.Inc()
-	}
-	r.cond.Broadcast()
-	r.mu.Unlock()
-	r.m.added.Observe((time.Since(start) - upTime).Seconds())
-}
-
-func (r *Relay) deliver(w http.ResponseWriter, path string, res result, stream, includeUsage bool) {
-	if res.status/100 != 2 {
-		for _, h := range []string{"Content-Type", "Retry-After"} {
-			if v := res.header.Get(h); v != "" {
-				w.Header().Set(h, v)
-			}
-		}
-		w.WriteHeader(res.status)
-		_, _ = w.Write(res.body)
-		return
-	}
-	if !stream {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(res.body)))
-		_, _ = w.Write(res.body)
-		return
-	}
-	var out []byte
-	var err error
-	if path == "/v1/responses" {
-		out, err = ResponsesEvents(res.body)
-	} else {
-		out, err = ChatChunks(res.body, includeUsage)
-	}
-	if err != nil {
-		apiError(w, http.StatusBadGateway, "upstream_error", "upstream answer is not a completion: "+err.Error())
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	_, _ = w.Write(out)
-}
-
-// issue makes one call upstream, retrying 429 and 5xx with bounded
-// exponential backoff and jitter, honouring Retry-After.
-func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cred Credentials) (result, error) {
-	var res result
-	wait := r.cfg.Retry.Initial
-	for try := 0; ; try++ {
-		t0 := time.Now()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.up.Base+path, bytes.NewReader(body))
-		if err != nil {
-			return res, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+cred.Token)
-		req.Header.Set(HeaderCallID, cred.Episode+"/"+strconv.FormatInt(n, 10))
-		req.Header.Set(HeaderAttempt, strconv.Itoa(cred.Attempt))
-		req.Header.Set(HeaderEpisode, cred.Episode)
-		resp, err := r.up.Client.Do(req)
-		if err != nil {
-			res.took += time.Since(t0)
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			if try >= r.cfg.Retry.Max {
-				return res, fmt.Errorf("upstream %s: %w", r.up.Base, err)
-			}
-			r.m.retries.Inc()
-			if !sleepCtx(ctx, jitter(wait)) {
-				return res, ctx.Err()
-			}
-			wait = min(2*wait, r.cfg.Retry.MaxInterval)
-			continue
-		}
-		b, buf, err := readPooled(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
-		resp.Body.Close()
-		res.took += time.Since(t0)
-		if err != nil {
-			releaseBody(buf)
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			if try >= r.cfg.Retry.Max {
-				return res, fmt.Errorf("upstream %s: read: %w", r.up.Base, err)
-			}
-			r.m.retries.Inc()
-			if !sleepCtx(ctx, jitter(wait)) {
-				return res, ctx.Err()
-			}
-			wait = min(2*wait, r.cfg.Retry.MaxInterval)
-			continue
-		}
-		if len(b) > maxResponse {
-			releaseBody(buf)
-			return res, fmt.Errorf("upstream response over %d bytes", maxResponse)
-		}
-		if (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) && try < r.cfg.Retry.Max {
-			releaseBody(buf)
-			r.m.retries.Inc()
-			d := jitter(wait)
-			if ra := retryAfter(resp.Header.Get("Retry-After")); ra > 0 {
-				d = min(ra, r.cfg.Retry.MaxInterval*6)
-			}
-			r.log.Debug("upstream busy, retrying", "status", resp.StatusCode, "in", d, "try", try+1)
-			if !sleepCtx(ctx, d) {
-				return res, ctx.Err()
-			}
-			wait = min(2*wait, r.cfg.Retry.MaxInterval)
-			continue
-		}
-		res.status, res.header, res.body, res.buf = resp.StatusCode, resp.Header, b, buf
-		if resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && path == "/v1/chat/completions" {
-			evs, err := ParseSSE(bytes.NewReader(b))
-			if err == nil {
-				res.body, err = AssembleChat(evs)
-			}
-			if err != nil {
-				return res, fmt.Errorf("upstream stream: %w", err)
-			}
-		}
-		if s := resp.Header.Get(HeaderLedgerSeq); s != "" {
-			res.seq, _ = strconv.ParseInt(s, 10, 64)
-		}
-		return res, nil
-	}
 }
 
 func jitter(d time.Duration) time.Duration {

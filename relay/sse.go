@@ -584,7 +584,12 @@ func ResponsesEvents(response []byte) ([]byte, error) {
 			start[k] = raw(nil)
 		}
 	}
-	delete(start, "output_text")
+	// What describes the finished generation is not known at its start:
+	// the SDK's output_text convenience, and the token ids vLLM and SGLang
+	// add (they come with response.completed).
+	for _, k := range []string{"output_text", "token_ids", "prompt_token_ids"} {
+		delete(start, k)
+	}
 	var e responsesEmitter
 	e.emit("response.created", obj{"response": raw(start)})
 	e.emit("response.in_progress", obj{"response": raw(start)})

@@ -71,6 +71,8 @@ func (s *Server) routes() map[string]http.Handler {
 
 		"POST /gateway/v1/chat/completions": gw,
 		"POST /gateway/v1/responses":        gw,
+		"POST /gateway/v1/{endpoint...}":    gw,
+		"POST /gateway/stasis/v1/settle":    gw,
 		"GET /gateway/v1/models":            gw,
 		"GET /gateway/metrics":              gw,
 

@@ -622,8 +622,11 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 	for _, op := range ops {
 		got = append(got, string(op))
 	}
-	if strings.Join(got, "\n") != strings.Join(r.srv.Routes(), "\n") {
-		t.Errorf("the document declares\n%s\nthe handler routes\n%s", strings.Join(got, "\n"), strings.Join(r.srv.Routes(), "\n"))
+	// A ServeMux wildcard for the rest of a path, {name...}, is an OpenAPI
+	// path parameter, {name}.
+	routes := strings.ReplaceAll(strings.Join(r.srv.Routes(), "\n"), "...}", "}")
+	if strings.Join(got, "\n") != routes {
+		t.Errorf("the document declares\n%s\nthe handler routes\n%s", strings.Join(got, "\n"), routes)
 	}
 	h := r.srv.Handler()
 	for _, op := range ops {

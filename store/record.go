@@ -50,6 +50,10 @@ type Record struct {
 	PauseWall      *float64        `json:"pause_wall,omitempty"`   // unix seconds at the pause
 	PauseUptime    *float64        `json:"pause_uptime,omitempty"` // seconds since boot at the pause
 	RelayDelivered *int64          `json:"relay_delivered,omitempty"`
+	// RelayPosition is the ledger position the relay had settled at the
+	// pause (delivered or abandoned responses): the in-place cut. Older
+	// records lack it; their cut is RelayDelivered.
+	RelayPosition  *int64          `json:"relay_position,omitempty"`
 	HarnessSession string          `json:"harness_session,omitempty"`
 	Attempt        int             `json:"attempt"`
 	DeadlineLeftS  *float64        `json:"deadline_left_s,omitempty"`
@@ -236,6 +240,10 @@ func (r Record) validate() error {
 		return bad(`"identity" has pid %d: a pid is positive`, r.Identity.PID)
 	case r.RelayDelivered != nil && *r.RelayDelivered < 0:
 		return bad(`"relay_delivered" %d is negative`, *r.RelayDelivered)
+	case r.RelayPosition != nil && *r.RelayPosition < 0:
+		return bad(`"relay_position" %d is negative`, *r.RelayPosition)
+	case r.RelayPosition != nil && r.RelayDelivered != nil && *r.RelayPosition < *r.RelayDelivered:
+		return bad(`"relay_position" %d is below "relay_delivered" %d: every delivered response is settled`, *r.RelayPosition, *r.RelayDelivered)
 	}
 	for _, c := range []struct {
 		name string

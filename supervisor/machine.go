@@ -29,11 +29,22 @@ type Process interface {
 }
 
 // Gate is the seam through which a pause holds the model relay. Hold returns
-// once no delivery to the harness is under way and none will start, with the
-// number of calls delivered so far; Release lets calls proceed again.
+// once no delivery to the harness is under way and none will start, with
+// what the relay has handed over so far; Release lets calls proceed again.
 type Gate interface {
-	Hold() (delivered int64, err error)
+	Hold() (Held, error)
 	Release() error
+}
+
+// Held is what a relay reports when a pause holds it.
+type Held struct {
+	// Delivered counts the responses the harness received whole.
+	Delivered int64
+	// Position is the ledger position up to which every recorded response
+	// is settled, delivered or abandoned by a client that had gone: the
+	// point an in-place restore cuts the ledger to. It is Delivered plus
+	// the abandoned responses before it.
+	Position int64
 }
 
 // Clock gives the machine its time. Monotonic readings drive the deadline;
@@ -208,14 +219,14 @@ func (m *Machine) Pause(seq int64) (*Ack, bool, error) {
 	m.used += now.Sub(m.runningSince)
 	m.pausedSince = now
 
-	var delivered *int64
+	var held *Held
 	if m.gate != nil {
-		d, err := m.gate.Hold()
+		h, err := m.gate.Hold()
 		if err != nil {
 			m.runningSince = m.clock.Now()
 			return nil, false, fmt.Errorf("pause %d: hold the relay: %w", seq, err)
 		}
-		delivered = &d
+		held = &h
 	}
 
 	confirmed, note := true, ""
@@ -246,7 +257,9 @@ func (m *Machine) Pause(seq int64) (*Ack, bool, error) {
 	m.lastPause = seq
 	m.contAck = nil
 	a := m.ack(OpPause, seq, confirmed)
-	a.RelayDelivered = delivered
+	if held != nil {
+		a.RelayDelivered, a.RelayPosition = &held.Delivered, &held.Position
+	}
 	a.Note = note
 	m.pauseAck = a
 	return a, true, nil

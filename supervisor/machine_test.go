@@ -63,10 +63,10 @@ type fakeGate struct {
 	log       []string
 }
 
-func (g *fakeGate) Hold() (int64, error) {
+func (g *fakeGate) Hold() (Held, error) {
 	g.held = true
 	g.log = append(g.log, "hold")
-	return g.delivered, nil
+	return Held{Delivered: g.delivered, Position: g.delivered + 1}, nil
 }
 func (g *fakeGate) Release() error { g.held = false; g.log = append(g.log, "release"); return nil }
 
@@ -151,8 +151,8 @@ func TestHoldPauseSendsNothing(t *testing.T) {
 	if err != nil || !a.Confirmed || a.Mode != ModeHold {
 		t.Fatal(a, err)
 	}
-	if a.RelayDelivered == nil || *a.RelayDelivered != 5 || !g.held {
-		t.Fatalf("relay_delivered %v, held %v", a.RelayDelivered, g.held)
+	if a.RelayDelivered == nil || *a.RelayDelivered != 5 || a.RelayPosition == nil || *a.RelayPosition != 6 || !g.held {
+		t.Fatalf("relay_delivered %v, relay_position %v, held %v", a.RelayDelivered, a.RelayPosition, g.held)
 	}
 	if _, _, err := m.Continue(1); err != nil {
 		t.Fatal(err)

@@ -123,7 +123,13 @@ type Ack struct {
 	// RelayDelivered is the number of model calls the relay had delivered to
 	// the harness when the pause took hold; present when a relay is attached.
 	RelayDelivered *int64 `json:"relay_delivered,omitempty"`
-	HarnessPID     int    `json:"harness_pid,omitempty"`
+	// RelayPosition is the ledger position up to which every recorded
+	// response was settled (delivered, or abandoned by a client that had
+	// gone) when the pause took hold: where an in-place restore cuts the
+	// ledger. Absent from older acknowledgements, where it equals
+	// RelayDelivered.
+	RelayPosition *int64 `json:"relay_position,omitempty"`
+	HarnessPID    int    `json:"harness_pid,omitempty"`
 	// DeadlineLeft is the run budget left, in seconds (paused time does not
 	// count); absent without a deadline.
 	DeadlineLeft *float64 `json:"deadline_left_s,omitempty"`

@@ -162,6 +162,7 @@ fuzz: deps
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)
+	$(GO) test ./relay -run '^$$' -fuzz FuzzResponsesEvents -fuzztime $(FUZZTIME)
 	$(GO) test ./task -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)
 	$(GO) test ./task -run '^$$' -fuzz FuzzParseDefinition -fuzztime $(FUZZTIME)
 	$(GO) test ./task -run '^$$' -fuzz FuzzInstance -fuzztime $(FUZZTIME)

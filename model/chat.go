@@ -50,7 +50,8 @@ type Usage struct {
 
 // ChatChunk is one streamed chat event. The first carries
 // prompt_token_ids; each carries the token ids and logprobs of its delta; with
-// stream_options.include_usage a last chunk with no choices carries usage.
+// stream_options.include_usage every chunk has "usage": null but a last one
+// with no choices, which carries the usage.
 type ChatChunk struct {
 	ID                string        `json:"id"`
 	Object            string        `json:"object"`
@@ -200,7 +201,15 @@ func chatEvents(g *generation, model string, created int64, includeUsage bool) [
 	}
 	events := make([]event, 0, len(chunks)+1)
 	for _, c := range chunks {
-		events = append(events, event{data: sseData(c.chunk), tokens: c.tokens})
+		var v any = c.chunk
+		if includeUsage {
+			// With include_usage every chunk says "usage", null but the last.
+			v = struct {
+				ChatChunk
+				Usage *Usage `json:"usage"`
+			}{c.chunk, c.chunk.Usage}
+		}
+		events = append(events, event{data: sseData(v), tokens: c.tokens})
 	}
 	return append(events, event{data: []byte("data: [DONE]\n\n")})
 }

@@ -348,7 +348,7 @@ func (b *responseBuilder) events() []event {
 			case pieceCallArgs:
 				emit("response.function_call_arguments.delta", p.n, map[string]any{"item_id": id, "output_index": out, "delta": p.text})
 			case pieceCallTail:
-				emit("response.function_call_arguments.done", p.n, map[string]any{"item_id": id, "output_index": out, "arguments": c.args})
+				emit("response.function_call_arguments.done", p.n, map[string]any{"item_id": id, "output_index": out, "name": c.name, "arguments": c.args})
 			}
 		}
 		emit("response.output_item.done", 0, map[string]any{"output_index": out, "item": b.call(i, "completed", c.args)})

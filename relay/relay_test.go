@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"stasis/internal/ssecheck"
 	"stasis/internal/testwait"
 	"stasis/serve"
 )
@@ -347,6 +348,9 @@ func FuzzChatChunks(f *testing.F) {
 		}
 		if _, err := ParseSSE(bytes.NewReader(out)); err != nil {
 			t.Fatalf("chunks do not parse: %v", err)
+		}
+		if err := ssecheck.CheckChat(out, true); err != nil {
+			t.Fatalf("ChatChunks(%s) breaks the chunk format: %v\n%s", b, err, out)
 		}
 	})
 }

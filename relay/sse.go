@@ -216,129 +216,645 @@ func AssembleChat(events []Event) ([]byte, error) {
 	return json.Marshal(top)
 }
 
+// isNull reports whether a member is absent or JSON null.
+func isNull(v json.RawMessage) bool {
+	return v == nil || string(bytes.TrimSpace(v)) == "null"
+}
+
+// strField reads member k as a string: ok is false when it is present and
+// not a string; absent and null read as "".
+func (o obj) strField(k string) (string, bool) {
+	if isNull(o[k]) {
+		return "", true
+	}
+	var s string
+	return s, json.Unmarshal(o[k], &s) == nil
+}
+
+// objList reads member k as a list of objects; absent and null read as an
+// empty list.
+func (o obj) objList(k string) ([]obj, error) {
+	if isNull(o[k]) {
+		return nil, nil
+	}
+	var raws []json.RawMessage
+	if err := json.Unmarshal(o[k], &raws); err != nil {
+		return nil, fmt.Errorf("%q is not a list", k)
+	}
+	out := make([]obj, len(raws))
+	for i, r := range raws {
+		v, err := decodeObj(r)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", k, i, err)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+func (o obj) clone() obj {
+	c := make(obj, len(o))
+	for k, v := range o {
+		c[k] = v
+	}
+	return c
+}
+
+func isJSONArray(v json.RawMessage) bool {
+	v = bytes.TrimSpace(v)
+	return len(v) > 0 && v[0] == '['
+}
+
+// sseWriter writes events in the text/event-stream framing.
+type sseWriter struct{ bytes.Buffer }
+
+func (w *sseWriter) data(o obj) {
+	b, _ := json.Marshal(o)
+	w.WriteString("data: ")
+	w.Write(b)
+	w.WriteString("\n\n")
+}
+
+func (w *sseWriter) named(name string, o obj) {
+	b, _ := json.Marshal(o)
+	fmt.Fprintf(w, "event: %s\ndata: %s\n\n", name, b)
+}
+
+// chatChunkHead are the members every chat.completion.chunk repeats from
+// the completion.
+var chatChunkHead = []string{"id", "created", "model", "system_fingerprint", "service_tier"}
+
 // ChatChunks turns a whole chat.completion into the SSE body a streaming
-// client expects: one chunk carrying the message as a delta (with every
-// field of the completion and of its choice that is not the message), a
-// chunk with the finish reason, a usage chunk when asked, and [DONE].
+// client of the Chat Completions API expects. Per choice, in order: a chunk
+// whose delta opens the message (role, content "", refusal null, and any
+// message member this package does not stream, such as vLLM's
+// reasoning_content), a content chunk, a refusal chunk, for each tool call
+// a chunk opening it (index, id, type, function name, arguments "") and a
+// chunk with its arguments, and a chunk with an empty delta and the
+// finish_reason. The choice's logprobs and its other members (vLLM's
+// token_ids) ride on its first chunk that carries generated text; the
+// completion's members other than id, created, model, system_fingerprint
+// and service_tier (which every chunk repeats) ride on the first chunk
+// only (vLLM's prompt_token_ids). With includeUsage every chunk carries
+// "usage": null and a last chunk with no choices carries the usage. The
+// body ends with "data: [DONE]".
 func ChatChunks(completion []byte, includeUsage bool) ([]byte, error) {
 	c, err := decodeObj(completion)
 	if err != nil {
 		return nil, fmt.Errorf("completion: %w", err)
 	}
-	var choices []obj
-	if err := json.Unmarshal(c["choices"], &choices); err != nil {
-		return nil, fmt.Errorf("completion choices: %w", err)
+	if isNull(c["choices"]) {
+		return nil, errors.New(`completion has no "choices"`)
 	}
-	head := obj{}
-	for k, v := range c {
-		if k != "choices" && k != "usage" && k != "object" {
+	choices, err := c.objList("choices")
+	if err != nil {
+		return nil, fmt.Errorf("completion: %w", err)
+	}
+	if id, ok := c.strField("id"); !ok || id == "" {
+		return nil, errors.New(`completion "id" is not a string`)
+	}
+	if _, ok := c.strField("model"); !ok {
+		return nil, errors.New(`completion "model" is not a string`)
+	}
+	var created float64
+	if err := json.Unmarshal(c["created"], &created); err != nil {
+		return nil, errors.New(`completion "created" is not a number`)
+	}
+	head := obj{"object": raw("chat.completion.chunk")}
+	for _, k := range chatChunkHead {
+		if v, ok := c[k]; ok {
 			head[k] = v
 		}
 	}
-	head["object"] = raw("chat.completion.chunk")
-	var buf bytes.Buffer
-	emit := func(o obj) {
-		b, _ := json.Marshal(o)
-		buf.WriteString("data: ")
-		buf.Write(b)
-		buf.WriteString("\n\n")
+	if _, ok := head["model"]; !ok {
+		head["model"] = raw("")
 	}
-	var first, last []obj
+	firstOnly := obj{}
+	for k, v := range c {
+		if _, ok := head[k]; !ok && k != "choices" && k != "usage" {
+			firstOnly[k] = v
+		}
+	}
+	type chunk struct {
+		choice obj
+		delta  obj
+	}
+	var chunks []chunk
 	for i, ch := range choices {
-		msg, _ := decodeObj(ch["message"])
-		delta := obj{}
-		for k, v := range msg {
-			delta[k] = v
-		}
-		if tcs, ok := msg["tool_calls"]; ok {
-			var list []obj
-			_ = json.Unmarshal(tcs, &list)
-			for j := range list {
-				list[j]["index"] = raw(j)
+		if v, ok := ch["index"]; ok {
+			var idx int
+			if json.Unmarshal(v, &idx) != nil || idx != i {
+				return nil, fmt.Errorf("choices[%d] has index %s", i, v)
 			}
-			delta["tool_calls"] = raw(list)
 		}
-		one := obj{"index": raw(i), "delta": raw(delta), "finish_reason": raw(nil)}
+		msg := obj{}
+		if !isNull(ch["message"]) {
+			if msg, err = decodeObj(ch["message"]); err != nil {
+				return nil, fmt.Errorf("choices[%d].message: %w", i, err)
+			}
+		}
+		role, ok := msg.strField("role")
+		if !ok {
+			return nil, fmt.Errorf("choices[%d].message.role is not a string", i)
+		}
+		if role == "" {
+			role = "assistant"
+		}
+		if role != "assistant" {
+			return nil, fmt.Errorf("choices[%d].message.role is %q, not assistant", i, role)
+		}
+		content, ok := msg.strField("content")
+		if !ok {
+			return nil, fmt.Errorf("choices[%d].message.content is not a string", i)
+		}
+		refusal, ok := msg.strField("refusal")
+		if !ok {
+			return nil, fmt.Errorf("choices[%d].message.refusal is not a string", i)
+		}
+		calls, err := msg.objList("tool_calls")
+		if err != nil {
+			return nil, fmt.Errorf("choices[%d].message: %w", i, err)
+		}
+		finish, ok := ch.strField("finish_reason")
+		if !ok {
+			return nil, fmt.Errorf("choices[%d].finish_reason is not a string", i)
+		}
+		if finish == "" {
+			finish = "stop"
+		}
+		// The choice's members that are not streamed piecewise.
+		rest := obj{}
 		for k, v := range ch {
-			if k != "message" && k != "index" && k != "finish_reason" {
-				one[k] = v
+			if k != "index" && k != "message" && k != "finish_reason" && k != "logprobs" {
+				rest[k] = v
 			}
 		}
-		first = append(first, one)
-		fr := ch["finish_reason"]
-		if fr == nil {
-			fr = raw("stop")
+		logprobs := ch["logprobs"]
+		if logprobs == nil {
+			logprobs = raw(nil)
 		}
-		last = append(last, obj{"index": raw(i), "delta": raw(obj{}), "finish_reason": fr})
-	}
-	o := obj{}
-	for k, v := range head {
-		o[k] = v
-	}
-	o["choices"] = raw(first)
-	emit(o)
-	o2 := obj{}
-	for _, k := range []string{"id", "object", "created", "model", "system_fingerprint"} {
-		if v, ok := head[k]; ok {
-			o2[k] = v
+		// The first chunk that carries generated text takes the choice's
+		// logprobs and other members.
+		placed := false
+		body := func(delta obj) chunk {
+			one := obj{"index": raw(i), "finish_reason": raw(nil), "logprobs": raw(nil)}
+			if !placed {
+				for k, v := range rest {
+					one[k] = v
+				}
+				one["logprobs"] = logprobs
+				placed = true
+			}
+			return chunk{one, delta}
 		}
-	}
-	o2["choices"] = raw(last)
-	emit(o2)
-	if u, ok := c["usage"]; ok && includeUsage {
-		o3 := obj{}
-		for _, k := range []string{"id", "object", "created", "model"} {
-			if v, ok := head[k]; ok {
-				o3[k] = v
+		open := obj{"role": raw(role), "content": raw(""), "refusal": raw(nil)}
+		for k, v := range msg {
+			if k != "role" && k != "content" && k != "refusal" && k != "tool_calls" {
+				open[k] = v
 			}
 		}
-		o3["choices"] = raw([]obj{})
-		o3["usage"] = u
-		emit(o3)
+		if content == "" && refusal == "" && len(calls) == 0 {
+			chunks = append(chunks, body(open))
+		} else {
+			chunks = append(chunks, chunk{obj{"index": raw(i), "finish_reason": raw(nil), "logprobs": raw(nil)}, open})
+		}
+		if content != "" {
+			chunks = append(chunks, body(obj{"content": raw(content)}))
+		}
+		if refusal != "" {
+			chunks = append(chunks, body(obj{"refusal": raw(refusal)}))
+		}
+		for j, tc := range calls {
+			id, ok := tc.strField("id")
+			if !ok || id == "" {
+				return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].id is not a string", i, j)
+			}
+			typ, ok := tc.strField("type")
+			if !ok {
+				return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].type is not a string", i, j)
+			}
+			if typ == "" {
+				typ = "function"
+			}
+			if typ != "function" {
+				// Another kind of call (a custom tool's, say) goes whole.
+				d := tc.clone()
+				d["index"], d["type"] = raw(j), raw(typ)
+				chunks = append(chunks, body(obj{"tool_calls": raw([]obj{d})}))
+				continue
+			}
+			fn := obj{}
+			if !isNull(tc["function"]) {
+				if fn, err = decodeObj(tc["function"]); err != nil {
+					return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].function: %w", i, j, err)
+				}
+			}
+			name, ok := fn.strField("name")
+			if !ok || name == "" {
+				return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].function.name is not a string", i, j)
+			}
+			args, ok := fn.strField("arguments")
+			if !ok {
+				return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].function.arguments is not a string", i, j)
+			}
+			openFn := fn.clone()
+			openFn["arguments"] = raw("")
+			openCall := obj{"index": raw(j), "id": raw(id), "type": raw(typ), "function": raw(openFn)}
+			for k, v := range tc {
+				if k != "id" && k != "type" && k != "function" && k != "index" {
+					openCall[k] = v
+				}
+			}
+			chunks = append(chunks, body(obj{"tool_calls": raw([]obj{openCall})}))
+			if args != "" {
+				more := obj{"index": raw(j), "function": raw(obj{"arguments": raw(args)})}
+				chunks = append(chunks, body(obj{"tool_calls": raw([]obj{more})}))
+			}
+		}
+		chunks = append(chunks, chunk{obj{"index": raw(i), "finish_reason": raw(finish), "logprobs": raw(nil)}, obj{}})
 	}
-	buf.WriteString("data: [DONE]\n\n")
-	return buf.Bytes(), nil
+	var w sseWriter
+	for n, ch := range chunks {
+		o := head.clone()
+		if n == 0 {
+			for k, v := range firstOnly {
+				o[k] = v
+			}
+		}
+		ch.choice["delta"] = raw(ch.delta)
+		o["choices"] = raw([]obj{ch.choice})
+		if includeUsage {
+			o["usage"] = raw(nil)
+		}
+		w.data(o)
+	}
+	if len(chunks) == 0 && !includeUsage {
+		// No choice at all: one chunk with none still names the completion.
+		o := head.clone()
+		for k, v := range firstOnly {
+			o[k] = v
+		}
+		o["choices"] = raw([]obj{})
+		w.data(o)
+	}
+	if includeUsage {
+		o := head.clone()
+		if len(chunks) == 0 {
+			for k, v := range firstOnly {
+				o[k] = v
+			}
+		}
+		o["choices"] = raw([]obj{})
+		u := c["usage"]
+		if u == nil {
+			u = raw(nil)
+		}
+		o["usage"] = u
+		w.data(o)
+	}
+	w.WriteString("data: [DONE]\n\n")
+	return w.Bytes(), nil
 }
 
-// ResponsesEvents turns a whole Responses-API response object into the SSE
-// events a streaming client expects, ending with response.completed.
+// responsesEmitter numbers the events of one Responses stream.
+type responsesEmitter struct {
+	w   sseWriter
+	seq int
+}
+
+func (e *responsesEmitter) emit(typ string, o obj) {
+	o["type"] = raw(typ)
+	o["sequence_number"] = raw(e.seq)
+	e.seq++
+	e.w.named(typ, o)
+}
+
+// ResponsesEvents turns a whole Responses-API response object into the
+// events of the Responses streaming format, numbered from 0:
+// response.created and response.in_progress (the response in progress:
+// no output, no usage), then per output item response.output_item.added
+// (the item in progress, its text empty), the events that stream its text
+// (content parts, text and refusal deltas, function-call arguments,
+// reasoning summary and reasoning text, custom-tool input; one delta per
+// piece of text) and response.output_item.done with the item as given,
+// and last response.completed with the whole response, or
+// response.incomplete or response.failed when that is its status. It
+// refuses a response that is not finished (queued, in_progress) and items
+// whose text is not where the format puts it.
 func ResponsesEvents(response []byte) ([]byte, error) {
 	r, err := decodeObj(response)
 	if err != nil {
 		return nil, fmt.Errorf("response: %w", err)
 	}
-	var buf bytes.Buffer
-	seq := 0
-	emit := func(name string, o obj) {
-		o["type"] = raw(name)
-		o["sequence_number"] = raw(seq)
-		seq++
-		b, _ := json.Marshal(o)
-		fmt.Fprintf(&buf, "event: %s\ndata: %s\n\n", name, b)
+	if id, ok := r.strField("id"); !ok || id == "" {
+		return nil, errors.New(`response "id" is not a string`)
 	}
-	inProgress := obj{}
-	for k, v := range r {
-		inProgress[k] = v
+	status, ok := r.strField("status")
+	if !ok {
+		return nil, errors.New(`response "status" is not a string`)
 	}
-	inProgress["status"] = raw("in_progress")
-	inProgress["output"] = raw([]any{})
-	emit("response.created", obj{"response": raw(inProgress)})
-	var items []obj
-	_ = json.Unmarshal(r["output"], &items)
+	terminal := "response.completed"
+	switch status {
+	case "queued", "in_progress":
+		return nil, fmt.Errorf("response is %s, not finished", status)
+	case "incomplete":
+		terminal = "response.incomplete"
+	case "failed":
+		terminal = "response.failed"
+	}
+	if !isJSONArray(r["output"]) {
+		return nil, errors.New(`response "output" is not a list`)
+	}
+	items, err := r.objList("output")
+	if err != nil {
+		return nil, fmt.Errorf("response: %w", err)
+	}
+	// Check every item before the first event, so a refusal is whole.
 	for i, it := range items {
-		emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(it)})
-		if it.str("type") == "message" {
-			var parts []obj
-			_ = json.Unmarshal(it["content"], &parts)
+		if err := checkResponseItem(it); err != nil {
+			return nil, fmt.Errorf("response output[%d]: %w", i, err)
+		}
+	}
+	start := r.clone()
+	start["status"] = raw("in_progress")
+	start["output"] = raw([]obj{})
+	start["usage"] = raw(nil)
+	for _, k := range []string{"error", "incomplete_details", "completed_at"} {
+		if _, ok := start[k]; ok {
+			start[k] = raw(nil)
+		}
+	}
+	delete(start, "output_text")
+	var e responsesEmitter
+	e.emit("response.created", obj{"response": raw(start)})
+	e.emit("response.in_progress", obj{"response": raw(start)})
+	for i, it := range items {
+		streamResponseItem(&e, i, it)
+	}
+	e.emit(terminal, obj{"response": raw(r)})
+	return e.w.Bytes(), nil
+}
+
+// checkResponseItem refuses an item ResponsesEvents cannot stream.
+func checkResponseItem(it obj) error {
+	typ, ok := it.strField("type")
+	if !ok || typ == "" {
+		return errors.New(`"type" is not a string`)
+	}
+	if _, ok := it.strField("status"); !ok {
+		return errors.New(`"status" is not a string`)
+	}
+	streamed := true
+	switch typ {
+	case "message":
+		parts, err := it.objList("content")
+		if err != nil {
+			return err
+		}
+		for j, p := range parts {
+			pt, ok := p.strField("type")
+			if !ok || pt == "" {
+				return fmt.Errorf(`content[%d]: "type" is not a string`, j)
+			}
+			if pt == "output_text" || pt == "refusal" {
+				k := map[string]string{"output_text": "text", "refusal": "refusal"}[pt]
+				if _, ok := p.strField(k); !ok || isNull(p[k]) {
+					return fmt.Errorf(`content[%d]: %q is not a string`, j, k)
+				}
+			}
+			if !isNull(p["annotations"]) && !isJSONArray(p["annotations"]) {
+				return fmt.Errorf(`content[%d]: "annotations" is not a list`, j)
+			}
+		}
+	case "function_call":
+		for _, k := range []string{"name", "arguments"} {
+			if _, ok := it.strField(k); !ok || isNull(it[k]) {
+				return fmt.Errorf("%q is not a string", k)
+			}
+		}
+	case "custom_tool_call":
+		if _, ok := it.strField("input"); !ok || isNull(it["input"]) {
+			return errors.New(`"input" is not a string`)
+		}
+	case "reasoning":
+		for _, k := range []string{"summary", "content"} {
+			parts, err := it.objList(k)
+			if err != nil {
+				return err
+			}
 			for j, p := range parts {
-				if p.str("type") == "output_text" {
-					emit("response.output_text.delta", obj{"item_id": it["id"], "output_index": raw(i), "content_index": raw(j), "delta": p["text"]})
-					emit("response.output_text.done", obj{"item_id": it["id"], "output_index": raw(i), "content_index": raw(j), "text": p["text"]})
+				if _, ok := p.strField("text"); !ok || isNull(p["text"]) {
+					return fmt.Errorf(`%s[%d]: "text" is not a string`, k, j)
+				}
+				if pt, ok := p.strField("type"); !ok || (k == "content" && pt != "reasoning_text") {
+					return fmt.Errorf(`%s[%d]: "type" is %s`, k, j, p["type"])
 				}
 			}
 		}
-		emit("response.output_item.done", obj{"output_index": raw(i), "item": raw(it)})
+	default:
+		streamed = false
 	}
-	emit("response.completed", obj{"response": raw(r)})
-	return buf.Bytes(), nil
+	if streamed {
+		if id, ok := it.strField("id"); !ok || id == "" {
+			return errors.New(`"id" is not a string`)
+		}
+	}
+	return nil
+}
+
+// streamResponseItem emits the events of output item i (checked by
+// checkResponseItem).
+func streamResponseItem(e *responsesEmitter, i int, it obj) {
+	typ := it.str("type")
+	added := it.clone()
+	if _, ok := it["status"]; ok {
+		added["status"] = raw("in_progress")
+	}
+	at := func(o obj) obj {
+		o["item_id"] = it["id"]
+		o["output_index"] = raw(i)
+		return o
+	}
+	switch typ {
+	case "message":
+		parts, _ := it.objList("content")
+		added["content"] = raw([]obj{})
+		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
+		for j, p := range parts {
+			in := func(o obj) obj {
+				o = at(o)
+				o["content_index"] = raw(j)
+				return o
+			}
+			switch p.str("type") {
+			case "output_text":
+				text := p.str("text")
+				lps := p["logprobs"]
+				if !isJSONArray(lps) {
+					lps = raw([]any{})
+				}
+				e.emit("response.content_part.added", in(obj{"part": raw(obj{"type": raw("output_text"), "text": raw(""), "annotations": raw([]any{}), "logprobs": raw([]any{})})}))
+				if text != "" {
+					e.emit("response.output_text.delta", in(obj{"delta": raw(text), "logprobs": lps}))
+				}
+				var anns []json.RawMessage
+				_ = json.Unmarshal(p["annotations"], &anns)
+				for k, a := range anns {
+					e.emit("response.output_text.annotation.added", in(obj{"annotation_index": raw(k), "annotation": a}))
+				}
+				e.emit("response.output_text.done", in(obj{"text": raw(text), "logprobs": lps}))
+			case "refusal":
+				text := p.str("refusal")
+				e.emit("response.content_part.added", in(obj{"part": raw(obj{"type": raw("refusal"), "refusal": raw("")})}))
+				if text != "" {
+					e.emit("response.refusal.delta", in(obj{"delta": raw(text)}))
+				}
+				e.emit("response.refusal.done", in(obj{"refusal": raw(text)}))
+			default:
+				e.emit("response.content_part.added", in(obj{"part": raw(p)}))
+			}
+			e.emit("response.content_part.done", in(obj{"part": raw(p)}))
+		}
+	case "function_call":
+		args := it.str("arguments")
+		added["arguments"] = raw("")
+		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
+		if args != "" {
+			e.emit("response.function_call_arguments.delta", at(obj{"delta": raw(args)}))
+		}
+		e.emit("response.function_call_arguments.done", at(obj{"name": it["name"], "arguments": raw(args)}))
+	case "custom_tool_call":
+		input := it.str("input")
+		added["input"] = raw("")
+		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
+		if input != "" {
+			e.emit("response.custom_tool_call_input.delta", at(obj{"delta": raw(input)}))
+		}
+		e.emit("response.custom_tool_call_input.done", at(obj{"input": raw(input)}))
+	case "reasoning":
+		summary, _ := it.objList("summary")
+		content, _ := it.objList("content")
+		added["summary"] = raw([]obj{})
+		if !isNull(it["content"]) {
+			added["content"] = raw([]obj{})
+		}
+		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
+		for j, p := range summary {
+			in := func(o obj) obj {
+				o = at(o)
+				o["summary_index"] = raw(j)
+				return o
+			}
+			text := p.str("text")
+			empty := p.clone()
+			empty["text"] = raw("")
+			e.emit("response.reasoning_summary_part.added", in(obj{"part": raw(empty)}))
+			if text != "" {
+				e.emit("response.reasoning_summary_text.delta", in(obj{"delta": raw(text)}))
+			}
+			e.emit("response.reasoning_summary_text.done", in(obj{"text": raw(text)}))
+			e.emit("response.reasoning_summary_part.done", in(obj{"part": raw(p)}))
+		}
+		for j, p := range content {
+			in := func(o obj) obj {
+				o = at(o)
+				o["content_index"] = raw(j)
+				return o
+			}
+			text := p.str("text")
+			empty := p.clone()
+			empty["text"] = raw("")
+			e.emit("response.content_part.added", in(obj{"part": raw(empty)}))
+			if text != "" {
+				e.emit("response.reasoning_text.delta", in(obj{"delta": raw(text)}))
+			}
+			e.emit("response.reasoning_text.done", in(obj{"text": raw(text)}))
+			e.emit("response.content_part.done", in(obj{"part": raw(p)}))
+		}
+	default:
+		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
+	}
+	e.emit("response.output_item.done", obj{"output_index": raw(i), "item": raw(it)})
+}
+
+// upstreamError reads an OpenAI-style error body ({"error": {"message",
+// "type", "code", "param"}}); members it lacks come from the status.
+func upstreamError(status int, body []byte) (message, typ string, code, param json.RawMessage) {
+	var e struct {
+		Error struct {
+			Message json.RawMessage `json:"message"`
+			Type    json.RawMessage `json:"type"`
+			Code    json.RawMessage `json:"code"`
+			Param   json.RawMessage `json:"param"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(body, &e)
+	str := func(v json.RawMessage) (string, bool) {
+		var s string
+		return s, !isNull(v) && json.Unmarshal(v, &s) == nil
+	}
+	message, ok := str(e.Error.Message)
+	if !ok || message == "" {
+		text := strings.TrimSpace(string(body))
+		if len(text) > 512 {
+			text = text[:512] + "…"
+		}
+		message = fmt.Sprintf("upstream answered %d", status)
+		if text != "" {
+			message += ": " + text
+		}
+	}
+	typ, ok = str(e.Error.Type)
+	if !ok || typ == "" {
+		switch {
+		case status == 429:
+			typ = "rate_limit_error"
+		case status >= 500 || status == 0:
+			typ = "server_error"
+		default:
+			typ = "upstream_error"
+		}
+	}
+	code = raw(nil)
+	if s, ok := str(e.Error.Code); ok {
+		code = raw(s)
+	} else if c := bytes.TrimSpace(e.Error.Code); len(c) > 0 && c[0] >= '0' && c[0] <= '9' {
+		// OpenAI-compatible servers send numeric codes; keep them as text.
+		code = raw(string(c))
+	} else if status != 0 {
+		code = raw(fmt.Sprint(status))
+	}
+	param = raw(nil)
+	if s, ok := str(e.Error.Param); ok {
+		param = raw(s)
+	}
+	return message, typ, code, param
+}
+
+// ChatStreamError is the event that ends a Chat Completions stream whose
+// call failed after the stream's headers were sent (the relay answers a
+// stream's headers at once and keeps the connection alive with comments
+// while it waits): one "data:" event holding {"error": {message, type,
+// code, param}}, the shape of an OpenAI error body, and no "[DONE]" after
+// it. The official SDKs raise an API error on a stream chunk with an
+// "error" member. message, type, code and param come from body when it is
+// an OpenAI-style error; what it lacks is made from status (code is the
+// status as text).
+func ChatStreamError(status int, body []byte) []byte {
+	message, typ, code, param := upstreamError(status, body)
+	var w sseWriter
+	w.data(obj{"error": raw(obj{"message": raw(message), "type": raw(typ), "code": code, "param": param})})
+	return w.Bytes()
+}
+
+// ResponsesStreamError is the event that ends a Responses stream whose call
+// failed after the stream's headers were sent: "event: error" with
+// {"type": "error", "code", "message", "param", "sequence_number": seq},
+// seq being the number of events already sent on the stream. The fields
+// come from body as in ChatStreamError.
+func ResponsesStreamError(status int, body []byte, seq int) []byte {
+	message, _, code, param := upstreamError(status, body)
+	var w sseWriter
+	w.named("error", obj{"type": raw("error"), "code": code, "message": raw(message), "param": param, "sequence_number": raw(seq)})
+	return w.Bytes()
 }

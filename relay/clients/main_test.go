@@ -113,13 +113,14 @@ type stack struct {
 	Model    *httptest.Server // the scripted model, called directly
 	Relay    *httptest.Server // relay → gateway → its own scripted model
 	Gateway  *relay.Gateway
+	R        *relay.Relay // the relay, to hold and release
 	Episode  string
 	direct   *counter // POSTs the directly called model served
 	upstream *counter // POSTs the model behind the gateway served
 }
 
 // startStack starts the servers; they are closed when the test ends.
-func startStack(t testing.TB, opts model.Options, episode string) *stack {
+func startStack(t testing.TB, opts model.Options, episode string, tweak ...func(*relay.Config)) *stack {
 	t.Helper()
 	s := &stack{Episode: episode, direct: &counter{h: model.New(opts)}, upstream: &counter{h: model.New(opts)}}
 	s.Model = httptest.NewServer(s.direct)
@@ -150,10 +151,15 @@ func startStack(t testing.TB, opts model.Options, episode string) *stack {
 	if err := os.WriteFile(tok, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(relay.Config{Upstream: gw.URL, TokenFile: tok})
+	cfg := relay.Config{Upstream: gw.URL, TokenFile: tok}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	r, err := relay.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.R = r
 	s.Relay = httptest.NewServer(r.Handler())
 	t.Cleanup(s.Relay.Close)
 	return s

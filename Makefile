@@ -161,6 +161,7 @@ fuzz: deps
 	$(GO) test ./ledger -run '^$$' -fuzz FuzzFloatFastPaths -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
+	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSettlements -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)
 	$(GO) test ./relay -run '^$$' -fuzz FuzzResponsesEvents -fuzztime $(FUZZTIME)
 	$(GO) test ./task -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)

@@ -92,9 +92,13 @@ const codexFinal = "note.txt says hello from codex; the listing is in listing.tx
 //     retries: a failed call must fail the test, not be hidden by a second
 //     attempt (the relay retries upstream failures itself).
 //   - approval_policy = "never": exec must not stop to ask.
-//   - sandbox_mode = "workspace-write": Codex's own command sandbox runs
-//     here (its bundled bubblewrap; the commands may write the work
-//     directory and /tmp, with no network).
+//   - sandbox_mode = "danger-full-access": Codex's own command sandbox off.
+//     It cannot run here: its bundled bubblewrap execs a helper,
+//     codex-linux-sandbox, that Codex puts on PATH as an alias it creates
+//     under CODEX_HOME, and it refuses to create helpers under a
+//     temporary directory, which CODEX_HOME (t.TempDir) is; every command
+//     then fails with "bwrap: execvp codex-linux-sandbox: No such file or
+//     directory". The test's commands only touch its work directory.
 //   - check_for_update_on_startup = false, [analytics] and [feedback]
 //     disabled: nothing reports home.
 //   - web_search = "disabled": the model is offered no web search tool.
@@ -106,7 +110,7 @@ func codexConfig(baseURL string) string {
 	return fmt.Sprintf(`model = "stasis-scripted"
 model_provider = "stasis"
 approval_policy = "never"
-sandbox_mode = "workspace-write"
+sandbox_mode = "danger-full-access"
 check_for_update_on_startup = false
 web_search = "disabled"
 
@@ -364,7 +368,6 @@ func TestCodexHoldPauseThroughRelay(t *testing.T) {
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock) // a failing test must not leave the model's handler waiting
 	var rec calls
 	m := scriptedModel(t, &rec, func(n int, r *http.Request) {
 		if n != 2 {
@@ -381,9 +384,12 @@ func TestCodexHoldPauseThroughRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.Close()
+	t.Cleanup(func() { _ = g.Close() })
 	gw := httptest.NewServer(g.Handler())
-	defer gw.Close()
+	t.Cleanup(gw.Close)
+	// Before the servers' Close (cleanups run last first): a failing test
+	// must not leave the model's handler waiting, nor the gateway's on it.
+	t.Cleanup(unblock)
 	ep, err := g.AddEpisode(episode)
 	if err != nil {
 		t.Fatal(err)
@@ -434,20 +440,20 @@ exit $code`
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stopSupervisor(t, h, finish) })
-	logCodex := func() {
-		for _, f := range []string{stdout, stderr} {
-			b, _ := os.ReadFile(f)
-			t.Logf("%s:\n%s", filepath.Base(f), b)
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("STASIS_TEST_SHOW_CODEX") != "" {
+			for _, f := range []string{stdout, stderr} {
+				b, _ := os.ReadFile(f)
+				t.Logf("%s:\n%s", filepath.Base(f), b)
+			}
 		}
-	}
+	})
 
 	select {
 	case <-inFlight:
 	case <-h.Done():
-		logCodex()
 		t.Fatal("the supervisor ended before codex's second model call")
 	case <-time.After(60 * time.Second):
-		logCodex()
 		t.Fatalf("codex's second model call did not reach the model within 60s (model calls: %q)", rec.list())
 	}
 
@@ -504,7 +510,6 @@ exit $code`
 	rcText, _ := os.ReadFile(rcFile)
 	outText, _ := os.ReadFile(stdout)
 	if rc := strings.TrimSpace(string(rcText)); rc != "0" {
-		logCodex()
 		t.Fatalf("codex exec exited with %s", rc)
 	}
 
@@ -545,9 +550,6 @@ exit $code`
 	if *ack2.RelayDelivered != 3 || delivered != 3 || calledRelay != 3 || rep.Live != 3 || rep.Entries != 3 {
 		t.Errorf("relay_delivered %d, relay metrics %v delivered of %v calls, ledger %d live of %d entries: want 3 each",
 			*ack2.RelayDelivered, delivered, calledRelay, rep.Live, rep.Entries)
-	}
-	if t.Failed() {
-		logCodex()
 	}
 }
 

@@ -258,9 +258,10 @@ func (c *calls) list() []string {
 
 func (c *calls) count() int { return len(c.list()) }
 
-// logFirst logs the tools and input items of the first request, once: what
-// Codex offers the model and how its conversation starts.
-func (c *calls) logFirst(t *testing.T) {
+// logFirst logs the tools and input items of the first request the model
+// got, once: what Codex offers the model and how its conversation starts;
+// where says who sent it.
+func (c *calls) logFirst(t *testing.T, where string) {
 	t.Helper()
 	c.mu.Lock()
 	b := c.first
@@ -286,7 +287,7 @@ func (c *calls) logFirst(t *testing.T) {
 	for _, x := range req.Input {
 		items = append(items, x.Type+":"+x.Role)
 	}
-	t.Logf("codex's first request: model %q, stream %v, %d bytes; tools %v; input %v", req.Model, req.Stream, len(b), tools, items)
+	t.Logf("the model's first request (%s): model %q, stream %v, %d bytes; tools %v; input %v", where, req.Model, req.Stream, len(b), tools, items)
 	if !slices.Contains(tools, "function:exec_command") {
 		t.Fatalf("codex offers no exec_command tool (the script's shell calls need it): %v", tools)
 	}
@@ -342,7 +343,7 @@ func TestCodexDirect(t *testing.T) {
 		<-done
 		t.Fatalf("codex exec did not finish within 60s\nstdout:\n%s\nstderr:\n%s", out.String(), errb.String())
 	}
-	rec.logFirst(t)
+	rec.logFirst(t, "codex, directly")
 	c.checkWork(t, out.String())
 	want := []string{"POST /v1/responses", "POST /v1/responses", "POST /v1/responses"}
 	if got := rec.list(); !slices.Equal(got, want) {
@@ -531,7 +532,7 @@ exit $code`
 		t.Errorf("receipt: %+v", rc)
 	}
 
-	rec.logFirst(t)
+	rec.logFirst(t, "codex's, as the relay forwards it")
 	c.checkWork(t, string(outText))
 	if err := g.Close(); err != nil {
 		t.Fatal(err)

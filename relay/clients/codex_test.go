@@ -538,6 +538,12 @@ exit $code`
 		t.Errorf("relay_delivered %d, relay metrics %v delivered of %v calls, ledger %d live of %d entries: want 3 each",
 			*ack2.RelayDelivered, delivered, calledRelay, rep.Live, rep.Entries)
 	}
+	// The hold recorded every settlement: the ledger says codex got all
+	// three, and the in-place cut would keep them.
+	if ack2.RelayPosition == nil || *ack2.RelayPosition != 3 || rep.Delivered != 3 || rep.Abandoned != 0 || rep.Pending != 0 {
+		t.Errorf("relay_position %v; ledger dispositions: %d delivered, %d abandoned, %d pending; want position 3 and 3 delivered",
+			ack2.RelayPosition, rep.Delivered, rep.Abandoned, rep.Pending)
+	}
 }
 
 // call sends one request to the supervisor and fails the test unless it is

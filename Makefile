@@ -75,7 +75,8 @@ deps-opencode:
 ## we run on have 20) and the Codex CLI (@openai/codex, whose npm
 ## package carries its native binary), pinned, in .tools/npm beside
 ## OpenCode. npm runs only when either is missing or at another version;
-## after the install everything runs offline.
+## after the install everything runs offline. The version check runs Codex
+## with a throwaway home, so nothing lands in ~.
 OPENAI_SDK_VERSION := 6.49.0
 CODEX_VERSION      := 0.171.0
 CODEX              := $(NPM_PREFIX)/node_modules/.bin/codex
@@ -89,7 +90,7 @@ deps-clients:
 		mkdir -p $(NPM_PREFIX) && \
 		npm install --prefix $(NPM_PREFIX) --save-exact --no-audit --no-fund \
 			openai@$(OPENAI_SDK_VERSION) @openai/codex@$(CODEX_VERSION) || exit 1; \
-		got="$$($(CODEX) --version 2>&1)"; \
+		got="$$(mkdir -p $(NPM_PREFIX)/.probe-home/.codex && HOME=$(NPM_PREFIX)/.probe-home CODEX_HOME=$(NPM_PREFIX)/.probe-home/.codex $(CODEX) --version 2>&1)"; \
 		case "$$got" in *$(CODEX_VERSION)*) ;; *) echo "$(CODEX) --version printed '$$got', want $(CODEX_VERSION): its native package did not install; rm -rf $(NPM_PREFIX)/node_modules/@openai and run make deps-clients again" >&2; exit 1;; esac; \
 	fi
 

@@ -3,14 +3,19 @@
 
 GO          ?= go
 BIN         := bin/stasis
-TOOLS       := $(CURDIR)/.tools/bin
-STATICCHECK := $(TOOLS)/staticcheck
+## Tools built or downloaded for the build and the tests live in a cache
+## outside the work tree, one directory per version, so a fresh clone on the
+## same machine reuses them; .tools/npm and .tools/microvm/kernel are links
+## into it.
+CACHE       ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/stasis
 STATICCHECK_VERSION := v0.8.2
+TOOLS       := $(CACHE)/go/staticcheck-$(STATICCHECK_VERSION)
+STATICCHECK := $(TOOLS)/staticcheck
 VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/cli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build demo test deps deps-test deps-opencode deps-clients deps-microvm vet staticcheck unit fuzz bench clean
+.PHONY: all build demo test deps deps-test npm-prefix deps-opencode deps-clients deps-microvm vet staticcheck unit fuzz bench clean
 
 all: build
 
@@ -47,13 +52,22 @@ $(STATICCHECK):
 ## home, and the install (whose script runs OpenCode) with its XDG
 ## directories in .tools/npm, so nothing lands in ~ (npm keeps HOME for its
 ## own config).
+OPENCODE_VERSION   := 1.18.33
+OPENAI_SDK_VERSION := 6.49.0
+CODEX_VERSION      := 0.171.0
 NPM_PREFIX       := $(CURDIR)/.tools/npm
+NPM_CACHE        := $(CACHE)/npm/opencode-$(OPENCODE_VERSION)+openai-$(OPENAI_SDK_VERSION)+codex-$(CODEX_VERSION)
 OPENCODE         := $(NPM_PREFIX)/node_modules/.bin/opencode
-OPENCODE_VERSION := 1.18.33
 OPENCODE_PROBE   := env -u XDG_DATA_HOME -u XDG_CONFIG_HOME -u XDG_CACHE_HOME -u XDG_STATE_HOME HOME=$(NPM_PREFIX)/.probe-home $(OPENCODE)
 OPENCODE_PLUGIN_JSON := $(NPM_PREFIX)/node_modules/@opencode-ai/plugin/package.json
 
-deps-opencode:
+## npm-prefix: .tools/npm is a link to the npm cache directory of these
+## versions (a directory left there by an older checkout is replaced).
+npm-prefix:
+	@mkdir -p $(NPM_CACHE) $(CURDIR)/.tools; \
+	if [ "$$(readlink $(NPM_PREFIX))" != "$(NPM_CACHE)" ]; then rm -rf $(NPM_PREFIX) && ln -s $(NPM_CACHE) $(NPM_PREFIX); fi
+
+deps-opencode: npm-prefix
 	@if [ "$$($(OPENCODE_PROBE) --version 2>/dev/null)" = "$(OPENCODE_VERSION)" ] && \
 	   grep -q '"version": *"$(OPENCODE_VERSION)"' $(OPENCODE_PLUGIN_JSON) 2>/dev/null; then :; else \
 		command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }; \
@@ -77,11 +91,9 @@ deps-opencode:
 ## OpenCode. npm runs only when either is missing or at another version;
 ## after the install everything runs offline. The version check runs Codex
 ## with a throwaway home, so nothing lands in ~.
-OPENAI_SDK_VERSION := 6.49.0
-CODEX_VERSION      := 0.171.0
 CODEX              := $(NPM_PREFIX)/node_modules/.bin/codex
 
-deps-clients:
+deps-clients: npm-prefix
 	@if grep -q '"version": *"$(OPENAI_SDK_VERSION)"' $(NPM_PREFIX)/node_modules/openai/package.json 2>/dev/null && \
 	   grep -q '"version": *"$(CODEX_VERSION)"' $(NPM_PREFIX)/node_modules/@openai/codex/package.json 2>/dev/null && \
 	   [ -x $(CODEX) ]; then :; else \
@@ -97,9 +109,11 @@ deps-clients:
 ## deps-microvm: what the microVM provider needs: QEMU (qemu-system-x86)
 ## and a static busybox (busybox-static) from apt-get, and the Debian cloud
 ## kernel, whose package (linux-image-cloud-amd64's current kernel) is
-## downloaded with apt-get and unpacked into .tools/microvm/kernel, not
-## installed on the host. The tests and `stasis` find it through
-## STASIS_MICROVM_KERNEL, exported here.
+## downloaded with apt-get and unpacked into the cache (one directory per
+## kernel package; .tools/microvm/kernel links to it), not installed on the
+## host. apt-cache names the package; without package lists the newest
+## kernel in the cache is taken before asking apt-get update. The tests and
+## `stasis` find it through STASIS_MICROVM_KERNEL, exported here.
 MICROVM_KERNEL := $(CURDIR)/.tools/microvm/kernel
 export STASIS_MICROVM_KERNEL := $(MICROVM_KERNEL)
 
@@ -113,14 +127,19 @@ deps-microvm:
 	fi
 	@if ! ls $(MICROVM_KERNEL)/boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1; then \
 		pkg=$$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $$2; exit}'); \
+		if [ -z "$$pkg" ]; then pkg=$$(ls -d $(CACHE)/microvm/linux-image-*/boot 2>/dev/null | xargs -r -n1 dirname | xargs -r -n1 basename | sort -V | tail -1); fi; \
 		if [ -z "$$pkg" ]; then apt-get update -qq; pkg=$$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/{print $$2; exit}'); fi; \
 		[ -n "$$pkg" ] || { echo "no linux-image-cloud-amd64 package found by apt-cache" >&2; exit 1; }; \
-		echo "downloading and unpacking $$pkg into $(MICROVM_KERNEL)"; \
-		dl=$$(mktemp -d) && chmod 755 $$dl && \
-		(cd $$dl && apt-get download -qq "$$pkg" 2>&1 | grep -v 'unsandboxed' || true) && \
-		rm -rf $(MICROVM_KERNEL).tmp && mkdir -p $(MICROVM_KERNEL).tmp && \
-		dpkg-deb -x $$dl/$${pkg}_*.deb $(MICROVM_KERNEL).tmp && rm -rf $$dl && \
-		rm -rf $(MICROVM_KERNEL) && mv $(MICROVM_KERNEL).tmp $(MICROVM_KERNEL) || exit 1; \
+		dir=$(CACHE)/microvm/$$pkg; \
+		if ! ls $$dir/boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1; then \
+			echo "downloading and unpacking $$pkg into $$dir"; \
+			dl=$$(mktemp -d) && chmod 755 $$dl && \
+			(cd $$dl && apt-get download -qq "$$pkg" 2>&1 | grep -v 'unsandboxed' || true) && \
+			rm -rf $$dir.tmp && mkdir -p $$dir.tmp && \
+			dpkg-deb -x $$dl/$${pkg}_*.deb $$dir.tmp && rm -rf $$dl && \
+			rm -rf $$dir && mv $$dir.tmp $$dir || exit 1; \
+		fi; \
+		mkdir -p $(dir $(MICROVM_KERNEL)) && rm -rf $(MICROVM_KERNEL) && ln -s $$dir $(MICROVM_KERNEL) || exit 1; \
 	fi
 
 deps-test: deps $(STATICCHECK) deps-opencode deps-clients deps-microvm
@@ -181,5 +200,6 @@ bench: build deps-microvm
 	./$(BIN) bench microvm
 	$(GO) test ./bench -run '^$$' -bench . -benchtime 200x
 
+## clean: the build and the links in .tools; the cache ($(CACHE)) stays.
 clean:
 	rm -rf bin .tools

@@ -14,12 +14,14 @@ import (
 )
 
 // A call is one model call of the harness, from its request to its
-// settlement. Two goroutines share it: the handler, which answers the
-// harness (headers and heartbeats at once for a stream, then the
-// response), and run, which issues the call upstream, waits for its turn
-// in ledger order and settles it. run never depends on the handler being
-// there: a client that leaves is noticed, its call is not sent upstream if
-// it was not yet, and its response, if recorded, is settled as abandoned.
+// settlement. run issues it upstream, waits for its turn in ledger order,
+// has it delivered and settles it. A call that is not streamed runs in its
+// handler's goroutine, which delivers the response when its turn comes. A
+// streamed one has two: the handler answers the harness (headers at once,
+// heartbeats while it waits, then the events) and run goes on alone, so
+// it never depends on the handler being there: a client that leaves is
+// noticed, its call is not sent upstream if it was not yet, and its
+// response, if recorded, is settled as abandoned.
 type call struct {
 	n            int64
 	path         string
@@ -37,6 +39,10 @@ type call struct {
 	// done carries the handler's verdict on a handed delivery: true when
 	// the whole response was written and flushed.
 	done chan bool
+	// handover, when set, delivers the response in run's own goroutine
+	// (the handler's: a call that is not streamed has nothing to send while
+	// it waits) and reports the verdict; ready and done are then unused.
+	handover func() bool
 }
 
 type result struct {
@@ -85,7 +91,7 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 		apiError(w, http.StatusBadRequest, "invalid_request_error", "read request: "+err.Error())
 		return
 	}
-	c := &call{path: path, client: q.Context(), ready: make(chan struct{}), done: make(chan bool, 1)}
+	c := &call{path: path, client: q.Context(), ready: make(chan struct{})}
 	if streamable[path] {
 		c.body, c.stream, c.includeUsage, err = ParseCall(body)
 	} else {
@@ -102,17 +108,26 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	c.n = r.next
 	r.mu.Unlock()
 
+	if !c.stream {
+		// Nothing goes to the client before its response, so the handler
+		// takes the call through run itself.
+		c.handover = func() bool { return q.Context().Err() == nil && r.deliver(w, nil, c) }
+		r.run(c)
+		if c.err != nil {
+			apiError(w, http.StatusBadGateway, "upstream_error", c.err.Error())
+			return
+		}
+		r.m.added.Observe((time.Since(start) - c.res.took).Seconds())
+		return
+	}
 	// A streaming client gets its status and headers at once, and comments
 	// while the response is stored or held: its first-byte and idle
 	// timeouts see a live stream, as they would from the model.
-	var sse *streamWriter
-	var beat <-chan time.Time
-	if c.stream {
-		sse = startStream(w)
-		t := time.NewTicker(r.cfg.Heartbeat)
-		defer t.Stop()
-		beat = t.C
-	}
+	c.done = make(chan bool, 1)
+	sse := startStream(w)
+	tick := time.NewTicker(r.cfg.Heartbeat)
+	defer tick.Stop()
+	beat := tick.C
 	go r.run(c)
 	for waiting := true; waiting; {
 		select {
@@ -135,11 +150,7 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 		}
 	}
 	if c.err != nil {
-		if sse != nil {
-			sse.fail(path, http.StatusBadGateway, errorBody(c.err.Error()))
-		} else {
-			apiError(w, http.StatusBadGateway, "upstream_error", c.err.Error())
-		}
+		sse.fail(path, http.StatusBadGateway, errorBody(c.err.Error()))
 		return
 	}
 	ok := q.Context().Err() == nil && r.deliver(w, sse, c)
@@ -239,10 +250,15 @@ func (r *Relay) run(c *call) {
 		}
 		c.res, c.handed = res, true
 		r.delivering++
-		close(c.ready)
-		r.mu.Unlock()
-
-		ok := <-c.done
+		var ok bool
+		if c.handover != nil {
+			r.mu.Unlock()
+			ok = c.handover()
+		} else {
+			close(c.ready)
+			r.mu.Unlock()
+			ok = <-c.done
+		}
 		releaseBody(res.buf)
 		r.mu.Lock()
 		r.delivering--

@@ -30,6 +30,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"stasis/internal/eventstream"
 )
 
 // DefaultName is the model name served when Options.Name is empty.
@@ -359,28 +361,6 @@ func (s *Server) serveModels(w http.ResponseWriter) {
 	writeJSON(w, ModelList{Object: "list", Data: []ModelInfo{{ID: s.name, Object: "model", Created: s.created, OwnedBy: "stasis"}}})
 }
 
-// sse writes server-sent events, flushing each.
-type sse struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
-}
-
-func startSSE(w http.ResponseWriter) *sse {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	return &sse{w: w, rc: http.NewResponseController(w)}
-}
-
-func (e *sse) send(b []byte) error {
-	if _, err := e.w.Write(b); err != nil {
-		return err
-	}
-	return e.rc.Flush()
-}
-
 // event is one prepared server-sent event and the tokens it carries.
 type event struct {
 	data   []byte
@@ -396,7 +376,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, events []event, 
 		// 1 <= cut <= len-2: at least one event goes out, the end never does.
 		cut = 1 + int(draw%uint64(max(1, len(events)-2)))
 	}
-	out := startSSE(w)
+	out := eventstream.Start(w)
 	for i, ev := range events {
 		if i == cut {
 			drop(w)
@@ -405,7 +385,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, events []event, 
 		if err := s.sleepTokens(r, ev.tokens); err != nil {
 			return
 		}
-		if err := out.send(ev.data); err != nil {
+		if err := out.Write(ev.data); err != nil {
 			return
 		}
 	}

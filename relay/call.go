@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"stasis/internal/eventstream"
 )
 
 // A call is one model call of the harness, from its request to its
@@ -134,7 +136,7 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 		case <-c.ready:
 			waiting = false
 		case <-beat:
-			if sse.comment("keep-alive") == nil {
+			if sse.Comment("keep-alive") == nil {
 				r.m.heartbeats.Inc()
 			}
 		case <-q.Context().Done():
@@ -334,7 +336,7 @@ func (r *Relay) deliver(w http.ResponseWriter, sse *streamWriter, c *call) bool 
 		sse.fail(c.path, http.StatusBadGateway, errorBody("upstream answer is not a "+strings.TrimPrefix(c.path, "/v1/")+" response: "+err.Error()))
 		return false
 	}
-	return sse.write(out) == nil
+	return sse.Write(out) == nil
 }
 
 // errorBody is an OpenAI-shaped error body of the relay's own.
@@ -343,33 +345,11 @@ func errorBody(msg string) []byte {
 	return b
 }
 
-// streamWriter writes a server-sent event stream, flushing each write.
-type streamWriter struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
-}
+// streamWriter is the relay's event stream to a harness.
+type streamWriter struct{ *eventstream.Writer }
 
 func startStream(w http.ResponseWriter) *streamWriter {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	s := &streamWriter{w: w, rc: http.NewResponseController(w)}
-	_ = s.rc.Flush()
-	return s
-}
-
-func (s *streamWriter) write(b []byte) error {
-	if _, err := s.w.Write(b); err != nil {
-		return err
-	}
-	return s.rc.Flush()
-}
-
-// comment sends an SSE comment: clients ignore it, it carries no content.
-func (s *streamWriter) comment(text string) error {
-	return s.write([]byte(": " + text + "\n\n"))
+	return &streamWriter{eventstream.Start(w)}
 }
 
 // fail ends the stream with the endpoint format's error event for an
@@ -383,7 +363,7 @@ func (s *streamWriter) fail(path string, status int, body []byte) bool {
 	} else {
 		ev = ChatStreamError(status, body)
 	}
-	return s.write(ev) == nil
+	return s.Write(ev) == nil
 }
 
 // issue makes one call upstream, retrying 429 and 5xx with bounded

@@ -669,6 +669,29 @@ func checkResponseItem(it obj) error {
 
 // streamResponseItem emits the events of output item i (checked by
 // checkResponseItem).
+// streamReasoningParts streams a reasoning item's summary or content
+// parts: per part, PART.added (the part with its text empty), TEXT.delta
+// (when there is text), TEXT.done and PART.done, each with the part's
+// index under indexKey.
+func streamReasoningParts(e *responsesEmitter, at func(obj) obj, parts []obj, indexKey, part, text string) {
+	for j, p := range parts {
+		in := func(o obj) obj {
+			o = at(o)
+			o[indexKey] = raw(j)
+			return o
+		}
+		t := p.str("text")
+		empty := p.clone()
+		empty["text"] = raw("")
+		e.emit(part+".added", in(obj{"part": raw(empty)}))
+		if t != "" {
+			e.emit(text+".delta", in(obj{"delta": raw(t)}))
+		}
+		e.emit(text+".done", in(obj{"text": raw(t)}))
+		e.emit(part+".done", in(obj{"part": raw(p)}))
+	}
+}
+
 func streamResponseItem(e *responsesEmitter, i int, it obj) {
 	typ := it.str("type")
 	added := it.clone()
@@ -744,38 +767,8 @@ func streamResponseItem(e *responsesEmitter, i int, it obj) {
 			added["content"] = raw([]obj{})
 		}
 		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
-		for j, p := range summary {
-			in := func(o obj) obj {
-				o = at(o)
-				o["summary_index"] = raw(j)
-				return o
-			}
-			text := p.str("text")
-			empty := p.clone()
-			empty["text"] = raw("")
-			e.emit("response.reasoning_summary_part.added", in(obj{"part": raw(empty)}))
-			if text != "" {
-				e.emit("response.reasoning_summary_text.delta", in(obj{"delta": raw(text)}))
-			}
-			e.emit("response.reasoning_summary_text.done", in(obj{"text": raw(text)}))
-			e.emit("response.reasoning_summary_part.done", in(obj{"part": raw(p)}))
-		}
-		for j, p := range content {
-			in := func(o obj) obj {
-				o = at(o)
-				o["content_index"] = raw(j)
-				return o
-			}
-			text := p.str("text")
-			empty := p.clone()
-			empty["text"] = raw("")
-			e.emit("response.content_part.added", in(obj{"part": raw(empty)}))
-			if text != "" {
-				e.emit("response.reasoning_text.delta", in(obj{"delta": raw(text)}))
-			}
-			e.emit("response.reasoning_text.done", in(obj{"text": raw(text)}))
-			e.emit("response.content_part.done", in(obj{"part": raw(p)}))
-		}
+		streamReasoningParts(e, at, summary, "summary_index", "response.reasoning_summary_part", "response.reasoning_summary_text")
+		streamReasoningParts(e, at, content, "content_index", "response.content_part", "response.reasoning_text")
 	default:
 		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
 	}

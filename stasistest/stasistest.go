@@ -6,6 +6,7 @@ package stasistest
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,4 +139,21 @@ func Run(t testing.TB, env []string, stdin string, args ...string) (string, stri
 		t.Fatal(err)
 	}
 	return out.String(), errb.String(), code
+}
+
+// FreeLoopbackAddr returns a loopback TCP address ("127.0.0.1:PORT") that
+// nothing listens on now, for a server a test starts as another process.
+// Another process may take the port before that server does; the tests
+// that use it accept that small race.
+func FreeLoopbackAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -133,19 +132,6 @@ func (m *countingModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// freePort returns a loopback address nothing listens on now.
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
-}
 
 // lockedBuffer is an io.Writer safe to read while the supervisor writes.
 type lockedBuffer struct {
@@ -233,7 +219,7 @@ func runEpisode(t *testing.T, pause bool) {
 	}
 
 	// OpenCode under a supervisor that hosts the relay on a loopback port.
-	relayAddr := freePort(t)
+	relayAddr := stasistest.FreeLoopbackAddr(t)
 	ocDir := filepath.Join(base, "opencode")
 	if err := opencode.Prepare(bin, ocDir, "http://"+relayAddr+"/v1", model.DefaultName); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -387,7 +386,7 @@ func TestCodexHoldPauseThroughRelay(t *testing.T) {
 	if err := os.WriteFile(tok, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	relayAddr := freeLoopbackAddr(t)
+	relayAddr := stasistest.FreeLoopbackAddr(t)
 	relayURL := "http://" + relayAddr
 	c := newCodexRun(t, relayURL+"/v1")
 
@@ -589,19 +588,6 @@ func stopSupervisor(t *testing.T, h *supervisor.Child, finish func()) {
 	})
 }
 
-// freeLoopbackAddr returns a loopback TCP address nothing listens on now.
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
-}
 
 // metric reads one unlabelled sample from a Prometheus text endpoint.
 func metric(t *testing.T, base, name string) float64 {

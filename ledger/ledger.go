@@ -415,6 +415,17 @@ func (l *Ledger) Lookup(callID string) (Entry, bool) {
 	return l.st.entries[i], true
 }
 
+// At returns the live entry at position seq (1-based), with its
+// disposition.
+func (l *Ledger) At(seq int64) (Entry, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if seq < 1 || seq > int64(len(l.st.entries)) {
+		return Entry{}, false
+	}
+	return l.st.entries[seq-1], true
+}
+
 // Len returns the length of the logical ledger.
 func (l *Ledger) Len() int64 {
 	l.mu.Lock()

@@ -205,6 +205,9 @@ func (r *Relay) run(c *call) {
 		if err != nil {
 			c.err = err
 			close(c.ready)
+			// The gateway may have recorded an answer this call never
+			// read: a waiter may now see that no call can fill the gap.
+			r.broadcastLocked()
 			r.mu.Unlock()
 			return
 		}
@@ -218,9 +221,12 @@ func (r *Relay) run(c *call) {
 		}
 		// Wait for the hold to end and for earlier ledger entries to be
 		// settled first.
+		if recorded && res.seq > 0 {
+			r.waiting[res.seq]++
+		}
 		waited := false
 		r.waitLocked(nil, func() bool {
-			if r.gen != gen || (!r.held && (!recorded || res.seq <= r.pos+1)) {
+			if r.gen != gen || (!r.held && (!recorded || res.seq <= r.pos+1 || r.skipOrphansLocked(res.seq))) {
 				return true
 			}
 			if !waited {
@@ -231,6 +237,11 @@ func (r *Relay) run(c *call) {
 		})
 		if waited {
 			r.m.held.Dec()
+		}
+		if recorded && res.seq > 0 {
+			if r.waiting[res.seq]--; r.waiting[res.seq] <= 0 {
+				delete(r.waiting, res.seq)
+			}
 		}
 		if r.gen != gen {
 			r.mu.Unlock()
@@ -272,6 +283,32 @@ func (r *Relay) run(c *call) {
 		r.mu.Unlock()
 		return
 	}
+}
+
+// skipOrphansLocked handles a gap below seq that no call can fill: the
+// gateway recorded answers (entries pos+1 .. seq-1) that no call of this
+// relay read, because every try to read them failed and their calls gave
+// up with an error. When seq is the lowest position any call waits at and
+// no call is with the upstream (which could still come back with one of
+// those positions), they are settled as abandoned, by position alone, and
+// the position moves past them. r.mu is held.
+func (r *Relay) skipOrphansLocked(seq int64) bool {
+	if seq <= r.pos+1 || len(r.cancels) > 0 {
+		return false
+	}
+	for s := range r.waiting {
+		if s < seq {
+			return false
+		}
+	}
+	r.log.Warn("ledger entries no call read (their calls failed): settled as abandoned", "from", r.pos+1, "to", seq-1)
+	for s := r.pos + 1; s < seq; s++ {
+		r.pos++
+		r.m.abandoned.Inc()
+		r.unsent = append(r.unsent, settlement{seq: s, disp: dispAbandoned})
+	}
+	r.scheduleFlushLocked()
+	return true
 }
 
 // settleLocked records that the response of call c, the ledger's entry at

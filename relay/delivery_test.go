@@ -422,3 +422,78 @@ func TestPathsClientsUse(t *testing.T) {
 		t.Fatalf("ledger entries: %v", got)
 	}
 }
+
+// TestAnswerNoCallReadIsSettledAbandoned: the gateway records call 2's
+// answer, but the connection breaks before the relay reads it, on every
+// try, and the call fails. The entry is not left as a gap that the next
+// call would wait behind forever: once no call is with the upstream, it
+// is settled as abandoned and the next call is delivered.
+func TestAnswerNoCallReadIsSettledAbandoned(t *testing.T) {
+	m := newGatedModel(t)
+	g, err := OpenGateway(GatewayConfig{Upstream: m.srv.URL, State: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	var cut atomic.Int64
+	gsrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		if q.Header.Get(HeaderCallID) != "ep/2" {
+			g.Handler().ServeHTTP(w, q)
+			return
+		}
+		// The gateway answers (and records); the relay never reads it.
+		g.Handler().ServeHTTP(httptest.NewRecorder(), q)
+		cut.Add(1)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	t.Cleanup(gsrv.Close)
+	ep, err := g.AddEpisode("ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := filepath.Join(t.TempDir(), "token.json")
+	writeCreds(t, tok, ep.Credentials(0))
+	r, err := New(Config{Upstream: gsrv.URL, TokenFile: tok, SettleDelay: time.Millisecond,
+		Retry: Retry{Max: 3, Initial: time.Millisecond, MaxInterval: 2 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(r.Handler())
+	t.Cleanup(srv.Close)
+	if _, err := callWith(http.DefaultClient, srv.URL, chatBody("one", false)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := callWith(http.DefaultClient, srv.URL, chatBody("two", false)); err == nil || !strings.Contains(err.Error(), "502") {
+		t.Fatalf("call 2: %v; want the relay's 502", err)
+	}
+	if cut.Load() != 4 {
+		t.Fatalf("call 2 was tried %d times, want 4", cut.Load())
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := callWith(http.DefaultClient, srv.URL, chatBody("three", false))
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		// Unstick the waiting call (a raised attempt makes it issue again,
+		// and the gateway refuses the unknown attempt), so the test ends.
+		writeCreds(t, tok, Credentials{Episode: "ep", Token: ep.Token, Attempt: 99})
+		_ = r.Release()
+		<-got
+		t.Fatal("call 3 waited behind an entry no call will read")
+	}
+	held, err := r.Hold()
+	if err != nil || held.Delivered != 2 || held.Position != 3 {
+		t.Fatalf("hold: %+v %v; want 2 delivered, position 3", held, err)
+	}
+	p := &pipeline{r: r, g: g, model: m}
+	p.settled(t, ledger.Delivered, ledger.Abandoned, ledger.Delivered)
+}

@@ -616,6 +616,11 @@ func (g *Gateway) settlements(episode string, l *ledger.Ledger, h string) []ledg
 	}
 	keep := all[:0]
 	for _, s := range all {
+		if s.CallID == "" { // an answer no call of the relay read: by position
+			if e, ok := l.At(s.Seq); ok {
+				s.CallID = e.CallID
+			}
+		}
 		if e, ok := l.Lookup(s.CallID); ok && e.Seq == s.Seq {
 			keep = append(keep, s)
 		} else {

@@ -134,6 +134,9 @@ type Relay struct {
 	// delivering counts deliveries under way; Hold waits for zero.
 	delivering int
 	cancels    map[int64]context.CancelFunc // upstream calls in flight
+	// waiting counts the calls that wait for their turn, by the ledger
+	// position of their answer.
+	waiting map[int64]int
 	// unsent are settlements the gateway has not recorded yet; carried
 	// are those riding on calls in flight (recorded when the call's
 	// answer says so, sent again otherwise).
@@ -179,7 +182,7 @@ func New(cfg Config) (*Relay, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &Relay{up: up, cfg: cfg, log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, reg: prometheus.NewRegistry(), changed: make(chan struct{})}
+	r := &Relay{up: up, cfg: cfg, log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, waiting: map[int64]int{}, reg: prometheus.NewRegistry(), changed: make(chan struct{})}
 	if cred.NextCall > 0 {
 		r.next = cred.NextCall - 1
 		r.baseUnknown = true

@@ -15,8 +15,9 @@ import (
 const (
 	// HeaderSettled carries settlements from the relay to the gateway:
 	// "SEQ.N.D" items separated by commas, where SEQ is the ledger
-	// position, N the call number (the call id is EPISODE/N) and D is d
-	// (delivered) or a (abandoned).
+	// position, N the call number (the call id is EPISODE/N; 0 for an
+	// answer the gateway recorded but no call of the relay read) and D is
+	// d (delivered) or a (abandoned).
 	HeaderSettled = "X-Stasis-Settled"
 	// HeaderSettledOK on the gateway's answer says it recorded the
 	// settlements the request carried (or found them recorded already).
@@ -82,8 +83,8 @@ func ParseSettlements(episode, h string) ([]ledger.Settlement, error) {
 		}
 		seq, err1 := strconv.ParseInt(f[0], 10, 64)
 		n, err2 := strconv.ParseInt(f[1], 10, 64)
-		if err1 != nil || err2 != nil || seq < 1 || n < 1 {
-			return nil, fmt.Errorf("%s: item %q: SEQ and N must be positive integers", HeaderSettled, it)
+		if err1 != nil || err2 != nil || seq < 1 || n < 0 {
+			return nil, fmt.Errorf("%s: item %q: SEQ must be a positive integer and N one of at least 0", HeaderSettled, it)
 		}
 		var d ledger.Disposition
 		switch f[2] {
@@ -94,7 +95,14 @@ func ParseSettlements(episode, h string) ([]ledger.Settlement, error) {
 		default:
 			return nil, fmt.Errorf("%s: item %q: D must be d (delivered) or a (abandoned)", HeaderSettled, it)
 		}
-		out = append(out, ledger.Settlement{Seq: seq, CallID: episode + "/" + strconv.FormatInt(n, 10), Disposition: d})
+		if n == 0 && d != ledger.Abandoned {
+			return nil, fmt.Errorf("%s: item %q: a response no call read (N 0) can only be abandoned", HeaderSettled, it)
+		}
+		id := ""
+		if n > 0 {
+			id = episode + "/" + strconv.FormatInt(n, 10)
+		}
+		out = append(out, ledger.Settlement{Seq: seq, CallID: id, Disposition: d})
 	}
 	return out, nil
 }

@@ -13,6 +13,9 @@ func TestParseSettlements(t *testing.T) {
 		got[1].Seq != 4 || got[1].CallID != "ep/9" || got[1].Disposition != "abandoned" {
 		t.Fatalf("round trip: %+v %v", got, err)
 	}
+	if got, err := ParseSettlements("ep", "5.0.a"); err != nil || len(got) != 1 || got[0].CallID != "" || got[0].Seq != 5 {
+		t.Fatalf("an answer no call read: %+v %v", got, err)
+	}
 	if got, err := ParseSettlements("ep", ""); err != nil || got != nil {
 		t.Fatalf("empty: %+v %v", got, err)
 	}
@@ -37,8 +40,16 @@ func FuzzParseSettlements(f *testing.F) {
 		}
 		var back []settlement
 		for _, s := range got {
-			n, err := strconv.ParseInt(strings.TrimPrefix(s.CallID, "ep/"), 10, 64)
-			if err != nil || s.Seq < 1 || n < 1 {
+			var n int64
+			if s.CallID != "" { // "": an answer no call read (N 0)
+				n, err = strconv.ParseInt(strings.TrimPrefix(s.CallID, "ep/"), 10, 64)
+				if err != nil || n < 1 {
+					t.Fatalf("%q parsed into %+v", h, s)
+				}
+			} else if s.Disposition != "abandoned" {
+				t.Fatalf("%q: an unknown call settled %q", h, s.Disposition)
+			}
+			if s.Seq < 1 {
 				t.Fatalf("%q parsed into %+v", h, s)
 			}
 			d := dispDelivered

@@ -588,7 +588,6 @@ func stopSupervisor(t *testing.T, h *supervisor.Child, finish func()) {
 	})
 }
 
-
 // metric reads one unlabelled sample from a Prometheus text endpoint.
 func metric(t *testing.T, base, name string) float64 {
 	t.Helper()

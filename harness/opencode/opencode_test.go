@@ -132,7 +132,6 @@ func (m *countingModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-
 // lockedBuffer is an io.Writer safe to read while the supervisor writes.
 type lockedBuffer struct {
 	mu sync.Mutex

@@ -406,7 +406,9 @@ func TestResumeRunsPendingToolCall(t *testing.T) {
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if _, err := os.Stat(filepath.Join(work, "count.txt")); err == nil {
+		// The shell creates count.txt before it writes the line: wait for
+		// the line, or a kill in between leaves the file empty.
+		if b, err := os.ReadFile(filepath.Join(work, "count.txt")); err == nil && string(b) == "run\n" {
 			break
 		}
 		if time.Now().After(deadline) {

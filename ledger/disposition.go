@@ -58,25 +58,36 @@ func (l *Ledger) Settle(s ...Settlement) error {
 	if len(s) == 0 {
 		return nil
 	}
-	for _, x := range s {
-		if err := x.check(); err != nil {
-			return fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.path, err)
-		}
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.usable(); err != nil {
 		return err
 	}
+	recs, err := l.settleRecords(s)
+	if err != nil || len(recs) == 0 {
+		return err
+	}
+	_, err = l.write(recs...)
+	return err
+}
+
+// settleRecords checks settlements against the ledger and returns the
+// settle record that writes those that change it (none when every one
+// repeats a disposition recorded), or why they do not hold. l.mu is held.
+func (l *Ledger) settleRecords(s []Settlement) ([]record, error) {
+	for _, x := range s {
+		if err := x.check(); err != nil {
+			return nil, fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.path, err)
+		}
+	}
 	fresh, err := l.st.checkSettle(s)
 	if err != nil {
-		return fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.path, err)
+		return nil, fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.path, err)
 	}
 	if len(fresh) == 0 {
-		return nil
+		return nil, nil
 	}
-	_, err = l.write(record{Kind: kindSettle, Settled: fresh, At: time.Now().UTC()})
-	return err
+	return []record{{Kind: kindSettle, Settled: fresh, At: time.Now().UTC()}}, nil
 }
 
 // DeliveredBefore counts the live entries before seq that are not

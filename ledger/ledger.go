@@ -330,12 +330,6 @@ func (l *Ledger) SettleAndAppend(s []Settlement, e Entry) (_ Entry, settleErr, e
 	if err != nil {
 		return Entry{}, nil, err
 	}
-	for _, x := range s {
-		if settleErr = x.check(); settleErr != nil {
-			s = nil
-			break
-		}
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.usable(); err != nil {
@@ -346,15 +340,7 @@ func (l *Ledger) SettleAndAppend(s []Settlement, e Entry) (_ Entry, settleErr, e
 	}
 	var recs []record
 	if len(s) > 0 {
-		fresh, err := l.st.checkSettle(s)
-		if err != nil {
-			settleErr = err
-		} else if len(fresh) > 0 {
-			recs = append(recs, record{Kind: kindSettle, Settled: fresh, At: time.Now().UTC()})
-		}
-	}
-	if settleErr != nil {
-		settleErr = fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.path, settleErr)
+		recs, settleErr = l.settleRecords(s)
 	}
 	e.Seq = int64(len(l.st.entries)) + 1
 	e.Boundary = e.Boundary || l.st.nextBoundary

@@ -152,7 +152,7 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 		}
 	}
 	if c.err != nil {
-		sse.fail(path, http.StatusBadGateway, errorBody(c.err.Error()))
+		sse.fail(path, http.StatusBadGateway, errorJSON("upstream_error", "bad_gateway", c.err.Error()))
 		return
 	}
 	ok := q.Context().Err() == nil && r.deliver(w, sse, c)
@@ -370,16 +370,10 @@ func (r *Relay) deliver(w http.ResponseWriter, sse *streamWriter, c *call) bool 
 		out, err = ChatChunks(res.body, c.includeUsage)
 	}
 	if err != nil {
-		sse.fail(c.path, http.StatusBadGateway, errorBody("upstream answer is not a "+strings.TrimPrefix(c.path, "/v1/")+" response: "+err.Error()))
+		sse.fail(c.path, http.StatusBadGateway, errorJSON("upstream_error", "bad_gateway", "upstream answer is not a "+strings.TrimPrefix(c.path, "/v1/")+" response: "+err.Error()))
 		return false
 	}
 	return sse.Write(out) == nil
-}
-
-// errorBody is an OpenAI-shaped error body of the relay's own.
-func errorBody(msg string) []byte {
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "upstream_error", "code": "bad_gateway"}})
-	return b
 }
 
 // streamWriter is the relay's event stream to a harness.

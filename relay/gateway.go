@@ -419,23 +419,34 @@ func requestHash(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string) {
-	start := time.Now()
-	st, ok := g.authenticate(q)
+// admit authenticates a relay's request and checks its attempt is the
+// episode's current one; when it is not, the refusal is written and ok is
+// false.
+func (g *Gateway) admit(w http.ResponseWriter, q *http.Request) (st EpisodeState, attempt int, ok bool) {
+	st, ok = g.authenticate(q)
 	if !ok {
 		g.m.unauthorized.Inc()
 		g.reply(w, http.StatusUnauthorized, "authentication_error", "unknown or missing episode token")
-		return
+		return st, 0, false
 	}
 	attempt, err := strconv.Atoi(q.Header.Get(HeaderAttempt))
 	if err != nil {
 		g.m.bad.Inc()
 		g.reply(w, http.StatusBadRequest, "invalid_request_error", "missing or bad "+HeaderAttempt+" header")
-		return
+		return st, 0, false
 	}
 	if attempt != st.Attempt {
 		g.m.stale.Inc()
 		g.reply(w, http.StatusConflict, "stale_attempt", fmt.Sprintf("stale attempt %d: episode %s is at attempt %d", attempt, st.Episode, st.Attempt))
+		return st, 0, false
+	}
+	return st, attempt, true
+}
+
+func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string) {
+	start := time.Now()
+	st, attempt, ok := g.admit(w, q)
+	if !ok {
 		return
 	}
 	callID := q.Header.Get(HeaderCallID)
@@ -515,17 +526,14 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 	}
 	// Settlements of earlier calls ride on this one: they are recorded with
 	// its entry (one write, one flush), or alone when no entry is appended.
-	settled := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled))
+	settled, err := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled))
+	if err != nil {
+		g.log.Warn("bad settlements from a relay", "episode", st.Episode, "err", err)
+	}
 	settledAlone := func() {
-		if len(settled) == 0 {
-			w.Header().Set(HeaderSettledOK, "1")
-			return
-		}
-		if err := l.Settle(settled...); err != nil {
+		if err := settleAlone(w, l, settled); err != nil {
 			g.log.Warn("settlements not recorded", "episode", st.Episode, "err", err)
-			return
 		}
-		w.Header().Set(HeaderSettledOK, "1")
 	}
 	if e, ok := l.Lookup(callID); ok {
 		settledAlone()
@@ -601,18 +609,13 @@ func (g *Gateway) answer(w http.ResponseWriter, l *ledger.Ledger, e ledger.Entry
 	_, _ = w.Write(e.Response)
 }
 
-// settlements reads the settlements a relay sent and keeps those that
-// name a live entry of the ledger; the others (entries a cut took away,
-// malformed items) are logged and dropped, never failing the call that
-// carried them.
-func (g *Gateway) settlements(episode string, l *ledger.Ledger, h string) []ledger.Settlement {
-	if h == "" {
-		return nil
-	}
+// settlements reads the settlements a relay sent (an error for a
+// malformed header) and keeps those that name a live entry of the ledger;
+// the others (entries a cut took away) are logged and dropped.
+func (g *Gateway) settlements(episode string, l *ledger.Ledger, h string) ([]ledger.Settlement, error) {
 	all, err := ParseSettlements(episode, h)
-	if err != nil {
-		g.log.Warn("bad settlements from a relay", "episode", episode, "err", err)
-		return nil
+	if err != nil || len(all) == 0 {
+		return nil, err
 	}
 	keep := all[:0]
 	for _, s := range all {
@@ -627,24 +630,23 @@ func (g *Gateway) settlements(episode string, l *ledger.Ledger, h string) []ledg
 			g.log.Warn("settlement of an entry not in the ledger: dropped", "episode", episode, "seq", s.Seq, "call", s.CallID)
 		}
 	}
-	return keep
+	return keep, nil
+}
+
+// settleAlone records settlements that no entry carries and, once they
+// are recorded (or there are none), says so on the answer.
+func settleAlone(w http.ResponseWriter, l *ledger.Ledger, s []ledger.Settlement) error {
+	if err := l.Settle(s...); err != nil {
+		return err
+	}
+	w.Header().Set(HeaderSettledOK, "1")
+	return nil
 }
 
 // serveSettle records settlements that had no call to ride on.
 func (g *Gateway) serveSettle(w http.ResponseWriter, q *http.Request) {
-	st, ok := g.authenticate(q)
+	st, _, ok := g.admit(w, q)
 	if !ok {
-		g.m.unauthorized.Inc()
-		g.reply(w, http.StatusUnauthorized, "authentication_error", "unknown or missing episode token")
-		return
-	}
-	if a, err := strconv.Atoi(q.Header.Get(HeaderAttempt)); err != nil || a != st.Attempt {
-		g.m.stale.Inc()
-		g.reply(w, http.StatusConflict, "stale_attempt", fmt.Sprintf("settlements of attempt %q: episode %s is at attempt %d", q.Header.Get(HeaderAttempt), st.Episode, st.Attempt))
-		return
-	}
-	if _, err := ParseSettlements(st.Episode, q.Header.Get(HeaderSettled)); err != nil {
-		g.reply(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 	l, err := g.ledger(st.Episode)
@@ -652,13 +654,15 @@ func (g *Gateway) serveSettle(w http.ResponseWriter, q *http.Request) {
 		g.reply(w, http.StatusInternalServerError, "server_error", err.Error())
 		return
 	}
-	if s := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled)); len(s) > 0 {
-		if err := l.Settle(s...); err != nil {
-			g.reply(w, http.StatusConflict, "invalid_settlement", err.Error())
-			return
-		}
+	s, err := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled))
+	if err != nil {
+		g.reply(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
 	}
-	w.Header().Set(HeaderSettledOK, "1")
+	if err := settleAlone(w, l, s); err != nil {
+		g.reply(w, http.StatusConflict, "invalid_settlement", err.Error())
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

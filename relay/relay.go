@@ -366,8 +366,13 @@ func document(name string) http.Handler {
 func apiError(w http.ResponseWriter, status int, typ, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": http.StatusText(status)}})
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(append(errorJSON(typ, http.StatusText(status), msg), '\n'))
+}
+
+// errorJSON is an error body in the OpenAI shape.
+func errorJSON(typ, code, msg string) []byte {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": code}})
+	return b
 }
 
 // ParseCall reads what the relay needs from a call's body: whether the

@@ -156,14 +156,20 @@ func (r *Relay) scheduleFlushLocked() {
 	}
 	r.flushing = true
 	time.AfterFunc(r.cfg.SettleDelay, func() {
-		r.mu.Lock()
-		r.flushing = false
-		r.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := r.flushSettlements(ctx, false); err != nil {
+		err := r.flushSettlements(ctx, false)
+		if err != nil {
 			r.log.Debug("settlements not recorded yet; they ride on the next call", "err", err)
 		}
+		// One flush at a time: what came meanwhile (or failed) goes in the
+		// next one.
+		r.mu.Lock()
+		r.flushing = false
+		if len(r.unsent) > 0 {
+			r.scheduleFlushLocked()
+		}
+		r.mu.Unlock()
 	})
 }
 

@@ -35,7 +35,6 @@ type call struct {
 	// Under Relay.mu:
 	ready  chan struct{} // closed when res or err is set
 	handed bool          // res is to be delivered: the handler must answer done
-	gone   bool          // the handler left before the handover
 	res    result
 	err    error
 	// done carries the handler's verdict on a handed delivery: true when
@@ -129,20 +128,20 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	sse := startStream(w)
 	tick := time.NewTicker(r.cfg.Heartbeat)
 	defer tick.Stop()
-	beat := tick.C
 	go r.run(c)
 	for waiting := true; waiting; {
 		select {
 		case <-c.ready:
 			waiting = false
-		case <-beat:
+		case <-tick.C:
 			if sse.Comment("keep-alive") == nil {
 				r.m.heartbeats.Inc()
 			}
 		case <-q.Context().Done():
 			r.mu.Lock()
 			if !c.handed && c.err == nil {
-				c.gone = true // run settles it (or never sends it)
+				// run sees the client has gone: it never sends the call,
+				// or settles its response as abandoned.
 				r.mu.Unlock()
 				return
 			}
@@ -253,7 +252,7 @@ func (r *Relay) run(c *call) {
 		// when the upstream keeps no ledger). An answer at or below the
 		// position is a repeat of one already settled.
 		settles := recorded && (res.seq == 0 || res.seq == r.pos+1)
-		if c.gone || c.client.Err() != nil {
+		if c.client.Err() != nil {
 			if settles {
 				r.settleLocked(c, res.seq, false)
 			}

@@ -402,6 +402,13 @@ func (s *streamWriter) fail(path string, status int, body []byte) bool {
 func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cred Credentials) (result, error) {
 	res := result{before: -1}
 	wait := r.cfg.Retry.Initial
+	// backoff waits d before the next try (false: ctx ended first), and
+	// doubles the base wait up to its cap.
+	backoff := func(d time.Duration) bool {
+		r.m.retries.Inc()
+		wait = min(2*wait, r.cfg.Retry.MaxInterval)
+		return sleepCtx(ctx, d)
+	}
 	for try := 0; ; try++ {
 		t0 := time.Now()
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.up.Base+path, bytes.NewReader(body))
@@ -433,11 +440,9 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 			if try >= r.cfg.Retry.Max {
 				return res, fmt.Errorf("upstream %s: %w", r.up.Base, err)
 			}
-			r.m.retries.Inc()
-			if !sleepCtx(ctx, jitter(wait)) {
+			if !backoff(jitter(wait)) {
 				return res, ctx.Err()
 			}
-			wait = min(2*wait, r.cfg.Retry.MaxInterval)
 			continue
 		}
 		r.returnSettlements(carried, resp.Header.Get(HeaderSettledOK) != "")
@@ -452,11 +457,9 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 			if try >= r.cfg.Retry.Max {
 				return res, fmt.Errorf("upstream %s: read: %w", r.up.Base, err)
 			}
-			r.m.retries.Inc()
-			if !sleepCtx(ctx, jitter(wait)) {
+			if !backoff(jitter(wait)) {
 				return res, ctx.Err()
 			}
-			wait = min(2*wait, r.cfg.Retry.MaxInterval)
 			continue
 		}
 		if len(b) > maxResponse {
@@ -465,16 +468,14 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 		}
 		if (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) && try < r.cfg.Retry.Max {
 			releaseBody(buf)
-			r.m.retries.Inc()
 			d := jitter(wait)
 			if ra := retryAfter(resp.Header.Get("Retry-After")); ra > 0 {
 				d = min(ra, r.cfg.Retry.MaxInterval*6)
 			}
 			r.log.Debug("upstream busy, retrying", "status", resp.StatusCode, "in", d, "try", try+1)
-			if !sleepCtx(ctx, d) {
+			if !backoff(d) {
 				return res, ctx.Err()
 			}
-			wait = min(2*wait, r.cfg.Retry.MaxInterval)
 			continue
 		}
 		res.status, res.header, res.body, res.buf = resp.StatusCode, resp.Header, b, buf

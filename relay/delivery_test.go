@@ -29,6 +29,8 @@ type pipeline struct {
 	relay *httptest.Server
 	g     *Gateway
 	model *gatedModel
+	tok   string // the relay's token file
+	ep    EpisodeState
 }
 
 // gatedModel answers chat completions with distinct contents; a call whose
@@ -80,13 +82,24 @@ func newGatedModel(t *testing.T) *gatedModel {
 
 func newPipeline(t *testing.T, heartbeat time.Duration) *pipeline {
 	t.Helper()
+	return newPipelineWith(t, nil, func(c *Config) { c.Heartbeat = heartbeat })
+}
+
+// newPipelineWith is newPipeline with the relay's gateway reached through
+// wrap (nil: directly) and the relay's configuration changed by tweak.
+func newPipelineWith(t *testing.T, wrap func(http.Handler) http.Handler, tweak func(*Config)) *pipeline {
+	t.Helper()
 	m := newGatedModel(t)
 	g, err := OpenGateway(GatewayConfig{Upstream: m.srv.URL, State: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = g.Close() })
-	gsrv := httptest.NewServer(g.Handler())
+	h := g.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	gsrv := httptest.NewServer(h)
 	t.Cleanup(gsrv.Close)
 	ep, err := g.AddEpisode("ep")
 	if err != nil {
@@ -94,14 +107,16 @@ func newPipeline(t *testing.T, heartbeat time.Duration) *pipeline {
 	}
 	tok := filepath.Join(t.TempDir(), "token.json")
 	writeCreds(t, tok, ep.Credentials(0))
-	r, err := New(Config{Upstream: gsrv.URL, TokenFile: tok, Heartbeat: heartbeat, SettleDelay: time.Millisecond,
-		Retry: Retry{Initial: time.Millisecond, MaxInterval: 5 * time.Millisecond}})
+	cfg := Config{Upstream: gsrv.URL, TokenFile: tok, SettleDelay: time.Millisecond,
+		Retry: Retry{Initial: time.Millisecond, MaxInterval: 5 * time.Millisecond}}
+	tweak(&cfg)
+	r, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(r.Handler())
 	t.Cleanup(srv.Close)
-	return &pipeline{r: r, relay: srv, g: g, model: m}
+	return &pipeline{r: r, relay: srv, g: g, model: m, tok: tok, ep: ep}
 }
 
 func chatBody(text string, stream bool) string {
@@ -429,40 +444,23 @@ func TestPathsClientsUse(t *testing.T) {
 // call would wait behind forever: once no call is with the upstream, it
 // is settled as abandoned and the next call is delivered.
 func TestAnswerNoCallReadIsSettledAbandoned(t *testing.T) {
-	m := newGatedModel(t)
-	g, err := OpenGateway(GatewayConfig{Upstream: m.srv.URL, State: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = g.Close() })
 	var cut atomic.Int64
-	gsrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-		if q.Header.Get(HeaderCallID) != "ep/2" {
-			g.Handler().ServeHTTP(w, q)
-			return
-		}
-		// The gateway answers (and records); the relay never reads it.
-		g.Handler().ServeHTTP(httptest.NewRecorder(), q)
-		cut.Add(1)
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err == nil {
-			conn.Close()
-		}
-	}))
-	t.Cleanup(gsrv.Close)
-	ep, err := g.AddEpisode("ep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok := filepath.Join(t.TempDir(), "token.json")
-	writeCreds(t, tok, ep.Credentials(0))
-	r, err := New(Config{Upstream: gsrv.URL, TokenFile: tok, SettleDelay: time.Millisecond,
-		Retry: Retry{Max: 3, Initial: time.Millisecond, MaxInterval: 2 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(r.Handler())
-	t.Cleanup(srv.Close)
+	p := newPipelineWith(t, func(gw http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			if q.Header.Get(HeaderCallID) != "ep/2" {
+				gw.ServeHTTP(w, q)
+				return
+			}
+			// The gateway answers (and records); the relay never reads it.
+			gw.ServeHTTP(httptest.NewRecorder(), q)
+			cut.Add(1)
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		})
+	}, func(c *Config) { c.Retry = Retry{Max: 3, Initial: time.Millisecond, MaxInterval: 2 * time.Millisecond} })
+	r, srv := p.r, p.relay
 	if _, err := callWith(http.DefaultClient, srv.URL, chatBody("one", false)); err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +483,7 @@ func TestAnswerNoCallReadIsSettledAbandoned(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		// Unstick the waiting call (a raised attempt makes it issue again,
 		// and the gateway refuses the unknown attempt), so the test ends.
-		writeCreds(t, tok, Credentials{Episode: "ep", Token: ep.Token, Attempt: 99})
+		writeCreds(t, p.tok, Credentials{Episode: "ep", Token: p.ep.Token, Attempt: 99})
 		_ = r.Release()
 		<-got
 		t.Fatal("call 3 waited behind an entry no call will read")
@@ -494,6 +492,5 @@ func TestAnswerNoCallReadIsSettledAbandoned(t *testing.T) {
 	if err != nil || held.Delivered != 2 || held.Position != 3 {
 		t.Fatalf("hold: %+v %v; want 2 delivered, position 3", held, err)
 	}
-	p := &pipeline{r: r, g: g, model: m}
 	p.settled(t, ledger.Delivered, ledger.Abandoned, ledger.Delivered)
 }

@@ -30,7 +30,9 @@ type Stream struct {
 
 // Parse reads a text/event-stream body. It refuses anything after a
 // "data: [DONE]" event other than blank lines and comments, and a last
-// event not closed by a blank line.
+// event not closed by a blank line. It is written apart from the relay's
+// own parser (relay.ParseSSE, lenient as a client must be), so that the
+// checker and the code it checks cannot share a mistake.
 func Parse(stream []byte) (*Stream, error) {
 	var s Stream
 	var cur Event

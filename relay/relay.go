@@ -11,7 +11,12 @@
 // call gets a call id, EPISODE/N, stable across re-issues; it travels with
 // the episode's attempt in headers, and the bearer token the harness never
 // sees. The gateway answers with the entry's ledger position, and the relay
-// delivers in that order, so the count of deliveries is the ledger cut.
+// settles entries in that order: each is delivered (written whole and
+// flushed to a live connection) or abandoned (its client had gone), and the
+// relay tells the gateway which, so the ledger records it. The settled
+// position is the ledger cut of an in-place restore; the deliveries are
+// what the harness received. A streaming client gets its headers at once
+// and heartbeats while its response is stored or held.
 package relay
 
 import (

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,7 +80,8 @@ func NewDir(path string) (*Dir, error) {
 // clearPacks removes what a crash or a finished rewrite left in the packs
 // directory: packs without an index once old (a commit in another process
 // renames the pack a moment before its index), dead lists superseded by a
-// newer one, and dead lists of packs that are gone.
+// newer one, dead lists of packs that are gone, and old temporary dead
+// lists that a crash left before their rename.
 func (d *Dir) clearPacks() {
 	dir := filepath.Join(d.path, packsDir)
 	ents, err := os.ReadDir(dir)
@@ -96,6 +98,14 @@ func (d *Dir) clearPacks() {
 		for _, g := range n.gens {
 			if g < n.gen || (!n.idx && !n.pack) {
 				_ = os.Remove(filepath.Join(dir, id+deadExt+strconv.Itoa(g)))
+			}
+		}
+	}
+	// A dead list's temporary file, left by a crash before its rename.
+	for _, e := range ents {
+		if name := e.Name(); strings.HasPrefix(name, ".") && strings.Contains(name, deadExt) {
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > staleStaging {
+				_ = os.Remove(filepath.Join(dir, name))
 			}
 		}
 	}
@@ -325,8 +335,9 @@ func (d *Dir) retire(ctx context.Context, p *pack, ks []rawKey) error {
 		for k := range dead {
 			list = append(list, k)
 		}
+		// Whole or not at all: another process's scan may read it at once.
 		next := filepath.Join(dir, p.id+deadExt+strconv.Itoa(p.gen+1))
-		if err := writeSynced(next, encodeDead(list)); err != nil {
+		if err := atomicfile.Write(next, encodeDead(list), 0o600); err != nil {
 			return err
 		}
 		if p.gen > 0 {

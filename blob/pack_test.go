@@ -267,11 +267,22 @@ func TestPackLeftovers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Temporary dead lists a crash left before their rename: the old one goes.
+	tmpOld := filepath.Join(dir, "."+idx+deadExt+"3.tmp111")
+	tmpNew := filepath.Join(dir, "."+idx+deadExt+"3.tmp222")
+	for _, p := range []string{tmpOld, tmpNew} {
+		if err := os.WriteFile(p, []byte("half a dead list"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chtimes(tmpOld, past, past); err != nil {
+		t.Fatal(err)
+	}
 	fresh, err := NewDir(d.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for p, want := range map[string]bool{orphanOld: false, orphanNew: true, filepath.Join(dir, idx+deadExt+"1"): false, filepath.Join(dir, idx+deadExt+"2"): true} {
+	for p, want := range map[string]bool{orphanOld: false, orphanNew: true, filepath.Join(dir, idx+deadExt+"1"): false, filepath.Join(dir, idx+deadExt+"2"): true, tmpOld: false, tmpNew: true} {
 		if _, err := os.Stat(p); (err == nil) != want {
 			t.Fatalf("%s: there is %v, want %v", filepath.Base(p), err == nil, want)
 		}

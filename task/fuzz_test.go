@@ -1,6 +1,7 @@
 package task
 
 import (
+	"strings"
 	"testing"
 )
 
@@ -57,4 +58,66 @@ func FuzzInstance(f *testing.F) {
 			t.Fatalf("loaded %s with no clone", tk.ID)
 		}
 	})
+}
+
+// checkParser runs one parser on out: no panic, the same answer twice, no
+// empty name, only known outcomes, and, where within says so, every name
+// is a piece of the output.
+func checkParser(t *testing.T, parser, out string, within bool) {
+	t.Helper()
+	got := Parsers[parser](out)
+	again := Parsers[parser](out)
+	if len(got) != len(again) {
+		t.Fatalf("%s: %d tests, then %d", parser, len(got), len(again))
+	}
+	for test, o := range got {
+		if test == "" {
+			t.Fatalf("%s: an empty test name", parser)
+		}
+		if o != Passed && o != Failed && o != Skipped {
+			t.Fatalf("%s: %q: outcome %q", parser, test, o)
+		}
+		if again[test] != o {
+			t.Fatalf("%s: %q: %s, then %s", parser, test, o, again[test])
+		}
+		if within && !strings.Contains(out, test) {
+			t.Fatalf("%s: %q is not in the output", parser, test)
+		}
+	}
+}
+
+func FuzzDjangoParser(f *testing.F) {
+	f.Add("test_a (m.tests.T) ... ok\ntest_b (m.tests.T)\nDoc line. ... FAIL\ntest_c (m.tests.T) ... skipped 'x'\ntest_d (m.tests.T) ... expected failure\n")
+	f.Add("test_e (m.T.test_e) ... Internal Server Error: /x/\nok\nFAIL: test_b (m.tests.T)\nERROR: t\n")
+	f.Add("Applying sites.0002_alter_domain_unique...test_no_migrations (m.T) ... ok\n--version is equivalent to version ... ok\r\n")
+	f.Add("t ... Testing against Django installed in '/w' (0 silenced).\nok\nt2 ... System check identified no issues (0 silenced)\nok")
+	f.Fuzz(func(t *testing.T, out string) { checkParser(t, "django", out, true) })
+}
+
+func FuzzSympyParser(f *testing.F) {
+	f.Add("sympy/a/tests/test_b.py[3] \ntest_x ok\ntest_y F\ntest_z E      [FAIL]\n")
+	f.Add("_____ sympy/a/tests/test_b.py:test_y _____\n  sympy/a/b.py:12: Warning \ntest_w f\ntest_v  - s\n")
+	f.Fuzz(func(t *testing.T, out string) { checkParser(t, "sympy", out, true) })
+}
+
+func FuzzPytestOptionsParser(f *testing.F) {
+	f.Add("PASSED t.py::a[/tmp/x/y.txt]\nFAILED t.py::b[//s/h] - no\nSKIPPED [1] t.py:3: why\nERROR t.py::c[a]b\n")
+	f.Add("XFAIL t.py::d[/a*/b] - r\nPASSED t.py::e[/]\nPASSED t.py::f[]]\n")
+	f.Fuzz(func(t *testing.T, out string) { checkParser(t, "pytest-options", out, false) })
+}
+
+func FuzzPytestV2Parser(f *testing.F) {
+	f.Add("\x1b[32mPASSED\x1b[0m t.py::\x1b[1ma[x y]\x1b[0m\nFAILED t.py::a[x z] - boom\nt.py::b PASSED\nt.py::c[p q] XFAIL\n")
+	f.Add("SKIPPED [2] t.py:1: r\nERROR t.py::d - e\nPASSED\tt.py::e\nPASSED t.py::f[1\nPASSED t.py::f[1 2]\n")
+	f.Fuzz(func(t *testing.T, out string) { checkParser(t, "pytest-v2", out, false) })
+}
+
+func FuzzPytestMatplotlibParser(f *testing.F) {
+	f.Add("PASSED t.py::z[MouseButton.LEFT]\nFAILED t.py::s[MouseButton.RIGHT-True] - x\nXFAIL t.py::p\n")
+	f.Fuzz(func(t *testing.T, out string) { checkParser(t, "pytest-matplotlib", out, false) })
+}
+
+func FuzzPytestSeabornParser(f *testing.F) {
+	f.Add("t.py::a PASSED [ 10%]\nPASSED t.py::b\nFAILED t.py::c - e\nSKIPPED [1] t.py:2: r\nXFAIL t.py::d\n")
+	f.Fuzz(func(t *testing.T, out string) { checkParser(t, "pytest-seaborn", out, true) })
 }

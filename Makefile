@@ -15,7 +15,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/cli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build demo test deps deps-test npm-prefix deps-opencode deps-clients deps-microvm vet staticcheck unit fuzz bench clean
+.PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm vet staticcheck unit fuzz bench clean
 
 all: build
 
@@ -142,7 +142,22 @@ deps-microvm:
 		mkdir -p $(dir $(MICROVM_KERNEL)) && rm -rf $(MICROVM_KERNEL) && ln -s $$dir $(MICROVM_KERNEL) || exit 1; \
 	fi
 
-deps-test: deps $(STATICCHECK) deps-opencode deps-clients deps-microvm
+## deps-python: Debian's Python packages that SWE-bench environments are
+## built from (task/pyenv: a venv over Debian's dist-packages, the
+## repository installed in development mode with pip and setuptools), and
+## pytest for the tests' instances; installed with apt-get only when missing.
+PYTHON_DEBS = python3-venv python3-pip python3-setuptools python3-wheel python3-pytest python3-attr
+deps-python:
+	@missing=""; \
+	for p in $(PYTHON_DEBS); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+deps-test: deps deps-python $(STATICCHECK) deps-opencode deps-clients deps-microvm
 
 build: deps
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stasis

@@ -95,7 +95,7 @@ address cannot be listened on, or the server failed.`,
 			}
 			var scripts []*model.Script
 			if tasksSpec != "" {
-				ts, problems, err := task.Load(tasksSpec, repos)
+				ts, problems, err := task.Load(tasksSpec, task.SWEBenchOptions{Repos: repos})
 				if err != nil {
 					return &exitError{code: 2, err: err}
 				}

@@ -98,7 +98,8 @@ verify; 2 a usage error; 1 the run failed.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Tasks, "tasks", "builtin", "builtin, a task directory (or a directory of them), or a SWE-bench JSONL file")
-	f.StringVar(&o.Repos, "repos", "", "the directory of git clones a SWE-bench file refers to")
+	f.StringVar(&o.Repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench file refers to")
+	addEnvsFlag(f, &o.Envs)
 	f.IntVar(&o.N, "episodes", 4, "how many episodes")
 	f.StringVar(&o.Harness, "harness", "mini", "mini, opencode, or mixed (alternating)")
 	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider: local, microvm, opensandbox (OPENSANDBOX_URL) or e2b (E2B_API_KEY); see serve --help")
@@ -118,7 +119,7 @@ verify; 2 a usage error; 1 the run failed.`,
 
 func printRunReport(out io.Writer, rep *job.Report) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EPISODE\tTASK\tHARNESS\tPROVIDER\tRESUME\tREWARD\tCALLS\tLEDGER")
+	fmt.Fprintln(tw, "EPISODE\tTASK\tHARNESS\tPROVIDER\tRESUME\tVERDICT\tREWARD\tCALLS\tLEDGER")
 	for _, e := range rep.Episodes {
 		ledger := "verified"
 		if !e.LedgerVerified {
@@ -128,9 +129,23 @@ func printRunReport(out io.Writer, rep *job.Report) {
 		if e.ClockStep != nil {
 			resume += fmt.Sprintf(" (clock %+.3fs)", *e.ClockStep)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.ID, e.Task, e.Harness, e.Provider, resume, e.Reward, e.ModelCalls, ledger)
+		verdict := e.Verdict
+		if verdict == "" {
+			verdict = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.ID, e.Task, e.Harness, e.Provider, resume, verdict, e.Reward, e.ModelCalls, ledger)
 	}
 	_ = tw.Flush()
+	// Why verdicts are errors (or runs failed as a whole), and test files
+	// agents added.
+	for _, e := range rep.Episodes {
+		if e.Reason != "" {
+			fmt.Fprintf(out, "%s %s: %s\n", e.ID, e.Verdict, e.Reason)
+		}
+		if len(e.TestsRemoved) > 0 {
+			fmt.Fprintf(out, "%s: test files the agent added were removed before verify: %s\n", e.ID, strings.Join(e.TestsRemoved, ", "))
+		}
+	}
 	// Why episodes were relaunched, once per reason.
 	var whys []string
 	who := map[string][]string{}
@@ -153,6 +168,9 @@ func printRunReport(out io.Writer, rep *job.Report) {
 		fmt.Fprintf(out, "restore: %.2fs\n", rep.Restore.Seconds)
 	}
 	fmt.Fprintf(out, "resolved: %d of %d (%d already at the checkpoint) in %.1fs\n", rep.Resolved, len(rep.Episodes), rep.ResolvedBefore, rep.Seconds)
+	if rep.Errors > 0 {
+		fmt.Fprintf(out, "errors: %d verdicts could not judge the work tree (not counted as the model's failures; the reasons are above)\n", rep.Errors)
+	}
 	if rep.State != "" {
 		fmt.Fprintf(out, "state kept in %s\n", rep.State)
 	}

@@ -28,10 +28,10 @@ func selfEnv() map[string]string {
 
 func newServeCmd() *cobra.Command {
 	var (
-		listen, state, tasksSpec, repos, upstream, keyEnv, modelName string
-		concurrency                                                  int
-		logFormat, logLevel                                          string
-		provider, guestBinary, clockPolicy, gwListen, gwURL          string
+		listen, state, tasksSpec, repos, envs, upstream, keyEnv, modelName string
+		concurrency                                                        int
+		logFormat, logLevel                                                string
+		provider, guestBinary, clockPolicy, gwListen, gwURL                string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --listen ADDR --state DIR [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
@@ -126,7 +126,11 @@ start or failed.`,
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
-			ts, problems, err := task.Load(tasksSpec, repos)
+			lo, err := taskOptions(repos, envs, log)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			ts, problems, err := task.Load(tasksSpec, lo)
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
@@ -140,7 +144,7 @@ start or failed.`,
 				State: state, Tasks: ts, ModelUpstream: upstream, ModelKey: os.Getenv(keyEnv), Model: modelName,
 				Concurrency: concurrency, Logger: log, BinaryEnv: selfEnv(),
 				Provider: provider, GuestBinary: guestBinary, ClockPolicy: clockPolicy,
-				GatewayListen: gwListen, GatewayURL: gwURL,
+				GatewayListen: gwListen, GatewayURL: gwURL, Envs: lo.Envs,
 			}
 			ln, shown, err := serve.Listen(listen)
 			if err != nil {
@@ -172,7 +176,8 @@ start or failed.`,
 	f.StringVar(&clockPolicy, "clock-policy", "continuous", "microvm: a guest's wall clock after a resume in place: continuous (pause wall + uptime since) or host")
 	f.StringVar(&state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")
 	f.StringVar(&tasksSpec, "tasks", "builtin", "the tasks episodes may name: builtin, a task directory, or SWE-bench JSONL with --repos")
-	f.StringVar(&repos, "repos", "", "the directory of git clones a SWE-bench --tasks file refers to")
+	f.StringVar(&repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench --tasks file refers to")
+	addEnvsFlag(f, &envs)
 	f.StringVar(&upstream, "model-upstream", "", "the model server the gateway forwards to (default: the scripted model, in-process)")
 	f.StringVar(&keyEnv, "model-key-env", "STASIS_MODEL_KEY", "environment variable holding the model server's API key, if it needs one")
 	f.StringVar(&modelName, "model", "", "the model name harnesses ask for (default: the scripted model's)")

@@ -11,8 +11,8 @@ import (
 
 func newTasksCmd() *cobra.Command {
 	var (
-		asJSON      bool
-		spec, repos string
+		asJSON, strict    bool
+		spec, repos, envs string
 	)
 	cmd := &cobra.Command{
 		Use:   "tasks",
@@ -24,26 +24,44 @@ in Go, Python, JavaScript and shell shipped in stasis, each with a real
 bug, tests that fail before the fix and pass after, and a reference
 solution), a task directory (task.json, repo/, solution/), a directory of
 them, or a SWE-bench JSONL file whose instances are loaded from the git
-clones under --repos (checked out at base_commit with test_patch applied).
-Instances that cannot be loaded are listed with the reason, on stderr.`,
+repositories under --repos (clones or git bundles named OWNER__NAME). A
+SWE-bench task's work tree is the repository at base_commit without
+test_patch; verify restores the files test_patch touches and runs the
+command SWE-bench's harness runs for the repository.
+
+Tasks that cannot be loaded are listed with the reason, on stderr. ls exits
+2 when a file given with --tasks loads no task at all, and with --strict
+when any task fails to load.`,
 		Example: `  stasis tasks ls
   stasis tasks show go-lru-get-recency
   stasis tasks ls --tasks swe.jsonl --repos ~/clones --json`,
 	}
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.PersistentFlags().StringVar(&spec, "tasks", "builtin", "builtin, a task directory, or a SWE-bench JSONL file")
-	cmd.PersistentFlags().StringVar(&repos, "repos", "", "the directory of git clones a SWE-bench file refers to")
+	cmd.PersistentFlags().StringVar(&repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench file refers to")
+	addEnvsFlag(cmd.PersistentFlags(), &envs)
 
 	load := func(cmd *cobra.Command) ([]*task.Task, error) {
-		ts, problems, err := task.Load(spec, repos)
+		o, err := taskOptions(repos, envs, nil)
+		if err != nil {
+			return nil, &exitError{code: 2, err: err}
+		}
+		ts, problems, err := task.Load(spec, o)
 		if err != nil {
 			return nil, &exitError{code: 2, err: err}
 		}
 		for _, p := range problems {
 			fmt.Fprintf(cmd.ErrOrStderr(), "not loaded: %v\n", p)
 		}
+		switch {
+		case len(ts) == 0:
+			return nil, &exitError{code: 2, err: fmt.Errorf("tasks %s: no task could be loaded (%d failed; the reasons are above)", spec, len(problems))}
+		case strict && len(problems) > 0:
+			return nil, &exitError{code: 2, err: fmt.Errorf("tasks %s: %d tasks failed to load (--strict; the reasons are above)", spec, len(problems))}
+		}
 		return ts, nil
 	}
+	cmd.PersistentFlags().BoolVar(&strict, "strict", false, "fail (exit 2) when any task fails to load, not only when none loads")
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List the tasks: id, language, tests, and title",
@@ -94,8 +112,8 @@ Instances that cannot be loaded are listed with the reason, on stderr.`,
 			if asJSON {
 				return writeJSON(out, t)
 			}
-			fmt.Fprintf(out, "%s (%s): %s\n\n%s\n\ntests:   %s  (parser %s)\nbudget:  %s\nF2P:     %v\nP2P:     %v\n",
-				t.ID, t.Language, t.Title, t.Statement, t.TestCmd, t.Parser, t.Budget(), t.FailToPass, t.PassToPass)
+			fmt.Fprintf(out, "%s (%s): %s\n\n%s\n\ntests:   %s  (parser %s)\nbudget:  %s\nF2P:     %v\nP2P:     %v\ntest files (restored at verify): %v\n",
+				t.ID, t.Language, t.Title, t.Statement, t.TestCmd, t.Parser, t.Budget(), t.FailToPass, t.PassToPass, t.TestFiles)
 			if t.Solution != nil {
 				if len(t.Solution.Files) > 0 {
 					fmt.Fprintf(out, "solution: writes %v\n", t.Solution.Paths())

@@ -833,7 +833,7 @@ func (r *chaosRun) prepareOne() bool {
 		eps = append(eps, rec.Episode)
 		if rec.Finished {
 			desc = append(desc, rec.Episode+":finished")
-			v, ok, err := r.w.env.Verifier.Recorded(r.ctx, rec.Episode)
+			v, ok, err := r.w.env.Verifier.Recorded(r.ctx, rec.Episode, rec.Attempt)
 			if err != nil || !ok {
 				r.failf("checkpoint %s records %s finished, but no verdict is recorded (%v)", ck, rec.Episode, err)
 			}

@@ -120,7 +120,7 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 		}
 		// An ended episode whose verdict is captured lost nothing but its
 		// sandbox; any other needs a restore.
-		if _, verr := o.Store.GetVerdict(ctx, r.ID); r.State != store.EpisodeEnded || verr != nil {
+		if _, verr := o.Store.GetVerdict(ctx, r.ID, r.Attempt); r.State != store.EpisodeEnded || verr != nil {
 			r.State = store.EpisodeLost
 		}
 		if err := o.Store.PutEpisode(ctx, r); err != nil {
@@ -187,7 +187,7 @@ func (c *Coordinator) StartWithDeadline(ctx context.Context, id, taskID, harness
 	if err != nil {
 		return store.Episode{}, err
 	}
-	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds()}
+	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Environment: e.Environment().String()}
 	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
 		_ = e.Close(context.WithoutCancel(ctx))
 		return store.Episode{}, err
@@ -227,15 +227,16 @@ func (c *Coordinator) Verify(ctx context.Context, id string) (task.Verdict, bool
 		}
 		return v, rec, err
 	}
-	v, ok, err := c.o.Env.Verifier.Recorded(ctx, id)
+	row, err := c.o.Store.GetEpisode(ctx, id)
+	if err != nil {
+		return task.Verdict{}, false, err
+	}
+	v, ok, err := c.o.Env.Verifier.Recorded(ctx, id, row.Attempt)
 	if err != nil {
 		return task.Verdict{}, false, err
 	}
 	if !ok {
-		if _, err := c.o.Store.GetEpisode(ctx, id); err != nil {
-			return task.Verdict{}, false, err
-		}
-		return task.Verdict{}, false, fmt.Errorf("episode %s is not live and was never verified: restore it first", id)
+		return task.Verdict{}, false, fmt.Errorf("episode %s (attempt %d) is not live and was never verified: restore it first", id, row.Attempt)
 	}
 	return v, true, nil
 }
@@ -629,8 +630,9 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 		row, _ := c.o.Store.GetEpisode(ctx, r.Episode)
 		f := EpisodeFigures{Episode: r.Episode, Finished: r.Finished, Resume: "none"}
 		if r.Finished {
-			// It ended before the checkpoint: no sandbox, its verdict kept.
-			row.State, row.Sandbox = store.EpisodeEnded, ""
+			// It ended before the checkpoint: no sandbox, its verdict (of
+			// the attempt that ended) kept.
+			row.State, row.Sandbox, row.Attempt = store.EpisodeEnded, "", r.Attempt
 			var v task.Verdict
 			if json.Unmarshal(r.Result, &v) == nil {
 				f.Reward = &v.Reward

@@ -96,6 +96,8 @@ type Spec struct {
 	// (SIGSTOP). Default: hold where the provider's snapshots keep
 	// processes, stop elsewhere.
 	PauseMode supervisor.Mode
+
+	environ task.Environment // resolved by prepare
 }
 
 // budget is the harness's time budget.
@@ -223,6 +225,20 @@ func (env *Env) sessionOptions(spec Spec, cmd harness.Command, attempt int) chec
 	}
 }
 
+// prepare checks the spec and resolves the task's environment (the
+// sandbox, the harness and the tests run with it).
+func (spec *Spec) prepare(ctx context.Context) error {
+	if err := spec.check(); err != nil {
+		return err
+	}
+	e, err := spec.Task.Environment(ctx)
+	if err != nil {
+		return fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	spec.environ = e
+	return nil
+}
+
 func (spec *Spec) check() error {
 	if spec.Task == nil || spec.Harness == nil {
 		return fmt.Errorf("episode %s: a task and a harness are needed", spec.ID)
@@ -255,7 +271,7 @@ func DefaultPauseMode(p sandbox.Provider) supervisor.Mode {
 // launches the harness under the supervisor. On an error nothing is left
 // behind but the gateway's registration.
 func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
-	if err := spec.check(); err != nil {
+	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
 	tree, err := os.MkdirTemp("", "stasis-task-")
@@ -346,6 +362,9 @@ func (e *Episode) ID() string { return e.name }
 // SandboxID is the episode's sandbox.
 func (e *Episode) SandboxID() string { return e.sess.SandboxID() }
 
+// Environment is what the episode's harness and tests run in.
+func (e *Episode) Environment() task.Environment { return e.spec.environ }
+
 // Attempt is the episode's attempt (0 before any restore).
 func (e *Episode) Attempt() int { return e.attempt }
 
@@ -394,7 +413,7 @@ func (e *Episode) Verify(ctx context.Context) (task.Verdict, bool, error) {
 	if e.env.Verifier == nil {
 		return task.Verdict{}, false, errors.New("episode: no verifier")
 	}
-	return e.env.Verifier.Verify(ctx, e.name, e.sess.SandboxID(), e.spec.Task, e.ended)
+	return e.env.Verifier.Verify(ctx, e.name, e.attempt, e.sess.SandboxID(), e.spec.Task, e.ended)
 }
 
 // Snapshot is a paused episode's snapshot and its checkpoint state.
@@ -439,7 +458,7 @@ func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter b
 // Relaunch continues an episode in a fork of its snapshot by relaunching
 // its harness there (RelaunchIn); the fork belongs to the new Episode.
 func Relaunch(ctx context.Context, env *Env, spec Spec, snap Snapshot) (*Episode, error) {
-	if err := spec.check(); err != nil {
+	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
 	forks, err := env.Provider.Fork(ctx, snap.ID, 1, ForkSpec(spec))
@@ -472,7 +491,7 @@ func ForkSpec(spec Spec) sandbox.ForkSpec {
 // sandbox belongs to the new Episode, also when RelaunchIn fails (it is
 // then deleted).
 func RelaunchIn(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSession string) (*Episode, error) {
-	if err := spec.check(); err != nil {
+	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
 	st, err := env.Gateway.Restore(spec.ID, false, 0)
@@ -522,7 +541,7 @@ func ResumeCopy(ctx context.Context, env *Env, spec Spec, sandboxID string, rec 
 }
 
 func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State, copyName string) (*Episode, error) {
-	if err := spec.check(); err != nil {
+	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
 	name := spec.ID
@@ -571,7 +590,7 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 // Attach finds a running episode again (after a restart of the host
 // process): its supervisor already runs in sandboxID.
 func Attach(ctx context.Context, env *Env, spec Spec, sandboxID string, attempt int) (*Episode, error) {
-	if err := spec.check(); err != nil {
+	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
 	if _, err := env.Provider.Get(ctx, sandboxID); err != nil {

@@ -41,8 +41,11 @@ import (
 
 // Options configure a run.
 type Options struct {
-	Tasks   string // builtin, a task directory, or SWE-bench JSONL
-	Repos   string
+	Tasks string // builtin, a task directory, or SWE-bench JSONL
+	Repos string
+	// Envs is --envs: where SWE-bench environments are built and cached
+	// (see task.EnvsOption).
+	Envs    string
 	N       int    // episodes
 	Harness string // mini, opencode, mixed
 	// Provider is the sandbox provider: local, or microvm (shell tasks and
@@ -100,6 +103,18 @@ type EpisodeReport struct {
 	Reward         int      `json:"reward"`
 	ModelCalls     int      `json:"model_calls"`
 	LedgerVerified bool     `json:"ledger_verified"`
+	// Verdict is resolved, unresolved or error; Reason says why for an
+	// error (or an unresolved run that failed as a whole).
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason,omitempty"`
+	// Environment is what the tests ran in.
+	Environment string `json:"environment,omitempty"`
+	// FailToPass and PassToPass are each listed test's outcome (passed,
+	// failed, skipped, missing).
+	FailToPass map[string]string `json:"fail_to_pass"`
+	PassToPass map[string]string `json:"pass_to_pass"`
+	// TestsRemoved are test files the agent added, removed before verify.
+	TestsRemoved []string `json:"tests_removed,omitempty"`
 	// ResolvedAtCheckpoint: the episode had already ended, resolved, when
 	// the checkpoint was taken.
 	ResolvedAtCheckpoint bool `json:"resolved_at_checkpoint"`
@@ -118,12 +133,14 @@ type Report struct {
 	} `json:"restore"`
 	// Resolved counts episodes with reward 1 at the end; ResolvedBefore
 	// those resolved when the checkpoint was taken.
-	Resolved       int     `json:"resolved"`
-	ResolvedBefore int     `json:"resolved_before"`
-	Crashed        bool    `json:"crashed"`
-	Killed         int     `json:"sandboxes_killed,omitempty"`
-	Seconds        float64 `json:"seconds"`
-	State          string  `json:"state,omitempty"`
+	Resolved       int `json:"resolved"`
+	ResolvedBefore int `json:"resolved_before"`
+	// Errors counts verdicts whose tests could not judge the work tree.
+	Errors  int     `json:"errors"`
+	Crashed bool    `json:"crashed"`
+	Killed  int     `json:"sandboxes_killed,omitempty"`
+	Seconds float64 `json:"seconds"`
+	State   string  `json:"state,omitempty"`
 }
 
 // episodeView is the part of the server's episode view the job reads.
@@ -159,7 +176,12 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 	}
-	ts, problems, err := task.Load(o.Tasks, o.Repos)
+	lo, err := task.EnvsOption(o.Envs)
+	if err != nil {
+		return nil, err
+	}
+	lo.Repos, lo.Log = o.Repos, o.Log
+	ts, problems, err := task.Load(o.Tasks, lo)
 	if err != nil {
 		return nil, err
 	}
@@ -383,9 +405,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	o.Progress.Phase("verify", len(plan))
 	for i, p := range plan {
 		var vr struct {
-			Verdict struct {
-				Reward int `json:"reward"`
-			} `json:"verdict"`
+			Verdict task.Verdict `json:"verdict"`
 		}
 		if err := srv.call(ctx, "POST", "/v1/episodes/"+p.id+"/verify", nil, &vr); err != nil {
 			return rep, fmt.Errorf("verify %s: %w", p.id, err)
@@ -400,9 +420,14 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		}
 		er := EpisodeReport{ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume, ResumeWhy: why[p.id], ClockStep: clockStep[p.id],
 			Reward: vr.Verdict.Reward, ModelCalls: v.ModelCalls, LedgerVerified: v.LedgerOK,
-			ResolvedAtCheckpoint: finishedAt[p.id] && vr.Verdict.Reward == 1}
+			ResolvedAtCheckpoint: finishedAt[p.id] && vr.Verdict.Reward == 1,
+			Verdict:              vr.Verdict.Status, Reason: vr.Verdict.Reason, Environment: vr.Verdict.Environment,
+			FailToPass: vr.Verdict.FailToPass, PassToPass: vr.Verdict.PassToPass, TestsRemoved: vr.Verdict.TestsRemoved}
 		if er.Reward == 1 {
 			rep.Resolved++
+		}
+		if er.Verdict == task.StatusError {
+			rep.Errors++
 		}
 		if er.ResolvedAtCheckpoint {
 			rep.ResolvedBefore++
@@ -616,6 +641,9 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 	}
 	if o.Repos != "" {
 		args = append(args, "--repos", o.Repos)
+	}
+	if o.Envs != "" {
+		args = append(args, "--envs", o.Envs)
 	}
 	cmd := exec.Command(o.Exe, args...)
 	cmd.Env = append(os.Environ(), o.ExeEnv...)

@@ -204,8 +204,10 @@ type EpisodeView struct {
 	// LedgerOK: the ledger's hash chain verifies and its history is not
 	// broken (false when there is no ledger).
 	LedgerOK bool `json:"ledger_ok"`
-	// Reward is the recorded verdict's, or null before any verify.
-	Reward *int `json:"reward"`
+	// Reward is the recorded verdict's (of the current attempt), or null
+	// before any verify; Verdict its status (resolved, unresolved, error).
+	Reward  *int   `json:"reward"`
+	Verdict string `json:"verdict,omitempty"`
 	// TokenPath is set in the answer to a start only.
 	TokenPath string `json:"token_path,omitempty"`
 }
@@ -227,9 +229,9 @@ func (s *Server) view(ctx context.Context, row store.Episode) EpisodeView {
 		v.ModelCalls = rep.Live
 		v.LedgerOK = rep.OK && !rep.Broken
 	}
-	if vd, ok, err := s.env.Verifier.Recorded(ctx, row.ID); err == nil && ok {
+	if vd, ok, err := s.env.Verifier.Recorded(ctx, row.ID, row.Attempt); err == nil && ok {
 		r := vd.Reward
-		v.Reward = &r
+		v.Reward, v.Verdict = &r, vd.Status
 	}
 	return v
 }

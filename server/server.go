@@ -42,6 +42,7 @@ import (
 	"stasis/serve"
 	"stasis/store"
 	"stasis/task"
+	"stasis/task/pyenv"
 )
 
 // Options configure a Server.
@@ -51,6 +52,10 @@ type Options struct {
 	State string
 	// Tasks are the tasks episodes may name (default: the built-in set).
 	Tasks []*task.Task
+	// Envs is the directory where the tasks' Python environments are built
+	// (task.SWEBenchOptions.Envs); local sandboxes see it read-only at
+	// pyenv.SandboxRoot.
+	Envs string
 	// ModelUpstream is the model server the gateway forwards to; empty runs
 	// the scripted model in-process, on a loopback port, solving Tasks.
 	ModelUpstream string
@@ -279,6 +284,13 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		// The stasis binary is bound into every sandbox read-only (nothing
 		// to copy per episode, nothing of it in the snapshots).
 		ro[bin] = harness.BoundBinaryPath
+		// So are the SWE-bench environments, where their venvs expect them.
+		if o.Envs != "" {
+			if err := os.MkdirAll(o.Envs, 0o755); err != nil {
+				return noProvider(fmt.Errorf("environments directory: %w", err))
+			}
+			ro[o.Envs] = pyenv.SandboxRoot
+		}
 		if s.provider, err = local.New(local.Options{
 			Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, Binds: []string{filepath.Dir(s.sock)}, ReadOnlyBinds: ro,
 			// The state directory holds every episode's gateway token and

@@ -35,6 +35,9 @@ type Episode struct {
 	// DeadlineS overrides the task's time budget for the harness (0: the
 	// task's budget).
 	DeadlineS float64 `json:"deadline_s,omitempty"`
+	// Environment is what its harness and tests run in (host, venv:KEY,
+	// image:DIGEST).
+	Environment string `json:"environment,omitempty"`
 	// Resume says how the last restore continued it: in_place, relaunch,
 	// or empty.
 	Resume  string    `json:"resume,omitempty"`

@@ -86,6 +86,21 @@ var migrations = [][]string{
 		)`,
 		`CREATE INDEX episodes_by_state ON episodes (state, created_ns)`,
 	},
+	{ // 4: a verdict belongs to one attempt of an episode: a restore starts
+		// a new attempt, verified afresh. Verdicts recorded before were of
+		// the attempt then current; it is not known, so they are kept as
+		// attempt 0 (an episode restored since is verified again).
+		`CREATE TABLE verdicts_by_attempt (
+			episode    TEXT NOT NULL,
+			attempt    INTEGER NOT NULL,
+			created_ns BIGINT NOT NULL,
+			doc        TEXT NOT NULL,
+			PRIMARY KEY (episode, attempt)
+		)`,
+		`INSERT INTO verdicts_by_attempt (episode, attempt, created_ns, doc) SELECT episode, 0, created_ns, doc FROM verdicts`,
+		`DROP TABLE verdicts`,
+		`ALTER TABLE verdicts_by_attempt RENAME TO verdicts`,
+	},
 }
 
 // sqlStore is the Store over database/sql, for any dialect.
@@ -624,9 +639,12 @@ func (s *sqlStore) RecoverPending(ctx context.Context, olderThan time.Duration) 
 }
 
 // PutVerdict implements Store.
-func (s *sqlStore) PutVerdict(ctx context.Context, episode string, doc json.RawMessage) (json.RawMessage, bool, error) {
+func (s *sqlStore) PutVerdict(ctx context.Context, episode string, attempt int, doc json.RawMessage) (json.RawMessage, bool, error) {
 	if episode == "" {
 		return nil, false, errors.New("verdict: the episode id is empty")
+	}
+	if attempt < 0 {
+		return nil, false, fmt.Errorf("verdict of episode %q: attempt %d is negative", episode, attempt)
 	}
 	if !json.Valid(doc) {
 		return nil, false, fmt.Errorf("verdict of episode %q: not valid JSON", episode)
@@ -637,7 +655,7 @@ func (s *sqlStore) PutVerdict(ctx context.Context, episode string, doc json.RawM
 	)
 	err := s.tx(ctx, false, func(tx *sql.Tx) error {
 		var have string
-		err := tx.QueryRowContext(ctx, s.q(`SELECT doc FROM verdicts WHERE episode = ?`+s.d.forUpdate), episode).Scan(&have)
+		err := tx.QueryRowContext(ctx, s.q(`SELECT doc FROM verdicts WHERE episode = ? AND attempt = ?`+s.d.forUpdate), episode, attempt).Scan(&have)
 		switch {
 		case err == nil:
 			stored = json.RawMessage(have)
@@ -645,8 +663,8 @@ func (s *sqlStore) PutVerdict(ctx context.Context, episode string, doc json.RawM
 		case !errors.Is(err, sql.ErrNoRows):
 			return s.wrap(err)
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO verdicts (episode, created_ns, doc) VALUES (?, ?, ?)`),
-			episode, s.now().UnixNano(), string(doc)); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO verdicts (episode, attempt, created_ns, doc) VALUES (?, ?, ?, ?)`),
+			episode, attempt, s.now().UnixNano(), string(doc)); err != nil {
 			return s.wrap(err)
 		}
 		stored, created = append(json.RawMessage(nil), doc...), true
@@ -659,11 +677,11 @@ func (s *sqlStore) PutVerdict(ctx context.Context, episode string, doc json.RawM
 }
 
 // GetVerdict implements Store.
-func (s *sqlStore) GetVerdict(ctx context.Context, episode string) (json.RawMessage, error) {
+func (s *sqlStore) GetVerdict(ctx context.Context, episode string, attempt int) (json.RawMessage, error) {
 	var doc string
-	err := s.db.QueryRowContext(ctx, s.q(`SELECT doc FROM verdicts WHERE episode = ?`), episode).Scan(&doc)
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT doc FROM verdicts WHERE episode = ? AND attempt = ?`), episode, attempt).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("verdict of episode %q: %w", episode, ErrNotFound)
+		return nil, fmt.Errorf("verdict of episode %q, attempt %d: %w", episode, attempt, ErrNotFound)
 	}
 	if err != nil {
 		return nil, s.wrap(err)

@@ -95,14 +95,15 @@ type Store interface {
 	// at least olderThan ago: a save interrupted by a crash. It returns
 	// their ids, oldest first.
 	RecoverPending(ctx context.Context, olderThan time.Duration) (failed []string, err error)
-	// PutVerdict records an episode's verify result (a JSON document) once:
-	// the first call stores doc and returns it with created true; every
-	// later call, from any process, returns the document stored first and
-	// created false, and changes nothing.
-	PutVerdict(ctx context.Context, episode string, doc json.RawMessage) (stored json.RawMessage, created bool, err error)
-	// GetVerdict returns an episode's recorded verify result, or an error
-	// matching ErrNotFound when none is recorded.
-	GetVerdict(ctx context.Context, episode string) (json.RawMessage, error)
+	// PutVerdict records the verify result (a JSON document) of one attempt
+	// of an episode once: the first call stores doc and returns it with
+	// created true; every later call for that attempt, from any process,
+	// returns the document stored first and created false, and changes
+	// nothing. A restore starts a new attempt, whose verdict is its own.
+	PutVerdict(ctx context.Context, episode string, attempt int, doc json.RawMessage) (stored json.RawMessage, created bool, err error)
+	// GetVerdict returns the recorded verify result of an episode's
+	// attempt, or an error matching ErrNotFound when none is recorded.
+	GetVerdict(ctx context.Context, episode string, attempt int) (json.RawMessage, error)
 	// PutEpisode creates or replaces an episode; GetEpisode finds one
 	// (ErrNotFound); ListEpisodes lists those in a state ("" for all),
 	// oldest first.

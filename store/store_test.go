@@ -570,10 +570,10 @@ func TestSQLIsPortable(t *testing.T) {
 func TestVerdictOnce(t *testing.T) {
 	ctx := context.Background()
 	s, path := openTemp(t)
-	if _, err := s.GetVerdict(ctx, "ep-1"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetVerdict(ctx, "ep-1", 0); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("GetVerdict before any: %v", err)
 	}
-	if _, _, err := s.PutVerdict(ctx, "ep-1", json.RawMessage(`{"reward":`)); err == nil {
+	if _, _, err := s.PutVerdict(ctx, "ep-1", 0, json.RawMessage(`{"reward":`)); err == nil {
 		t.Fatal("PutVerdict took invalid JSON")
 	}
 	var wg sync.WaitGroup
@@ -584,7 +584,7 @@ func TestVerdictOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			doc := fmt.Sprintf(`{"reward":1,"writer":%d}`, i)
-			got, created, err := s.PutVerdict(ctx, "ep-1", json.RawMessage(doc))
+			got, created, err := s.PutVerdict(ctx, "ep-1", 0, json.RawMessage(doc))
 			if err != nil {
 				t.Error(err)
 				return
@@ -613,12 +613,53 @@ func TestVerdictOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	got, created, err := s2.PutVerdict(ctx, "ep-1", json.RawMessage(`{"reward":0}`))
+	got, created, err := s2.PutVerdict(ctx, "ep-1", 0, json.RawMessage(`{"reward":0}`))
 	if err != nil || created || string(got) != docs[0] {
 		t.Fatalf("put after reopen: %s %v %v", got, created, err)
 	}
-	if g, err := s2.GetVerdict(ctx, "ep-1"); err != nil || string(g) != docs[0] {
+	if g, err := s2.GetVerdict(ctx, "ep-1", 0); err != nil || string(g) != docs[0] {
 		t.Fatalf("GetVerdict: %s %v", g, err)
+	}
+	// The next attempt (after a restore) has a verdict of its own.
+	if _, err := s2.GetVerdict(ctx, "ep-1", 1); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetVerdict of attempt 1 before any: %v", err)
+	}
+	if got, created, err := s2.PutVerdict(ctx, "ep-1", 1, json.RawMessage(`{"reward":0}`)); err != nil || !created || string(got) != `{"reward":0}` {
+		t.Fatalf("put of attempt 1: %s %v %v", got, created, err)
+	}
+	if g, err := s2.GetVerdict(ctx, "ep-1", 0); err != nil || string(g) != docs[0] {
+		t.Fatalf("attempt 0 after attempt 1's put: %s %v", g, err)
+	}
+	if _, _, err := s2.PutVerdict(ctx, "ep-1", -1, json.RawMessage(`{}`)); err == nil {
+		t.Fatal("PutVerdict took a negative attempt")
+	}
+}
+
+// A store made by schema 3 keeps its verdicts, as attempt 0's.
+func TestMigrateVerdictsToAttempts(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTemp(t)
+	for _, stmt := range []string{
+		`DROP TABLE verdicts`,
+		`CREATE TABLE verdicts (episode TEXT NOT NULL PRIMARY KEY, created_ns BIGINT NOT NULL, doc TEXT NOT NULL)`,
+		`INSERT INTO verdicts (episode, created_ns, doc) VALUES ('ep-old', 1, '{"reward":1}')`,
+		`UPDATE schema_version SET version = 3`,
+	} {
+		if _, err := s.db.Exec(stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = s.Close()
+	s2, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if g, err := s2.GetVerdict(ctx, "ep-old", 0); err != nil || string(g) != `{"reward":1}` {
+		t.Fatalf("the old verdict: %s %v", g, err)
+	}
+	if _, err := s2.GetVerdict(ctx, "ep-old", 1); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("attempt 1: %v", err)
 	}
 }
 
@@ -645,7 +686,7 @@ func TestMigrateFromSchema1(t *testing.T) {
 	if _, _, err := s2.Get(ctx, "A"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s2.PutVerdict(ctx, "ep", json.RawMessage(`{}`)); err != nil {
+	if _, _, err := s2.PutVerdict(ctx, "ep", 0, json.RawMessage(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 }

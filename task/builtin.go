@@ -61,10 +61,10 @@ func Lookup(ts []*Task, id string) (*Task, error) {
 // Load reads tasks named on a command line: "builtin" for the built-in set;
 // a directory holding task.json for one task; a directory of such
 // directories for all of them; or a SWE-bench JSONL file, whose instances
-// are loaded from the git clones under repos (see LoadSWEBench). Instances
-// that cannot be loaded are returned as problems, not as an error, so that
-// the rest can run.
-func Load(spec, repos string) (ts []*Task, problems []error, err error) {
+// are loaded from the repositories under o.Repos (see LoadSWEBench).
+// Instances that cannot be loaded are returned as problems, not as an
+// error, so that the rest can run.
+func Load(spec string, o SWEBenchOptions) (ts []*Task, problems []error, err error) {
 	if spec == "" || spec == "builtin" {
 		ts, err := Builtin()
 		return ts, nil, err
@@ -74,7 +74,7 @@ func Load(spec, repos string) (ts []*Task, problems []error, err error) {
 		return nil, nil, fmt.Errorf("tasks %s: %w (give builtin, a task directory, or a SWE-bench JSONL file)", spec, err)
 	}
 	if !st.IsDir() {
-		return LoadSWEBench(spec, repos)
+		return LoadSWEBench(spec, o)
 	}
 	if _, err := os.Stat(filepath.Join(spec, "task.json")); err == nil {
 		t, err := LoadDir(spec)

@@ -54,7 +54,7 @@ func FuzzInstance(f *testing.F) {
 	f.Add([]byte(`{"instance_id":"a","repo":"../../etc","base_commit":"abcdef1"}`))
 	repos := f.TempDir()
 	f.Fuzz(func(t *testing.T, line []byte) {
-		if tk, err := instanceTask(line, repos); err == nil {
+		if tk, err := instanceTask(line, SWEBenchOptions{Repos: repos}); err == nil {
 			t.Fatalf("loaded %s with no clone", tk.ID)
 		}
 	})

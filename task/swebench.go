@@ -3,33 +3,73 @@ package task
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
+
+	"stasis/task/pyenv"
 )
 
-// Instance is one line of a SWE-bench JSONL file. FAIL_TO_PASS and
-// PASS_TO_PASS may be JSON lists or, as in the published dataset, strings
-// holding JSON lists. test_cmd and parser are stasis's additions: without
-// them the tests the test patch touches run under pytest -rA.
+// Instance is one line of a SWE-bench JSONL file (the published datasets'
+// fields; others are ignored). FAIL_TO_PASS and PASS_TO_PASS may be JSON
+// lists or, as in the published dataset, strings holding JSON lists.
+// test_cmd, parser and budget_s are stasis's additions: without test_cmd
+// the command is the one SWE-bench's harness runs for the repository
+// (HarnessTest); without parser, the one its command implies.
 type Instance struct {
-	InstanceID       string          `json:"instance_id"`
-	Repo             string          `json:"repo"`
-	BaseCommit       string          `json:"base_commit"`
-	ProblemStatement string          `json:"problem_statement"`
-	Patch            string          `json:"patch"`
-	TestPatch        string          `json:"test_patch"`
-	FailToPass       json.RawMessage `json:"FAIL_TO_PASS"`
-	PassToPass       json.RawMessage `json:"PASS_TO_PASS"`
-	TestCmd          string          `json:"test_cmd,omitempty"`
-	Parser           string          `json:"parser,omitempty"`
-	BudgetS          float64         `json:"budget_s,omitempty"`
+	InstanceID             string          `json:"instance_id"`
+	Repo                   string          `json:"repo"`
+	BaseCommit             string          `json:"base_commit"`
+	ProblemStatement       string          `json:"problem_statement"`
+	Patch                  string          `json:"patch"`
+	TestPatch              string          `json:"test_patch"`
+	FailToPass             json.RawMessage `json:"FAIL_TO_PASS"`
+	PassToPass             json.RawMessage `json:"PASS_TO_PASS"`
+	Version                json.RawMessage `json:"version,omitempty"`
+	EnvironmentSetupCommit string          `json:"environment_setup_commit,omitempty"`
+	// LogParser names the harness's log parser (SWE-bench 5's rows carry
+	// it: parse_log_pytest, ...).
+	LogParser string  `json:"log_parser,omitempty"`
+	TestCmd   string  `json:"test_cmd,omitempty"`
+	Parser    string  `json:"parser,omitempty"`
+	BudgetS   float64 `json:"budget_s,omitempty"`
+}
+
+// VersionString is the instance's version: the datasets hold it as a
+// string ("2.3"), some copies as a number.
+func (in *Instance) VersionString() string {
+	v := bytes.TrimSpace(in.Version)
+	var s string
+	if json.Unmarshal(v, &s) == nil {
+		return s
+	}
+	return string(v)
+}
+
+// SWEBenchOptions say where SWE-bench instances find their repositories
+// and environments.
+type SWEBenchOptions struct {
+	// Repos holds the git clones (or bundles; see findClone).
+	Repos string
+	// Envs is the directory where Python environments are built and
+	// cached, one per repository and environment_setup_commit (see
+	// task/pyenv); empty: the tests run in the sandbox's own userland
+	// (the host's, for a local sandbox), with a warning.
+	Envs string
+	// Log gets the environment builds' progress; nil: slog.Default().
+	Log *slog.Logger
 }
 
 // MaxInstanceLine bounds one JSONL line (SWE-bench statements and patches
@@ -37,14 +77,18 @@ type Instance struct {
 const MaxInstanceLine = 64 << 20
 
 // LoadSWEBench reads a SWE-bench JSONL file and makes a task of each
-// instance whose repository is cloned under repos: as repos/OWNER__NAME
-// (SWE-bench's naming), repos/OWNER/NAME or repos/NAME. Each task's work
-// tree is a clone at base_commit with test_patch applied; its reference
-// solution is the instance's patch. An instance that cannot be loaded (no
-// clone, a commit the clone lacks, a test patch that does not apply, a
-// malformed line) is returned in problems, naming the instance and the
-// reason; err is for the file itself.
-func LoadSWEBench(file, repos string) (ts []*Task, problems []error, err error) {
+// instance whose repository is under o.Repos: a clone or a git bundle
+// named as SWE-bench names repositories, OWNER__NAME (also OWNER/NAME or
+// NAME; a bundle with .bundle added). Each task's work tree is the
+// repository at base_commit, without test_patch and without the history
+// after it; verify restores every file test_patch touches to base_commit
+// with test_patch applied, then runs the tests. Its reference solution is
+// the instance's patch. An instance that cannot be loaded (no clone, a
+// commit the clone lacks, a test patch that does not apply, a malformed
+// line) is returned in problems, naming the instance and the reason; err
+// is for the file itself.
+func LoadSWEBench(file string, o SWEBenchOptions) (ts []*Task, problems []error, err error) {
+	repos := o.Repos
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, nil, fmt.Errorf("swe-bench: %w", err)
@@ -66,7 +110,7 @@ func LoadSWEBench(file, repos string) (ts []*Task, problems []error, err error) 
 		if len(line) == 0 {
 			continue
 		}
-		t, err := instanceTask(line, repos)
+		t, err := instanceTask(line, o)
 		if err != nil {
 			problems = append(problems, fmt.Errorf("%s:%d: %w", file, n, err))
 			continue
@@ -106,7 +150,7 @@ func testList(raw json.RawMessage) ([]string, error) {
 
 var commitRE = regexp.MustCompile(`^[0-9a-f]{7,64}$`)
 
-func instanceTask(line []byte, repos string) (*Task, error) {
+func instanceTask(line []byte, o SWEBenchOptions) (*Task, error) {
 	var in Instance
 	if err := json.Unmarshal(line, &in); err != nil {
 		return nil, fmt.Errorf("not a SWE-bench instance: %w", err)
@@ -128,35 +172,59 @@ func instanceTask(line []byte, repos string) (*Task, error) {
 	if !commitRE.MatchString(in.BaseCommit) {
 		return nil, fail("base_commit %q is not a commit hash", in.BaseCommit)
 	}
-	if in.Repo == "" || strings.Contains(in.Repo, "..") {
+	if in.EnvironmentSetupCommit != "" && !commitRE.MatchString(in.EnvironmentSetupCommit) {
+		return nil, fail("environment_setup_commit %q is not a commit hash", in.EnvironmentSetupCommit)
+	}
+	if in.Repo == "" || strings.Contains(in.Repo, "..") || strings.Count(in.Repo, "/") != 1 {
 		return nil, fail("repo %q: want OWNER/NAME", in.Repo)
 	}
-	clone, looked := findClone(repos, in.Repo)
+	clone, looked, err := findClone(o.Repos, in.Repo)
+	if err != nil {
+		return nil, fail("%v", err)
+	}
 	if clone == "" {
-		return nil, fail("repository %s is not cloned here (looked for %s)", in.Repo, strings.Join(looked, ", "))
+		return nil, fail("repository %s is not here (looked for %s)", in.Repo, strings.Join(looked, ", "))
 	}
 	if err := git(clone, "cat-file", "-e", in.BaseCommit+"^{commit}"); err != nil {
 		return nil, fail("the clone %s has no commit %s (fetch it, or use a fuller clone)", clone, in.BaseCommit)
 	}
-	if strings.TrimSpace(in.TestPatch) != "" {
-		if err := checkPatch(clone, in.BaseCommit, in.TestPatch); err != nil {
-			return nil, fail("test_patch does not apply at %s: %v", in.BaseCommit, err)
-		}
+	if strings.TrimSpace(in.TestPatch) == "" {
+		return nil, fail("test_patch is empty: SWE-bench's tests come with it")
+	}
+	// The test patch applied to base in a throwaway index: what verify
+	// restores, and the files of the task's own tree.
+	tests, err := testPatchTree(clone, in.BaseCommit, in.TestPatch)
+	if err != nil {
+		return nil, fail("test_patch does not apply at %s: %v", in.BaseCommit, err)
 	}
 	t := &Task{
 		ID: in.InstanceID, Language: "python", Title: in.Repo + " " + in.InstanceID,
 		Statement: in.ProblemStatement, TestCmd: in.TestCmd, Parser: in.Parser,
-		FailToPass: f2p, PassToPass: p2p, BudgetS: in.BudgetS,
+		FailToPass: f2p, PassToPass: p2p, BudgetS: in.BudgetS, TestFiles: tests.Paths,
+	}
+	if t.Parser == "" && in.LogParser != "" {
+		p, ok := HarnessParser(in.LogParser)
+		if !ok {
+			return nil, fail("log_parser %q: stasis has no such parser (%s)", in.LogParser, strings.Join(ParserNames(), ", "))
+		}
+		t.Parser = p
 	}
 	if t.TestCmd == "" {
-		files := patchFiles(in.TestPatch)
-		if len(files) == 0 {
-			return nil, fail("no test_cmd, and the test patch names no files to run")
+		h, err := HarnessTest(in.Repo, in.VersionString(), in.TestPatch)
+		if err != nil {
+			return nil, fail("%v", err)
 		}
-		t.TestCmd = "python3 -m pytest -rA " + strings.Join(quoteAll(files), " ")
+		t.TestCmd = h.TestCmd
 		if t.Parser == "" {
-			t.Parser = "pytest"
+			t.Parser = h.Parser
 		}
+	}
+	if t.Parser == "" {
+		p, ok := DefaultParser(t.TestCmd)
+		if !ok {
+			return nil, fail("parser: test_cmd %q implies no parser; name one (%s)", t.TestCmd, strings.Join(ParserNames(), ", "))
+		}
+		t.Parser = p
 	}
 	if err := t.Validate(); err != nil {
 		return nil, fail("%v", err)
@@ -164,29 +232,198 @@ func instanceTask(line []byte, repos string) (*Task, error) {
 	if strings.TrimSpace(in.Patch) != "" {
 		t.Solution = &Solution{Patch: in.Patch}
 	}
-	base, testPatch := in.BaseCommit, in.TestPatch
+	inst := in
+	t.SWEBench = &inst
+	t.Tests = func() (TestTree, error) { return tests, nil }
+	base := in.BaseCommit
 	t.Source = Source{Kind: "func", Path: clone, Make: func(dst string) error {
-		if err := git("", "clone", "--quiet", "--no-checkout", "--no-hardlinks", clone, dst); err != nil {
+		// Only base_commit: the history after it holds the fix.
+		if err := git("", "init", "--quiet", dst); err != nil {
 			return err
 		}
-		if err := git(dst, "checkout", "--quiet", "--detach", base); err != nil {
+		if err := git(dst, "fetch", "--quiet", "--no-tags", "--depth", "1", clone, base); err != nil {
 			return err
 		}
-		if strings.TrimSpace(testPatch) == "" {
-			return nil
-		}
-		p := filepath.Join(dst, ".git", "stasis-test.patch")
-		if err := os.WriteFile(p, []byte(testPatch), 0o644); err != nil {
-			return err
-		}
-		defer os.Remove(p)
-		return git(dst, "apply", p)
+		return git(dst, "checkout", "--quiet", "--detach", base)
 	}}
+	envCommit := in.EnvironmentSetupCommit
+	if envCommit == "" {
+		envCommit = base
+	}
+	t.Environ = &pyEnv{dir: o.Envs, log: o.Log, req: pyenv.Request{Repo: in.Repo, Clone: clone, Commit: envCommit}}
 	return t, nil
 }
 
-// findClone looks for a repository's clone under repos.
-func findClone(repos, repo string) (string, []string) {
+// EnvsOption reads an --envs flag: "" is the user's cache directory
+// (~/.cache/stasis/envs, or $XDG_CACHE_HOME/stasis/envs), "host" is no
+// environment (the sandbox's own userland), anything else a directory.
+func EnvsOption(flag string) (SWEBenchOptions, error) {
+	switch flag {
+	case "host":
+		return SWEBenchOptions{}, nil
+	case "":
+		d, err := os.UserCacheDir()
+		if err != nil {
+			return SWEBenchOptions{}, fmt.Errorf("--envs: no cache directory (set HOME or XDG_CACHE_HOME, or give --envs DIR): %w", err)
+		}
+		return SWEBenchOptions{Envs: filepath.Join(d, "stasis", "envs")}, nil
+	}
+	abs, err := filepath.Abs(flag)
+	if err != nil {
+		return SWEBenchOptions{}, err
+	}
+	return SWEBenchOptions{Envs: abs}, nil
+}
+
+// pyEnv resolves a SWE-bench task's environment: a Python environment
+// built once per repository and environment_setup_commit when a cache
+// directory is given, else the host's, with a warning.
+type pyEnv struct {
+	dir string
+	log *slog.Logger
+	req pyenv.Request
+}
+
+func (p *pyEnv) Resolve(ctx context.Context) (Environment, error) {
+	log := p.log
+	if log == nil {
+		log = slog.Default()
+	}
+	if p.dir == "" {
+		w := fmt.Sprintf("no environment for %s: the tests run with the sandbox's own Python and packages, not the instance's", p.req.Repo)
+		log.Warn(w)
+		return Environment{Kind: "host", Warning: w}, nil
+	}
+	e, err := pyenv.Ensure(ctx, p.dir, p.req, log)
+	if err != nil {
+		return Environment{}, err
+	}
+	return Environment{Kind: "venv", Name: e.Key, Path: e.Dir, Vars: e.Vars(SandboxPath()), Overlay: func(tree string) error {
+		_, err := e.Overlay(tree)
+		return err
+	}}, nil
+}
+
+// testPatchTree applies a test patch to commit in a throwaway index and
+// reads what verify restores: every file the patch touches, with its
+// content after the patch (a file it deletes is only removed), and the
+// list of all files then.
+func testPatchTree(clone, commit, patch string) (TestTree, error) {
+	dir, err := os.MkdirTemp("", "stasis-swebench-")
+	if err != nil {
+		return TestTree{}, err
+	}
+	defer os.RemoveAll(dir)
+	env := []string{"GIT_INDEX_FILE=" + filepath.Join(dir, "index")}
+	p := filepath.Join(dir, "test.patch")
+	if err := os.WriteFile(p, []byte(patch), 0o644); err != nil {
+		return TestTree{}, err
+	}
+	for _, args := range [][]string{{"read-tree", commit}, {"apply", "--cached", p}} {
+		if _, err := runGit(clone, env, args...); err != nil {
+			return TestTree{}, err
+		}
+	}
+	touched, err := gitRaw(clone, env, "apply", "--numstat", "-z", p)
+	if err != nil {
+		return TestTree{}, err
+	}
+	paths := map[string]bool{}
+	for _, f := range numstatPaths(touched) {
+		if err := checkRelPath(f); err != nil {
+			return TestTree{}, fmt.Errorf("the patch touches %v", err)
+		}
+		paths[f] = true
+	}
+	if len(paths) == 0 {
+		return TestTree{}, errors.New("it touches no file")
+	}
+	staged, err := gitRaw(clone, env, "ls-files", "--stage", "-z")
+	if err != nil {
+		return TestTree{}, err
+	}
+	tt := TestTree{Known: map[string]bool{}}
+	for _, ent := range strings.Split(staged, "\x00") {
+		// MODE SHA STAGE\tPATH
+		meta, name, ok := strings.Cut(ent, "\t")
+		if !ok {
+			continue
+		}
+		tt.Known[name] = true
+		if !paths[name] {
+			continue
+		}
+		f := strings.Fields(meta)
+		if len(f) != 3 {
+			return TestTree{}, fmt.Errorf("git ls-files: %q", ent)
+		}
+		mode := fs.FileMode(0o644)
+		switch f[0] {
+		case "100755":
+			mode = 0o755
+		case "100644":
+		default:
+			return TestTree{}, fmt.Errorf("the patch leaves %s as a link or submodule (mode %s): only regular files are restored", name, f[0])
+		}
+		b, err := gitRaw(clone, nil, "cat-file", "blob", f[1])
+		if err != nil {
+			return TestTree{}, err
+		}
+		tt.Files = append(tt.Files, TestFile{Path: name, Data: []byte(b), Mode: mode})
+	}
+	for f := range paths {
+		tt.Paths = append(tt.Paths, f)
+	}
+	sort.Strings(tt.Paths)
+	return tt, nil
+}
+
+// numstatPaths reads the paths of `git apply --numstat -z`: per file
+// "ADDED\tDELETED\tPATH\0", or for a rename "ADDED\tDELETED\t\0OLD\0NEW\0".
+func numstatPaths(out string) []string {
+	var ps []string
+	parts := strings.Split(out, "\x00")
+	for i := 0; i < len(parts); i++ {
+		fields := strings.SplitN(parts[i], "\t", 3)
+		if len(fields) != 3 {
+			continue
+		}
+		if fields[2] != "" {
+			ps = append(ps, fields[2])
+			continue
+		}
+		if i+2 < len(parts) {
+			ps = append(ps, parts[i+1], parts[i+2])
+			i += 2
+		}
+	}
+	return ps
+}
+
+// DefaultParser is the parser a test command implies, when it implies
+// one.
+func DefaultParser(cmd string) (string, bool) {
+	switch {
+	case strings.Contains(cmd, "runtests.py"):
+		return "django", true
+	case strings.Contains(cmd, "bin/test"):
+		return "sympy", true
+	case strings.Contains(cmd, "pytest"):
+		return "pytest", true
+	case strings.Contains(cmd, "unittest"):
+		return "unittest", true
+	case strings.Contains(cmd, "go test"):
+		return "gotest", true
+	case strings.Contains(cmd, "--test-reporter=tap"):
+		return "tap", true
+	}
+	return "", false
+}
+
+// findClone looks for a repository under repos: a clone, or a git bundle
+// (OWNER__NAME.bundle, ...), which is cloned once beside it, into
+// repos/.stasis-clones/OWNER__NAME-HASH (keyed by the bundle's content).
+func findClone(repos, repo string) (string, []string, error) {
 	owner, name, _ := strings.Cut(repo, "/")
 	cands := []string{
 		filepath.Join(repos, owner+"__"+name),
@@ -196,54 +433,49 @@ func findClone(repos, repo string) (string, []string) {
 	for _, c := range cands {
 		if st, err := os.Stat(c); err == nil && st.IsDir() {
 			if git(c, "rev-parse", "--git-dir") == nil {
-				return c, cands
+				return c, cands, nil
 			}
 		}
 	}
-	return "", cands
+	var looked []string
+	for _, c := range cands {
+		looked = append(looked, c, c+".bundle")
+		if st, err := os.Stat(c + ".bundle"); err == nil && st.Mode().IsRegular() {
+			dir, err := cloneBundleOnce(c+".bundle", filepath.Join(repos, ".stasis-clones"), owner+"__"+name)
+			return dir, looked, err
+		}
+	}
+	return "", looked, nil
 }
 
-// checkPatch checks that a patch applies at commit without a work tree: in
-// a throwaway index read from the commit.
-func checkPatch(clone, commit, patch string) error {
-	dir, err := os.MkdirTemp("", "stasis-swebench-")
+var bundleMu sync.Mutex
+
+// cloneBundleOnce clones a bundle into under/NAME-HASH unless it is there.
+func cloneBundleOnce(bundle, under, name string) (string, error) {
+	b, err := os.ReadFile(bundle)
 	if err != nil {
-		return err
+		return "", err
 	}
-	defer os.RemoveAll(dir)
-	idx := filepath.Join(dir, "index")
-	p := filepath.Join(dir, "test.patch")
-	if err := os.WriteFile(p, []byte(patch), 0o644); err != nil {
-		return err
+	sum := sha256.Sum256(b)
+	dir := filepath.Join(under, name+"-"+hex.EncodeToString(sum[:6]))
+	bundleMu.Lock()
+	defer bundleMu.Unlock()
+	if git(dir, "rev-parse", "--git-dir") == nil {
+		return dir, nil
 	}
-	for _, args := range [][]string{{"read-tree", commit}, {"apply", "--cached", "--check", p}} {
-		if _, err := runGit(clone, []string{"GIT_INDEX_FILE=" + idx}, args...); err != nil {
-			return err
-		}
+	if err := os.MkdirAll(under, 0o755); err != nil {
+		return "", err
 	}
-	return nil
-}
-
-// patchFiles are the files a unified diff changes (its +++ b/ lines).
-func patchFiles(patch string) []string {
-	set := map[string]bool{}
-	for _, l := range strings.Split(patch, "\n") {
-		if rest, ok := strings.CutPrefix(l, "+++ b/"); ok {
-			set[strings.TrimSpace(rest)] = true
-		}
+	tmp, err := os.MkdirTemp(under, ".tmp-"+name+"-")
+	if err != nil {
+		return "", err
 	}
-	var fs []string
-	for f := range set {
-		fs = append(fs, f)
+	defer os.RemoveAll(tmp)
+	if err := git("", "clone", "--quiet", "--bare", bundle, filepath.Join(tmp, "repo")); err != nil {
+		return "", fmt.Errorf("bundle %s: %w", bundle, err)
 	}
-	sort.Strings(fs)
-	return fs
-}
-
-func quoteAll(ss []string) []string {
-	out := make([]string, len(ss))
-	for i, s := range ss {
-		out[i] = "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	if err := os.Rename(filepath.Join(tmp, "repo"), dir); err != nil && git(dir, "rev-parse", "--git-dir") != nil {
+		return "", err
 	}
-	return out
+	return dir, nil
 }

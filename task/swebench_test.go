@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -76,7 +77,7 @@ func swebenchFixture(t *testing.T) (jsonl, repos string) {
 	noRepo := map[string]any{"instance_id": "other__x-2", "repo": "other/x", "base_commit": base, "problem_statement": "p", "FAIL_TO_PASS": []string{"a"}, "PASS_TO_PASS": []string{}}
 	noCommit := map[string]any{"instance_id": "acme__calc-3", "repo": "acme/calc", "base_commit": strings.Repeat("0", 40), "problem_statement": "p", "FAIL_TO_PASS": []string{"a"}, "test_cmd": "true", "parser": "lines"}
 	badPatch := map[string]any{"instance_id": "acme__calc-4", "repo": "acme/calc", "base_commit": base, "problem_statement": "p", "test_patch": "--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n", "FAIL_TO_PASS": []string{"a"}, "test_cmd": "true", "parser": "lines"}
-	noTests := map[string]any{"instance_id": "acme__calc-5", "repo": "acme/calc", "base_commit": base, "problem_statement": "p", "FAIL_TO_PASS": "[]", "test_cmd": "true", "parser": "lines"}
+	noTests := map[string]any{"instance_id": "acme__calc-5", "repo": "acme/calc", "base_commit": base, "problem_statement": "p", "test_patch": testPatch, "FAIL_TO_PASS": "[]", "test_cmd": "true", "parser": "lines"}
 	jsonl = filepath.Join(t.TempDir(), "swe.jsonl")
 	content := strings.Join([]string{line(good), line(noRepo), line(noCommit), line(badPatch), line(noTests), `{"instance_id": "broken`, line(good)}, "\n") + "\n"
 	write(t, filepath.Dir(jsonl), filepath.Base(jsonl), content)
@@ -86,7 +87,7 @@ func swebenchFixture(t *testing.T) (jsonl, repos string) {
 func TestSWEBenchLoader(t *testing.T) {
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
 	jsonl, repos := swebenchFixture(t)
-	ts, problems, err := task.LoadSWEBench(jsonl, repos)
+	ts, problems, err := task.LoadSWEBench(jsonl, task.SWEBenchOptions{Repos: repos})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestSWEBenchLoader(t *testing.T) {
 		t.Fatalf("loaded %d tasks: %+v", len(ts), ts)
 	}
 	wants := []string{
-		"other__x-2: repository other/x is not cloned here",
+		"other__x-2: repository other/x is not here",
 		"acme__calc-3: the clone",
 		"acme__calc-4: test_patch does not apply",
 		"acme__calc-5: task acme__calc-5: fail_to_pass is empty",
@@ -110,9 +111,10 @@ func TestSWEBenchLoader(t *testing.T) {
 		}
 	}
 
-	// The work tree: base_commit with test_patch applied; the tests fail
-	// there, and pass once the instance's patch is applied (the scripted
-	// model's solution), as verify sees them in a sandbox.
+	// The work tree: base_commit alone, without test_patch and without
+	// the history after it. Verify restores the test patch's files; the
+	// tests fail there, and pass once the instance's patch is applied
+	// (the scripted model's solution).
 	tk := ts[0]
 	tree := t.TempDir()
 	if err := tk.Materialize(tree); err != nil {
@@ -121,14 +123,20 @@ func TestSWEBenchLoader(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(tree, "NEWS")); err == nil {
 		t.Fatal("the work tree is not at base_commit")
 	}
-	if b, _ := os.ReadFile(filepath.Join(tree, "test_calc.py")); !strings.Contains(string(b), "test_add") {
-		t.Fatal("test_patch is not applied")
+	if b, _ := os.ReadFile(filepath.Join(tree, "test_calc.py")); strings.Contains(string(b), "test_add") {
+		t.Fatal("test_patch is applied in the agent's work tree")
+	}
+	if n := git(t, tree, "rev-list", "--all", "--count"); n != "1" {
+		t.Fatalf("the work tree's repository holds %s commits, want base_commit alone", n)
+	}
+	if !slices.Equal(tk.TestFiles, []string{"test_calc.py"}) {
+		t.Fatalf("test files %v", tk.TestFiles)
 	}
 	ctx := context.Background()
 	p := newProvider(t)
 	id := sandboxFor(t, p, tk)
 	v, err := task.RunTests(ctx, p, id, tk)
-	if err != nil || v.Reward != 0 || v.FailToPass["test_calc.T.test_add"] != task.Failed || v.PassToPass["test_calc.T.test_mul"] != task.Passed {
+	if err != nil || v.Reward != 0 || v.Status != task.StatusUnresolved || v.FailToPass["test_calc.T.test_add"] != task.Failed || v.PassToPass["test_calc.T.test_mul"] != task.Passed {
 		t.Fatalf("before the fix: %+v %v", v, err)
 	}
 	s, err := tk.Script()
@@ -144,15 +152,15 @@ func TestSWEBenchLoader(t *testing.T) {
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("the script's fix: %v exit %d: %s", err, res.ExitCode, out.String())
 	}
-	if v, err = task.RunTests(ctx, p, id, tk); err != nil || v.Reward != 1 {
+	if v, err = task.RunTests(ctx, p, id, tk); err != nil || v.Reward != 1 || v.Status != task.StatusResolved {
 		t.Fatalf("after the fix: %+v %v", v, err)
 	}
 
 	// A missing file and a missing --repos are errors, not problems.
-	if _, _, err := task.LoadSWEBench(filepath.Join(repos, "none.jsonl"), repos); err == nil {
+	if _, _, err := task.LoadSWEBench(filepath.Join(repos, "none.jsonl"), task.SWEBenchOptions{Repos: repos}); err == nil {
 		t.Fatal("a missing file loaded")
 	}
-	if _, _, err := task.LoadSWEBench(jsonl, ""); err == nil || !strings.Contains(err.Error(), "--repos") {
+	if _, _, err := task.LoadSWEBench(jsonl, task.SWEBenchOptions{}); err == nil || !strings.Contains(err.Error(), "--repos") {
 		t.Fatalf("no repos: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ package task
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,11 +50,110 @@ type Task struct {
 	BudgetS float64 `json:"budget_s,omitempty"`
 	// Env is added to the environment of the harness and the tests.
 	Env map[string]string `json:"env,omitempty"`
+	// TestFiles are the files and directories of the work tree (relative,
+	// slash-separated) that hold the tests. Verify restores them from the
+	// task before it runs the tests: the agent may read them, but its
+	// edits to them do not count.
+	TestFiles []string `json:"test_files"`
 
 	// Source is the work tree; Solution the reference fix (for the
 	// scripted model only). Neither is part of the JSON definition.
 	Source   Source    `json:"-"`
 	Solution *Solution `json:"-"`
+	// Tests gives the content verify restores (TestTree); nil: the
+	// TestFiles as the Source holds them.
+	Tests func() (TestTree, error) `json:"-"`
+	// Environ resolves the environment the harness and the tests run in;
+	// nil: the sandbox as the provider makes it (the host's userland, for
+	// a local sandbox).
+	Environ EnvResolver `json:"-"`
+	// SWEBench is the instance a SWE-bench task was made from; nil for
+	// other tasks.
+	SWEBench *Instance `json:"-"`
+
+	env *envMemo
+}
+
+// EnvResolver finds, or builds once, the environment a task runs in.
+type EnvResolver interface {
+	Resolve(ctx context.Context) (Environment, error)
+}
+
+// Environment is what a task's harness and tests run in, as recorded in
+// the episode and its verdict.
+type Environment struct {
+	// Kind is "venv" (a Python environment stasis built and cached),
+	// "image" or "host" (the sandbox's own userland).
+	Kind string `json:"kind"`
+	// Name identifies it: the venv's cache key, an image digest.
+	Name string `json:"name,omitempty"`
+	// Path is where it is on the host, when it is there.
+	Path string `json:"path,omitempty"`
+	// Warning says what to beware of (the host's userland is not the
+	// instance's environment, say).
+	Warning string `json:"warning,omitempty"`
+	// Vars are added to the environment of the harness and the tests.
+	Vars map[string]string `json:"-"`
+	// Overlay, when set, lays what the environment's build made in its
+	// own checkout (version files, compiled extensions) into a fresh work
+	// tree, where the tree lacks them.
+	Overlay func(tree string) error `json:"-"`
+}
+
+// String is how a verdict or a report names the environment.
+func (e Environment) String() string {
+	if e.Name == "" {
+		return e.Kind
+	}
+	return e.Kind + ":" + e.Name
+}
+
+type envMemo struct {
+	mu   sync.Mutex
+	done bool
+	env  Environment
+}
+
+// Environment resolves the task's environment once (later calls return
+// the first success; a failure is tried again next time).
+func (t *Task) Environment(ctx context.Context) (Environment, error) {
+	if t.Environ == nil {
+		return Environment{Kind: "host"}, nil
+	}
+	m := t.memo()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.done {
+		return m.env, nil
+	}
+	e, err := t.Environ.Resolve(ctx)
+	if err != nil {
+		return Environment{}, fmt.Errorf("task %s: environment: %w", t.ID, err)
+	}
+	m.env, m.done = e, true
+	return e, nil
+}
+
+var memoMu sync.Mutex
+
+func (t *Task) memo() *envMemo {
+	memoMu.Lock()
+	defer memoMu.Unlock()
+	if t.env == nil {
+		t.env = &envMemo{}
+	}
+	return t.env
+}
+
+// resolved is the environment when it has been resolved.
+func (t *Task) resolved() (Environment, bool) {
+	if t.Environ == nil {
+		return Environment{Kind: "host"}, true
+	}
+	m := t.memo()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.env, m.done
 }
 
 // Budget is the task's time budget.
@@ -113,6 +213,11 @@ func (t *Task) Validate() error {
 	if t.BudgetS < 0 {
 		errs = append(errs, "budget_s is negative")
 	}
+	for _, f := range t.TestFiles {
+		if err := checkRelPath(f); err != nil {
+			errs = append(errs, fmt.Sprintf("test_files: %v", err))
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("task %s: %s", t.ID, strings.Join(errs, "; "))
 	}
@@ -165,6 +270,11 @@ func (t *Task) Materialize(dst string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("task %s: materialize the work tree: %w", t.ID, err)
+	}
+	if e, ok := t.resolved(); ok && e.Overlay != nil {
+		if err := e.Overlay(dst); err != nil {
+			return fmt.Errorf("task %s: lay the environment's generated files into the work tree: %w", t.ID, err)
+		}
 	}
 	return nil
 }
@@ -258,6 +368,16 @@ func LoadFS(fsys fs.FS, dir string) (*Task, error) {
 		return nil, fmt.Errorf("task %s: no work tree: want a directory %s", t.ID, repo)
 	}
 	t.Source = Source{Kind: "dir", FS: fsys, Path: repo}
+	if len(t.TestFiles) == 0 {
+		return nil, fmt.Errorf("task %s: test_files is empty: name the files (or directories) of repo/ that hold the tests, so that verify restores them and an agent's edits to them do not count", t.ID)
+	}
+	for _, f := range t.TestFiles {
+		if _, err := fs.Stat(fsys, path.Join(repo, f)); err != nil {
+			if _, err2 := fs.Stat(fsys, path.Join(repo, f+embedSuffix)); err2 != nil {
+				return nil, fmt.Errorf("task %s: test_files: %s is not in the work tree", t.ID, f)
+			}
+		}
+	}
 	if st, err := fs.Stat(fsys, path.Join(dir, "solution")); err == nil && st.IsDir() {
 		if t.Solution, err = readSolution(fsys, path.Join(dir, "solution")); err != nil {
 			return nil, fmt.Errorf("task %s: solution: %w", t.ID, err)
@@ -295,13 +415,35 @@ func ParseDefinition(b []byte) (*Task, error) {
 	return &t, nil
 }
 
+// checkRelPath refuses a path that is not a clean relative path inside the
+// work tree.
+func checkRelPath(p string) error {
+	switch {
+	case p == "" || p == ".":
+		return errors.New("an empty path")
+	case strings.HasPrefix(p, "/"):
+		return fmt.Errorf("%q is absolute: give it relative to the work tree", p)
+	case path.Clean(p) != p || p == ".." || strings.HasPrefix(p, "../") || strings.Contains(p, "\x00"):
+		return fmt.Errorf("%q: give a clean path inside the work tree (no '..', no './', no trailing '/')", p)
+	case p == ".git" || strings.HasPrefix(p, ".git/"):
+		return fmt.Errorf("%q is inside .git", p)
+	}
+	return nil
+}
+
 // EnvMap is the environment a task's harness and tests run with inside a
-// sandbox: the task's own, and a PATH that also reaches the host's Go
-// toolchain (local sandboxes see the host's root read-only).
+// sandbox: the task's own, its resolved environment's (call Environment
+// first), and a PATH that also reaches the host's Go toolchain (local
+// sandboxes see the host's root read-only).
 func (t *Task) EnvMap() map[string]string {
 	// No stale bytecode: a fix of the same size written within the same
 	// second as the original would otherwise run the old code.
 	env := map[string]string{"PATH": SandboxPath(), "PYTHONDONTWRITEBYTECODE": "1"}
+	if e, ok := t.resolved(); ok {
+		for k, v := range e.Vars {
+			env[k] = v
+		}
+	}
 	for k, v := range t.Env {
 		env[k] = v
 	}

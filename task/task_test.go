@@ -188,7 +188,7 @@ func TestVerifyCapturesOnce(t *testing.T) {
 
 	// Not ended: refused, nothing recorded, nothing run.
 	notYet := func(context.Context) error { return os.ErrDeadlineExceeded }
-	if _, _, err := v.Verify(ctx, "ep-1", id, tk, notYet); err == nil || !strings.Contains(err.Error(), "has not ended") {
+	if _, _, err := v.Verify(ctx, "ep-1", 0, id, tk, notYet); err == nil || !strings.Contains(err.Error(), "has not ended") {
 		t.Fatalf("verify before the end: %v", err)
 	}
 	if n := runs(t, p, id); n != 0 {
@@ -203,7 +203,7 @@ func TestVerifyCapturesOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			var err error
-			got[i], recorded[i], err = v.Verify(ctx, "ep-1", id, tk, nil)
+			got[i], recorded[i], err = v.Verify(ctx, "ep-1", 0, id, tk, nil)
 			if err != nil {
 				t.Error(err)
 			}
@@ -239,25 +239,37 @@ func TestVerifyCapturesOnce(t *testing.T) {
 	}
 	defer st2.Close()
 	v2 := &task.Verifier{Store: st2, Provider: p}
-	again, rec, err := v2.Verify(ctx, "ep-1", id, tk, notYet)
+	again, rec, err := v2.Verify(ctx, "ep-1", 0, id, tk, notYet)
 	if err != nil || !rec || !again.Started.Equal(got[0].Started) {
 		t.Fatalf("verify after a relaunch: %+v recorded=%v %v", again, rec, err)
 	}
 	if n := runs(t, p, id); n != 1 {
 		t.Fatalf("the tests ran %d times in all, want 1", n)
 	}
+	// A restore starts attempt 1: it is verified afresh, in its own
+	// sandbox state, and attempt 0's verdict stays as it was.
+	a1, rec, err := v2.Verify(ctx, "ep-1", 1, id, tk, nil)
+	if err != nil || rec || a1.Attempt != 1 || a1.Started.Equal(got[0].Started) {
+		t.Fatalf("verify of attempt 1: %+v recorded=%v %v", a1, rec, err)
+	}
+	if n := runs(t, p, id); n != 2 {
+		t.Fatalf("the tests ran %d times in all after attempt 1's verify, want 2", n)
+	}
+	if a0, ok, err := v2.Recorded(ctx, "ep-1", 0); err != nil || !ok || !a0.Started.Equal(got[0].Started) || a0.Attempt != 0 {
+		t.Fatalf("attempt 0's verdict after attempt 1's: %+v %v %v", a0, ok, err)
+	}
 	// A verdict survives its sandbox.
 	if err := p.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if _, rec, err := v2.Verify(ctx, "ep-1", id, tk, nil); err != nil || !rec {
+	if _, rec, err := v2.Verify(ctx, "ep-1", 0, id, tk, nil); err != nil || !rec {
 		t.Fatalf("verify after the sandbox is gone: %v %v", rec, err)
 	}
 	// Another episode in a sandbox that is gone: an error, nothing recorded.
-	if _, _, err := v2.Verify(ctx, "ep-2", id, tk, nil); err == nil {
+	if _, _, err := v2.Verify(ctx, "ep-2", 0, id, tk, nil); err == nil {
 		t.Fatal("verify in a deleted sandbox succeeded")
 	}
-	if _, ok, _ := v2.Recorded(ctx, "ep-2"); ok {
+	if _, ok, _ := v2.Recorded(ctx, "ep-2", 0); ok {
 		t.Fatal("a failed verify recorded a verdict")
 	}
 	stasistest.NoChildrenLeft(t)

@@ -6,6 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,20 +17,48 @@ import (
 	"stasis/store"
 )
 
-// Verdict is the result of verifying one episode: the reward and what it
-// rests on.
+// Verdict statuses.
+const (
+	// StatusResolved: every FAIL_TO_PASS test passed and no PASS_TO_PASS
+	// test broke (reward 1).
+	StatusResolved = "resolved"
+	// StatusUnresolved: the tests ran and judged the work tree; some
+	// listed test did not pass (reward 0).
+	StatusUnresolved = "unresolved"
+	// StatusError: the tests could not judge the work tree (they timed
+	// out, could not be collected or imported, or the runner failed);
+	// Reason says why. The reward is 0, but it is not the model's failure
+	// unless the reason says so.
+	StatusError = "error"
+)
+
+// Verdict is the result of verifying one attempt of an episode: the
+// status, the reward and what they rest on.
 type Verdict struct {
 	Episode string `json:"episode"`
+	// Attempt is the episode's attempt that was verified: a restore starts
+	// a new one, verified afresh.
+	Attempt int    `json:"attempt"`
 	Task    string `json:"task"`
-	// Reward is 1 when every FAIL_TO_PASS test passed and no PASS_TO_PASS
-	// test broke, else 0.
+	// Status is resolved, unresolved or error; Reason says why for error
+	// (and for unresolved when a test run failed as a whole).
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+	// Reward is 1 when resolved, else 0.
 	Reward int `json:"reward"`
 	// FailToPass and PassToPass give each listed test's outcome (passed,
 	// failed, skipped, missing).
 	FailToPass map[string]string `json:"fail_to_pass"`
 	PassToPass map[string]string `json:"pass_to_pass"`
-	ExitCode   int               `json:"exit_code"`
-	TimedOut   bool              `json:"timed_out,omitempty"`
+	// Environment is what the tests ran in (see task.Environment).
+	Environment string `json:"environment,omitempty"`
+	// TestsRestored counts the test files restored from the task before
+	// the run.
+	TestsRestored int `json:"tests_restored"`
+	// TestsRemoved are test files the agent added, removed before the run.
+	TestsRemoved []string `json:"tests_removed,omitempty"`
+	ExitCode     int      `json:"exit_code"`
+	TimedOut     bool     `json:"timed_out,omitempty"`
 	// Output is the test command's combined output, cut to its last
 	// OutputLimit bytes when longer (OutputBytes is the whole length).
 	Output      string    `json:"output"`
@@ -67,14 +99,69 @@ func (t *Task) Evaluate(output string) (reward int, f2p, p2p map[string]string) 
 	return reward, f2p, p2p
 }
 
-// RunTests runs the task's test command in a sandbox's work tree and
-// evaluates it. An error means the tests could not be run (the sandbox is
-// gone, say), not that they failed.
+// pytestExits are pytest's exit codes that mean the tests were not run as
+// a whole (1 is "some tests failed").
+var pytestExits = map[int]string{
+	2: "the run was interrupted (pytest exit 2: a collection or import error)",
+	3: "pytest had an internal error (exit 3)",
+	4: "pytest was called wrongly (exit 4: a usage error, or a test file it cannot find)",
+	5: "pytest collected no tests (exit 5)",
+}
+
+var importErrorRE = regexp.MustCompile(`(?m)^E?\s*(ModuleNotFoundError|ImportError|SyntaxError|IndentationError)\b.*$`)
+
+// judge sets the verdict's status and reason from its outcomes, exit code
+// and output.
+func (t *Task) judge(v *Verdict, output string) {
+	ran := 0
+	for _, o := range v.FailToPass {
+		if o != Missing {
+			ran++
+		}
+	}
+	for _, o := range v.PassToPass {
+		if o != Missing {
+			ran++
+		}
+	}
+	listed := len(v.FailToPass) + len(v.PassToPass)
+	switch {
+	case v.TimedOut:
+		v.Status, v.Reason = StatusError, fmt.Sprintf("the tests ran past the task's budget of %s and were killed", t.Budget())
+	case strings.HasPrefix(t.Parser, "pytest") && pytestExits[v.ExitCode] != "" && ran < listed:
+		v.Status, v.Reason = StatusError, pytestExits[v.ExitCode]
+	case ran == 0 && listed > 0:
+		v.Status, v.Reason = StatusError, fmt.Sprintf("none of the %d listed tests ran (exit %d)", listed, v.ExitCode)
+	case v.Reward == 1:
+		v.Status = StatusResolved
+	default:
+		v.Status = StatusUnresolved
+	}
+	if v.Status == StatusError {
+		if m := importErrorRE.FindString(output); m != "" {
+			v.Reason += "; the output says: " + strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(m), "E "))
+		}
+		v.Reward = 0
+	}
+}
+
+// RunTests restores the task's tests in a sandbox's work tree (ResetTests),
+// runs its test command there and judges the result. An error means the
+// tests could not be run (the sandbox is gone, say), not that they failed.
 func RunTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task) (Verdict, error) {
+	env, err := t.Environment(ctx)
+	if err != nil {
+		return Verdict{}, err
+	}
+	start := time.Now()
+	v := Verdict{Task: t.ID, Started: start.UTC(), Environment: env.String()}
+	r, err := ResetTests(ctx, p, sandboxID, t)
+	if err != nil {
+		return Verdict{}, err
+	}
+	v.TestsRestored, v.TestsRemoved = r.Restored, r.Removed
 	var out bytes.Buffer
 	w := &syncWriter{w: &out}
-	start := time.Now()
-	v := Verdict{Task: t.ID, Started: start.UTC()}
 	res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{
 		Argv: []string{"/bin/sh", "-c", t.TestCmd}, Cwd: WorkDir, Env: t.EnvMap(),
 		Stdout: w, Stderr: w, Timeout: t.Budget(),
@@ -95,9 +182,7 @@ func RunTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task
 	}
 	v.Output = o
 	v.Reward, v.FailToPass, v.PassToPass = t.Evaluate(out.String())
-	if v.TimedOut {
-		v.Reward = 0
-	}
+	t.judge(&v, out.String())
 	return v, nil
 }
 
@@ -112,46 +197,52 @@ func (s *syncWriter) Write(b []byte) (int, error) {
 	return s.w.Write(b)
 }
 
-// VerdictStore keeps each episode's verdict once (store.Store does).
+// VerdictStore keeps the verdict of each attempt of an episode once
+// (store.Store does).
 type VerdictStore interface {
-	PutVerdict(ctx context.Context, episode string, doc json.RawMessage) (stored json.RawMessage, created bool, err error)
-	GetVerdict(ctx context.Context, episode string) (json.RawMessage, error)
+	PutVerdict(ctx context.Context, episode string, attempt int, doc json.RawMessage) (stored json.RawMessage, created bool, err error)
+	GetVerdict(ctx context.Context, episode string, attempt int) (json.RawMessage, error)
 }
 
-// Verifier verifies episodes once: the first verify of an episode runs its
-// tests and records the verdict; every later one, also from another
-// Verifier on the same store (after a restore or a server restart),
-// returns the recorded verdict without running anything.
+// Verifier verifies each attempt of an episode once: the first verify runs
+// its tests and records the verdict; every later one, also from another
+// Verifier on the same store (after a server restart), returns the
+// recorded verdict without running anything. A restore starts a new
+// attempt: the verdict of a run the restore discarded is never returned
+// for the restored one.
 type Verifier struct {
 	Store    VerdictStore
 	Provider sandbox.Provider
 
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	mu        sync.Mutex
+	locks     map[string]*sync.Mutex
+	baselines map[*Task]*baseline
+	baseMu    sync.Mutex // one baseline run at a time
 }
 
 // ErrNotEnded refuses a verify while the harness may still change the work
 // tree.
 var ErrNotEnded = errors.New("the harness has not ended")
 
-func (v *Verifier) lock(episode string) *sync.Mutex {
+func (v *Verifier) lock(episode string, attempt int) *sync.Mutex {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.locks == nil {
 		v.locks = map[string]*sync.Mutex{}
 	}
-	l, ok := v.locks[episode]
+	k := episode + "\x00" + strconv.Itoa(attempt)
+	l, ok := v.locks[k]
 	if !ok {
 		l = &sync.Mutex{}
-		v.locks[episode] = l
+		v.locks[k] = l
 	}
 	return l
 }
 
-// Recorded returns an episode's recorded verdict; ok is false when none is
-// recorded yet.
-func (v *Verifier) Recorded(ctx context.Context, episode string) (Verdict, bool, error) {
-	doc, err := v.Store.GetVerdict(ctx, episode)
+// Recorded returns the recorded verdict of an episode's attempt; ok is
+// false when none is recorded yet.
+func (v *Verifier) Recorded(ctx context.Context, episode string, attempt int) (Verdict, bool, error) {
+	doc, err := v.Store.GetVerdict(ctx, episode, attempt)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return Verdict{}, false, nil
@@ -162,23 +253,103 @@ func (v *Verifier) Recorded(ctx context.Context, episode string) (Verdict, bool,
 	if err := json.Unmarshal(doc, &vd); err != nil {
 		return Verdict{}, false, fmt.Errorf("episode %s: the recorded verdict is unreadable: %w", episode, err)
 	}
+	if vd.Status == "" { // recorded before verdicts had a status
+		vd.Status = StatusUnresolved
+		if vd.Reward == 1 {
+			vd.Status = StatusResolved
+		}
+	}
 	return vd, true, nil
 }
 
-// Verify returns the episode's verdict. When one is recorded it is returned
+// baseline is how a task's tests fare on its own, unchanged work tree.
+type baseline struct {
+	done   bool
+	status string
+	reason string
+}
+
+// attribute decides whom a test run that failed as a whole is to blame:
+// it runs the tests once per task on the task's unchanged work tree, in a
+// sandbox of its own. When they run there, the agent's work broke the run
+// and the verdict is unresolved (saying so); when they fail there too, the
+// environment is broken and the verdict stays an error. Without a way to
+// make that sandbox, the verdict stays an error.
+func (v *Verifier) attribute(ctx context.Context, t *Task, vd *Verdict) {
+	v.mu.Lock()
+	if v.baselines == nil {
+		v.baselines = map[*Task]*baseline{}
+	}
+	b, ok := v.baselines[t]
+	if !ok {
+		b = &baseline{}
+		v.baselines[t] = b
+	}
+	v.mu.Unlock()
+	v.baseMu.Lock()
+	if !b.done {
+		status, reason, err := v.runBaseline(ctx, t)
+		if err != nil {
+			v.baseMu.Unlock()
+			vd.Reason += fmt.Sprintf("; whether the unchanged work tree runs could not be checked: %v", err)
+			return
+		}
+		b.done, b.status, b.reason = true, status, reason
+	}
+	v.baseMu.Unlock()
+	if b.status == StatusError {
+		vd.Reason += "; the tests fail the same way on the task's unchanged work tree, so the environment is broken: " + b.reason
+		return
+	}
+	vd.Status = StatusUnresolved
+	vd.Reason = "the agent's work tree broke the test run: " + vd.Reason + " (on the unchanged work tree the tests run)"
+}
+
+func (v *Verifier) runBaseline(ctx context.Context, t *Task) (status, reason string, err error) {
+	if _, err := t.Environment(ctx); err != nil {
+		return "", "", err
+	}
+	tree, err := os.MkdirTemp("", "stasis-baseline-")
+	if err != nil {
+		return "", "", err
+	}
+	defer os.RemoveAll(tree)
+	if err := t.Materialize(tree); err != nil {
+		return "", "", err
+	}
+	info, err := v.Provider.Create(ctx, sandbox.Spec{
+		Root: tree, Env: t.EnvMap(), Expiry: time.Now().Add(2*t.Budget() + 5*time.Minute),
+		Labels: map[string]string{"stasis.task": t.ID, "stasis.role": "baseline"},
+	})
+	if err != nil {
+		return "", "", err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_ = v.Provider.Delete(dctx, info.ID)
+	}()
+	bv, err := RunTests(ctx, v.Provider, info.ID, t)
+	if err != nil {
+		return "", "", err
+	}
+	return bv.Status, bv.Reason, nil
+}
+
+// Verify returns the verdict of an episode's attempt. When one is recorded it is returned
 // with recorded true, and nothing runs. Otherwise ended is asked first: it
 // must confirm that the harness has ended and its cleanup is confirmed
 // (else Verify refuses with its error, wrapped in ErrNotEnded); then the
 // tests run in the sandbox and the verdict is recorded. Two verifies of one
 // episode at once run the tests once.
-func (v *Verifier) Verify(ctx context.Context, episode, sandboxID string, t *Task, ended func(context.Context) error) (Verdict, bool, error) {
-	if vd, ok, err := v.Recorded(ctx, episode); err != nil || ok {
+func (v *Verifier) Verify(ctx context.Context, episode string, attempt int, sandboxID string, t *Task, ended func(context.Context) error) (Verdict, bool, error) {
+	if vd, ok, err := v.Recorded(ctx, episode, attempt); err != nil || ok {
 		return vd, ok, err
 	}
-	l := v.lock(episode)
+	l := v.lock(episode, attempt)
 	l.Lock()
 	defer l.Unlock()
-	if vd, ok, err := v.Recorded(ctx, episode); err != nil || ok {
+	if vd, ok, err := v.Recorded(ctx, episode, attempt); err != nil || ok {
 		return vd, ok, err
 	}
 	if ended != nil {
@@ -190,12 +361,15 @@ func (v *Verifier) Verify(ctx context.Context, episode, sandboxID string, t *Tas
 	if err != nil {
 		return Verdict{}, false, fmt.Errorf("episode %s: verify: %w", episode, err)
 	}
-	vd.Episode = episode
+	if vd.Status == StatusError && !vd.TimedOut {
+		v.attribute(ctx, t, &vd)
+	}
+	vd.Episode, vd.Attempt = episode, attempt
 	doc, err := json.Marshal(vd)
 	if err != nil {
 		return Verdict{}, false, err
 	}
-	stored, created, err := v.Store.PutVerdict(ctx, episode, doc)
+	stored, created, err := v.Store.PutVerdict(ctx, episode, attempt, doc)
 	if err != nil {
 		return Verdict{}, false, fmt.Errorf("episode %s: record the verdict: %w", episode, err)
 	}

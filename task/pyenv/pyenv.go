@@ -54,7 +54,14 @@ import (
 
 // builderVersion is part of every Key: a change to how environments are
 // built changes it, so environments built the old way are not reused.
-const builderVersion = "pyenv-1"
+const builderVersion = "pyenv-2"
+
+// SandboxRoot is where sandboxes see the environments' cache directory: a
+// provider binds it there read-only (local.Options.ReadOnlyBinds). A venv
+// holds absolute paths (its scripts' first lines, its .pth files), so each
+// is built as it is seen from inside, SandboxRoot/KEY/venv, whatever the
+// cache's path on the host.
+const SandboxRoot = "/stasis-envs"
 
 // defaultPath is the PATH Vars builds on when given none (task.SandboxPath's
 // base, without the Go toolchain it may add).
@@ -81,11 +88,14 @@ type Request struct {
 
 // Env is a built environment.
 type Env struct {
-	Key    string  // stable: repo, commit, package list and versions, Python version, builder version
-	Dir    string  // absolute host path of the venv
-	Python string  // e.g. "3.11.2"
-	Cached bool    // true when it was already built
-	BuildS float64 // seconds this call spent building (0 when cached)
+	Key string // stable: repo, commit, package list and versions, Python version, builder version
+	Dir string // absolute host path of the venv
+	// SandboxDir is the venv's path inside a sandbox that binds the cache
+	// directory at SandboxRoot (and inside the build): SandboxRoot/KEY/venv.
+	SandboxDir string
+	Python     string  // e.g. "3.11.2"
+	Cached     bool    // true when it was already built
+	BuildS     float64 // seconds this call spent building (0 when cached)
 
 	Repo     string   // as requested
 	Commit   string   // the full commit hash the environment was built at
@@ -116,8 +126,8 @@ func (e *Env) Vars(basePath string) map[string]string {
 		basePath = defaultPath
 	}
 	return map[string]string{
-		"VIRTUAL_ENV": e.Dir,
-		"PATH":        filepath.Join(e.Dir, "bin") + ":" + basePath,
+		"VIRTUAL_ENV": e.SandboxDir,
+		"PATH":        filepath.Join(e.SandboxDir, "bin") + ":" + basePath,
 	}
 }
 
@@ -369,7 +379,7 @@ type builder struct {
 	repo, clone, commit   string
 	pkgs                  []string
 	deps                  []*dpkgPkg
-	views                 []string
+	views                 []string // as the venv sees them (inside)
 	python                string
 	cacheDir, key, keyDir string
 	venv, tmp, checkout   string
@@ -384,6 +394,7 @@ type builder struct {
 func (b *builder) build(ctx context.Context) (env *Env, err error) {
 	start := time.Now()
 	b.venv = filepath.Join(b.keyDir, "venv")
+	venvIn := b.inside(b.venv)
 	if _, err := os.Stat(b.keyDir); err == nil {
 		b.log.Warn("pyenv: removing a half-built environment", "repo", b.repo, "commit", short(b.commit), "dir", b.keyDir)
 	}
@@ -419,11 +430,11 @@ func (b *builder) build(ctx context.Context) (env *Env, err error) {
 	}
 	defer b.logFile.Close()
 	b.buildEnv = []string{
-		"PATH=" + filepath.Join(b.venv, "bin") + ":/usr/sbin:/usr/bin:/sbin:/bin",
+		"PATH=" + filepath.Join(venvIn, "bin") + ":/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=" + filepath.Join(b.tmp, "home"),
 		"TMPDIR=" + filepath.Join(b.tmp, "tmp"),
 		"LANG=C.UTF-8",
-		"VIRTUAL_ENV=" + b.venv,
+		"VIRTUAL_ENV=" + venvIn,
 		"PIP_CONFIG_FILE=/dev/null",
 		"PIP_NO_INPUT=1",
 		"PIP_DISABLE_PIP_VERSION_CHECK=1",
@@ -456,7 +467,7 @@ func (b *builder) build(ctx context.Context) (env *Env, err error) {
 		}
 	}
 	env = &Env{
-		Key: b.key, Dir: b.venv, Python: b.python, Repo: b.repo, Commit: b.commit, Packages: b.pkgs, Debian: versions(b.deps),
+		Key: b.key, Dir: b.venv, SandboxDir: venvIn, Python: b.python, Repo: b.repo, Commit: b.commit, Packages: b.pkgs, Debian: versions(b.deps),
 		Editable: b.editable, Generated: b.generated, GeneratedDir: filepath.Join(b.keyDir, "generated"),
 		BuildS: time.Since(start).Seconds(),
 	}
@@ -494,7 +505,7 @@ func (b *builder) doCheckout(ctx context.Context) error {
 // Debian's packages, and the .pth file that appends the view after
 // everything else.
 func (b *builder) makeVenv(ctx context.Context) error {
-	if _, err := b.run(ctx, "venv", b.buildEnv, "", debianPython, "-m", "venv", "--without-pip", b.venv); err != nil {
+	if _, err := b.run(ctx, "venv", b.buildEnv, "/", debianPython, "-m", "venv", "--without-pip", b.inside(b.venv)); err != nil {
 		return err
 	}
 	site, err := b.sitePackages()
@@ -518,8 +529,8 @@ func (b *builder) makeVenv(ctx context.Context) error {
 		if err := makeView(view, d, owned); err != nil {
 			return fmt.Errorf("making the view of %s: %w", d, err)
 		}
-		b.views = append(b.views, view)
-		fmt.Fprintf(&line, "; site.addsitedir(%q)", view)
+		b.views = append(b.views, b.inside(view))
+		fmt.Fprintf(&line, "; site.addsitedir(%q)", b.inside(view))
 	}
 	line.WriteString("\n")
 	return os.WriteFile(filepath.Join(site, debianPth), []byte(line.String()), 0o644)
@@ -604,7 +615,7 @@ var backendDebian = map[string]string{
 }
 
 func (b *builder) checkBackend(ctx context.Context) error {
-	out, err := b.run(ctx, "backend", b.buildEnv, "/work", filepath.Join(b.venv, "bin", "python"), "-c", backendScript)
+	out, err := b.run(ctx, "backend", b.buildEnv, "/work", filepath.Join(b.inside(b.venv), "bin", "python"), "-c", backendScript)
 	if err != nil {
 		return err
 	}
@@ -649,7 +660,7 @@ func (b *builder) checkBackend(ctx context.Context) error {
 // legacy setup.py develop.
 func (b *builder) install(ctx context.Context) error {
 	pip := []string{"-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "--no-cache-dir"}
-	py := filepath.Join(b.venv, "bin", "python")
+	py := filepath.Join(b.inside(b.venv), "bin", "python")
 	_, err := b.run(ctx, "install", b.buildEnv, "/work", py,
 		append(pip, "--use-pep517", "--config-settings", "editable_mode=compat", "-e", "/work")...)
 	if err == nil {
@@ -680,7 +691,7 @@ const verifyScript = `import json, sys; print(json.dumps(sys.path))`
 // verify checks that the editable install put the work tree on sys.path
 // before Debian's packages.
 func (b *builder) verify(ctx context.Context) error {
-	out, err := b.run(ctx, "verify", b.buildEnv, "/", filepath.Join(b.venv, "bin", "python"), "-c", verifyScript)
+	out, err := b.run(ctx, "verify", b.buildEnv, "/", filepath.Join(b.inside(b.venv), "bin", "python"), "-c", verifyScript)
 	if err != nil {
 		return err
 	}
@@ -718,7 +729,7 @@ func (b *builder) debianScripts(ctx context.Context) error {
 		return err
 	}
 	bin := filepath.Join(b.venv, "bin")
-	py := filepath.Join(bin, "python")
+	py := filepath.Join(b.inside(b.venv), "bin", "python")
 	var made []string
 	for _, f := range strings.Split(string(out), "\n") {
 		if !strings.HasPrefix(f, "/usr/lib/python3") || !strings.HasSuffix(f, "/entry_points.txt") {
@@ -886,7 +897,7 @@ func copyFile(src, dst string, perm os.FileMode) error {
 func (b *builder) run(ctx context.Context, step string, env []string, chdir, name string, args ...string) ([]byte, error) {
 	argv := append([]string{name}, args...)
 	if chdir != "" {
-		sb, err := sandboxArgs(b.checkout, chdir, b.keyDir, b.tmp)
+		sb, err := sandboxArgs(b.checkout, chdir, [][2]string{{b.keyDir, b.inside(b.keyDir)}, {b.tmp, b.tmp}})
 		if err != nil {
 			return nil, err
 		}
@@ -921,13 +932,23 @@ func setGroup(cmd *exec.Cmd) {
 	cmd.WaitDelay = 5 * time.Second
 }
 
+// inside is where a path under the environment's directory is seen from
+// inside the build and the sandboxes (SandboxRoot/KEY/...).
+func (b *builder) inside(p string) string {
+	rel, err := filepath.Rel(b.keyDir, p)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		panic("pyenv: " + p + " is not under " + b.keyDir)
+	}
+	return filepath.Join(SandboxRoot, b.key, rel)
+}
+
 // sandboxArgs is bubblewrap's command line, up to and including "--", for
 // a command that sees the host's root read-only, work bound at /work, the
-// writable host directories rw (absolute), no network, and chdir as its
-// working directory. The root is bubblewrap's own, holding binds of the
+// writable binds rw (host path → path inside), no network, and chdir as
+// its working directory. The root is bubblewrap's own, holding binds of the
 // host's top-level entries, so that /work is a mount point whether or not
 // the host has one.
-func sandboxArgs(work, chdir string, rw ...string) ([]string, error) {
+func sandboxArgs(work, chdir string, rw [][2]string) ([]string, error) {
 	ents, err := os.ReadDir("/")
 	if err != nil {
 		return nil, err
@@ -951,7 +972,7 @@ func sandboxArgs(work, chdir string, rw ...string) ([]string, error) {
 	}
 	args = append(args, "--proc", "/proc", "--dev-bind", "/dev", "/dev")
 	for _, d := range rw {
-		args = append(args, "--bind", d, d)
+		args = append(args, "--bind", d[0], d[1])
 	}
 	args = append(args, "--bind", work, "/work", "--chdir", chdir, "--")
 	return args, nil

@@ -74,11 +74,12 @@ func workTree(t *testing.T, repo, commit string) string {
 
 // inSandbox runs argv as a test would: in bubblewrap, the host's root
 // read-only, the work tree bound at /work and the working directory, a
-// writable temporary directory, with the environment's Vars.
+// writable temporary directory, the cache directory at SandboxRoot, with
+// the environment's Vars.
 func inSandbox(t *testing.T, e *Env, tree string, argv ...string) (string, error) {
 	t.Helper()
 	tmp := t.TempDir() // the host's /tmp is read-only in there
-	sb, err := sandboxArgs(tree, "/work", tmp)
+	sb, err := sandboxArgs(tree, "/work", [][2]string{{tmp, tmp}, {filepath.Dir(filepath.Dir(e.Dir)), SandboxRoot}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestFlatLayoutSetupPyAndRebuild(t *testing.T) {
 		if err != nil || json.Unmarshal([]byte(out), &path) != nil {
 			t.Fatalf("sys.path: %v\n%s", err, out)
 		}
-		order := []string{filepath.Join(e.Dir, "lib", "python"+majorMinor(e.Python), "site-packages"), "/work", filepath.Join(cache, e.Key, "debian", "usr_lib_python3_dist-packages")}
+		order := []string{filepath.Join(e.SandboxDir, "lib", "python"+majorMinor(e.Python), "site-packages"), "/work", filepath.Join(SandboxRoot, e.Key, "debian", "usr_lib_python3_dist-packages")}
 		at := -1
 		for _, want := range order {
 			i := indexOf(path, want)

@@ -1,0 +1,247 @@
+package task
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"stasis/sandbox"
+)
+
+// TestTree is what verify restores before it runs the tests: every path in
+// Paths is removed from the work tree, then Files are written. A test path
+// the task does not hold (one a test patch deletes) is only removed.
+type TestTree struct {
+	Paths []string
+	Files []TestFile
+	// Known lists every file of the task's own work tree (with the tests
+	// in place); nil when unknown. A file the agent added that is named
+	// as a test file (AddedTestPatterns) and is not known is removed too:
+	// a new test file or conftest.py could report tests as passed.
+	Known map[string]bool
+}
+
+// AddedTestPatterns name the files a test runner picks up by name
+// (shell patterns, matched against the base name): Go's test files,
+// pytest's and unittest's, pytest's conftest.py, and node's test files.
+var AddedTestPatterns = []string{"*_test.go", "test_*.py", "*_test.py", "conftest.py", "*.test.js", "*.test.mjs", "*.test.cjs", "*.spec.js"}
+
+// TestFile is one file of a TestTree.
+type TestFile struct {
+	Path string // relative to the work tree, slash-separated
+	Data []byte
+	Mode fs.FileMode // 0644 or 0755
+}
+
+// TestTree is the content of the task's tests: Tests when the task has
+// it, else its TestFiles as its Source holds them.
+func (t *Task) TestTree() (TestTree, error) {
+	if t.Tests != nil {
+		return t.Tests()
+	}
+	if len(t.TestFiles) == 0 {
+		return TestTree{}, nil
+	}
+	dir, err := os.MkdirTemp("", "stasis-tests-")
+	if err != nil {
+		return TestTree{}, err
+	}
+	defer os.RemoveAll(dir)
+	if err := t.Materialize(dir); err != nil {
+		return TestTree{}, err
+	}
+	tt, err := readTestTree(dir, t.TestFiles)
+	if err != nil {
+		return TestTree{}, err
+	}
+	if tt.Known, err = listFiles(dir); err != nil {
+		return TestTree{}, err
+	}
+	return tt, nil
+}
+
+// listFiles lists the files under root (relative, slash-separated),
+// leaving out .git.
+func listFiles(root string) (map[string]bool, error) {
+	known := map[string]bool{}
+	err := filepath.WalkDir(root, func(file string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && d.Name() == ".git" {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() {
+			rel, err := filepath.Rel(root, file)
+			if err != nil {
+				return err
+			}
+			known[filepath.ToSlash(rel)] = true
+		}
+		return nil
+	})
+	return known, err
+}
+
+// readTestTree reads the test paths (files or directories) under root.
+func readTestTree(root string, paths []string) (TestTree, error) {
+	tt := TestTree{Paths: append([]string(nil), paths...)}
+	for _, p := range paths {
+		if err := checkRelPath(p); err != nil {
+			return TestTree{}, err
+		}
+		err := filepath.WalkDir(filepath.Join(root, filepath.FromSlash(p)), func(file string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				return nil
+			}
+			if !d.Type().IsRegular() {
+				return fmt.Errorf("test file %s: not a regular file or directory", file)
+			}
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return err
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			rel, err := filepath.Rel(root, file)
+			if err != nil {
+				return err
+			}
+			mode := fs.FileMode(0o644)
+			if info.Mode().Perm()&0o111 != 0 {
+				mode = 0o755
+			}
+			tt.Files = append(tt.Files, TestFile{Path: filepath.ToSlash(rel), Data: b, Mode: mode})
+			return nil
+		})
+		if err != nil {
+			return TestTree{}, fmt.Errorf("test file %s: %w", p, err)
+		}
+	}
+	return tt, nil
+}
+
+// resetScript removes each test path given as an argument from the work
+// tree, and first any symbolic link on the way to it, so that what is
+// written next lands in the work tree itself.
+const resetScript = `set -f
+for p in "$@"; do
+  d=
+  IFS=/
+  for c in $p; do
+    d=${d:+$d/}$c
+    if [ -L "$d" ]; then rm -f -- "$d"; fi
+  done
+  unset IFS
+  rm -rf -- "$p"
+done`
+
+// findTestsScript prints, NUL-terminated, the files under the work tree
+// (outside .git) whose names match the patterns given as arguments.
+const findTestsScript = `set -f
+expr=
+for p in "$@"; do expr="${expr:+$expr -o }-name $p"; done
+find . -path ./.git -prune -o -type f \( $expr \) -print0`
+
+// Reset is what ResetTests did.
+type Reset struct {
+	// Restored counts the test files written from the task.
+	Restored int
+	// Removed are test files the agent added, removed before the run.
+	Removed []string
+}
+
+// ResetTests restores the task's tests in a sandbox's work tree (see
+// TestTree): whatever the agent did to them, or added beside them, does
+// not count.
+func ResetTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task) (Reset, error) {
+	var r Reset
+	tt, err := t.TestTree()
+	if err != nil {
+		return r, fmt.Errorf("task %s: read its tests: %w", t.ID, err)
+	}
+	if tt.Known != nil {
+		var out, errb bytes.Buffer
+		res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{
+			Argv: append([]string{"/bin/sh", "-c", findTestsScript, "find-tests"}, AddedTestPatterns...),
+			Cwd:  WorkDir, Stdout: &out, Stderr: &errb, Timeout: time.Minute,
+		})
+		if err != nil {
+			return r, fmt.Errorf("task %s: look for added test files in sandbox %s: %w", t.ID, sandboxID, err)
+		}
+		if res.ExitCode != 0 {
+			return r, fmt.Errorf("task %s: look for added test files in sandbox %s: exit %d: %s", t.ID, sandboxID, res.ExitCode, strings.TrimSpace(errb.String()))
+		}
+		for _, f := range strings.Split(out.String(), "\x00") {
+			f = strings.TrimPrefix(f, "./")
+			if f != "" && !tt.Known[f] && checkRelPath(f) == nil {
+				r.Removed = append(r.Removed, f)
+			}
+		}
+		sort.Strings(r.Removed)
+	}
+	paths := append(append([]string(nil), tt.Paths...), r.Removed...)
+	if len(paths) == 0 {
+		return r, nil
+	}
+	var errb bytes.Buffer
+	res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{
+		Argv: append([]string{"/bin/sh", "-c", resetScript, "reset"}, paths...),
+		Cwd:  WorkDir, Stdout: &errb, Stderr: &errb, Timeout: time.Minute,
+	})
+	if err != nil {
+		return r, fmt.Errorf("task %s: remove the tests in sandbox %s: %w", t.ID, sandboxID, err)
+	}
+	if res.ExitCode != 0 {
+		return r, fmt.Errorf("task %s: remove the tests in sandbox %s: exit %d: %s", t.ID, sandboxID, res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	if len(tt.Files) == 0 {
+		return r, nil
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	sort.Slice(tt.Files, func(i, j int) bool { return tt.Files[i].Path < tt.Files[j].Path })
+	for _, f := range tt.Files {
+		if err := checkRelPath(f.Path); err != nil {
+			return r, fmt.Errorf("task %s: test file: %w", t.ID, err)
+		}
+		var parents []string
+		for d := path.Dir(f.Path); d != "." && !dirs[d]; d = path.Dir(d) {
+			parents = append(parents, d)
+			dirs[d] = true
+		}
+		for i := len(parents) - 1; i >= 0; i-- {
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: parents[i] + "/", Mode: 0o755}); err != nil {
+				return r, err
+			}
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode), Size: int64(len(f.Data))}); err != nil {
+			return r, err
+		}
+		if _, err := tw.Write(f.Data); err != nil {
+			return r, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return r, err
+	}
+	if err := p.Upload(ctx, sandboxID, WorkDir, &buf); err != nil {
+		return r, fmt.Errorf("task %s: restore the tests in sandbox %s: %w", t.ID, sandboxID, err)
+	}
+	r.Restored = len(tt.Files)
+	return r, nil
+}

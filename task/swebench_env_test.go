@@ -2,9 +2,6 @@ package task_test
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,66 +12,8 @@ import (
 	"stasis/store"
 	"stasis/task"
 	"stasis/task/pyenv"
+	"stasis/task/tasktest"
 )
-
-// calcRepo makes a repository laid out as the SWE-bench repositories are
-// (a src/ package installed with pyproject.toml, tests under tests/), and
-// an instance row in the published datasets' form, without test_cmd or
-// parser: the harness's command and parser apply. The test patch also
-// adds a .toml fixture, which the harness leaves out of the command.
-func calcRepo(t *testing.T) (jsonl, repos string) {
-	t.Helper()
-	repos = t.TempDir()
-	repo := filepath.Join(repos, "acme__calc")
-	for _, d := range []string{"src/acmecalc", "tests/data"} {
-		if err := os.MkdirAll(filepath.Join(repo, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	git(t, repo, "init", "-q", "-b", "main")
-	write(t, repo, "pyproject.toml", "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"acmecalc\"\nversion = \"1.0\"\n\n[tool.setuptools.packages.find]\nwhere = [\"src\"]\n")
-	write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n")
-	write(t, repo, "tests/test_calc.py", "import acmecalc\n\n\ndef test_mul():\n    assert acmecalc.mul(2, 3) == 6\n")
-	git(t, repo, "add", ".")
-	git(t, repo, "commit", "-qm", "calc")
-	base := git(t, repo, "rev-parse", "HEAD")
-	write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n")
-	patch := git(t, repo, "diff") + "\n"
-	git(t, repo, "checkout", "-q", ".")
-	write(t, repo, "tests/test_calc.py", "import acmecalc\n\n\ndef test_mul():\n    assert acmecalc.mul(2, 3) == 6\n\n\ndef test_add():\n    assert acmecalc.add(2, 3) == 5\n")
-	write(t, repo, "tests/data/cases.toml", "[add]\ncases = [[2, 3, 5]]\n")
-	git(t, repo, "add", "-N", "tests/data/cases.toml")
-	testPatch := git(t, repo, "diff") + "\n"
-	git(t, repo, "reset", "-q")
-	git(t, repo, "checkout", "-q", ".")
-	if err := os.RemoveAll(filepath.Join(repo, "tests/data/cases.toml")); err != nil {
-		t.Fatal(err)
-	}
-	// The fix lands later: a full clone has it; the work tree must not.
-	write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n")
-	git(t, repo, "commit", "-qam", "fix add")
-	row, _ := json.Marshal(map[string]any{
-		"repo": "acme/calc", "instance_id": "acme__calc-7", "base_commit": base, "patch": patch, "test_patch": testPatch,
-		"problem_statement": "add(2, 3) returns -1.", "hints_text": "", "created_at": "2024-01-01T00:00:00Z", "version": "1.0",
-		"FAIL_TO_PASS": `["tests/test_calc.py::test_add"]`, "PASS_TO_PASS": `["tests/test_calc.py::test_mul"]`,
-		"environment_setup_commit": base,
-	})
-	jsonl = filepath.Join(t.TempDir(), "rows.jsonl")
-	write(t, filepath.Dir(jsonl), filepath.Base(jsonl), string(row)+"\n")
-	return jsonl, repos
-}
-
-func needPythonEnv(t *testing.T) {
-	t.Helper()
-	for _, p := range []string{"/usr/bin/python3", "/usr/bin/bwrap"} {
-		if _, err := os.Stat(p); err != nil {
-			t.Skipf("%s is missing (make deps-test installs it)", p)
-		}
-	}
-	if err := exec.Command("/usr/bin/python3", "-c", "import pytest, setuptools, pip").Run(); err != nil {
-		t.Skip("Debian's python3-pytest, python3-setuptools or python3-pip is missing (make deps-test installs them)")
-	}
-}
 
 // A SWE-bench row without test_cmd runs as SWE-bench's harness runs it,
 // in the environment stasis builds for its repository: base fails
@@ -84,10 +23,10 @@ func needPythonEnv(t *testing.T) {
 // on the host's bare Python (a broken environment) is an error, not a
 // model failure.
 func TestSWEBenchVerdicts(t *testing.T) {
-	needPythonEnv(t)
+	tasktest.NeedPythonEnv(t)
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
 	ctx := context.Background()
-	jsonl, repos := calcRepo(t)
+	jsonl, repos := tasktest.SWEBenchRepo(t)
 	envs := t.TempDir()
 	ts, problems, err := task.LoadSWEBench(jsonl, task.SWEBenchOptions{Repos: repos, Envs: envs})
 	if err != nil || len(problems) > 0 || len(ts) != 1 {

@@ -404,3 +404,78 @@ func TestNotTheRecordedLaunchRelaunches(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A verdict belongs to one run. An episode ends and is verified (reward
+// 1); the server crashes; an earlier checkpoint is restored against a
+// model that does not solve the task. The restored run is a new attempt,
+// verified afresh on its own work tree (reward 0), never answered with
+// the discarded run's verdict, which stays recorded under its attempt.
+func TestRestoredRunIsVerifiedAfresh(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	c := w.coordinator(ctx)
+	// Call 2's answer carries the fix: the checkpoint is taken before it.
+	arrived, release := w.holdCall("ep-d", 2)
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	if _, err := c.Start(ctx, "ep-d", "py-money-negative-cents", "mini"); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, ctx, arrived, "call 2 of ep-d")
+	if _, err := c.Prepare(ctx, "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	released = true
+	if _, err := c.Wait(ctx, "ep-d"); err != nil {
+		t.Fatal(err)
+	}
+	first, rec, err := c.Verify(ctx, "ep-d")
+	if err != nil || rec || first.Reward != 1 || first.Attempt != 0 || first.Status != task.StatusResolved {
+		t.Fatalf("the first run: %+v recorded=%v %v", first, rec, err)
+	}
+
+	// The crash, and a model that does not solve it (the default script:
+	// it reads a file, runs a command and answers).
+	row, _ := w.st.GetEpisode(ctx, "ep-d")
+	if err := w.env.Provider.Delete(ctx, row.Sandbox); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	w.closeServices()
+	lazy := httptest.NewServer(model.New(model.Options{}))
+	t.Cleanup(lazy.Close)
+	w.open(lazy.URL)
+	c = w.coordinator(ctx)
+	if _, err := c.Restore(ctx, "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctx, "ep-d"); err != nil {
+		t.Fatal(err)
+	}
+	again, rec, err := c.Verify(ctx, "ep-d")
+	if err != nil || rec || again.Attempt != 1 || again.Reward != 0 || again.Status != task.StatusUnresolved {
+		t.Fatalf("the restored run: %+v recorded=%v %v\n%s", again, rec, err, again.Output)
+	}
+	if v, rec, err := c.Verify(ctx, "ep-d"); err != nil || !rec || v.Reward != 0 || !v.Started.Equal(again.Started) {
+		t.Fatalf("a second verify of the restored run: %+v recorded=%v %v", v, rec, err)
+	}
+	if old, ok, err := w.env.Verifier.Recorded(ctx, "ep-d", 0); err != nil || !ok || old.Reward != 1 {
+		t.Fatalf("the first run's verdict: %+v %v %v", old, ok, err)
+	}
+	if err := c.Retire(ctx, "ep-d"); err != nil {
+		t.Fatal(err)
+	}
+	// After the retire the store answers for the current attempt.
+	if v, rec, err := c.Verify(ctx, "ep-d"); err != nil || !rec || v.Attempt != 1 || v.Reward != 0 {
+		t.Fatalf("verify after the retire: %+v recorded=%v %v", v, rec, err)
+	}
+	if _, err := c.DeleteCheckpoint(ctx, "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -145,6 +145,9 @@ func printRunReport(out io.Writer, rep *job.Report) {
 		if len(e.TestsRemoved) > 0 {
 			fmt.Fprintf(out, "%s: test files the agent added were removed before verify: %s\n", e.ID, strings.Join(e.TestsRemoved, ", "))
 		}
+		if len(e.TestsReverted) > 0 {
+			fmt.Fprintf(out, "%s: test files the agent changed were restored before verify: %s\n", e.ID, strings.Join(e.TestsReverted, ", "))
+		}
 	}
 	// Why episodes were relaunched, once per reason.
 	var whys []string

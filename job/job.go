@@ -113,8 +113,10 @@ type EpisodeReport struct {
 	// failed, skipped, missing).
 	FailToPass map[string]string `json:"fail_to_pass"`
 	PassToPass map[string]string `json:"pass_to_pass"`
-	// TestsRemoved are test files the agent added, removed before verify.
-	TestsRemoved []string `json:"tests_removed,omitempty"`
+	// TestsRemoved are test files the agent added, removed before verify;
+	// TestsReverted test files of the task it changed, restored.
+	TestsRemoved  []string `json:"tests_removed,omitempty"`
+	TestsReverted []string `json:"tests_reverted,omitempty"`
 	// ResolvedAtCheckpoint: the episode had already ended, resolved, when
 	// the checkpoint was taken.
 	ResolvedAtCheckpoint bool `json:"resolved_at_checkpoint"`
@@ -422,7 +424,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 			Reward: vr.Verdict.Reward, ModelCalls: v.ModelCalls, LedgerVerified: v.LedgerOK,
 			ResolvedAtCheckpoint: finishedAt[p.id] && vr.Verdict.Reward == 1,
 			Verdict:              vr.Verdict.Status, Reason: vr.Verdict.Reason, Environment: vr.Verdict.Environment,
-			FailToPass: vr.Verdict.FailToPass, PassToPass: vr.Verdict.PassToPass, TestsRemoved: vr.Verdict.TestsRemoved}
+			FailToPass: vr.Verdict.FailToPass, PassToPass: vr.Verdict.PassToPass, TestsRemoved: vr.Verdict.TestsRemoved, TestsReverted: vr.Verdict.TestsReverted}
 		if er.Reward == 1 {
 			rep.Resolved++
 		}

@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -24,15 +26,36 @@ type TestTree struct {
 	Files []TestFile
 	// Known lists every file of the task's own work tree (with the tests
 	// in place); nil when unknown. A file the agent added that is named
-	// as a test file (AddedTestPatterns) and is not known is removed too:
-	// a new test file or conftest.py could report tests as passed.
+	// as a test file (TestPatterns) and is not known is removed too: a new
+	// test file or conftest.py could report tests as passed.
 	Known map[string]bool
+	// Sums are the SHA-256 sums (hex) of the known files named as test
+	// files; one the agent changed is restored from Read.
+	Sums map[string]string
+	Read func(path string) (TestFile, error)
 }
 
-// AddedTestPatterns name the files a test runner picks up by name
-// (shell patterns, matched against the base name): Go's test files,
-// pytest's and unittest's, pytest's conftest.py, and node's test files.
-var AddedTestPatterns = []string{"*_test.go", "test_*.py", "*_test.py", "conftest.py", "*.test.js", "*.test.mjs", "*.test.cjs", "*.spec.js"}
+// isTestName says whether a file's base name matches TestPatterns.
+func isTestName(p string) bool {
+	base := path.Base(p)
+	for _, pat := range TestPatterns {
+		if ok, _ := path.Match(pat, base); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// TestPatterns name the files a test runner picks up by name (shell
+// patterns, matched against the base name): Go's test files, pytest's and
+// unittest's, pytest's conftest.py, and node's test files. Verify removes
+// such files the agent added and restores those it changed.
+var TestPatterns = []string{"*_test.go", "test_*.py", "*_test.py", "conftest.py", "*.test.js", "*.test.mjs", "*.test.cjs", "*.spec.js"}
 
 // TestFile is one file of a TestTree.
 type TestFile struct {
@@ -64,6 +87,30 @@ func (t *Task) TestTree() (TestTree, error) {
 	}
 	if tt.Known, err = listFiles(dir); err != nil {
 		return TestTree{}, err
+	}
+	var named []string
+	for f := range tt.Known {
+		if isTestName(f) {
+			named = append(named, f)
+		}
+	}
+	sort.Strings(named)
+	more, err := readTestTree(dir, named)
+	if err != nil {
+		return TestTree{}, err
+	}
+	files := map[string]TestFile{}
+	tt.Sums = map[string]string{}
+	for _, f := range more.Files {
+		files[f.Path] = f
+		tt.Sums[f.Path] = sha256Hex(f.Data)
+	}
+	tt.Read = func(p string) (TestFile, error) {
+		f, ok := files[p]
+		if !ok {
+			return TestFile{}, fmt.Errorf("%s is not a test file of the task", p)
+		}
+		return f, nil
 	}
 	return tt, nil
 }
@@ -149,19 +196,21 @@ for p in "$@"; do
   rm -rf -- "$p"
 done`
 
-// findTestsScript prints, NUL-terminated, the files under the work tree
-// (outside .git) whose names match the patterns given as arguments.
+// findTestsScript prints, NUL-terminated, each file under the work tree
+// (outside .git) whose name matches a pattern given as an argument, and
+// its SHA-256 sum.
 const findTestsScript = `set -f
 expr=
 for p in "$@"; do expr="${expr:+$expr -o }-name $p"; done
-find . -path ./.git -prune -o -type f \( $expr \) -print0`
+find . -path ./.git -prune -o -type f \( $expr \) -exec sh -c 'for f; do printf "%s\0" "$f"; s=$(sha256sum < "$f") || exit 1; printf "%s\0" "${s%% *}"; done' sum {} +`
 
 // Reset is what ResetTests did.
 type Reset struct {
 	// Restored counts the test files written from the task.
 	Restored int
-	// Removed are test files the agent added, removed before the run.
-	Removed []string
+	// Removed are test files the agent added, removed before the run;
+	// Reverted those of the task it changed, restored.
+	Removed, Reverted []string
 }
 
 // ResetTests restores the task's tests in a sandbox's work tree (see
@@ -176,7 +225,7 @@ func ResetTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Ta
 	if tt.Known != nil {
 		var out, errb bytes.Buffer
 		res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{
-			Argv: append([]string{"/bin/sh", "-c", findTestsScript, "find-tests"}, AddedTestPatterns...),
+			Argv: append([]string{"/bin/sh", "-c", findTestsScript, "find-tests"}, TestPatterns...),
 			Cwd:  WorkDir, Stdout: &out, Stderr: &errb, Timeout: time.Minute,
 		})
 		if err != nil {
@@ -185,15 +234,30 @@ func ResetTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Ta
 		if res.ExitCode != 0 {
 			return r, fmt.Errorf("task %s: look for added test files in sandbox %s: exit %d: %s", t.ID, sandboxID, res.ExitCode, strings.TrimSpace(errb.String()))
 		}
-		for _, f := range strings.Split(out.String(), "\x00") {
-			f = strings.TrimPrefix(f, "./")
-			if f != "" && !tt.Known[f] && checkRelPath(f) == nil {
+		listed := map[string]bool{}
+		for _, p := range tt.Paths {
+			listed[p] = true
+		}
+		fields := strings.Split(out.String(), "\x00")
+		for i := 0; i+1 < len(fields); i += 2 {
+			f, sum := strings.TrimPrefix(fields[i], "./"), fields[i+1]
+			switch {
+			case f == "" || checkRelPath(f) != nil || listed[f]:
+			case !tt.Known[f]:
 				r.Removed = append(r.Removed, f)
+			case tt.Sums != nil && tt.Read != nil && tt.Sums[f] != "" && tt.Sums[f] != sum:
+				tf, err := tt.Read(f)
+				if err != nil {
+					return r, fmt.Errorf("task %s: test file %s: %w", t.ID, f, err)
+				}
+				r.Reverted = append(r.Reverted, f)
+				tt.Files = append(tt.Files, tf)
 			}
 		}
 		sort.Strings(r.Removed)
+		sort.Strings(r.Reverted)
 	}
-	paths := append(append([]string(nil), tt.Paths...), r.Removed...)
+	paths := append(append(append([]string(nil), tt.Paths...), r.Removed...), r.Reverted...)
 	if len(paths) == 0 {
 		return r, nil
 	}

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -342,7 +343,8 @@ func testPatchTree(clone, commit, patch string) (TestTree, error) {
 	if err != nil {
 		return TestTree{}, err
 	}
-	tt := TestTree{Known: map[string]bool{}}
+	tt := TestTree{Known: map[string]bool{}, Sums: map[string]string{}}
+	named := map[string]string{} // test-named files (TestPatterns) → blob
 	for _, ent := range strings.Split(staged, "\x00") {
 		// MODE SHA STAGE\tPATH
 		meta, name, ok := strings.Cut(ent, "\t")
@@ -350,12 +352,15 @@ func testPatchTree(clone, commit, patch string) (TestTree, error) {
 			continue
 		}
 		tt.Known[name] = true
-		if !paths[name] {
-			continue
-		}
 		f := strings.Fields(meta)
 		if len(f) != 3 {
 			return TestTree{}, fmt.Errorf("git ls-files: %q", ent)
+		}
+		if !paths[name] {
+			if (f[0] == "100644" || f[0] == "100755") && isTestName(name) {
+				named[name] = f[1]
+			}
+			continue
 		}
 		mode := fs.FileMode(0o644)
 		switch f[0] {
@@ -375,7 +380,65 @@ func testPatchTree(clone, commit, patch string) (TestTree, error) {
 		tt.Paths = append(tt.Paths, f)
 	}
 	sort.Strings(tt.Paths)
+	// The sums of the other test-named files, read in one pass; their
+	// content is read again only for one the agent changed.
+	if err := blobSums(clone, named, tt.Sums); err != nil {
+		return TestTree{}, err
+	}
+	tt.Read = func(p string) (TestFile, error) {
+		blob, ok := named[p]
+		if !ok {
+			return TestFile{}, fmt.Errorf("%s is not a test file of the task", p)
+		}
+		b, err := gitRaw(clone, nil, "cat-file", "blob", blob)
+		if err != nil {
+			return TestFile{}, err
+		}
+		return TestFile{Path: p, Data: []byte(b), Mode: 0o644}, nil
+	}
 	return tt, nil
+}
+
+// blobSums reads the blobs (path → blob id) with one git cat-file --batch
+// and puts each one's SHA-256 sum in sums.
+func blobSums(clone string, blobs map[string]string, sums map[string]string) error {
+	if len(blobs) == 0 {
+		return nil
+	}
+	paths := make([]string, 0, len(blobs))
+	var in strings.Builder
+	for p := range blobs {
+		paths = append(paths, p)
+	}
+	for _, p := range paths { // one line per path, in this order
+		in.WriteString(blobs[p] + "\n")
+	}
+	cmd := exec.Command("git", "cat-file", "--batch")
+	cmd.Dir = clone
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+	cmd.Stdin = strings.NewReader(in.String())
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("git cat-file --batch: %w", err)
+	}
+	for _, p := range paths {
+		// "<sha> blob <size>\n<content>\n"
+		head, rest, ok := bytes.Cut(out, []byte("\n"))
+		if !ok {
+			return errors.New("git cat-file --batch: cut short")
+		}
+		f := strings.Fields(string(head))
+		if len(f) != 3 || f[1] != "blob" {
+			return fmt.Errorf("git cat-file --batch: %q", head)
+		}
+		n, err := strconv.Atoi(f[2])
+		if err != nil || n < 0 || n+1 > len(rest) {
+			return fmt.Errorf("git cat-file --batch: %q", head)
+		}
+		sums[p] = sha256Hex(rest[:n])
+		out = rest[n+1:]
+	}
+	return nil
 }
 
 // numstatPaths reads the paths of `git apply --numstat -z`: per file

@@ -80,8 +80,9 @@ func TestSWEBenchVerdicts(t *testing.T) {
 def test_add():
     pass
 PY
-printf 'import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n    out = yield\n    out.get_result().outcome = "passed"\n' > conftest.py`)
-	if testsOnly.Status != task.StatusUnresolved || testsOnly.Reward != 0 || !slices.Equal(testsOnly.TestsRemoved, []string{"conftest.py"}) {
+printf 'import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n    out = yield\n    out.get_result().outcome = "passed"\n' > conftest.py
+cp conftest.py tests/conftest.py`)
+	if testsOnly.Status != task.StatusUnresolved || testsOnly.Reward != 0 || !slices.Equal(testsOnly.TestsRemoved, []string{"conftest.py"}) || !slices.Equal(testsOnly.TestsReverted, []string{"tests/conftest.py"}) {
 		t.Fatalf("tests only: %+v", testsOnly)
 	}
 	// Whom a run that failed as a whole is to blame: the verifier runs the

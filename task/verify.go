@@ -55,10 +55,12 @@ type Verdict struct {
 	// TestsRestored counts the test files restored from the task before
 	// the run.
 	TestsRestored int `json:"tests_restored"`
-	// TestsRemoved are test files the agent added, removed before the run.
-	TestsRemoved []string `json:"tests_removed,omitempty"`
-	ExitCode     int      `json:"exit_code"`
-	TimedOut     bool     `json:"timed_out,omitempty"`
+	// TestsRemoved are test files the agent added, removed before the run;
+	// TestsReverted test files of the task it changed, restored.
+	TestsRemoved  []string `json:"tests_removed,omitempty"`
+	TestsReverted []string `json:"tests_reverted,omitempty"`
+	ExitCode      int      `json:"exit_code"`
+	TimedOut      bool     `json:"timed_out,omitempty"`
 	// Output is the test command's combined output, cut to its last
 	// OutputLimit bytes when longer (OutputBytes is the whole length).
 	Output      string    `json:"output"`
@@ -159,7 +161,7 @@ func RunTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task
 	if err != nil {
 		return Verdict{}, err
 	}
-	v.TestsRestored, v.TestsRemoved = r.Restored, r.Removed
+	v.TestsRestored, v.TestsRemoved, v.TestsReverted = r.Restored, r.Removed, r.Reverted
 	var out bytes.Buffer
 	w := &syncWriter{w: &out}
 	res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{

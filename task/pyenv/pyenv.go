@@ -957,7 +957,7 @@ func sandboxArgs(work, chdir string, rw [][2]string) ([]string, error) {
 	for _, e := range ents {
 		p := "/" + e.Name()
 		switch p {
-		case "/proc", "/dev", "/work":
+		case "/proc", "/dev", "/work", SandboxRoot: // SandboxRoot: a host's own is never the cache
 			continue
 		}
 		if e.Type()&os.ModeSymlink != 0 {

@@ -30,6 +30,7 @@ func SWEBenchRepo(t testing.TB) (jsonl, repos string) {
 	write(t, repo, "pyproject.toml", "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"acmecalc\"\nversion = \"1.0\"\n\n[tool.setuptools.packages.find]\nwhere = [\"src\"]\n")
 	write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n")
 	write(t, repo, "tests/test_calc.py", "import acmecalc\n\n\ndef test_mul():\n    assert acmecalc.mul(2, 3) == 6\n")
+	write(t, repo, "tests/conftest.py", "import pytest\n")
 	git(t, repo, "add", ".")
 	git(t, repo, "commit", "-qm", "calc")
 	base := git(t, repo, "rev-parse", "HEAD")

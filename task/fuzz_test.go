@@ -121,3 +121,33 @@ func FuzzPytestSeabornParser(f *testing.F) {
 	f.Add("t.py::a PASSED [ 10%]\nPASSED t.py::b\nFAILED t.py::c - e\nSKIPPED [1] t.py:2: r\nXFAIL t.py::d\n")
 	f.Fuzz(func(t *testing.T, out string) { checkParser(t, "pytest-seaborn", out, true) })
 }
+
+// A test patch is user input: deriving the harness's command from it must
+// not panic, and a command it gives names only the patch's own files,
+// shell-quoted.
+func FuzzHarnessTest(f *testing.F) {
+	f.Add("pallets/flask", "2.3", "diff --git a/tests/test_x.py b/tests/test_x.py\n--- a/tests/test_x.py\n+++ b/tests/test_x.py\n")
+	f.Add("django/django", "4.0", "diff --git a/tests/admin/test_a.py b/tests/admin/test_a.py\n")
+	f.Add("sympy/sympy", "1.1", "diff --git a/a b/sympy/core/tests/test_b.py\ndiff --git a/c.toml b/c.toml\n")
+	f.Add("x/y", "", "diff --git a/a b/it's; rm -rf $HOME.py\n")
+	f.Fuzz(func(t *testing.T, repo, version, patch string) {
+		h, err := HarnessTest(repo, version, patch)
+		if err != nil {
+			return
+		}
+		if h.TestCmd == "" || h.Parser == "" || len(h.Files) == 0 {
+			t.Fatalf("%+v", h)
+		}
+		if _, ok := Parsers[h.Parser]; !ok {
+			t.Fatalf("parser %q", h.Parser)
+		}
+	})
+}
+
+// numstatPaths reads git's output: no panic on anything.
+func FuzzNumstatPaths(f *testing.F) {
+	f.Add("1\t0\ta.py\x002\t1\t\x00old.py\x00new.py\x00")
+	f.Fuzz(func(t *testing.T, out string) {
+		_ = numstatPaths(out)
+	})
+}

@@ -130,6 +130,12 @@ start or failed.`,
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
+			if provider != "" && provider != "local" && lo.Envs != "" {
+				// Environments are built on this host; only local
+				// sandboxes can see them.
+				log.Warn("SWE-bench environments are built for local sandboxes only: the tests run with the sandbox's own Python", "provider", provider)
+				lo.Envs = ""
+			}
 			ts, problems, err := task.Load(tasksSpec, lo)
 			if err != nil {
 				return &exitError{code: 2, err: err}

@@ -98,6 +98,10 @@ func LoadSWEBench(file string, o SWEBenchOptions) (ts []*Task, problems []error,
 	if repos == "" {
 		return nil, nil, fmt.Errorf("swe-bench %s: no repository directory: give the directory that holds the git clones (--repos DIR)", file)
 	}
+	// Absolute: a work tree is made by git commands run elsewhere.
+	if o.Repos, err = filepath.Abs(repos); err != nil {
+		return nil, nil, err
+	}
 	if _, err := exec.LookPath("git"); err != nil {
 		return nil, nil, errors.New("swe-bench: git is not installed (apt-get install git)")
 	}
@@ -513,6 +517,42 @@ func findClone(repos, repo string) (string, []string, error) {
 
 var bundleMu sync.Mutex
 
+// fetchBundle makes a bare repository at dst holding every head of a
+// bundle, whatever its refs are named (FETCH_HEAD included) and whether or
+// not its history is whole: the heads of a shallow bundle (made from a
+// clone of depth 1, say) are recorded as shallow, so that git does not
+// look for their parents.
+func fetchBundle(bundle, dst string) error {
+	heads, err := runGit("", nil, "bundle", "list-heads", bundle)
+	if err != nil {
+		return err
+	}
+	if err := git("", "init", "--quiet", "--bare", dst); err != nil {
+		return err
+	}
+	var shas, specs []string
+	for i, l := range strings.Split(heads, "\n") {
+		sha, ref, ok := strings.Cut(strings.TrimSpace(l), " ")
+		if !ok || !commitRE.MatchString(sha) {
+			continue
+		}
+		shas = append(shas, sha)
+		specs = append(specs, fmt.Sprintf("%s:refs/stasis/bundle/%d", ref, i))
+	}
+	if len(specs) == 0 {
+		return errors.New("it lists no heads")
+	}
+	whole := append([]string{"fetch", "--quiet", "--no-tags", bundle}, specs...)
+	if err := git(dst, whole...); err == nil {
+		return nil
+	}
+	// A shallow bundle: its heads' parents are not in it.
+	if err := os.WriteFile(filepath.Join(dst, "shallow"), []byte(strings.Join(shas, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	return git(dst, whole...)
+}
+
 // cloneBundleOnce clones a bundle into under/NAME-HASH unless it is there.
 func cloneBundleOnce(bundle, under, name string) (string, error) {
 	b, err := os.ReadFile(bundle)
@@ -534,7 +574,7 @@ func cloneBundleOnce(bundle, under, name string) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	if err := git("", "clone", "--quiet", "--bare", bundle, filepath.Join(tmp, "repo")); err != nil {
+	if err := fetchBundle(bundle, filepath.Join(tmp, "repo")); err != nil {
 		return "", fmt.Errorf("bundle %s: %w", bundle, err)
 	}
 	if err := os.Rename(filepath.Join(tmp, "repo"), dir); err != nil && git(dir, "rev-parse", "--git-dir") != nil {

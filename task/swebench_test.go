@@ -13,6 +13,7 @@ import (
 	"stasis/sandbox"
 	"stasis/stasistest"
 	"stasis/task"
+	"stasis/task/tasktest"
 )
 
 func git(t *testing.T, dir string, args ...string) string {
@@ -162,5 +163,66 @@ func TestSWEBenchLoader(t *testing.T) {
 	}
 	if _, _, err := task.LoadSWEBench(jsonl, task.SWEBenchOptions{}); err == nil || !strings.Contains(err.Error(), "--repos") {
 		t.Fatalf("no repos: %v", err)
+	}
+}
+
+// A repository kept as a shallow bundle at base_commit (the way SWE-bench
+// repositories are kept small) loads, also from a relative --repos, and
+// makes the work tree; a bundle with no heads is a clear error.
+func TestSWEBenchShallowBundle(t *testing.T) {
+	jsonl, repos := tasktest.SWEBenchRepo(t)
+	clone := filepath.Join(repos, "acme__calc")
+	var row struct {
+		BaseCommit string `json:"base_commit"`
+	}
+	b, err := os.ReadFile(jsonl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &row); err != nil {
+		t.Fatal(err)
+	}
+	shallow := t.TempDir()
+	git(t, shallow, "init", "-q")
+	git(t, shallow, "fetch", "-q", "--depth", "1", "file://"+clone, row.BaseCommit)
+	bundles := t.TempDir()
+	git(t, shallow, "bundle", "create", "-q", filepath.Join(bundles, "acme__calc.bundle"), "FETCH_HEAD")
+	if err := os.WriteFile(filepath.Join(bundles, "junk__x.bundle"), []byte("# v2 git bundle\n\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(wd, bundles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, problems, err := task.LoadSWEBench(jsonl, task.SWEBenchOptions{Repos: rel})
+	if err != nil || len(problems) != 0 || len(ts) != 1 {
+		t.Fatalf("load from a shallow bundle: %v %v %d", err, problems, len(ts))
+	}
+	tree := t.TempDir()
+	if err := ts[0].Materialize(tree); err != nil {
+		t.Fatal(err)
+	}
+	if got := git(t, tree, "rev-parse", "HEAD"); got != row.BaseCommit {
+		t.Fatalf("the work tree is at %s, want %s", got, row.BaseCommit)
+	}
+	// Loaded again: the clone made beside the bundle is reused.
+	if _, problems, err := task.LoadSWEBench(jsonl, task.SWEBenchOptions{Repos: bundles}); err != nil || len(problems) != 0 {
+		t.Fatalf("second load: %v %v", err, problems)
+	}
+	if n, _ := filepath.Glob(filepath.Join(bundles, ".stasis-clones", "acme__calc-*")); len(n) != 1 {
+		t.Fatalf("clones beside the bundle: %v", n)
+	}
+	// A broken bundle names itself.
+	line := strings.Replace(string(b), `"repo":"acme/calc"`, `"repo":"junk/x"`, 1)
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if err := os.WriteFile(bad, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, problems, _ := task.LoadSWEBench(bad, task.SWEBenchOptions{Repos: bundles}); len(problems) != 1 || !strings.Contains(problems[0].Error(), "junk__x.bundle") {
+		t.Fatalf("a broken bundle: %v", problems)
 	}
 }

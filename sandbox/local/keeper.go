@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"stasis/atomicfile"
+	"stasis/internal/bwrap"
 	"stasis/proc"
 	"stasis/sandbox/hostkeep"
 )
@@ -28,34 +29,15 @@ import (
 // read-only at the end. /proc is the sandbox's own, /dev a minimal one, and
 // there is no network but loopback.
 func bwrapArgs(dir string, m meta) ([]string, error) {
-	ents, err := os.ReadDir("/")
+	hostRoot, err := bwrap.HostRoot("/work", "/tmp", m.Home)
 	if err != nil {
 		return nil, err
 	}
-	writable := map[string]bool{"/work": true, "/tmp": true, m.Home: true}
 	args := []string{
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
 		"--die-with-parent", "--hostname", m.ID,
 	}
-	for _, e := range ents {
-		p := "/" + e.Name()
-		switch p {
-		case "/proc", "/dev":
-			continue
-		}
-		if writable[p] {
-			continue
-		}
-		if e.Type()&os.ModeSymlink != 0 {
-			t, err := os.Readlink(p)
-			if err != nil {
-				continue
-			}
-			args = append(args, "--symlink", t, p)
-			continue
-		}
-		args = append(args, "--ro-bind", p, p)
-	}
+	args = append(args, hostRoot...)
 	args = append(args, "--proc", "/proc", "--dev", "/dev")
 	for _, h := range m.Hide {
 		if h == "" || under(h, "/tmp") || under(h, m.Home) || under(h, "/work") {

@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"stasis/atomicfile"
+	"stasis/internal/bwrap"
 	"stasis/internal/flock"
 )
 
@@ -949,27 +950,12 @@ func (b *builder) inside(p string) string {
 // host's top-level entries, so that /work is a mount point whether or not
 // the host has one.
 func sandboxArgs(work, chdir string, rw [][2]string) ([]string, error) {
-	ents, err := os.ReadDir("/")
+	// SandboxRoot: a host's own is never the cache.
+	root, err := bwrap.HostRoot("/work", SandboxRoot)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-net"}
-	for _, e := range ents {
-		p := "/" + e.Name()
-		switch p {
-		case "/proc", "/dev", "/work", SandboxRoot: // SandboxRoot: a host's own is never the cache
-			continue
-		}
-		if e.Type()&os.ModeSymlink != 0 {
-			t, err := os.Readlink(p)
-			if err != nil {
-				continue
-			}
-			args = append(args, "--symlink", t, p)
-			continue
-		}
-		args = append(args, "--ro-bind", p, p)
-	}
+	args := append([]string{"--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-net"}, root...)
 	args = append(args, "--proc", "/proc", "--dev-bind", "/dev", "/dev")
 	for _, d := range rw {
 		args = append(args, "--bind", d[0], d[1])

@@ -26,29 +26,29 @@ func SWEBenchRepo(t testing.TB) (jsonl, repos string) {
 			t.Fatal(err)
 		}
 	}
-	git(t, repo, "init", "-q", "-b", "main")
-	write(t, repo, "pyproject.toml", "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"acmecalc\"\nversion = \"1.0\"\n\n[tool.setuptools.packages.find]\nwhere = [\"src\"]\n")
-	write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n")
-	write(t, repo, "tests/test_calc.py", "import acmecalc\n\n\ndef test_mul():\n    assert acmecalc.mul(2, 3) == 6\n")
-	write(t, repo, "tests/conftest.py", "import pytest\n")
-	git(t, repo, "add", ".")
-	git(t, repo, "commit", "-qm", "calc")
-	base := git(t, repo, "rev-parse", "HEAD")
-	write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n")
-	patch := git(t, repo, "diff") + "\n"
-	git(t, repo, "checkout", "-q", ".")
-	write(t, repo, "tests/test_calc.py", "import acmecalc\n\n\ndef test_mul():\n    assert acmecalc.mul(2, 3) == 6\n\n\ndef test_add():\n    assert acmecalc.add(2, 3) == 5\n")
-	write(t, repo, "tests/data/cases.toml", "[add]\ncases = [[2, 3, 5]]\n")
-	git(t, repo, "add", "-N", "tests/data/cases.toml")
-	testPatch := git(t, repo, "diff") + "\n"
-	git(t, repo, "reset", "-q")
-	git(t, repo, "checkout", "-q", ".")
+	Git(t, repo, "init", "-q", "-b", "main")
+	Write(t, repo, "pyproject.toml", "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"acmecalc\"\nversion = \"1.0\"\n\n[tool.setuptools.packages.find]\nwhere = [\"src\"]\n")
+	Write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n")
+	Write(t, repo, "tests/test_calc.py", "import acmecalc\n\n\ndef test_mul():\n    assert acmecalc.mul(2, 3) == 6\n")
+	Write(t, repo, "tests/conftest.py", "import pytest\n")
+	Git(t, repo, "add", ".")
+	Git(t, repo, "commit", "-qm", "calc")
+	base := Git(t, repo, "rev-parse", "HEAD")
+	Write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n")
+	patch := Git(t, repo, "diff") + "\n"
+	Git(t, repo, "checkout", "-q", ".")
+	Write(t, repo, "tests/test_calc.py", "import acmecalc\n\n\ndef test_mul():\n    assert acmecalc.mul(2, 3) == 6\n\n\ndef test_add():\n    assert acmecalc.add(2, 3) == 5\n")
+	Write(t, repo, "tests/data/cases.toml", "[add]\ncases = [[2, 3, 5]]\n")
+	Git(t, repo, "add", "-N", "tests/data/cases.toml")
+	testPatch := Git(t, repo, "diff") + "\n"
+	Git(t, repo, "reset", "-q")
+	Git(t, repo, "checkout", "-q", ".")
 	if err := os.RemoveAll(filepath.Join(repo, "tests/data/cases.toml")); err != nil {
 		t.Fatal(err)
 	}
 	// The fix lands later: a full clone has it; the work tree must not.
-	write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n")
-	git(t, repo, "commit", "-qam", "fix add")
+	Write(t, repo, "src/acmecalc/__init__.py", "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n")
+	Git(t, repo, "commit", "-qam", "fix add")
 	row, _ := json.Marshal(map[string]any{
 		"repo": "acme/calc", "instance_id": "acme__calc-7", "base_commit": base, "patch": patch, "test_patch": testPatch,
 		"problem_statement": "add(2, 3) returns -1.", "hints_text": "", "created_at": "2024-01-01T00:00:00Z", "version": "1.0",
@@ -56,11 +56,13 @@ func SWEBenchRepo(t testing.TB) (jsonl, repos string) {
 		"environment_setup_commit": base,
 	})
 	jsonl = filepath.Join(t.TempDir(), "rows.jsonl")
-	write(t, filepath.Dir(jsonl), filepath.Base(jsonl), string(row)+"\n")
+	Write(t, filepath.Dir(jsonl), filepath.Base(jsonl), string(row)+"\n")
 	return jsonl, repos
 }
 
-func git(t testing.TB, dir string, args ...string) string {
+// Git runs git in dir with a fixed identity and no user configuration,
+// and returns its trimmed output; a failure fails the test.
+func Git(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
@@ -73,7 +75,8 @@ func git(t testing.TB, dir string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-func write(t testing.TB, dir, name, content string) {
+// Write writes a file under dir; a failure fails the test.
+func Write(t testing.TB, dir, name, content string) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 		t.Fatal(err)

@@ -427,7 +427,9 @@ func TestDeadlineCreditsPausedTime(t *testing.T) {
 func TestIdentityAndFiles(t *testing.T) {
 	t.Parallel()
 	h := start(t, nil, "exec sleep 60")
-	st := h.status()
+	// The status may come before the supervisor has launched the harness.
+	var st supervisor.Status
+	eventually(t, "the harness runs", 10*time.Second, func() bool { st = h.status(); return st.HarnessPID != 0 })
 	want, err := proc.IdentityOf(h.c.Cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)

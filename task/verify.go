@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"regexp"
 	"strconv"
@@ -329,7 +330,9 @@ func (v *Verifier) runBaseline(ctx context.Context, t *Task) (status, reason str
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		_ = v.Provider.Delete(dctx, info.ID)
+		if err := v.Provider.Delete(dctx, info.ID); err != nil {
+			slog.Warn("the baseline run's sandbox could not be deleted", "task", t.ID, "sandbox", info.ID, "err", err)
+		}
 	}()
 	bv, err := RunTests(ctx, v.Provider, info.ID, t)
 	if err != nil {
@@ -338,12 +341,13 @@ func (v *Verifier) runBaseline(ctx context.Context, t *Task) (status, reason str
 	return bv.Status, bv.Reason, nil
 }
 
-// Verify returns the verdict of an episode's attempt. When one is recorded it is returned
-// with recorded true, and nothing runs. Otherwise ended is asked first: it
-// must confirm that the harness has ended and its cleanup is confirmed
-// (else Verify refuses with its error, wrapped in ErrNotEnded); then the
-// tests run in the sandbox and the verdict is recorded. Two verifies of one
-// episode at once run the tests once.
+// Verify returns the verdict of an episode's attempt. When one is
+// recorded it is returned with recorded true, and nothing runs. Otherwise
+// ended is asked first: it must confirm that the harness has ended and its
+// cleanup is confirmed (else Verify refuses with its error, wrapped in
+// ErrNotEnded); then the tests are restored and run in the sandbox, a run
+// that failed as a whole is attributed (see attribute), and the verdict is
+// recorded. Two verifies of one attempt at once run the tests once.
 func (v *Verifier) Verify(ctx context.Context, episode string, attempt int, sandboxID string, t *Task, ended func(context.Context) error) (Verdict, bool, error) {
 	if vd, ok, err := v.Recorded(ctx, episode, attempt); err != nil || ok {
 		return vd, ok, err

@@ -417,11 +417,12 @@ func (s *suite) expiry(t *testing.T) {
 	// must die at the expiry too.
 	// Stop it only once it has exec'd its loop: stopped between fork and
 	// exec, it would keep the shell's saved copy of the exec's output pipe
-	// open, and the exec would never end.
-	s.sh(t, info.ID, `{ setsid sh -c 'while :; do sleep 0.1; done' & echo $! > /work/stopped.pid; } </dev/null >/dev/null 2>&1
-		pid=$(cat /work/stopped.pid)
-		until grep -q while /proc/$pid/cmdline 2>/dev/null; do sleep 0.01; done
-		kill -STOP $pid`)
+	// open, and the exec would never end. The loop's shell writes its own
+	// pid ($! may name a setsid that forked and exited), whole (a rename).
+	s.sh(t, info.ID, `{ setsid sh -c 'echo $$ > /work/stopped.tmp && mv /work/stopped.tmp /work/stopped.pid; while :; do sleep 0.1; done' & } </dev/null >/dev/null 2>&1
+		i=0
+		until [ -s /work/stopped.pid ]; do i=$((i+1)); [ $i -lt 3000 ] || exit 1; sleep 0.01; done
+		kill -STOP $(cat /work/stopped.pid)`)
 	expiry := s.shorten(t, info.ID)
 	s.waitExpired(t, info.ID, expiry.Add(10*time.Second))
 	if time.Now().Before(expiry) {

@@ -222,6 +222,9 @@ func ResetTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Ta
 	if err != nil {
 		return r, fmt.Errorf("task %s: read its tests: %w", t.ID, err)
 	}
+	// A task's Tests may hand every verify the same tree: what is added
+	// below goes into a copy.
+	tt.Files = append([]TestFile(nil), tt.Files...)
 	if tt.Known != nil {
 		var out, errb bytes.Buffer
 		res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{

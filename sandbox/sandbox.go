@@ -25,7 +25,35 @@ type Capabilities struct {
 	ConsumesSnapshotOnRestore bool `json:"consumes_snapshot_on_restore"`
 	// MaxFork is the most sandboxes one Fork call may make (0: no limit).
 	MaxFork int `json:"max_fork"`
+	// Users: the provider runs an exec as the unprivileged agent user by
+	// default (AgentUID) and as stasis's own user on request (UserControl,
+	// ControlUID), and files written by the host belong to the agent. False:
+	// every exec runs as one user, and the harness is not kept from stasis's
+	// own files and sockets in the sandbox.
+	Users bool `json:"users"`
 }
+
+// User names whom an exec runs as inside a sandbox.
+type User string
+
+// The users inside a sandbox whose provider has Capabilities.Users.
+const (
+	// UserAgent, the default, is the unprivileged user the harness and
+	// the task's code run as: it cannot read stasis's token, reach the
+	// gateway, drive the supervisor, or trace or signal stasis's
+	// processes.
+	UserAgent User = ""
+	// UserControl is stasis's own user: the supervisor, its relay and
+	// `stasis ctl`. It owns the relay's credentials, the gateway's socket
+	// and the supervisor's control socket. It is never the host's root.
+	UserControl User = "control"
+)
+
+// The numeric ids of the users inside a sandbox (uid and gid alike).
+const (
+	ControlUID = 0
+	AgentUID   = 1000
+)
 
 // Spec describes a sandbox to create.
 type Spec struct {
@@ -99,6 +127,9 @@ type ExecRequest struct {
 	// made if missing).
 	Background bool
 	LogPath    string
+	// User runs the command as UserControl instead of the agent (only on
+	// providers with Capabilities.Users; others ignore it).
+	User User
 }
 
 // ExecResult is the outcome of Exec.

@@ -12,7 +12,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CACHE)/go/staticcheck-$(STATICCHECK_VERSION)
 STATICCHECK := $(TOOLS)/staticcheck
 VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS     := -X stasis/cli.version=$(VERSION)
+LDFLAGS     := -X stasis/cli/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
 .PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm vet staticcheck unit fuzz bench clean
@@ -159,8 +159,12 @@ deps-python:
 
 deps-test: deps deps-python $(STATICCHECK) deps-opencode deps-clients deps-microvm
 
+## build: bin/stasis, the host's command line, and bin/stasis-sandbox, the lean
+## build placed in every sandbox (supervisor, relay, ctl, mini, guest agent;
+## no task data), found beside bin/stasis.
 build: deps
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/stasis
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BIN)-sandbox ./cmd/stasis-sandbox
 
 ## demo: the main job: 8 episodes (mini and OpenCode alternating) on the
 ## built-in tasks, a checkpoint mid-way, a crash of everything, the restore,

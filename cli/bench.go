@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/bench"
+	"stasis/internal/sandboxbin"
 	"stasis/supervisor"
 )
 
@@ -52,7 +53,7 @@ Targets: hold p99 <= 1 ms; confirmed stop p99 <= 20 ms at 50 processes;
 supervisor RSS <= 15 MiB.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			exe, err := os.Executable()
+			exe, err := sandboxbin.Path()
 			if err != nil {
 				return err
 			}
@@ -70,12 +71,30 @@ supervisor RSS <= 15 MiB.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				b, _ := json.MarshalIndent(rows, "", "  ")
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
-				return nil
+			// The baseline, in the same run: the full stasis binary as
+			// the supervisor, which is what sandboxes ran before the lean
+			// build.
+			full, err := os.Executable()
+			if err != nil {
+				return err
 			}
-			printSuperviseTable(cmd.OutOrStdout(), rows)
+			base, err := bench.Supervise(cmd.Context(), bench.SuperviseOptions{
+				Exe: full, Sizes: []int{1}, Modes: []supervisor.Mode{supervisor.ModeHold}, Iterations: iterations, Dir: dir, Progress: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return fmt.Errorf("the baseline (the full binary as supervisor): %w", err)
+			}
+			if asJSON {
+				b, _ := json.MarshalIndent(map[string]any{"rows": rows, "baseline_full_binary": base[0]}, "", "  ")
+				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			} else {
+				printSuperviseTable(cmd.OutOrStdout(), rows)
+				fmt.Fprintf(cmd.OutOrStdout(), "baseline: the full stasis binary as supervisor peaks at %.1f MiB (hold, 1 process): the lean build's peak is %.2f of it\n",
+					float64(base[0].PeakRSSKiB)/1024, float64(peakRSS(rows))/float64(base[0].PeakRSSKiB))
+			}
+			if p := peakRSS(rows); p > superviseRSSTarget {
+				return &exitError{code: 1, err: fmt.Errorf("REGRESSION: the supervisor's peak RSS is %.1f MiB, above the %d MiB target: it runs in every sandbox and goes into every memory snapshot (see BENCHMARKS.md)", float64(p)/1024, superviseRSSTarget/1024)}
+			}
 			return nil
 		},
 	}
@@ -86,6 +105,17 @@ supervisor RSS <= 15 MiB.`,
 	f.StringVar(&dir, "dir", "", "where the session directories go (default: a new temporary directory); its file system's fsync cost is part of every acknowledgement")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
 	return cmd
+}
+
+// superviseRSSTarget is the supervisor's peak RSS target, in KiB.
+const superviseRSSTarget = 15 * 1024
+
+func peakRSS(rows []bench.SuperviseRow) int64 {
+	var p int64
+	for _, r := range rows {
+		p = max(p, r.PeakRSSKiB)
+	}
+	return p
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/1e6) }
@@ -116,7 +146,7 @@ func printSuperviseTable(out io.Writer, rows []bench.SuperviseRow) {
 		}
 	}
 	mark := "meets"
-	if peak > 15*1024 {
+	if peak > superviseRSSTarget {
 		mark = "MISSES"
 	}
 	fmt.Fprintf(out, "supervisor peak RSS %.1f MiB %s the 15 MiB target\n", float64(peak)/1024, mark)

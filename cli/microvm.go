@@ -9,16 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"stasis/cli/sandboxcli"
 	"stasis/home"
 	"stasis/sandbox/microvm"
-	"stasis/sandbox/microvm/agent"
 )
 
 func openMicroVM(ctx context.Context) (*microvm.Provider, error) {
@@ -81,23 +79,7 @@ func newMicroVMCmd() *cobra.Command {
 	}
 	pipe.Flags().StringVar(&sock, "unix", "", "the unix socket to join")
 
-	var listen string
-	agentCmd := &cobra.Command{
-		Use:   "agent --listen ADDR",
-		Short: "The guest agent (run by the guest's init): exec, files, clock",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "microvm-agent")
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			return agent.Serve(ctx, ln, log)
-		},
-	}
-	agentCmd.Flags().StringVar(&listen, "listen", fmt.Sprintf(":%d", microvm.AgentPort), "address to serve on")
+	agentCmd := sandboxcli.NewGuestAgentCmd()
 	var blobs, manifest string
 	state := &cobra.Command{
 		Use:   "state --blobs DIR --manifest ID",

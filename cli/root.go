@@ -10,43 +10,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
+	"stasis/cli/sandboxcli"
 	"stasis/supervisor"
 )
 
-// version is set at build time with -ldflags "-X stasis/cli.version=..."; otherwise
-// it comes from the module's build information.
-var version = ""
-
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		rev, dirty := "", false
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				rev = s.Value
-			case "vcs.modified":
-				dirty = s.Value == "true"
-			}
-		}
-		if rev != "" {
-			if len(rev) > 12 {
-				rev = rev[:12]
-			}
-			if dirty {
-				rev += "-dirty"
-			}
-			return "dev-" + rev
-		}
-	}
-	return "dev"
-}
+func versionString() string { return sandboxcli.Version() }
 
 // exitError carries a process exit code out of a command.
 type exitError struct {
@@ -77,8 +48,9 @@ it; everything else runs on the host.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSuperviseCmd(), newCtlCmd(), newRelayCmd(), newGatewayCmd(), newLedgerCmd(), newModelCmd(), newSandboxCmd(), newMicroVMCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
-	root.AddCommand(newMiniCmd(), newTasksCmd(), newRunCmd(), newServeCmd())
+	root.AddCommand(sandboxcli.Commands()...)
+	root.AddCommand(newRelayCmd(), newGatewayCmd(), newLedgerCmd(), newModelCmd(), newSandboxCmd(), newMicroVMCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
+	root.AddCommand(newTasksCmd(), newRunCmd(), newServeCmd())
 	return root
 }
 
@@ -97,17 +69,16 @@ func newVersionCmd() *cobra.Command {
 // returns the process exit code.
 func Main(args []string) int {
 	if len(args) > 0 && args[0] == supervisor.ShimArg {
-		args = args[1:]
-		if len(args) > 0 && args[0] == "--" {
-			args = args[1:]
-		}
-		return supervisor.RunShim(args)
+		return sandboxcli.Main(args)
 	}
 	root := newRoot()
 	root.SetArgs(args)
 	err := root.Execute()
 	if err == nil {
 		return 0
+	}
+	if code, ok := sandboxcli.ExitCode(err); ok {
+		return code
 	}
 	var ee *exitError
 	if errors.As(err, &ee) {
@@ -121,18 +92,7 @@ func Main(args []string) int {
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+	return sandboxcli.NewLogger(format, level)
 }
 
 // writeJSON prints v as indented JSON, one document per call: every

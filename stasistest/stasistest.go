@@ -85,10 +85,10 @@ var (
 	staticErr  error
 )
 
-// StaticBinary builds stasis from this module with CGO_ENABLED=0 (a static
-// binary, what a microVM guest runs: the test binary itself is built with
-// -race and so links libc) once per test process, and returns its path;
-// Main removes it after the tests.
+// StaticBinary builds the lean in-sandbox stasis (cmd/stasis-sandbox) from
+// this module with CGO_ENABLED=0 (a static binary, what a microVM guest
+// runs: the test binary itself is built with -race and so links libc) once
+// per test process, and returns its path; Main removes it after the tests.
 func StaticBinary(tb testing.TB) string {
 	tb.Helper()
 	staticOnce.Do(func() {
@@ -96,7 +96,7 @@ func StaticBinary(tb testing.TB) string {
 			return
 		}
 		bin := filepath.Join(staticDir, "stasis")
-		cmd := exec.Command("go", "build", "-o", bin, "stasis/cmd/stasis")
+		cmd := exec.Command("go", "build", "-o", bin, "stasis/cmd/stasis-sandbox")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			staticErr = fmt.Errorf("go build a static stasis: %v: %s", err, out)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	"stasis/internal/sandboxbin"
 	"stasis/task"
 )
 
@@ -74,15 +75,19 @@ func Doctor(ctx context.Context, o Options) Report {
 		add(Check{Name: "busybox", OK: true, Detail: o.Busybox + " (static)"})
 	}
 	if o.GuestBinary == "" {
-		if o.GuestBinary = o.Exe; o.GuestBinary == "" {
-			o.GuestBinary, _ = os.Executable()
+		var err error
+		if o.GuestBinary, err = sandboxbin.Path(); err != nil {
+			ok = false
+			add(Check{Name: "guest stasis", Detail: err.Error(), Fix: "make build"})
 		}
 	}
-	if err := checkStatic(o.GuestBinary); err != nil {
-		ok = false
-		add(Check{Name: "guest stasis", Detail: err.Error(), Fix: "CGO_ENABLED=0 go build -o bin/stasis ./cmd/stasis (make build)"})
-	} else {
-		add(Check{Name: "guest stasis", OK: true, Detail: o.GuestBinary + " (static)"})
+	if o.GuestBinary != "" {
+		if err := checkStatic(o.GuestBinary); err != nil {
+			ok = false
+			add(Check{Name: "guest stasis", Detail: err.Error(), Fix: "CGO_ENABLED=0 go build -o bin/stasis-sandbox ./cmd/stasis-sandbox (make build)"})
+		} else {
+			add(Check{Name: "guest stasis", OK: true, Detail: o.GuestBinary + " (static)"})
+		}
 	}
 	if err := kvmUsable(); err != nil {
 		add(Check{Name: "kvm", OK: true, Detail: "/dev/kvm unusable (" + err.Error() + "): TCG, software emulation, will be used"})

@@ -18,6 +18,7 @@ import (
 	"github.com/cavaliergopher/cpio"
 
 	"stasis/atomicfile"
+	"stasis/sandbox/microvm/agent"
 	"stasis/task"
 )
 
@@ -114,7 +115,7 @@ func checkModuleOrder(k Kernel) error {
 // and QEMU forwards GatewayAddr to the host's gateway.
 const (
 	guestIP     = "10.0.2.15"
-	AgentPort   = 7000
+	AgentPort   = agent.Port
 	GatewayAddr = "10.0.2.100:80"
 )
 

@@ -41,6 +41,7 @@ import (
 	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
+	"stasis/internal/sandboxbin"
 	"stasis/proc"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
@@ -155,7 +156,11 @@ func New(_ context.Context, o Options) (*Provider, error) {
 		o.Exe = exe
 	}
 	if o.GuestBinary == "" {
-		o.GuestBinary = o.Exe
+		bin, err := sandboxbin.Path()
+		if err != nil {
+			return nil, err
+		}
+		o.GuestBinary = bin
 	}
 	if o.KernelDir == "" {
 		o.KernelDir = os.Getenv(KernelEnv)

@@ -238,3 +238,6 @@ func (h execHeader) environ() []string {
 	slices.Sort(out)
 	return out
 }
+
+// Port is the TCP port the guest agent listens on inside the guest.
+const Port = 7000

@@ -1,4 +1,4 @@
-package cli
+package sandboxcli
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package cli
+package sandboxcli
 
 import (
 	"context"
@@ -65,6 +65,7 @@ the deadline ended it, 1 when the supervisor failed.`,
   stasis ctl --dir /tmp/ep1 pause 1`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			leanGC()
 			if cmd.ArgsLenAtDash() != 0 {
 				return &exitError{code: 2, err: fmt.Errorf("put the harness command after --, e.g. stasis supervise --dir DIR -- sh -c 'work'")}
 			}

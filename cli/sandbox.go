@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/home"
+	"stasis/internal/copyout"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b"
 	"stasis/sandbox/local"
@@ -245,13 +246,19 @@ file is copied to DST.
 			case dremote:
 				return sandboxErr(copyIn(ctx, p, args[0], did, dpath))
 			default:
-				return sandboxErr(copyOut(ctx, p, sid, spath, args[1]))
+				return sandboxErr(copyOut(ctx, p, sid, spath, args[1], cmd.ErrOrStderr()))
 			}
 		},
 	}
 }
 
-// copyIn tars a host file or directory and uploads it.
+// copyIn tars a host file or directory and uploads it. Copy-in keeps what
+// the host's tar (or tar.FileInfoHeader, for one file) records: permission
+// bits including setuid, setgid and sticky, symlinks and times. Every
+// provider extracts it inside the sandbox with tar --no-same-owner (the
+// microVM's guest agent never chowns either), so the files belong to the
+// user that extracts them there, and a setuid bit only ever grants a uid of the
+// sandbox's own.
 func copyIn(ctx context.Context, p sandbox.Provider, src, id, dst string) error {
 	fi, err := os.Stat(src)
 	if err != nil {
@@ -312,35 +319,19 @@ func tarDir(w io.Writer, src string) error {
 	return nil
 }
 
-// copyOut downloads a sandbox path and extracts it on the host.
-func copyOut(ctx context.Context, p sandbox.Provider, id, src, dst string) error {
-	b, err := p.ReadFile(ctx, id, src)
-	if err == nil {
-		return os.WriteFile(dst, b, 0o644)
+// copyOut copies a sandbox path to the host with internal/copyout, which
+// every provider's copy-out goes through: what the sandbox made arrives
+// without setuid, setgid or sticky-file bits, owned by the user running
+// stasis, with no device, fifo or link leading out of dst; each entry not
+// copied is named in a warning on stderr.
+func copyOut(ctx context.Context, p sandbox.Provider, id, src, dst string, stderr io.Writer) error {
+	res, err := copyout.Copy(ctx, p, id, src, dst, copyout.Options{Warn: func(s copyout.Skipped) {
+		fmt.Fprintf(stderr, "warning: not copied: %s\n", s)
+	}})
+	if err == nil && len(res.Skipped) > 0 {
+		fmt.Fprintf(stderr, "copied %d files into %s; %d entries not copied (see the warnings)\n", res.Files+res.Links, dst, len(res.Skipped))
 	}
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	c := exec.Command("tar", "-x", "-C", dst, "-f", "-")
-	in, err := c.StdinPipe()
-	if err != nil {
-		return err
-	}
-	var msg strings.Builder
-	c.Stderr = &msg
-	if err := c.Start(); err != nil {
-		return err
-	}
-	derr := p.Download(ctx, id, src, in)
-	in.Close()
-	werr := c.Wait()
-	if derr != nil {
-		return derr
-	}
-	if werr != nil {
-		return fmt.Errorf("extract into %s: %v: %s", dst, werr, strings.TrimSpace(msg.String()))
-	}
-	return nil
+	return err
 }
 
 func newSandboxLsCmd(open opener) *cobra.Command {

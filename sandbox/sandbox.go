@@ -71,6 +71,26 @@ type Spec struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Expiry is the absolute time at which the host kills the sandbox.
 	Expiry time.Time `json:"expiry"`
+	// Limits bound what the sandbox may use; zero fields take the
+	// provider's defaults. Providers that cannot enforce them say so in
+	// their documentation.
+	Limits Limits `json:"limits,omitzero"`
+}
+
+// Limits bound a sandbox's use of the host. A sandbox that exceeds one is
+// ended, with the reason, and the others go on.
+type Limits struct {
+	// Pids is the most processes and threads it may run at once.
+	Pids int `json:"pids,omitempty"`
+	// MemoryBytes is the most memory (and swap) it may use.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// CPUWeight is its share of the CPUs against the other sandboxes'
+	// (cgroup v2's cpu.weight: 1 to 10000, 100 an even share).
+	CPUWeight int `json:"cpu_weight,omitempty"`
+	// ShmBytes is the size of its /dev/shm.
+	ShmBytes int64 `json:"shm_bytes,omitempty"`
+	// DiskBytes is the most its writable places may take on disk.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // State of a sandbox as Get reports it.
@@ -145,6 +165,9 @@ type ExecResult struct {
 type ForkSpec struct {
 	Labels map[string]string
 	Expiry time.Time
+	// Limits of each fork; zero fields take the source sandbox's (when the
+	// provider still knows them), else the provider's defaults.
+	Limits Limits
 }
 
 // Provider creates, snapshots, forks and deletes sandboxes of one kind.

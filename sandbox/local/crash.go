@@ -13,10 +13,6 @@ import (
 // for `stasis run --crash`.
 func Crash(home string) (int, error) {
 	return hostkeep.Crash(filepath.Join(home, "sandboxes", Name), func(dir string) bool {
-		k, ok := readKeeperAt(dir)
-		if ok {
-			killSandbox(k)
-		}
-		return ok
+		return killAt(dir)
 	})
 }

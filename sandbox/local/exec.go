@@ -48,16 +48,34 @@ func (p *Provider) command(m meta, k keeperInfo, req sandbox.ExecRequest) *exec.
 	if cwd == "" {
 		cwd = "/work"
 	}
-	args := []string{"--target", strconv.Itoa(k.Init.PID), "--mount", "--uts", "--ipc", "--net", "--pid", "--root", "--wd", "--",
-		p.tools.setpriv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--", p.tools.env, "-i", "-C", cwd}
+	args := []string{"--target", strconv.Itoa(k.Init.PID)}
+	if m.UIDBase != 0 {
+		args = append(args, "--user")
+	}
+	args = append(args, "--mount", "--uts", "--ipc", "--net", "--pid", "--root", "--wd", "--")
+	args = append(args, m.setprivArgs(p.tools.setpriv, req.User)...)
+	args = append(args, p.tools.env, "-i", "-C", cwd)
 	for _, k := range keys {
 		args = append(args, k+"="+env[k])
 	}
 	args = append(args, req.Argv...)
 	cmd := exec.Command(p.tools.nsenter, args...)
+	if files := m.Cgroups.procsFiles(); len(files) > 0 {
+		// The command joins the sandbox's control groups before it
+		// enters: a shell writes its own pid, then becomes nsenter.
+		cmd = exec.Command("/bin/sh", append([]string{"-c", joinScript, "stasis-join", strings.Join(files, "\n"), p.tools.nsenter}, args...)...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd
 }
+
+// joinScript writes the shell's pid into each cgroup.procs file named one
+// a line in $1, then runs the rest of its arguments in its place.
+const joinScript = `IFS='
+'
+for f in $1; do printf '%s\n' "$$" > "$f" || exit 125; done
+unset IFS; shift
+exec "$@"`
 
 // Exec runs a command inside the sandbox.
 func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
@@ -233,11 +251,16 @@ func (p *Provider) WriteFile(ctx context.Context, id, name string, data []byte, 
 	}
 	defer r.Close()
 	var f *os.File
-	if dir := filepath.Dir(rel); dir != "." {
-		err = r.MkdirAll(dir, 0o755)
-	}
+	uid, gid, own := m.agentOwner()
+	err = mkdirAllOwned(r, filepath.Dir(rel), uid, gid, own)
 	if err == nil {
-		f, err = r.OpenFile(rel, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
+		f, err = r.OpenFile(rel, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|unix.O_NOFOLLOW, mode)
+	}
+	if err == nil && own {
+		if err = f.Chown(uid, gid); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err != nil {
 		// A symlink leading out of the place (or another surprise): write

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,57 +24,169 @@ import (
 
 // bwrapArgs builds the bubblewrap command line for a sandbox directory.
 //
-// The root is a fresh tmpfs holding read-only binds of every top-level entry
-// of the host root (symlinks recreated as symlinks), so that /work, /tmp and
-// $HOME can be mount points whether or not the host has them; it is made
-// read-only at the end. /proc is the sandbox's own, /dev a minimal one, and
-// there is no network but loopback.
-func bwrapArgs(dir string, m meta) ([]string, error) {
-	hostRoot, err := bwrap.HostRoot("/work", "/tmp", m.Home)
-	if err != nil {
-		return nil, err
+// The root is a fresh tmpfs holding read-only binds of the host's userland
+// (bwrap.SystemRoot: /usr, /bin, /lib*, /etc without its secrets), so that
+// /work, /tmp and $HOME can be mount points whether or not the host has
+// them; it is made read-only at the end. /proc is the sandbox's own, /dev a
+// minimal one, and there is no network but loopback. The sandbox's gateway
+// directory is bound read-only at GatewayDirInSandbox. Sandboxes made
+// before the allow-list (no UIDBase in meta.json) keep their view of every
+// top-level entry of the host.
+//
+// In its own user namespace (UIDBase set), bubblewrap is the namespace's
+// root, a host uid without any right on the state directory's private
+// parents (a test's 0700 temporary directory, /root), so the sandbox's own
+// places are bound from a staging directory (see stage): with stageDir
+// set, the k-th such source becomes stageDir/k, and bwrapArgs returns the
+// real paths in that order.
+func bwrapArgs(dir string, m meta, stageDir string) (args, sources []string, err error) {
+	var hostRoot []string
+	if m.UIDBase != 0 {
+		hostRoot = bwrap.SystemRoot(m.System...)
+	} else {
+		if hostRoot, err = bwrap.HostRoot("/work", "/tmp", m.Home); err != nil {
+			return nil, nil, err
+		}
 	}
-	args := []string{
+	bind := func(kind, src, dst string) {
+		if stageDir != "" {
+			sources = append(sources, src)
+			src = filepath.Join(stageDir, strconv.Itoa(len(sources)-1))
+		}
+		args = append(args, "--"+kind, src, dst)
+	}
+	args = []string{
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
 		"--die-with-parent", "--hostname", m.ID,
 	}
 	args = append(args, hostRoot...)
 	args = append(args, "--proc", "/proc", "--dev", "/dev")
+	if m.Limits.ShmBytes > 0 {
+		// A /dev/shm of its own, of a bounded size (the host's is half
+		// its RAM).
+		args = append(args, "--perms", "1777", "--size", strconv.FormatInt(m.Limits.ShmBytes, 10), "--tmpfs", "/dev/shm")
+	}
 	for _, h := range m.Hide {
 		if h == "" || under(h, "/tmp") || under(h, m.Home) || under(h, "/work") {
 			continue // already hidden by a writable place bound over it
 		}
-		if _, err := os.Stat(h); err == nil {
+		if _, err := os.Stat(h); err == nil && visible(h, m) {
 			args = append(args, "--tmpfs", h)
 		}
 	}
 	root := filepath.Join(dir, rootDir)
-	args = append(args,
-		"--bind", filepath.Join(root, "work"), "/work",
-		"--bind", filepath.Join(root, "home"), m.Home,
-		"--bind", filepath.Join(root, "tmp"), "/tmp",
-	)
+	bind("bind", filepath.Join(root, "work"), "/work")
+	bind("bind", filepath.Join(root, "home"), m.Home)
+	bind("bind", filepath.Join(root, "tmp"), "/tmp")
 	for _, b := range m.Binds {
-		args = append(args, "--bind", b, b)
+		bind("bind", b, b)
 	}
 	dsts := make([]string, 0, len(m.ROBinds))
 	src := map[string]string{}
 	for h, d := range m.ROBinds {
 		if !filepath.IsAbs(d) || !filepath.IsAbs(h) || under(d, "/work") || under(d, "/tmp") || under(d, m.Home) || filepath.Clean(d) == "/" {
-			return nil, fmt.Errorf("read-only bind %s → %s: both paths must be absolute, and the sandbox path outside /, /work, /tmp and %s", h, d, m.Home)
+			return nil, nil, fmt.Errorf("read-only bind %s → %s: both paths must be absolute, and the sandbox path outside /, /work, /tmp and %s", h, d, m.Home)
 		}
 		dsts = append(dsts, d)
 		src[d] = h
 	}
+	if m.GatewayDir != "" {
+		dsts = append(dsts, GatewayDirInSandbox)
+		src[GatewayDirInSandbox] = m.GatewayDir
+	}
 	sort.Strings(dsts) // parents before children
 	for _, d := range dsts {
-		args = append(args, "--ro-bind", src[d], d)
+		bind("ro-bind", src[d], d)
 	}
 	// The holder says "ready" on fd 4 once it runs, that is once bubblewrap
 	// has built the whole root (the info on fd 3 comes earlier than that).
 	args = append(args, "--remount-ro", "/", "--chdir", "/work", "--info-fd", "3", "--",
 		"/bin/sh", "-c", `echo ready >&4; exec 4>&-; exec sleep infinity`)
-	return args, nil
+	return args, sources, nil
+}
+
+// stageCandidates are the directories the keeper may mount its staging
+// tmpfs on, in its own mount namespace (the host's is not touched): the
+// first that exists and holds nothing the sandbox or the keeper needs.
+var stageCandidates = []string{"/run", "/mnt", "/media", "/srv", "/var/tmp", "/tmp"}
+
+// chooseStage picks the staging mount point for a sandbox at dir.
+func chooseStage(dir string, m meta) (string, error) {
+	needed := append(append([]string{dir}, bwrap.System...), m.System...)
+	for _, c := range stageCandidates {
+		if fi, err := os.Lstat(c); err != nil || !fi.IsDir() {
+			continue
+		}
+		clash := false
+		for _, n := range needed {
+			if under(n, c) || under(c, n) {
+				clash = true
+				break
+			}
+		}
+		if !clash {
+			return c, nil
+		}
+	}
+	return "", fmt.Errorf("no directory to stage the sandbox's binds on: none of %v exists apart from the state directory %s and the system's directories", stageCandidates, dir)
+}
+
+// stage makes each source reachable by the sandbox's namespace root at
+// stageDir/k. The keeper runs in a mount namespace of its own (the
+// provider starts it so); it opens every source first, as host root,
+// then mounts a small tmpfs (mode 0711) on stageDir and binds each source
+// there from its descriptor, so the private parents on the host side need
+// no search right for the namespace.
+func stage(stageDir string, sources []string) error {
+	files := make([]*os.File, 0, len(sources))
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	for _, p := range sources {
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s to bind it into the sandbox: %w", p, err)
+		}
+		files = append(files, os.NewFile(uintptr(fd), p))
+	}
+	if err := unix.Mount("stasis-stage", stageDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0711,size=64k,nr_inodes=4096"); err != nil {
+		return fmt.Errorf("mount the staging tmpfs on %s: %w", stageDir, err)
+	}
+	for k, f := range files {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			return fmt.Errorf("stat %s: %w", f.Name(), err)
+		}
+		target := filepath.Join(stageDir, strconv.Itoa(k))
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			if err := os.Mkdir(target, 0o711); err != nil {
+				return err
+			}
+		} else if err := os.WriteFile(target, nil, 0o600); err != nil {
+			return err
+		}
+		if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s on %s: %w", f.Name(), target, err)
+		}
+	}
+	return nil
+}
+
+// visible says whether a host path shows in the sandbox's root: always for
+// the old view of every top-level entry; with the allow-list, only under
+// one of its entries.
+func visible(h string, m meta) bool {
+	if m.UIDBase == 0 {
+		return true
+	}
+	for _, s := range append(append([]string{}, bwrap.System...), m.System...) {
+		if under(h, s) {
+			return true
+		}
+	}
+	return false
 }
 
 func under(p, dir string) bool {
@@ -106,9 +219,20 @@ func keep(dir string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	args, err := bwrapArgs(dir, m)
+	stageDir := ""
+	if m.UIDBase != 0 {
+		if stageDir, err = chooseStage(dir, m); err != nil {
+			return err
+		}
+	}
+	args, sources, err := bwrapArgs(dir, m, stageDir)
 	if err != nil {
 		return err
+	}
+	if stageDir != "" {
+		if err := stage(stageDir, sources); err != nil {
+			return err
+		}
 	}
 	infoR, infoW, err := os.Pipe()
 	if err != nil {
@@ -118,8 +242,14 @@ func keep(dir string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The keeper joins the sandbox's control groups first, so that
+	// bubblewrap and everything it starts are in them.
+	if err := m.Cgroups.join(); err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
 	sigs := hostkeep.Signals()
 	cmd := exec.Command("bwrap", args...)
+	cmd.SysProcAttr = m.userNamespace()
 	cmd.ExtraFiles = []*os.File{infoW, readyW}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -177,6 +307,16 @@ func keep(dir string, log *slog.Logger) error {
 			_ = cmd.Process.Kill()
 			<-exited
 		}
+	}
+	// A limit exceeded ends the sandbox as a stop request does; the reason
+	// is in DIR/limit.json.
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	if len(m.Cgroups.Dirs) > 0 {
+		go watchLimits(dir, m, stopWatch, func() {
+			log.Warn("a limit was exceeded: ending the sandbox", "id", m.ID)
+			_ = unix.Kill(os.Getpid(), unix.SIGTERM)
+		})
 	}
 	readExpiry := func() (time.Time, error) {
 		nm, err := readMetaAt(dir)

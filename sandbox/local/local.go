@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,8 +55,30 @@ type Options struct {
 	Exe    string
 	ExeEnv []string
 	// Binds are host paths bound into every sandbox at the same path
-	// (read-write), e.g. the directory of the relay's unix socket.
+	// (read-write). Nothing of stasis's own uses them any more: a
+	// directory bound into several sandboxes lets one agent reach into
+	// another's (GatewayDir gives each its own).
 	Binds []string
+	// GatewayDir, when set, gives every sandbox a directory of its own,
+	// GatewayDir/ID (made with the sandbox, owned by its stasis user, mode
+	// 0700, removed with it), bound read-only at GatewayDirInSandbox: the
+	// host serves the gateway for that sandbox's episode on a socket there
+	// (GatewaySocket), which the agent can neither reach nor replace.
+	GatewayDir string
+	// Gateway serves the gateway on each sandbox's own socket: the
+	// provider listens at GatewaySocket(id) when it makes the sandbox
+	// (Create, Fork), hands the listener to Gateway.ServeSandbox, and calls
+	// StopSandbox when the sandbox goes. Needs GatewayDir.
+	Gateway GatewayServer
+	// System are host paths the sandboxes see read-only besides the
+	// userland allow-list (bwrap.System): a toolchain under /opt, say.
+	System []string
+	// UIDBase is the first of the host ids the sandboxes' user namespaces
+	// map (default DefaultUIDBase; see users.go).
+	UIDBase int
+	// Limits are the sandboxes' default limits (zero fields:
+	// DefaultLimits); a spec's own override them (see limits.go).
+	Limits sandbox.Limits
 	// ReadOnlyBinds are host paths (keys) bound read-only into every
 	// sandbox at other paths (values), e.g. a harness's installation. A
 	// sandbox path must be absolute and outside /work, /tmp and $HOME; a
@@ -110,6 +133,16 @@ func New(o Options) (*Provider, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.UIDBase == 0 {
+		o.UIDBase = DefaultUIDBase
+	}
+	if err := checkLimits(o.Limits); err != nil {
+		return nil, fmt.Errorf("local provider: %w", err)
+	}
+	o.Limits = withDefaults(o.Limits, DefaultLimits)
+	if o.UIDBase < IDRange || o.UIDBase > 1<<31 {
+		return nil, fmt.Errorf("local provider: uid base %d: use a value from %d to %d (the sandboxes map %d host ids from it)", o.UIDBase, IDRange, 1<<31, IDRange)
+	}
 	p := &Provider{o: o, dir: filepath.Join(o.Home, "sandboxes", Name), snapDir: filepath.Join(o.Home, "snapshots", Name)}
 	// Absolute paths: setpriv and env run after nsenter has changed root to
 	// the sandbox's, which shows the host's /usr read-only.
@@ -141,7 +174,7 @@ func New(o Options) (*Provider, error) {
 func (p *Provider) Name() string { return Name }
 
 func (p *Provider) Capabilities() sandbox.Capabilities {
-	return sandbox.Capabilities{KeepsProcesses: false, SnapshotOutlivesSource: true}
+	return sandbox.Capabilities{KeepsProcesses: false, SnapshotOutlivesSource: true, Users: true}
 }
 
 // meta is DIR/meta.json.
@@ -160,6 +193,21 @@ type meta struct {
 	Binds        []string `json:"binds,omitempty"`
 	// ROBinds: host path → sandbox path, bound read-only.
 	ROBinds map[string]string `json:"ro_binds,omitempty"`
+	// UIDBase is the host id of the sandbox's uid and gid 0 (see
+	// users.go); 0 in sandboxes made before user namespaces, which run as
+	// the host's root and see every top-level entry of the host.
+	UIDBase int `json:"uid_base,omitempty"`
+	// System are host paths bound read-only besides bwrap.System.
+	System []string `json:"system,omitempty"`
+	// GatewayDir is the host directory bound read-only at
+	// GatewayDirInSandbox: this sandbox's own, where the gateway's socket
+	// for it is.
+	GatewayDir string `json:"gateway_dir,omitempty"`
+	// Limits are the sandbox's (every field set), enforced through
+	// Cgroups and its keeper (limits.go); none in sandboxes made before
+	// limits.
+	Limits  sandbox.Limits `json:"limits,omitzero"`
+	Cgroups cgroups        `json:"cgroups,omitzero"`
 }
 
 // Files in a sandbox's directory.
@@ -235,6 +283,9 @@ func (p *Provider) running(op string, m meta) (keeperInfo, error) {
 	if _, err := os.Stat(filepath.Join(p.sbDir(id), expiredFile)); err == nil || !p.o.Now().Before(m.Expiry) {
 		return keeperInfo{}, sandbox.Errorf(sandbox.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc`", m.Expiry.Format(time.RFC3339))
 	}
+	if r, ended := p.endedByLimit(id); ended {
+		return keeperInfo{}, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "it was ended at %s for exceeding its %s limit: %s; delete it", r.At.Format(time.RFC3339), r.Limit, r.Reason)
+	}
 	k, ok := p.readKeeper(id)
 	if !ok || !proc.Alive(k.Keeper) || !proc.Alive(k.Init) {
 		return k, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "its keeper is not running (killed, or the host restarted); `stasis sandbox gc` removes it")
@@ -255,8 +306,12 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
 		}
 	}
+	if err := checkLimits(spec.Limits); err != nil {
+		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "%v", err)
+	}
 	m := p.newMeta(spec.Labels, spec.Expiry)
 	m.Env = spec.Env
+	m.Limits = withDefaults(spec.Limits, p.o.Limits)
 	dir := p.sbDir(m.ID)
 	ok := false
 	defer func() {
@@ -276,6 +331,9 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 		if err := copyTree(ctx, spec.Root, filepath.Join(dir, rootDir, "work")); err != nil {
 			return sandbox.Info{}, fmt.Errorf("create: seed the work tree from %s: %w", spec.Root, err)
 		}
+	}
+	if err := p.prepareDir(&m); err != nil {
+		return sandbox.Info{}, fmt.Errorf("create: %w", err)
 	}
 	if err := p.writeMeta(m); err != nil {
 		return sandbox.Info{}, err
@@ -297,11 +355,128 @@ func (p *Provider) newMeta(labels map[string]string, expiry time.Time) meta {
 	if home == "" || home == "/" {
 		home = "/root"
 	}
-	m := meta{ID: hostkeep.NewID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds, ROBinds: p.o.ReadOnlyBinds}
+	m := meta{ID: hostkeep.NewID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds, ROBinds: p.o.ReadOnlyBinds,
+		UIDBase: p.o.UIDBase, System: p.o.System}
+	if p.o.GatewayDir != "" {
+		m.GatewayDir = filepath.Join(p.o.GatewayDir, m.ID)
+	}
 	// Hide the state directory from the sandbox when the read-only view of
 	// the host root would show it.
 	m.Hide = append([]string{p.o.Home}, p.o.Hide...)
 	return m
+}
+
+// prepareDir gives a sandbox directory's writable places to the users of
+// its namespace, makes its control groups (m.Cgroups) and its gateway
+// directory.
+func (p *Provider) prepareDir(m *meta) error {
+	if err := ownPlaces(filepath.Join(p.sbDir(m.ID), rootDir), *m); err != nil {
+		return err
+	}
+	if m.UIDBase != 0 {
+		cg, err := makeCgroups(m.ID, m.Limits)
+		if err != nil {
+			return fmt.Errorf("limits: %w", err)
+		}
+		m.Cgroups = cg
+	}
+	if m.GatewayDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(m.GatewayDir), 0o711); err != nil {
+		return fmt.Errorf("gateway directory: %w", err)
+	}
+	if err := os.Mkdir(m.GatewayDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("gateway directory: %w", err)
+	}
+	if m.UIDBase != 0 {
+		if err := os.Lchown(m.GatewayDir, m.hostID(sandbox.ControlUID), m.hostID(sandbox.ControlUID)); err != nil {
+			return fmt.Errorf("gateway directory: %w", err)
+		}
+	}
+	if err := os.Chmod(m.GatewayDir, 0o700); err != nil {
+		return fmt.Errorf("gateway directory: %w", err)
+	}
+	return p.listenGateway(*m)
+}
+
+// GatewayServer serves the gateway to one sandbox at a time on the
+// sandbox's own socket.
+type GatewayServer interface {
+	// ServeSandbox serves sandbox id's relays on ln (the provider's
+	// listener, closed to everyone but the sandbox's stasis user) until
+	// StopSandbox(id); a second call for the same id replaces the first.
+	ServeSandbox(id string, ln net.Listener)
+	// StopSandbox stops serving sandbox id and closes its listener.
+	StopSandbox(id string)
+}
+
+// listenGateway makes sandbox m's gateway socket, closed to all but the
+// sandbox's stasis user (uid 0 inside: the relay's), and hands it to
+// Options.Gateway.
+func (p *Provider) listenGateway(m meta) error {
+	sock, ok := p.GatewaySocket(m.ID)
+	if !ok || p.o.Gateway == nil {
+		return nil
+	}
+	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("gateway socket: %w", err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("gateway socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	err = os.Chmod(sock, 0o600)
+	if err == nil && m.UIDBase != 0 {
+		err = os.Lchown(sock, m.hostID(sandbox.ControlUID), m.hostID(sandbox.ControlUID))
+	}
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("gateway socket: %w", err)
+	}
+	p.o.Gateway.ServeSandbox(m.ID, ln)
+	return nil
+}
+
+// ServeGateways listens again on the gateway socket of every sandbox there
+// is (after the host process that served them restarted).
+func (p *Provider) ServeGateways(ctx context.Context) error {
+	if p.o.Gateway == nil || p.o.GatewayDir == "" {
+		return nil
+	}
+	infos, err := p.List(ctx, nil)
+	if err != nil {
+		return err
+	}
+	for _, in := range infos {
+		m, err := p.readMeta("serve the gateway", in.ID)
+		if err != nil || m.GatewayDir == "" {
+			continue // gone since, or made without a socket of its own
+		}
+		if err := p.listenGateway(m); err != nil {
+			return fmt.Errorf("sandbox %s: %w", in.ID, err)
+		}
+	}
+	return nil
+}
+
+// GatewayDirInSandbox is where a sandbox sees its gateway directory
+// (Options.GatewayDir), read-only, and GatewaySocketName the socket the
+// host serves there.
+const (
+	GatewayDirInSandbox = "/stasis/gateway"
+	GatewaySocketName   = "gw.sock"
+)
+
+// GatewaySocket is the host path of the socket on which the host serves
+// the gateway to sandbox id (GatewayDirInSandbox/GatewaySocketName inside);
+// false when the provider has no GatewayDir.
+func (p *Provider) GatewaySocket(id string) (string, bool) {
+	if p.o.GatewayDir == "" || !hostkeep.ValidID(id, "sb-") {
+		return "", false
+	}
+	return filepath.Join(p.o.GatewayDir, id, GatewaySocketName), true
 }
 
 // copyTree seeds a work tree with cp -a (exact metadata, fast).
@@ -325,7 +500,9 @@ func (p *Provider) startKeeper(ctx context.Context, id string) error {
 	cmd := exec.Command(p.o.Exe, "sandbox", "keeper", "--dir", dir)
 	cmd.Env = append(os.Environ(), p.o.ExeEnv...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// A mount namespace of its own (private, which Go makes it), where the
+	// keeper stages the sandbox's binds; the host's mounts are not touched.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Unshareflags: syscall.CLONE_NEWNS}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the keeper of %s: %w", id, err)
 	}
@@ -431,11 +608,13 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 
 // retire kills and removes a sandbox exactly once.
 func (p *Provider) retire(id string) error {
-	done, err := hostkeep.Retire(p.sbDir(id), id, func(dead string) {
-		if k, ok := readKeeperAt(dead); ok {
-			killSandbox(k)
+	done, err := hostkeep.Retire(p.sbDir(id), id, func(dead string) { killAt(dead) })
+	if gw, ok := p.GatewaySocket(id); ok && err == nil {
+		if p.o.Gateway != nil {
+			p.o.Gateway.StopSandbox(id)
 		}
-	})
+		_ = os.RemoveAll(filepath.Dir(gw))
+	}
 	if done {
 		p.retiredMu.Lock()
 		if p.retired == nil {
@@ -460,6 +639,21 @@ func readKeeperAt(dir string) (keeperInfo, bool) {
 // every process in its PID namespace), and waits until they are gone.
 func killSandbox(k keeperInfo) { hostkeep.KillAndWait(k.Init, k.Bwrap, k.Keeper) }
 
+// killAt kills the sandbox whose directory is dir, if its keeper is known,
+// and removes its control groups; it says whether a keeper was known.
+func killAt(dir string) bool {
+	k, ok := readKeeperAt(dir)
+	if ok {
+		killSandbox(k)
+	}
+	if m, err := readMetaAt(dir); err == nil {
+		removeCgroups(m.Cgroups)
+	}
+	return ok
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
 // GC removes sandboxes whose keeper is gone (it was killed, the host
 // restarted, or it ended at the expiry) and returns their ids.
 func (p *Provider) GC(ctx context.Context) ([]string, error) {
@@ -472,9 +666,7 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 		name := e.Name()
 		if _, ok := hostkeep.RetiringID(name, "sb-"); ok {
 			// An interrupted delete: finish it.
-			if k, ok := readKeeperAt(filepath.Join(p.dir, name)); ok {
-				killSandbox(k)
-			}
+			killAt(filepath.Join(p.dir, name))
 			_ = os.RemoveAll(filepath.Join(p.dir, name))
 			continue
 		}

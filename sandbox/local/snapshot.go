@@ -153,9 +153,15 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 func (p *Provider) forkOne(ctx context.Context, s snapMeta, spec sandbox.ForkSpec) (sandbox.Info, error) {
 	m := p.newMeta(spec.Labels, spec.Expiry)
 	m.Source = s.ID
+	m.Limits = spec.Limits
 	if src, err := p.readMeta("fork", s.Sandbox); err == nil {
 		m.Env = src.Env
+		m.Limits = withDefaults(m.Limits, src.Limits)
 	}
+	if err := checkLimits(spec.Limits); err != nil {
+		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "fork", s.ID, "%v", err)
+	}
+	m.Limits = withDefaults(m.Limits, p.o.Limits)
 	dir := p.sbDir(m.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return sandbox.Info{}, err
@@ -175,6 +181,9 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, spec sandbox.ForkSpe
 		return sandbox.Info{}, err
 	}
 	index, _, err := p.cas.RestoreIndexed(ctx, s.Manifest, filepath.Join(dir, rootDir))
+	if err == nil {
+		err = p.prepareDir(&m)
+	}
 	if err == nil {
 		m.LastManifest = index
 		err = p.writeMeta(m)

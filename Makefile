@@ -217,6 +217,7 @@ fuzz: deps
 	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzReadFrame -fuzztime $(FUZZTIME)
 	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzParseExecHeader -fuzztime $(FUZZTIME)
 	$(GO) test ./sandbox/microvm/vmstate -run '^$$' -fuzz FuzzSplitter -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/copyout -run '^$$' -fuzz FuzzExtract -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build deps-microvm

@@ -130,40 +130,37 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 	if err := os.MkdirAll(sockDir, 0o755); err != nil {
 		return res, err
 	}
-	sock := filepath.Join(sockDir, "gw.sock")
-	gln, err := net.Listen("unix", sock)
-	if err != nil {
-		return res, err
-	}
 	// The gateway holds every episode's third call until released.
 	release := make(chan struct{})
 	var held sync.WaitGroup
 	held.Add(n)
 	var once sync.Map
-	h := gw.Handler()
-	gsrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-		call := q.Header.Get(relay.HeaderCallID)
-		if strings.HasSuffix(call, "/3") && q.Header.Get(relay.HeaderAttempt) == "0" {
-			if _, dup := once.LoadOrStore(call, true); !dup {
-				held.Done()
+	hold := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			call := q.Header.Get(relay.HeaderCallID)
+			if strings.HasSuffix(call, "/3") && q.Header.Get(relay.HeaderAttempt) == "0" {
+				if _, dup := once.LoadOrStore(call, true); !dup {
+					held.Done()
+				}
+				select {
+				case <-release:
+				case <-q.Context().Done():
+					return
+				}
 			}
-			select {
-			case <-release:
-			case <-q.Context().Done():
-				return
-			}
-		}
-		h.ServeHTTP(w, q)
-	})}
-	go func() { _ = gsrv.Serve(gln) }()
-	defer gsrv.Close()
+			h.ServeHTTP(w, q)
+		})
+	}
+	// Each sandbox reaches the gateway on a socket of its own.
+	sockets := relay.NewSandboxSockets(gw, hold)
+	defer sockets.Close()
 	releaseOnce := sync.OnceFunc(func() { close(release) })
 	defer releaseOnce()
 
 	home := filepath.Join(dir, "local")
 	// The stasis binary is bound into each sandbox read-only: nothing to
 	// copy at start, nothing of it in the snapshots.
-	p, err := local.New(local.Options{Home: home, Exe: o.Exe, ExeEnv: o.Env, Binds: []string{sockDir},
+	p, err := local.New(local.Options{Home: home, Exe: o.Exe, ExeEnv: o.Env, GatewayDir: sockDir, Gateway: sockets,
 		ReadOnlyBinds: map[string]string{o.Exe: harness.BoundBinaryPath}})
 	if err != nil {
 		return res, err
@@ -180,7 +177,7 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 		binEnv[k] = v
 	}
 	env := &episode.Env{
-		Provider: p, Gateway: gw, GatewayURL: "unix://" + sock, Model: model.DefaultName,
+		Provider: p, Gateway: gw, GatewayURL: "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, Model: model.DefaultName,
 		Verifier: &task.Verifier{Store: st, Provider: p}, Binary: o.Exe, BinaryEnv: binEnv, BinaryInSandbox: harness.BoundBinaryPath,
 	}
 	c, err := coordinator.New(ctx, coordinator.Options{Env: env, Store: st, Tasks: quick, Concurrency: o.Concurrency})

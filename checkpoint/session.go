@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/internal/sandboxbin"
 	"stasis/proc"
 	"stasis/sandbox"
 	"stasis/supervisor"
@@ -127,7 +128,7 @@ func NewSession(ctx context.Context, o SessionOptions) (*Session, error) {
 		o.Dir = path.Join("/tmp/stasis", o.Episode)
 	}
 	if o.Binary == "" {
-		exe, err := os.Executable()
+		exe, err := sandboxbin.Path()
 		if err != nil {
 			return nil, err
 		}
@@ -150,10 +151,31 @@ func NewSession(ctx context.Context, o SessionOptions) (*Session, error) {
 		s.owned = o.Adopt
 	}
 	if err := s.placeBinary(ctx); err != nil {
-		_ = s.Close(ctx)
+		cctx := context.WithoutCancel(ctx)
+		_ = Retry(func() error { return s.Close(cctx) })
 		return nil, err
 	}
 	return s, nil
+}
+
+// cleanupTries bounds the attempts at a cleanup: one transient failure of
+// the provider must not leave a sandbox behind.
+const cleanupTries = 5
+
+// Retry runs a cleanup step (deleting a sandbox or a snapshot, continuing
+// a paused episode) until it succeeds, at most a few times with a short
+// backoff, and returns its last error.
+func Retry(fn func() error) error {
+	var err error
+	for i := range cleanupTries {
+		if err = fn(); err == nil {
+			return nil
+		}
+		if i < cleanupTries-1 {
+			time.Sleep(time.Duration(10<<i) * time.Millisecond) // backoff between retries
+		}
+	}
+	return err
 }
 
 // SetHarnessSession records the harness's own session id (found once the
@@ -191,17 +213,111 @@ func (s *Session) placeBinary(ctx context.Context) error {
 	if have, err := s.p.ReadFile(ctx, s.id, BinaryPath); err == nil && bytes.Equal(have, want) {
 		return nil
 	}
-	if err := s.p.WriteFile(ctx, s.id, BinaryPath, want, 0o755); err != nil {
+	if err := s.writeControl(ctx, BinaryPath, want, 0o755); err != nil {
 		return fmt.Errorf("session %s: place the stasis binary in %s: %w", s.o.Episode, s.id, err)
 	}
 	return nil
 }
 
-// stasis runs the stasis binary inside the sandbox.
+// users says whether the sandbox runs the agent and stasis as separate
+// users (sandbox.Capabilities.Users): then everything of the session's own
+// (the directory, the credentials, the supervisor, ctl) is stasis's user's,
+// and only the harness's directory is the agent's.
+func (s *Session) users() bool { return s.p.Capabilities().Users }
+
+// control is the user stasis's own commands run as in the sandbox.
+func (s *Session) control() sandbox.User {
+	if s.users() {
+		return sandbox.UserControl
+	}
+	return sandbox.UserAgent
+}
+
+// writeControl writes a file of stasis's own in the sandbox: as its user,
+// atomically, with mode, so that the agent can neither read a secret
+// nor change what stasis runs. Without users it is the provider's
+// WriteFile.
+func (s *Session) writeControl(ctx context.Context, name string, data []byte, mode os.FileMode) error {
+	if !s.users() {
+		return s.p.WriteFile(ctx, s.id, name, data, mode)
+	}
+	var errb bytes.Buffer
+	// Every directory on the way must be stasis's own: one the agent
+	// owned it could swap.
+	script := `set -e; umask "$3"; f="$1"; d="${f%/*}"; mkdir -p -- "$d"
+x="$d"; while [ -n "$x" ] && [ "$x" != / ]; do
+  if [ -L "$x" ] || [ "$(stat -c %u -- "$x")" != 0 ]; then echo "$x is not stasis's own" >&2; exit 3; fi
+  x="${x%/*}"
+done
+t="$f.stasis-tmp"; rm -f -- "$t"; cat > "$t"; chmod "$2" -- "$t"; mv -f -- "$t" "$f"`
+	umask := "022"
+	if mode.Perm()&0o077 == 0 {
+		umask = "077"
+	}
+	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
+		Argv: []string{"/bin/sh", "-c", script, "stasis-write", name, fmt.Sprintf("%o", mode.Perm()), umask},
+		User: sandbox.UserControl, Stdin: bytes.NewReader(data), Stderr: &errb, Timeout: 2 * time.Minute,
+	})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("write %s as stasis's user: exit %d: %s", name, res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	return nil
+}
+
+// WriteSecret writes a file into the session directory that only stasis's
+// user in the sandbox may read (mode 0600): the relay's credentials.
+func (s *Session) WriteSecret(ctx context.Context, name string, data []byte) error {
+	if strings.Contains(name, "/") || name == "" || name == "." || name == ".." {
+		return fmt.Errorf("session %s: secret file name %q: give a plain name", s.o.Episode, name)
+	}
+	return s.writeControl(ctx, path.Join(s.o.Dir, name), data, 0o600)
+}
+
+// PrepareDirs makes the session directory, stasis's own (mode 0711: the
+// harness may pass through it to its own directory but not list it or
+// change what is in it), and each of agentDirs below it as the agent's
+// (mode 0700). It refuses a directory already there that is not
+// stasis's own or is a symlink. Without users, it makes them plainly.
+func (s *Session) PrepareDirs(ctx context.Context, agentDirs ...string) error {
+	for _, d := range agentDirs {
+		if d == "" || strings.Contains(d, "/") || d == "." || d == ".." {
+			return fmt.Errorf("session %s: directory name %q: give a plain name", s.o.Episode, d)
+		}
+	}
+	script := `set -e; d="$1"; shift
+for x in "${d%/*}" "$d"; do
+  if [ -L "$x" ] || { [ -e "$x" ] && [ "$(stat -c %u -- "$x")" != 0 ]; }; then echo "$x is not stasis's own" >&2; exit 3; fi
+done
+mkdir -p -- "${d%/*}" "$d"; chmod 0755 -- "${d%/*}"; chmod 0711 -- "$d"
+for a in "$@"; do
+  if [ -L "$d/$a" ]; then rm -f -- "$d/$a"; fi
+  mkdir -p -- "$d/$a"; chown -R ` + fmt.Sprintf("%d:%d", sandbox.AgentUID, sandbox.AgentUID) + ` -- "$d/$a"; chmod 0700 -- "$d/$a"
+done`
+	if !s.users() {
+		script = `set -e; d="$1"; shift; mkdir -p -- "$d"; for a in "$@"; do mkdir -p -- "$d/$a"; done`
+	}
+	var errb bytes.Buffer
+	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
+		Argv: append([]string{"/bin/sh", "-c", script, "stasis-dirs", s.o.Dir}, agentDirs...),
+		User: s.control(), Stderr: &errb, Timeout: 2 * time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("session %s: make %s: %w", s.o.Episode, s.o.Dir, err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("session %s: make %s: exit %d: %s", s.o.Episode, s.o.Dir, res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	return nil
+}
+
+// stasis runs the stasis binary inside the sandbox, as stasis's user.
 func (s *Session) stasis(ctx context.Context, args ...string) (stdout []byte, code int, stderr string, err error) {
 	var out, errb bytes.Buffer
 	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
-		Argv: append([]string{s.binPath()}, args...), Env: s.o.BinaryEnv, Stdout: &out, Stderr: &errb, Timeout: 2 * time.Minute,
+		Argv: append([]string{s.binPath()}, args...), Env: s.o.BinaryEnv, User: s.control(), Stdout: &out, Stderr: &errb, Timeout: 2 * time.Minute,
 	})
 	if err != nil {
 		return nil, 0, "", err
@@ -246,7 +362,7 @@ func (s *Session) Start(ctx context.Context) error {
 		env[k] = v
 	}
 	if _, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
-		Argv: append([]string{s.binPath()}, args...), Env: env, Background: true, LogPath: path.Join(s.o.Dir, "supervisor.log"),
+		Argv: append([]string{s.binPath()}, args...), Env: env, Background: true, LogPath: path.Join(s.o.Dir, "supervisor.log"), User: s.control(),
 	}); err != nil {
 		return fmt.Errorf("session %s: start the supervisor: %w", s.o.Episode, err)
 	}
@@ -438,7 +554,7 @@ func (s *Session) Close(ctx context.Context) error {
 			}
 		}
 	}
-	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{Argv: []string{"rm", "-rf", "--", s.o.Dir}})
+	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{Argv: []string{"rm", "-rf", "--", s.o.Dir}, User: s.control()})
 	switch {
 	case errors.Is(err, sandbox.ErrNotFound), errors.Is(err, sandbox.ErrExpired):
 	case err != nil:

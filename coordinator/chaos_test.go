@@ -753,7 +753,7 @@ func (r *chaosRun) status(ep, sb string) (string, error) {
 		env[k] = v
 	}
 	res, err := r.inner.Exec(r.ctx, sb, sandbox.ExecRequest{
-		Argv: []string{"/tmp/.stasis/bin/stasis", "ctl", "--dir", path.Join("/tmp/stasis", ep), "status"}, Env: env, Stdout: &out, Stderr: &errb,
+		Argv: []string{"/tmp/.stasis/bin/stasis", "ctl", "--dir", path.Join("/tmp/stasis", ep), "status"}, Env: env, User: sandbox.UserControl, Stdout: &out, Stderr: &errb,
 	})
 	if err != nil {
 		return "", err

@@ -25,6 +25,7 @@ import (
 	"stasis/checkpoint"
 	"stasis/episode"
 	"stasis/harness"
+	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/store"
 	"stasis/supervisor"
@@ -677,6 +678,13 @@ func (c *Coordinator) Retire(ctx context.Context, id string) error {
 	}
 	if row.State == store.EpisodeRetired {
 		return nil
+	}
+	// Revoked first: from now on the gateway refuses the episode's token,
+	// whatever its sandbox still does while it is being closed.
+	if gw := c.o.Env.Gateway; gw != nil {
+		if err := gw.Revoke(id); err != nil && !errors.Is(err, relay.ErrUnknownEpisode) {
+			return fmt.Errorf("retire %s: revoke its token: %w", id, err)
+		}
 	}
 	c.mu.Lock()
 	e, live := c.live[id]

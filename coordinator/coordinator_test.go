@@ -27,8 +27,8 @@ import (
 
 func TestMain(m *testing.M) { stasistest.Main(m) }
 
-// world is what a coordinator runs on: a scripted model, a gateway on a
-// unix socket bound into every sandbox (gating chosen calls), the local
+// world is what a coordinator runs on: a scripted model, a gateway on
+// each sandbox's own socket (gating chosen calls), the local
 // provider and a record store, all in directories that outlive a "crash"
 // of the coordinator.
 type world struct {
@@ -39,8 +39,9 @@ type world struct {
 	gw       *relay.Gateway
 	gwState  string
 	modelURL string
-	sock     string
-	srv      *http.Server
+	local    *local.Provider
+	mu       sync.Mutex
+	sockets  *relay.SandboxSockets // nil while the services are down
 	tasks    []*task.Task
 	hold     sync.Map // "EPISODE/N" → chan struct{} (closed to release)
 	arrived  sync.Map // "EPISODE/N" → chan struct{}
@@ -64,11 +65,12 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(gwDir) })
-	w := &world{t: t, tasks: ts, sock: filepath.Join(gwDir, "gw.sock"), gwState: filepath.Join(t.TempDir(), "gateway"), dbPath: filepath.Join(t.TempDir(), "store.db")}
-	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}})
+	w := &world{t: t, tasks: ts, gwState: filepath.Join(t.TempDir(), "gateway"), dbPath: filepath.Join(t.TempDir(), "store.db")}
+	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: w})
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.local = p
 	// A test that passed must have retired every episode; one that failed
 	// part-way may not have, and its sandboxes must not outlive it (the
 	// next test would find their processes). Either way none is left.
@@ -89,7 +91,7 @@ func newWorld(t *testing.T) *world {
 		}
 	})
 	w.env = &episode.Env{
-		Provider: p, GatewayURL: "unix://" + w.sock, Model: model.DefaultName,
+		Provider: p, GatewayURL: "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, Model: model.DefaultName,
 		Binary: stasistest.Exe(), BinaryEnv: stasistest.EnvMap,
 	}
 	w.modelURL = msrv.URL
@@ -105,31 +107,34 @@ func (w *world) open(modelURL string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = os.Remove(w.sock)
-	ln, err := net.Listen("unix", w.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := gw.Handler()
-	w.srv = &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, q *http.Request) {
-		call := q.Header.Get(relay.HeaderCallID)
-		if ch, ok := w.hold.Load(call + "@" + q.Header.Get(relay.HeaderAttempt)); ok {
-			if a, ok := w.arrived.Load(call); ok {
+	hold := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(rw http.ResponseWriter, q *http.Request) {
+			call := q.Header.Get(relay.HeaderCallID)
+			if ch, ok := w.hold.Load(call + "@" + q.Header.Get(relay.HeaderAttempt)); ok {
+				if a, ok := w.arrived.Load(call); ok {
+					select {
+					case <-a.(chan struct{}):
+					default:
+						close(a.(chan struct{}))
+					}
+				}
 				select {
-				case <-a.(chan struct{}):
-				default:
-					close(a.(chan struct{}))
+				case <-ch.(chan struct{}):
+				case <-q.Context().Done():
+					return
 				}
 			}
-			select {
-			case <-ch.(chan struct{}):
-			case <-q.Context().Done():
-				return
-			}
-		}
-		h.ServeHTTP(rw, q)
-	})}
-	go func() { _ = w.srv.Serve(ln) }()
+			h.ServeHTTP(rw, q)
+		})
+	}
+	w.mu.Lock()
+	w.sockets = relay.NewSandboxSockets(gw, hold)
+	w.mu.Unlock()
+	// The sandboxes that outlived a crash get their sockets again, as a
+	// restarted server gives them.
+	if err := w.local.ServeGateways(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	w.gw = gw
 	st, err := store.OpenSQLite(w.dbPath)
 	if err != nil {
@@ -141,11 +146,37 @@ func (w *world) open(modelURL string) {
 }
 
 func (w *world) closeServices() {
-	if w.srv != nil {
-		_ = w.srv.Close()
+	w.mu.Lock()
+	sockets := w.sockets
+	w.sockets = nil
+	w.mu.Unlock()
+	if sockets != nil {
+		sockets.Close()
 		_ = w.gw.Close()
 		_ = w.st.Close()
-		w.srv = nil
+	}
+}
+
+// ServeSandbox and StopSandbox make the world the local provider's
+// gateway server: each sandbox's socket is served by the gateway of the
+// moment, and refused while the services are down.
+func (w *world) ServeSandbox(id string, ln net.Listener) {
+	w.mu.Lock()
+	s := w.sockets
+	w.mu.Unlock()
+	if s == nil {
+		_ = ln.Close()
+		return
+	}
+	s.ServeSandbox(id, ln)
+}
+
+func (w *world) StopSandbox(id string) {
+	w.mu.Lock()
+	s := w.sockets
+	w.mu.Unlock()
+	if s != nil {
+		s.StopSandbox(id)
 	}
 }
 
@@ -339,8 +370,10 @@ func TestStartWithDeadline(t *testing.T) {
 // not run the recorded launch.
 type claimsProcesses struct{ *local.Provider }
 
-func (claimsProcesses) Capabilities() sandbox.Capabilities {
-	return sandbox.Capabilities{KeepsProcesses: true, SnapshotOutlivesSource: true}
+func (c claimsProcesses) Capabilities() sandbox.Capabilities {
+	caps := c.Provider.Capabilities()
+	caps.KeepsProcesses = true
+	return caps
 }
 
 // A record that says its snapshot kept processes, restored into a fork

@@ -306,25 +306,10 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	return e, nil
 }
 
-// cleanupTries bounds the attempts at a cleanup: one transient failure of
-// the provider must not leave a sandbox behind.
-const cleanupTries = 5
-
 // Retry runs a cleanup step (deleting a sandbox or a snapshot, continuing
 // a paused episode) until it succeeds, at most a few times with a short
-// backoff, and returns its last error.
-func Retry(fn func() error) error {
-	var err error
-	for i := range cleanupTries {
-		if err = fn(); err == nil {
-			return nil
-		}
-		if i < cleanupTries-1 {
-			time.Sleep(time.Duration(10<<i) * time.Millisecond) // backoff between retries
-		}
-	}
-	return err
-}
+// backoff, and returns its last error (checkpoint.Retry).
+func Retry(fn func() error) error { return checkpoint.Retry(fn) }
 
 // closeRetrying closes a session (deleting the sandbox it owns), retrying
 // transient failures; Close is safe to retry.
@@ -337,6 +322,10 @@ func closeRetrying(ctx context.Context, sess *checkpoint.Session) error {
 // and starts the supervisor.
 func (e *Episode) boot(ctx context.Context, cred relay.Credentials) error {
 	p, id := e.env.Provider, e.sess.SandboxID()
+	// The session directory is stasis's own; the harness gets harness/.
+	if err := e.sess.PrepareDirs(ctx, path.Base(e.launch.Dir)); err != nil {
+		return fmt.Errorf("episode %s: %w", e.spec.ID, err)
+	}
 	if err := e.spec.Harness.Install(ctx, p, id); err != nil {
 		return fmt.Errorf("episode %s: install %s: %w", e.spec.ID, e.spec.Harness.Name(), err)
 	}
@@ -347,7 +336,11 @@ func (e *Episode) boot(ctx context.Context, cred relay.Credentials) error {
 	if err != nil {
 		return err
 	}
-	if err := p.WriteFile(ctx, id, tokenFile(e.spec.ID), b, 0o600); err != nil {
+	// The token is valid on this sandbox's own gateway socket only.
+	if err := e.env.Gateway.Bind(e.name, id); err != nil {
+		return fmt.Errorf("episode %s: bind it to sandbox %s at the gateway: %w", e.spec.ID, id, err)
+	}
+	if err := e.sess.WriteSecret(ctx, path.Base(tokenFile(e.spec.ID)), b); err != nil {
 		return fmt.Errorf("episode %s: write the relay's credentials: %w", e.spec.ID, err)
 	}
 	if err := e.sess.Start(ctx); err != nil {
@@ -578,7 +571,10 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	if err != nil {
 		return nil, err
 	}
-	if err := env.Provider.WriteFile(ctx, sandboxID, tokenFile(spec.ID), b, 0o600); err != nil {
+	if err := env.Gateway.Bind(name, sandboxID); err != nil {
+		return nil, fmt.Errorf("episode %s: bind it to sandbox %s at the gateway: %w", spec.ID, sandboxID, err)
+	}
+	if err := sess.WriteSecret(ctx, path.Base(tokenFile(spec.ID)), b); err != nil {
 		return nil, fmt.Errorf("episode %s: write the relay's credentials: %w", spec.ID, err)
 	}
 	if _, err := sess.Continue(ctx, rec.PauseSeq); err != nil {

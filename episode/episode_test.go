@@ -41,8 +41,9 @@ type gate struct {
 
 func (g *gate) Open() { g.opened.Do(func() { close(g.open) }) }
 
-// rig is a model, a gateway on a unix socket bound into every sandbox, a
-// local provider, and a record store.
+// rig is a model, a gateway (on each local sandbox's own socket, or on
+// one unix socket a microVM's QEMU forwards to), a provider, and a record
+// store.
 type rig struct {
 	env   *episode.Env
 	gw    *relay.Gateway
@@ -52,24 +53,24 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	return newRigOn(t, func(gwDir, sock string) (sandbox.Provider, string, string) {
+	return newRigOn(t, func(gwDir, _ string, sockets local.GatewayServer) (sandbox.Provider, string, string) {
 		ro := map[string]string{}
 		if prefix, ok := harness.OpenCodeBind(); ok {
 			ro[prefix] = harness.OpenCodeSandboxDir
 		}
-		p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}, ReadOnlyBinds: ro})
+		p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: sockets, ReadOnlyBinds: ro})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return p, "unix://" + sock, ""
+		return p, "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, ""
 	})
 }
 
 // newRigOn is newRig on the provider mk makes, given the gateway socket's
-// directory and path; mk returns the provider, the gateway's URL as the
-// relays see it, and where the provider puts stasis in its sandboxes
-// (empty: it is copied in).
-func newRigOn(t *testing.T, mk func(gwDir, sock string) (sandbox.Provider, string, string)) *rig {
+// directory and path and the server of per-sandbox sockets; mk returns the
+// provider, the gateway's URL as the relays see it, and where the provider
+// puts stasis in its sandboxes (empty: it is copied in).
+func newRigOn(t *testing.T, mk func(gwDir, sock string, sockets local.GatewayServer) (sandbox.Provider, string, string)) *rig {
 	t.Helper()
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) }) // runs last
 	ts, err := task.Builtin()
@@ -100,31 +101,35 @@ func newRigOn(t *testing.T, mk func(gwDir, sock string) (sandbox.Provider, strin
 		t.Fatal(err)
 	}
 	// Calls reach the gateway through the gates.
-	gh := gw.Handler()
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-		call := q.Header.Get(relay.HeaderCallID)
-		ep, n, _ := strings.Cut(call, "/")
-		if v, ok := r.gates.Load(ep); ok && q.Header.Get(relay.HeaderAttempt) == "0" {
-			g := v.(*gate)
-			if strconv.Itoa(g.call) == n {
-				g.once.Do(func() { close(g.arrived) })
-				select {
-				case <-g.open:
-				case <-q.Context().Done():
-					return
+	gates := func(gh http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			call := q.Header.Get(relay.HeaderCallID)
+			ep, n, _ := strings.Cut(call, "/")
+			if v, ok := r.gates.Load(ep); ok && q.Header.Get(relay.HeaderAttempt) == "0" {
+				g := v.(*gate)
+				if strconv.Itoa(g.call) == n {
+					g.once.Do(func() { close(g.arrived) })
+					select {
+					case <-g.open:
+					case <-q.Context().Done():
+						return
+					}
 				}
 			}
-		}
-		gh.ServeHTTP(w, q)
-	})}
+			gh.ServeHTTP(w, q)
+		})
+	}
+	srv := &http.Server{Handler: gates(gw.Handler())}
 	go func() { _ = srv.Serve(ln) }()
+	sockets := relay.NewSandboxSockets(gw, gates)
 	t.Cleanup(func() {
+		sockets.Close()
 		_ = srv.Close()
 		_ = gw.Close()
 	})
 	r.gw = gw
 
-	p, gwURL, inSandbox := mk(gwDir, sock)
+	p, gwURL, inSandbox := mk(gwDir, sock, sockets)
 	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "store.db"))
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"stasis/harness"
 	"stasis/ledger"
 	"stasis/sandbox"
+	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/stasistest"
 	"stasis/supervisor"
@@ -26,7 +27,7 @@ func newMicroVMRig(t *testing.T) (*rig, *microvm.Provider) {
 		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel)", microvm.KernelEnv)
 	}
 	var mp *microvm.Provider
-	r := newRigOn(t, func(gwDir, sock string) (sandbox.Provider, string, string) {
+	r := newRigOn(t, func(_, sock string, _ local.GatewayServer) (sandbox.Provider, string, string) {
 		var err error
 		mp, err = microvm.New(context.Background(), microvm.Options{
 			Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env,

@@ -2,10 +2,13 @@ package job_test
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -118,7 +121,13 @@ func runOnFake(t *testing.T, provider string, serve func(backend *local.Provider
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(gwDir) })
-	backend, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binds: []string{gwDir}})
+	sock := filepath.Join(gwDir, "gw.sock")
+	// A hosted service's sandboxes reach the gateway over its network; the
+	// fake's local sandboxes reach it on a socket of their own each, which
+	// the test joins to the job's gateway socket.
+	pipes := &socketPipes{target: sock}
+	t.Cleanup(pipes.close)
+	backend, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: pipes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,10 +139,9 @@ func runOnFake(t *testing.T, provider string, serve func(backend *local.Provider
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	t.Setenv("TMPDIR", t.TempDir())
-	sock := filepath.Join(gwDir, "gw.sock")
 	rep, err := job.Run(ctx, job.Options{
 		Tasks: "builtin", N: 3, Harness: "mini", Provider: provider, CheckpointAt: 0.4, Crash: true,
-		GatewayListen: "unix:" + sock, GatewayURL: "unix://" + sock,
+		GatewayListen: "unix:" + sock, GatewayURL: "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName,
 		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, TokenDelay: 3 * time.Millisecond,
 	})
 	if err != nil {
@@ -185,4 +193,66 @@ func TestRunOnE2BFake(t *testing.T) {
 	if left := fake.Sandboxes(); len(left) != 0 {
 		t.Errorf("sandboxes left on the fake E2B: %v", left)
 	}
+}
+
+// socketPipes is a local.GatewayServer that joins every connection on a
+// sandbox's socket to the gateway socket at target, as a hosted service's
+// network joins its sandboxes to a gateway.
+type socketPipes struct {
+	target string
+	mu     sync.Mutex
+	lns    map[string]net.Listener
+	wg     sync.WaitGroup
+}
+
+func (s *socketPipes) ServeSandbox(id string, ln net.Listener) {
+	s.mu.Lock()
+	if s.lns == nil {
+		s.lns = map[string]net.Listener{}
+	}
+	if old := s.lns[id]; old != nil {
+		_ = old.Close()
+	}
+	s.lns[id] = ln
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("unix", s.target)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c); _ = up.(*net.UnixConn).CloseWrite() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+}
+
+func (s *socketPipes) StopSandbox(id string) {
+	s.mu.Lock()
+	ln := s.lns[id]
+	delete(s.lns, id)
+	s.mu.Unlock()
+	if ln != nil {
+		_ = ln.Close()
+	}
+}
+
+func (s *socketPipes) close() {
+	s.mu.Lock()
+	for id, ln := range s.lns {
+		_ = ln.Close()
+		delete(s.lns, id)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
 }

@@ -37,6 +37,13 @@ type EpisodeState struct {
 	// NeedMatch: the episode was relaunched; its next call is matched
 	// against the ledger (Ledger.Match) before it is recorded.
 	NeedMatch bool `json:"need_match,omitempty"`
+	// Sandbox is the sandbox the episode runs in now (Bind): on a
+	// sandbox's own socket (SandboxHandler) only its episode's token is
+	// valid.
+	Sandbox string `json:"sandbox,omitempty"`
+	// Revoked: the episode was retired (Revoke); its token is refused
+	// until a restore brings the episode back.
+	Revoked bool `json:"revoked,omitempty"`
 }
 
 // Credentials returns the relay's token file contents for this episode.
@@ -227,6 +234,43 @@ func (g *Gateway) Episode(id string) (EpisodeState, error) {
 	return *g.episodes[id], nil
 }
 
+// Bind records that episode id now runs in sandbox: from now on the
+// episode's token is valid on that sandbox's socket only (SandboxHandler),
+// and the sandbox's socket accepts no other episode's token. An episode's
+// token is never valid on a socket of another sandbox, so a token an agent
+// captured is of no use from its own sandbox.
+func (g *Gateway) Bind(id, sandbox string) error {
+	return g.update(id, func(st *EpisodeState) { st.Sandbox = sandbox })
+}
+
+// Revoke refuses episode id's token at once, on every socket, from the
+// next call on (calls already admitted finish): a retired episode makes no
+// more model calls and its ledger takes no more entries. A later Restore
+// of the episode (a checkpoint restored) lifts it.
+func (g *Gateway) Revoke(id string) error {
+	return g.update(id, func(st *EpisodeState) { st.Revoked = true })
+}
+
+// update changes and saves one episode's state under its lock.
+func (g *Gateway) update(id string, change func(*EpisodeState)) error {
+	if err := g.load(id); err != nil {
+		return err
+	}
+	lock := g.epLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.episodes[id]
+	next := *st
+	change(&next)
+	if err := g.saveLocked(&next); err != nil {
+		return err
+	}
+	*st = next
+	return nil
+}
+
 // ErrUnknownEpisode is returned for an episode the gateway has not
 // registered.
 var ErrUnknownEpisode = errors.New("unknown episode")
@@ -264,6 +308,7 @@ func (g *Gateway) Restore(id string, inPlace bool, position int64) (EpisodeState
 	next := *st
 	next.Attempt++
 	next.NeedMatch = !inPlace
+	next.Revoked = false
 	if err := g.saveLocked(&next); err != nil {
 		return EpisodeState{}, err
 	}
@@ -317,6 +362,7 @@ func (g *Gateway) Fork(src, dst string, upTo int64) (EpisodeState, error) {
 	defer g.mu.Unlock()
 	next := *g.episodes[dst]
 	next.Attempt = g.episodes[src].Attempt
+	next.Revoked = false
 	if err := g.saveLocked(&next); err != nil {
 		return EpisodeState{}, err
 	}
@@ -371,6 +417,23 @@ func (g *Gateway) ledger(id string) (*ledger.Ledger, error) {
 // /healthz.
 func (g *Gateway) Handler() http.Handler { return mux(g.routes()) }
 
+// Metrics gathers the gateway's Prometheus metrics (those its /metrics
+// serves), for a server that shows them elsewhere.
+func (g *Gateway) Metrics() prometheus.Gatherer { return g.reg }
+
+// SandboxHandler is Handler for one sandbox's own socket: only the token
+// of the episode bound to that sandbox (Bind) is valid on it.
+func (g *Gateway) SandboxHandler(sandbox string) http.Handler {
+	h := g.Handler()
+	return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		h.ServeHTTP(w, q.WithContext(context.WithValue(q.Context(), socketKey{}, sandbox)))
+	})
+}
+
+// socketKey is the context key of the sandbox whose socket a request came
+// in on (SandboxHandler).
+type socketKey struct{}
+
 // Routes lists the operations the handler serves ("METHOD /path").
 func (g *Gateway) Routes() []string { return keys(g.routes()) }
 
@@ -380,8 +443,21 @@ func (g *Gateway) routes() map[string]http.Handler {
 	return r
 }
 
-// authenticate finds the episode of the bearer token.
+// authenticate finds the episode of the bearer token: one not revoked,
+// and, on a sandbox's own socket, bound to that sandbox.
 func (g *Gateway) authenticate(q *http.Request) (EpisodeState, bool) {
+	st, ok := g.lookup(q)
+	if !ok || st.Revoked {
+		return EpisodeState{}, false
+	}
+	if sb, bound := q.Context().Value(socketKey{}).(string); bound && st.Sandbox != sb {
+		return EpisodeState{}, false
+	}
+	return st, true
+}
+
+// lookup finds the episode of the bearer token.
+func (g *Gateway) lookup(q *http.Request) (EpisodeState, bool) {
 	tok, ok := strings.CutPrefix(q.Header.Get("Authorization"), "Bearer ")
 	if !ok || tok == "" {
 		return EpisodeState{}, false

@@ -103,14 +103,26 @@ func (e *MalformedError) Unwrap() error { return e.Err }
 // copy of a file is never setuid, setgid or executable by surprise), a
 // directory's contents into the directory dst (made if missing), by
 // Download and Extract.
+//
+// A src that is neither (a fifo, say) is an error, as is one missing; dst
+// is not left behind as an empty directory then.
 func Copy(ctx context.Context, p sandbox.Provider, id, src, dst string, o Options) (Result, error) {
-	if b, err := p.ReadFile(ctx, id, src); err == nil {
+	b, rerr := p.ReadFile(ctx, id, src)
+	if rerr == nil {
 		if err := writeFile(dst, b); err != nil {
 			return Result{}, err
 		}
 		return Result{Files: 1, Bytes: int64(len(b))}, nil
 	}
-	return Download(ctx, p, id, src, dst, o)
+	_, serr := os.Lstat(dst)
+	res, err := Download(ctx, p, id, src, dst, o)
+	if err != nil && errors.Is(serr, fs.ErrNotExist) {
+		_ = os.Remove(dst) // only if still empty
+	}
+	if err != nil && errors.Is(rerr, sandbox.ErrInvalid) {
+		return res, rerr // the provider's word on what src is says more than tar's
+	}
+	return res, err
 }
 
 // writeFile writes data to the host file dst, replacing what is there.

@@ -119,6 +119,18 @@ func TestLocalSetuidCopiedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	runAsNobody(t, base, filepath.Join(dst, "suid"), one, filepath.Join(dst, "agent-suid"))
+
+	// A fifo in a file's place is refused, not read (which would block
+	// forever), and leaves nothing behind.
+	fctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	fifo := filepath.Join(base, "fifo")
+	if _, err := copyout.Copy(fctx, p, id, "/work/out/fifo", fifo, copyout.Options{}); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("copying out a fifo: %v", err)
+	}
+	if _, err := os.Lstat(fifo); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("copying out a fifo left %s: %v", fifo, err)
+	}
 }
 
 // hostDir is a temporary directory that an unprivileged user can reach.

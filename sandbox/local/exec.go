@@ -214,11 +214,15 @@ func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error
 			return nil, err
 		}
 		defer r.Close()
-		b, err := r.ReadFile(rel)
-		if errors.Is(err, fs.ErrNotExist) {
+		b, kind, err := readRegular(r, rel)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
 			return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", what(id), "no file %s", name)
-		}
-		if err == nil {
+		case err == nil && kind == fs.ModeDir:
+			return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", what(id), "%s is a directory", name)
+		case err == nil && kind != 0:
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "read", what(id), "%s is not a regular file (%v): it is not read", name, kind)
+		case err == nil:
 			return b, nil
 		}
 		// A symlink leading out of the place: read it as the sandbox sees it.
@@ -232,6 +236,27 @@ func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error
 		return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", what(id), "%s: %s", name, strings.TrimSpace(errb.String()))
 	}
 	return out.Bytes(), nil
+}
+
+// readRegular reads rel under r if it is a regular file; otherwise it
+// returns its type. It opens without blocking and reads nothing else: a
+// fifo the agent put in a file's place would hold the host's reader
+// forever.
+func readRegular(r *os.Root, rel string) ([]byte, fs.FileMode, error) {
+	f, err := r.OpenFile(rel, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	if t := fi.Mode().Type(); t != 0 {
+		return nil, t, nil
+	}
+	b, err := io.ReadAll(f)
+	return b, 0, err
 }
 
 // WriteFile writes a file inside /work, $HOME or /tmp, creating its parent

@@ -96,6 +96,9 @@ type Spec struct {
 	// (SIGSTOP). Default: hold where the provider's snapshots keep
 	// processes, stop elsewhere.
 	PauseMode supervisor.Mode
+	// Limits bound the episode's sandbox (zero fields: the provider's
+	// defaults); exceeding one ends the episode with the reason.
+	Limits sandbox.Limits
 
 	environ task.Environment // resolved by prepare
 }
@@ -289,7 +292,7 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec)}
 	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), 0)
 	o.Spec = sandbox.Spec{
-		Root: tree, Env: spec.Task.EnvMap(), Expiry: spec.Expiry,
+		Root: tree, Env: spec.Task.EnvMap(), Expiry: spec.Expiry, Limits: spec.Limits,
 		Labels: map[string]string{"stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
 	}
 	sess, err := checkpoint.NewSession(ctx, o)
@@ -474,6 +477,7 @@ func ForkSpec(spec Spec) sandbox.ForkSpec {
 	return sandbox.ForkSpec{
 		Labels: map[string]string{"stasis.episode": spec.ID, "stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
 		Expiry: spec.Expiry,
+		Limits: spec.Limits,
 	}
 }
 

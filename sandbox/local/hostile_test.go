@@ -94,12 +94,19 @@ func TestAgentIsNotRoot(t *testing.T) {
 func TestAgentCannotReadHostSecrets(t *testing.T) {
 	t.Parallel()
 	p, home := newProvider(t, nil)
+	_, otherHome := newProvider(t, nil) // another server's state directory
+	// A task file with a gold patch, given on the host (--tasks).
+	tasks := filepath.Join(t.TempDir(), "swe.jsonl")
+	if err := os.WriteFile(tasks, []byte(`{"instance_id":"x","patch":"GOLD-PATCH"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	id := newSandbox(t, p)
 	for _, u := range []sandbox.User{sandbox.UserAgent, sandbox.UserControl} {
 		out, _ := run(t, p, id, u, `
 			echo "shadow=$(cat /etc/shadow 2>/dev/null | wc -c)"
 			cat /etc/security/opasswd >/dev/null 2>&1 && echo opasswd-read || echo opasswd-refused
-			for d in /root /home /var /run /srv /opt /mnt /media `+home+`; do [ "$d" != "$HOME" ] && [ -e "$d" ] && echo "visible $d"; done
+			for d in /root /home /var /run /srv /opt /mnt /media `+home+` `+otherHome+` `+tasks+` `+filepath.Dir(tasks)+`; do [ "$d" != "$HOME" ] && [ -e "$d" ] && echo "visible $d"; done
+			grep -rl GOLD-PATCH /tmp /work "$HOME" /etc 2>/dev/null | sed 's/^/found: /' | head -1
 			echo end`)
 		if !strings.Contains(out, "shadow=0\n") {
 			t.Errorf("%q: /etc/shadow could be read in the sandbox:\n%s", u, out)
@@ -107,7 +114,7 @@ func TestAgentCannotReadHostSecrets(t *testing.T) {
 		if _, err := os.Stat("/etc/security/opasswd"); err == nil && !strings.Contains(out, "opasswd-refused") {
 			t.Errorf("%q: a root-only host file was read:\n%s", u, out)
 		}
-		if strings.Contains(out, "visible ") {
+		if strings.Contains(out, "visible ") || strings.Contains(out, "found: ") {
 			t.Errorf("%q: host directories outside the allow-list are visible:\n%s", u, out)
 		}
 	}

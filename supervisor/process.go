@@ -38,6 +38,7 @@ type procLayer struct {
 	exe     string
 	timeout time.Duration // bound on KillTree
 	exits   chan exitEvent
+	harness *HarnessUser // the harness's user, nil for the supervisor's own
 
 	mu         sync.Mutex
 	shimPID    int
@@ -46,7 +47,7 @@ type procLayer struct {
 	stopped    []proc.Identity
 }
 
-func newProcLayer() (*procLayer, error) {
+func newProcLayer(harness *HarnessUser) (*procLayer, error) {
 	if err := SetSubreaper(); err != nil {
 		return nil, err
 	}
@@ -55,6 +56,7 @@ func newProcLayer() (*procLayer, error) {
 		exe:     "/proc/self/exe",
 		timeout: 10 * time.Second,
 		exits:   make(chan exitEvent, 4),
+		harness: harness,
 	}
 	go reapForever()
 	return p, nil
@@ -123,6 +125,9 @@ func (p *procLayer) Launch(gen int, argv []string) (int, error) {
 		// Its own process group: a signal to the supervisor's group must not
 		// take the shim down with it, or the lifeline cleanup could not run.
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if p.harness != nil {
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%d", ShimHarnessEnv, p.harness.UID, p.harness.GID))
 	}
 	err = cmd.Start()
 	lifeR.Close()

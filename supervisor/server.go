@@ -45,6 +45,9 @@ type Info struct {
 	StartedUptime      float64       `json:"started_uptime"`
 	Relay              bool          `json:"relay"`
 	Version            string        `json:"version"`
+	// HarnessUser is the user the harness runs as, when not the
+	// supervisor's own (`--harness-uid`).
+	HarnessUser *HarnessUser `json:"harness_user,omitempty"`
 }
 
 // Options configure Run.
@@ -54,6 +57,20 @@ type Options struct {
 	Gate    Gate // nil when no relay is attached
 	Logger  *slog.Logger
 	Version string
+	// Harness, when set, runs the harness as that user, jailed (see
+	// HarnessUser), and Run refuses to start unless the session directory,
+	// its control socket and every file of Closed are closed to it.
+	Harness *HarnessUser
+	// Closed are the other files the harness must not reach: the relay's
+	// token file and its upstream socket. Checked only with Harness.
+	Closed []ClosedFile
+}
+
+// ClosedFile is a file that must be closed to the harness user.
+type ClosedFile struct {
+	Path   string
+	Access Access // what the harness must not do to it
+	What   string // how messages name it ("--relay-token-file")
 }
 
 // realClock is the production Clock.
@@ -96,6 +113,18 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 	if o.Config.Mode == "" {
 		o.Config.Mode = ModeStop
 	}
+	// Always, with or without a harness user: a process of the same uid
+	// without CAP_SYS_PTRACE cannot trace this one or open its
+	// /proc/PID/mem, environ or fd, and no core dump holds the relay's
+	// token.
+	if err := SetNotDumpable(); err != nil {
+		return nil, err
+	}
+	if o.Harness != nil {
+		if err := o.Harness.Check(); err != nil {
+			return nil, err
+		}
+	}
 	dir, err := filepath.Abs(o.Dir)
 	if err != nil {
 		return nil, err
@@ -107,7 +136,7 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read own identity: %w", err)
 	}
-	pl, err := newProcLayer()
+	pl, err := newProcLayer(o.Harness)
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +145,12 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 		return nil, err
 	}
 	defer ln.Close()
+	if o.Harness != nil {
+		if err := checkClosed(dir, *o.Harness, o.Closed); err != nil {
+			_ = os.Remove(filepath.Join(dir, SocketFile))
+			return nil, fmt.Errorf("the harness's uid %d could reach what is the supervisor's alone: %w", o.Harness.UID, err)
+		}
+	}
 	clock := realClock{}
 	info := Info{
 		Identity: id, Dir: dir, Socket: filepath.Join(dir, SocketFile), Mode: o.Config.Mode,
@@ -123,6 +158,7 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 		StopConfirmTimeout: o.Config.StopConfirmTimeout.Seconds(),
 		Argv:               o.Config.Argv, ResumeArgv: o.Config.ResumeArgv,
 		StartedWall: clock.Wall(), StartedUptime: clock.Uptime(), Relay: o.Gate != nil, Version: o.Version,
+		HarnessUser: o.Harness,
 	}
 	if err := atomicfile.WriteJSON(filepath.Join(dir, InfoFile), info, 0o644); err != nil {
 		return nil, err
@@ -204,6 +240,27 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 	}
 	log.Info("supervisor done", "cleanup_confirmed", rc.CleanupConfirmed, "timed_out", rc.TimedOut, "relaunches", rc.Relaunches)
 	return rc, werr
+}
+
+// checkClosed refuses a session directory, acknowledgements directory,
+// control socket or other file of closed that the harness user could
+// reach or replace.
+func checkClosed(dir string, u HarnessUser, closed []ClosedFile) error {
+	if err := CheckDirClosedTo(dir, u, "session directory"); err != nil {
+		return err
+	}
+	if err := CheckDirClosedTo(filepath.Join(dir, AcksDir), u, "acknowledgements directory"); err != nil {
+		return err
+	}
+	if err := CheckClosedTo(filepath.Join(dir, SocketFile), u, Connect, "control socket"); err != nil {
+		return err
+	}
+	for _, c := range closed {
+		if err := CheckClosedTo(c.Path, u, c.Access, c.What); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // prepareDir makes the session directory, refuses one that a live
@@ -310,9 +367,12 @@ func (s *server) handle(c *net.UnixConn) {
 		_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
 		_, _ = c.Write(append(b, '\n'))
 	}
-	if uid, err := peerUID(c); err != nil || uid != s.uid {
+	// Only the supervisor's own user and root may drive it: never the
+	// harness, which runs as another user when it is jailed (and whose
+	// socket mode 0600 already keeps it out; this holds if that fails).
+	if uid, err := peerUID(c); err != nil || (uid != s.uid && uid != 0) {
 		s.log.Warn("control connection refused", "peer_uid", uid, "err", err)
-		reply(Response{Error: fmt.Sprintf("peer uid %d is not the supervisor's uid %d", uid, s.uid), Code: CodeDenied})
+		reply(Response{Error: fmt.Sprintf("peer uid %d is neither the supervisor's uid %d nor root", uid, s.uid), Code: CodeDenied})
 		return
 	}
 	line, err := bufio.NewReaderSize(io.LimitReader(c, MaxRequestBytes+1), MaxRequestBytes+1).ReadSlice('\n')

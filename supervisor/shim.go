@@ -6,6 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -23,7 +26,12 @@ import (
 //   - the shim is a child subreaper, so orphans of the harness tree come to it
 //     rather than to init, and stay findable;
 //   - fd 4 is the status pipe: "pid N" once the harness runs (or "error MSG"),
-//     then "exit N" or "signal N" when it ends.
+//     then "exit N" or "signal N" when it ends;
+//   - with ShimHarnessEnv set to "UID:GID" it starts the harness as that
+//     user, jailed (see HarnessUser); the variable is not passed on.
+//
+// The shim is non-dumpable, as the supervisor is (exec made it dumpable
+// again).
 //
 // After reporting the harness's end the shim stays until the supervisor kills
 // the tree (or the lifeline breaks), keeping any leftovers under its wing.
@@ -39,6 +47,10 @@ func RunShim(argv []string) int {
 	syscall.CloseOnExec(3)
 	syscall.CloseOnExec(4)
 	say := func(format string, args ...any) { fmt.Fprintf(status, format+"\n", args...) }
+	if err := SetNotDumpable(); err != nil {
+		say("error %v", err)
+		return 1
+	}
 	if err := SetSubreaper(); err != nil {
 		say("error %v", err)
 		return 1
@@ -56,6 +68,21 @@ func RunShim(argv []string) int {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// The harness leads its own session and process group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	env, hu, err := shimHarnessUser(os.Environ())
+	if err != nil {
+		say("error %v", err)
+		return 2
+	}
+	cmd.Env = env
+	if hu != nil {
+		// Capabilities are per thread, and the harness is forked from
+		// this one: it stays locked for the shim's life.
+		runtime.LockOSThread()
+		if err := jail(cmd, *hu); err != nil {
+			say("error %v", err)
+			return 1
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		say("error start harness %q: %v", argv[0], err)
 		return 127
@@ -99,4 +126,58 @@ func RunShim(argv []string) int {
 			}
 		}
 	}
+}
+
+// ShimHarnessEnv carries the harness user ("UID:GID") from the supervisor
+// to its shim.
+const ShimHarnessEnv = "STASIS_SHIM_HARNESS_USER"
+
+// shimHarnessUser takes ShimHarnessEnv out of env and parses it (nil when
+// it is not set).
+func shimHarnessUser(env []string) ([]string, *HarnessUser, error) {
+	out := env[:0:0]
+	var val string
+	set := false
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, ShimHarnessEnv+"="); ok {
+			val, set = v, true
+			continue
+		}
+		out = append(out, kv)
+	}
+	if !set {
+		return out, nil, nil
+	}
+	a, b, ok := strings.Cut(val, ":")
+	uid, err1 := strconv.Atoi(a)
+	gid, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil {
+		return nil, nil, fmt.Errorf("%s=%q: want UID:GID", ShimHarnessEnv, val)
+	}
+	u := HarnessUser{UID: uid, GID: gid}
+	if err := u.Check(); err != nil {
+		return nil, nil, err
+	}
+	return out, &u, nil
+}
+
+// jail prepares cmd to start as u with no capability, no_new_privs and the
+// harness filter. The caller is locked to its OS thread and starts cmd
+// from it.
+func jail(cmd *exec.Cmd, u HarnessUser) error {
+	if _, err := dropCapabilitySets(); err != nil {
+		return err
+	}
+	prog, err := HarnessFilter()
+	if err != nil {
+		return err
+	}
+	if err := installFilter(prog); err != nil {
+		return err
+	}
+	// An empty Groups (with NoSetGroups false) clears the supplementary
+	// groups.
+	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID), Groups: []uint32{}}
+	cmd.Env = harnessEnv(cmd.Env, u)
+	return nil
 }

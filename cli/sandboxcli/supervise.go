@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +23,7 @@ func newSuperviseCmd() *cobra.Command {
 		relayListen, relayUpstream, relayToken string
 		relayHeartbeat                         time.Duration
 		deadline, confirm, grace               time.Duration
+		harnessUID, harnessGID                 int
 	)
 	cmd := &cobra.Command{
 		Use:   "supervise --dir DIR [flags] -- HARNESS [ARGS...]",
@@ -59,6 +62,19 @@ the supervisor ends the harness the same way. Every descendant, including
 those that called setsid, is killed and reaped before the supervisor exits,
 and a shim process kills them if the supervisor itself is killed.
 
+With --harness-uid and --harness-gid the harness runs as that user, not as
+the supervisor's: with no capabilities, no_new_privs, no supplementary
+groups, and a seccomp filter that fails ptrace, process_vm_readv/writev,
+pidfd_getfd and kcmp with EPERM; HOME is kept if that user owns it, else
+taken from /etc/passwd. The supervisor then refuses to start unless DIR, its
+acks/, the control socket, the token file and a unix upstream socket are
+closed to that user (it can neither reach them nor replace them). The
+supervisor runs as root (or with CAP_KILL, CAP_SETUID and CAP_SETGID) to
+start and signal a harness of another uid. The supervisor is non-dumpable
+in every case: no process of its uid without CAP_SYS_PTRACE can trace it or
+read its memory. The control socket answers only the supervisor's own uid
+and root.
+
 Exit status: the harness's exit code (128+N when signal N ended it), 124 when
 the deadline ended it, 1 when the supervisor failed.`,
 		Example: `  stasis supervise --dir /tmp/ep1 --mode hold --deadline 30m -- opencode run "fix the bug"
@@ -94,6 +110,25 @@ the deadline ended it, 1 when the supervisor failed.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 			defer stop()
+			var harness *supervisor.HarnessUser
+			var closed []supervisor.ClosedFile
+			if cmd.Flags().Changed("harness-uid") || cmd.Flags().Changed("harness-gid") {
+				if !cmd.Flags().Changed("harness-uid") || !cmd.Flags().Changed("harness-gid") {
+					return &exitError{code: 2, err: fmt.Errorf("give both --harness-uid and --harness-gid")}
+				}
+				harness = &supervisor.HarnessUser{UID: harnessUID, GID: harnessGID}
+				if err := harness.Check(); err != nil {
+					return &exitError{code: 2, err: err}
+				}
+				if relayToken != "" {
+					closed = append(closed, supervisor.ClosedFile{Path: relayToken, Access: supervisor.Read, What: "--relay-token-file"})
+				}
+				if p, ok := strings.CutPrefix(relayUpstream, "unix://"); ok {
+					closed = append(closed, supervisor.ClosedFile{Path: p, Access: supervisor.Connect, What: "--relay-upstream socket"})
+				} else if relayUpstream != "" {
+					log.Warn("the relay's upstream is not a unix socket: the harness can reach it too (it has no token for it)", "upstream", relayUpstream)
+				}
+			}
 			var gate supervisor.Gate
 			if relayListen != "" || relayUpstream != "" || relayToken != "" {
 				if relayListen == "" || relayUpstream == "" || relayToken == "" {
@@ -103,9 +138,16 @@ the deadline ended it, 1 when the supervisor failed.`,
 				if err != nil {
 					return &exitError{code: 2, err: err}
 				}
-				ln, _, err := serve.Listen(relayListen)
+				ln, addr, err := serve.Listen(relayListen)
 				if err != nil {
 					return &exitError{code: 1, err: fmt.Errorf("relay: %w", err)}
+				}
+				if p, ok := strings.CutPrefix(addr, "unix:"); ok && harness != nil {
+					// The relay is the harness's: let its user connect.
+					if err := os.Chmod(p, 0o666); err != nil {
+						ln.Close()
+						return &exitError{code: 1, err: fmt.Errorf("relay: %w", err)}
+					}
 				}
 				srv := &http.Server{Handler: r.Handler(), ReadHeaderTimeout: 30 * time.Second}
 				go func() { _ = srv.Serve(ln) }()
@@ -125,6 +167,8 @@ the deadline ended it, 1 when the supervisor failed.`,
 				},
 				Logger:  log.With("component", "supervisor"),
 				Version: versionString(),
+				Harness: harness,
+				Closed:  closed,
 			})
 			if err != nil {
 				return &exitError{code: 1, err: err}
@@ -155,6 +199,8 @@ the deadline ended it, 1 when the supervisor failed.`,
 	f.StringVar(&relayUpstream, "relay-upstream", "", "the gateway's URL (http://, https:// or unix://PATH)")
 	f.StringVar(&relayToken, "relay-token-file", "", "the episode's credentials for the gateway (JSON; re-read at each continue)")
 	f.DurationVar(&relayHeartbeat, "relay-heartbeat", relay.DefaultHeartbeat, "interval of the SSE comments the relay sends a streaming client while its response is stored or held")
+	f.IntVar(&harnessUID, "harness-uid", 0, "run the harness as this uid, jailed (with --harness-gid; the supervisor must be root)")
+	f.IntVar(&harnessGID, "harness-gid", 0, "the harness's gid (with --harness-uid)")
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

@@ -562,7 +562,10 @@ func (r *chaosRun) failf(format string, args ...any) {
 
 func (r *chaosRun) newCoordinator() *coordinator.Coordinator {
 	r.t.Helper()
-	c, err := coordinator.New(r.ctx, coordinator.Options{Env: r.w.env, Store: r.w.st, Tasks: r.w.tasks, Concurrency: 4})
+	c, err := coordinator.New(r.ctx, coordinator.Options{Env: r.w.env, Store: r.w.st, Tasks: r.w.tasks, Concurrency: 4,
+		// The invariants here are those of the strict policy: a fault fails
+		// the checkpoint (TestStragglerExcluded covers the default).
+		Stragglers: coordinator.StragglersFail})
 	if err != nil {
 		r.failf("a new coordinator on the store: %v", err)
 	}

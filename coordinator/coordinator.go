@@ -43,9 +43,36 @@ type Options struct {
 	// processes to start inside the sandboxes, so it gains from many at
 	// once (stasis bench checkpoint).
 	Concurrency int
+	// Stragglers is what a checkpoint does with an episode that cannot be
+	// paused, snapshotted or recorded (its supervisor refuses the pause,
+	// its sequence is burned, its sandbox fails): StragglersExclude (the
+	// default) commits the checkpoint without it, naming it and the reason
+	// in the result; StragglersFail fails the checkpoint, naming it.
+	Stragglers string
 	// Progress, when set, is told of each episode done in a phase.
 	Progress func(Progress)
 	Logger   *slog.Logger
+}
+
+// Straggler policies (Options.Stragglers, PrepareOptions.Stragglers).
+const (
+	StragglersExclude = "exclude"
+	StragglersFail    = "fail"
+)
+
+// CheckStragglers refuses an unknown straggler policy ("" is the default).
+func CheckStragglers(policy string) error {
+	switch policy {
+	case "", StragglersExclude, StragglersFail:
+		return nil
+	}
+	return fmt.Errorf("stragglers %q: use %s (commit without the episodes that cannot be checkpointed, naming them) or %s (fail the checkpoint)", policy, StragglersExclude, StragglersFail)
+}
+
+// PrepareOptions are one checkpoint's choices.
+type PrepareOptions struct {
+	// Stragglers overrides Options.Stragglers for this checkpoint.
+	Stragglers string
 }
 
 // Progress reports one step of a long operation.
@@ -267,6 +294,11 @@ type EpisodeFigures struct {
 	// Clock is what a resume in place did to the guest's wall clock.
 	Clock  *episode.ClockFix `json:"clock,omitempty"`
 	Reward *int              `json:"reward,omitempty"`
+	// Excluded: the checkpoint was committed without this episode
+	// (Options.Stragglers), for Reason; it has no record in it and goes on
+	// running.
+	Excluded bool   `json:"excluded,omitempty"`
+	Reason   string `json:"reason,omitempty"`
 }
 
 // Result is a prepare's or a restore's outcome.
@@ -317,7 +349,31 @@ func (c *Coordinator) each(ids []string, phase string, fn func(id string) error)
 // mark) and every paused episode continues. If any episode fails, the
 // checkpoint is marked failed, the snapshots it made are deleted, and every
 // episode continues; the previous committed checkpoint is untouched.
+//
+// An episode that cannot be checkpointed (its own failure: status, pause,
+// snapshot) is a straggler: by default (StragglersExclude) the checkpoint
+// is committed without it, its snapshot deleted, the episode continued and
+// listed in the result as excluded with the reason, so one misbehaving
+// episode does not hold every other one's checkpoint hostage, and the next
+// checkpoint tries it again. With StragglersFail, or when no episode could
+// be checkpointed, or when the record store fails, the checkpoint fails as
+// above.
 func (c *Coordinator) Prepare(ctx context.Context, id string) (Result, error) {
+	return c.PrepareWith(ctx, id, PrepareOptions{})
+}
+
+// PrepareWith is Prepare with this checkpoint's options.
+func (c *Coordinator) PrepareWith(ctx context.Context, id string, po PrepareOptions) (Result, error) {
+	if err := CheckStragglers(po.Stragglers); err != nil {
+		return Result{}, err
+	}
+	policy := po.Stragglers
+	if policy == "" {
+		policy = c.o.Stragglers
+	}
+	if policy == "" {
+		policy = StragglersExclude
+	}
 	c.op.Lock()
 	defer c.op.Unlock()
 	start := time.Now()
@@ -333,6 +389,9 @@ func (c *Coordinator) Prepare(ctx context.Context, id string) (Result, error) {
 		paused  = map[string]int64{} // episode → pause seq in force
 		snaps   []string
 		records int
+		// Stragglers excluded, with the snapshots made of them.
+		excluded      = map[string]string{}
+		excludedSnaps []string
 	)
 	err := c.each(ids, "prepare", func(eid string) error {
 		f, seq, rec, err := c.prepareOne(ctx, eid)
@@ -340,6 +399,13 @@ func (c *Coordinator) Prepare(ctx context.Context, id string) (Result, error) {
 		defer mu.Unlock()
 		if seq > 0 {
 			paused[eid] = seq
+		}
+		if err != nil && policy == StragglersExclude && ctx.Err() == nil {
+			excluded[eid] = err.Error()
+			if f.Snapshot != "" {
+				excludedSnaps = append(excludedSnaps, f.Snapshot)
+			}
+			return nil
 		}
 		if f.Snapshot != "" {
 			snaps = append(snaps, f.Snapshot)
@@ -354,6 +420,25 @@ func (c *Coordinator) Prepare(ctx context.Context, id string) (Result, error) {
 		records++
 		return nil
 	})
+	if err == nil && len(ids) > 0 && records == 0 {
+		// Nothing to commit: every episode straggled.
+		var why []error
+		for _, eid := range ids {
+			why = append(why, errors.New(excluded[eid]))
+		}
+		err = fmt.Errorf("no episode could be checkpointed: %w", errors.Join(why...))
+		snaps = append(snaps, excludedSnaps...)
+		excludedSnaps = nil
+	}
+	for _, s := range excludedSnaps {
+		if derr := retry(func() error { return c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), s) }); derr != nil {
+			c.log.Warn("delete the snapshot of an excluded episode", "snapshot", s, "err", derr)
+		}
+	}
+	for eid, why := range excluded {
+		c.log.Warn("checkpoint without an episode that could not be checkpointed", "checkpoint", id, "episode", eid, "reason", why)
+		figs[eid] = EpisodeFigures{Episode: eid, Excluded: true, Reason: why}
+	}
 	res.Phases["prepare"] = time.Since(start).Seconds()
 	if err == nil {
 		t := time.Now()

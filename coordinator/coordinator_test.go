@@ -512,3 +512,86 @@ func TestRestoredRunIsVerifiedAfresh(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStragglerExcluded: an episode whose supervisor refuses the host's
+// pause (its sequence burned by a pause and continue far ahead, as an agent
+// could once do) does not hold the checkpoint hostage: by default the
+// checkpoint commits without it, naming it and why, the next checkpoint is
+// not blocked either, and with the strict policy the checkpoint fails
+// naming it.
+func TestStragglerExcluded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	c := w.coordinator(ctx)
+	var releases []chan struct{}
+	defer func() {
+		for _, r := range releases {
+			close(r)
+		}
+	}()
+	for _, id := range []string{"ep-good", "ep-bad"} {
+		a, r := w.holdCall(id, 3)
+		releases = append(releases, r)
+		if _, err := c.Start(ctx, id, "sh-renext-spaces", "mini"); err != nil {
+			t.Fatal(err)
+		}
+		waitClosed(t, ctx, a, "call 3 of "+id)
+	}
+	row, err := w.st.GetEpisode(ctx, "ep-bad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"pause", "continue"} {
+		var out strings.Builder
+		res, err := w.env.Provider.Exec(ctx, row.Sandbox, sandbox.ExecRequest{
+			Argv: []string{"/tmp/.stasis/bin/stasis", "ctl", "--dir", "/tmp/stasis/ep-bad", cmd, "1000000"},
+			Env:  stasistest.EnvMap, User: sandbox.UserControl, Stdout: &out, Stderr: &out,
+		})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("burn ep-bad's sequence (%s): %v %+v %s", cmd, err, res, out.String())
+		}
+	}
+	for _, ck := range []string{"ckpt-1", "ckpt-2"} {
+		res, err := c.Prepare(ctx, ck)
+		if err != nil {
+			t.Fatalf("%s: %v", ck, err)
+		}
+		got := map[string]coordinator.EpisodeFigures{}
+		for _, f := range res.Episodes {
+			got[f.Episode] = f
+		}
+		if f := got["ep-bad"]; !f.Excluded || f.Reason == "" || f.Snapshot != "" {
+			t.Errorf("%s: ep-bad %+v, want excluded with a reason", ck, f)
+		}
+		if f := got["ep-good"]; f.Excluded || f.Snapshot == "" {
+			t.Errorf("%s: ep-good %+v, want recorded", ck, f)
+		}
+		meta, recs, err := w.st.Get(ctx, ck)
+		if err != nil || meta.State != store.StateCommitted || len(recs) != 1 || recs[0].Episode != "ep-good" {
+			t.Fatalf("%s: %+v %+v %v", ck, meta, recs, err)
+		}
+	}
+	_, err = c.PrepareWith(ctx, "ckpt-strict", coordinator.PrepareOptions{Stragglers: coordinator.StragglersFail})
+	if err == nil || !strings.Contains(err.Error(), "ep-bad") {
+		t.Fatalf("the strict policy: %v, want a failure naming ep-bad", err)
+	}
+	if meta, _, err := w.st.Get(ctx, "ckpt-strict"); err != nil || meta.State != store.StateFailed {
+		t.Fatalf("ckpt-strict: %+v %v", meta, err)
+	}
+	if _, err := c.PrepareWith(ctx, "ckpt-x", coordinator.PrepareOptions{Stragglers: "maybe"}); err == nil {
+		t.Errorf("an unknown policy was accepted")
+	}
+	for _, r := range releases {
+		close(r)
+	}
+	releases = nil
+	for _, id := range []string{"ep-good", "ep-bad"} {
+		if _, err := c.Wait(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Retire(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

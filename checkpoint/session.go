@@ -352,6 +352,12 @@ func (s *Session) Start(ctx context.Context) error {
 	if r := s.o.Relay; r != nil {
 		args = append(args, "--relay-listen", r.Listen, "--relay-upstream", r.Upstream, "--relay-token-file", r.TokenFile)
 	}
+	if s.users() {
+		// The harness runs as the agent, jailed; the supervisor and its
+		// relay stay stasis's user's.
+		id := strconv.Itoa(sandbox.AgentUID)
+		args = append(args, "--harness-uid", id, "--harness-gid", id)
+	}
 	args = append(append(args, "--"), s.o.Harness...)
 	// The provider makes the log's directory, the session directory.
 	env := map[string]string{}

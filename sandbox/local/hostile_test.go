@@ -69,6 +69,11 @@ func TestAgentIsNotRoot(t *testing.T) {
 	if st := fi.Sys().(*syscall.Stat_t); st.Uid != local.DefaultUIDBase+1000 || st.Gid != local.DefaultUIDBase+1000 {
 		t.Errorf("a file the agent made is owned by host %d:%d, want %d", st.Uid, st.Gid, local.DefaultUIDBase+1000)
 	}
+	// /tmp is shared by both users: sticky, so neither can replace the
+	// other's names in it.
+	if out, _ := run(t, p, id, sandbox.UserAgent, `stat -c %a /tmp`); strings.TrimSpace(out) != "1777" {
+		t.Errorf("/tmp has mode %s, want 1777", out)
+	}
 	out, _ = run(t, p, id, sandbox.UserControl, `id -u; touch /tmp/by-control`)
 	if strings.TrimSpace(out) != "0" {
 		t.Errorf("the control user inside: %q", out)

@@ -324,7 +324,7 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 			return sandbox.Info{}, err
 		}
 	}
-	if err := os.Chmod(filepath.Join(dir, rootDir, "tmp"), 0o1777); err != nil {
+	if err := os.Chmod(filepath.Join(dir, rootDir, "tmp"), os.ModeSticky|0o777); err != nil {
 		return sandbox.Info{}, err
 	}
 	if spec.Root != "" {

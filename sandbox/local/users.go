@@ -118,7 +118,7 @@ func ownPlaces(root string, m meta) error {
 	if err := os.Lchown(tmp, m.hostID(sandbox.ControlUID), m.hostID(sandbox.ControlUID)); err != nil {
 		return err
 	}
-	return os.Chmod(tmp, 0o1777)
+	return os.Chmod(tmp, os.ModeSticky|0o777) // os.FileMode: not 0o1777, whose sticky bit Go drops
 }
 
 // mkdirAllOwned makes the directories of rel under r that are missing, each

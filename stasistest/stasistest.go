@@ -23,8 +23,10 @@ import (
 // tests.
 const envAsCLI = "STASIS_TEST_AS_CLI"
 
-// Env is the environment to give a child that must act as stasis.
-var Env = []string{envAsCLI + "=1", "GORACE=atexit_sleep_ms=0"}
+// Env is the environment to give a child that must act as stasis. A
+// child host process (a `stasis serve` a test starts) places this very
+// test binary in its sandboxes, as the in-sandbox binary.
+var Env = []string{envAsCLI + "=1", "GORACE=atexit_sleep_ms=0", "STASIS_SANDBOX_BINARY=" + os.Args[0]}
 
 // EnvMap is Env as a map, for sandbox exec environments. GORACE's
 // atexit_sleep_ms=0 spares every short-lived copy of a -race test binary

@@ -95,6 +95,21 @@ func bwrapArgs(dir string, m meta, stageDir string) (args, sources []string, err
 		src[GatewayDirInSandbox] = m.GatewayDir
 	}
 	sort.Strings(dsts) // parents before children
+	// The directories on the way to each, made 0755 (bubblewrap would
+	// make them 0700 in a user namespace, closed to the agent).
+	made := map[string]bool{}
+	for _, d := range dsts {
+		var parents []string
+		for p := filepath.Dir(d); p != "/" && p != "." && !made[p]; p = filepath.Dir(p) {
+			made[p] = true
+			parents = append([]string{p}, parents...)
+		}
+		for _, p := range parents {
+			if m.UIDBase != 0 && !visible(p, m) {
+				args = append(args, "--perms", "0755", "--dir", p)
+			}
+		}
+	}
 	for _, d := range dsts {
 		bind("ro-bind", src[d], d)
 	}

@@ -24,6 +24,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -32,6 +33,7 @@ import (
 	"stasis/coordinator"
 	"stasis/episode"
 	"stasis/harness"
+	"stasis/internal/sandboxbin"
 	"stasis/model"
 	"stasis/relay"
 	"stasis/sandbox"
@@ -115,6 +117,7 @@ type Server struct {
 
 	store    *store.SQLite
 	gw       *relay.Gateway
+	sockets  *relay.SandboxSockets // the local provider's sandboxes' own gateway sockets
 	provider gcProvider
 	env      *episode.Env
 	coord    *coordinator.Coordinator
@@ -241,7 +244,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	// The provider.
 	bin := o.Binary
 	if bin == "" {
-		if bin, err = os.Executable(); err != nil {
+		if bin, err = sandboxbin.Path(); err != nil {
 			return s, err
 		}
 	}
@@ -291,14 +294,27 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 			}
 			ro[o.Envs] = pyenv.SandboxRoot
 		}
-		if s.provider, err = local.New(local.Options{
-			Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, Binds: []string{filepath.Dir(s.sock)}, ReadOnlyBinds: ro,
+		// Each sandbox gets a socket of its own for the gateway, in a
+		// directory of its own bound read-only at
+		// local.GatewayDirInSandbox: no sandbox can reach, replace or
+		// remove another's, and on it only its episode's token is valid.
+		s.sockets = relay.NewSandboxSockets(s.gw, o.GatewayMiddleware)
+		lp, err := local.New(local.Options{
+			Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, ReadOnlyBinds: ro,
+			GatewayDir: filepath.Dir(s.sock), Gateway: s.sockets,
 			// The state directory holds every episode's gateway token and
 			// the record store: no sandbox may read it.
 			Hide: []string{state},
-		}); err != nil {
+		})
+		if err != nil {
 			return noProvider(err)
 		}
+		s.provider = lp
+		// Sandboxes a server before this one made: their sockets again.
+		if err := lp.ServeGateways(ctx); err != nil {
+			return s, fmt.Errorf("server: the sandboxes' gateway sockets: %w", err)
+		}
+		gatewayURL = "unix://" + path.Join(local.GatewayDirInSandbox, local.GatewaySocketName)
 	case microvm.Name:
 		// The guest image holds the stasis binary at the bound binary's
 		// path; the guest reaches the gateway's socket through QEMU, at
@@ -439,6 +455,9 @@ func (s *Server) Close() error {
 			}
 		}
 		var errs []error
+		if s.sockets != nil {
+			s.sockets.Close()
+		}
 		if s.sockSrv != nil {
 			errs = append(errs, s.sockSrv.Close()) // removes the socket file
 			s.removeSocketDirIfUnused()

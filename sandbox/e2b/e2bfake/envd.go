@@ -107,6 +107,17 @@ func (f *Server) target(w http.ResponseWriter, r *http.Request) (target, bool) {
 	return target{sb: sb, backend: sb.backend, ctx: sb.ctx, env: env}, true
 }
 
+// envdUser is whom envd runs a process as: the user of the request's
+// Basic authorization, as E2B's SDKs send it ("root", or by default
+// "user"). The backend's stasis user stands for E2B's root, and its
+// unprivileged agent for every other user.
+func envdUser(r *http.Request) sandbox.User {
+	if name, _, ok := r.BasicAuth(); ok && name == "root" {
+		return sandbox.UserControl
+	}
+	return sandbox.UserAgent
+}
+
 // unaryError answers a unary Connect call with an error.
 func unaryError(w http.ResponseWriter, code, msg string) {
 	writeJSON(w, wire.CodeHTTPStatus(code), wire.ConnectError{Code: code, Message: msg})
@@ -341,6 +352,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 	}}
 	argv := append([]string{"/bin/sh", "-c", `echo "$$"; exec "$@"`, "sh", req.Process.Cmd}, req.Process.Args...)
+	user := envdUser(r)
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -358,7 +370,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 		defer f.procs.Done()
 		defer close(msgs)
 		defer pcancel()
-		er := sandbox.ExecRequest{Argv: argv, Env: t.env, Cwd: cwd, Stdout: outWriter{o: out}, Stderr: outWriter{o: out, stderr: true}, Timeout: timeout}
+		er := sandbox.ExecRequest{Argv: argv, Env: t.env, Cwd: cwd, User: user, Stdout: outWriter{o: out}, Stderr: outWriter{o: out, stderr: true}, Timeout: timeout}
 		if stdinR != nil {
 			er.Stdin = stdinR
 		}
@@ -470,7 +482,7 @@ func (f *Server) sendSignal(w http.ResponseWriter, r *http.Request) {
 		p.killed.Store(true)
 		p.cancel()
 	case wire.SignalTerm, "15":
-		res, err := f.b.Exec(r.Context(), t.backend, sandbox.ExecRequest{Argv: []string{"kill", "-TERM", strconv.FormatUint(uint64(*in.Process.PID), 10)}})
+		res, err := f.b.Exec(r.Context(), t.backend, sandbox.ExecRequest{Argv: []string{"kill", "-TERM", strconv.FormatUint(uint64(*in.Process.PID), 10)}, User: sandbox.UserControl})
 		if err != nil || res.ExitCode != 0 {
 			unaryError(w, "internal", fmt.Sprintf("error sending signal: %v (exit %d)", err, res.ExitCode))
 			return

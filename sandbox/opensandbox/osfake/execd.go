@@ -18,6 +18,11 @@ import (
 	"stasis/sandbox"
 )
 
+// execUser is whom execd runs commands as: the container's user, root
+// in the images OpenSandbox runs, for which the backend's stasis user
+// stands (OpenSandbox's command API names no user).
+const execUser = sandbox.UserControl
+
 // execd wraps an execd handler: the sandbox must exist (else 404, as a
 // gateway with no route), the port must be execd's (else 502), the access
 // token of the endpoint must come along (else 401) and the sandbox must run
@@ -172,7 +177,7 @@ func (f *Fake) runCommand(w http.ResponseWriter, r *http.Request, backend string
 	argv := []string{"/bin/sh", "-c", req.Command}
 	if req.Background {
 		ev.send("init", map[string]any{"text": id})
-		_, err := f.o.Backend.Exec(ctx, backend, sandbox.ExecRequest{Argv: argv, Env: req.Envs, Cwd: req.Cwd, Background: true, LogPath: "/tmp/" + id + ".output"})
+		_, err := f.o.Backend.Exec(ctx, backend, sandbox.ExecRequest{User: execUser, Argv: argv, Env: req.Envs, Cwd: req.Cwd, Background: true, LogPath: "/tmp/" + id + ".output"})
 		if err != nil {
 			ev.send("error", map[string]any{"error": map[string]any{"ename": "CommandExecError", "evalue": err.Error(), "traceback": []string{err.Error()}}})
 			return
@@ -197,7 +202,7 @@ func (f *Fake) runCommand(w http.ResponseWriter, r *http.Request, backend string
 	}()
 	stdout := &lines{emit: func(s string) { ev.send("stdout", map[string]any{"text": s}) }}
 	stderr := &lines{emit: func(s string) { ev.send("stderr", map[string]any{"text": s}) }}
-	res, err := f.o.Backend.Exec(ctx, backend, sandbox.ExecRequest{Argv: argv, Env: req.Envs, Cwd: req.Cwd, Stdout: stdout, Stderr: stderr, Timeout: time.Duration(req.Timeout) * time.Millisecond})
+	res, err := f.o.Backend.Exec(ctx, backend, sandbox.ExecRequest{User: execUser, Argv: argv, Env: req.Envs, Cwd: req.Cwd, Stdout: stdout, Stderr: stderr, Timeout: time.Duration(req.Timeout) * time.Millisecond})
 	stdout.flush()
 	stderr.flush()
 	switch {
@@ -329,7 +334,7 @@ func (f *Fake) removeFiles(w http.ResponseWriter, r *http.Request, backend strin
 	paths := r.URL.Query()["path"]
 	if len(paths) > 0 {
 		argv := append([]string{"rm", "-f", "--"}, paths...)
-		if _, err := f.o.Backend.Exec(r.Context(), backend, sandbox.ExecRequest{Argv: argv, Timeout: time.Minute}); err != nil {
+		if _, err := f.o.Backend.Exec(r.Context(), backend, sandbox.ExecRequest{User: execUser, Argv: argv, Timeout: time.Minute}); err != nil {
 			writeError(w, http.StatusInternalServerError, "RUNTIME_ERROR", err.Error())
 			return
 		}

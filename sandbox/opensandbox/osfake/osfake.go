@@ -797,7 +797,7 @@ func (f *Fake) transition(w http.ResponseWriter, r *http.Request, from, via, to,
 		ctx := context.Background()
 		// kill -1 reaches every process of the sandbox but its init and
 		// the shell sending it.
-		_, _ = f.o.Backend.Exec(ctx, backend, sandbox.ExecRequest{Argv: []string{"/bin/sh", "-c", "kill -" + signal + " -1 2>/dev/null; true"}, Timeout: 30 * time.Second})
+		_, _ = f.o.Backend.Exec(ctx, backend, sandbox.ExecRequest{User: execUser, Argv: []string{"/bin/sh", "-c", "kill -" + signal + " -1 2>/dev/null; true"}, Timeout: 30 * time.Second})
 		time.Sleep(f.o.TransitionDelay) // the fake's transition time, not a synchronisation
 		f.mu.Lock()
 		if !s.gone && s.state == via {

@@ -32,10 +32,11 @@ func newServeCmd() *cobra.Command {
 		concurrency                                                        int
 		logFormat, logLevel                                                string
 		provider, guestBinary, clockPolicy, gwListen, gwURL                string
+		access                                                             server.AccessOptions
 	)
 	cmd := &cobra.Command{
-		Use:   "serve --listen ADDR --state DIR [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
-		Short: "Serve the environment API: episodes, checkpoints, the gateway's model endpoint",
+		Use:   "serve --listen ADDR --state DIR [--api-token-file FILE] [--tls-cert F --tls-key F [--tls-client-ca F]] [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
+		Short: "Serve the environment API: episodes, checkpoints, metrics",
 		Long: `serve is the environment server: an HTTP JSON API for trainers.
 
   POST   /v1/episodes                   start {"task", "harness": "mini|opencode"} (201)
@@ -47,12 +48,29 @@ func newServeCmd() *cobra.Command {
   GET    /v1/checkpoints[/ID]           list, or one with its records
   POST   /v1/checkpoints/ID/restore     fork, resume in place or relaunch; all or nothing
   DELETE /v1/checkpoints/ID             delete it and the snapshots no other one names
-  POST   /gateway/v1/chat/completions   the gateway's model endpoint (also /gateway/v1/responses, /gateway/v1/models)
-  GET    /metrics, /healthz, /openapi.json
+  GET    /metrics (the server's and the gateway's), /healthz, /openapi.json
 
 Errors are {"error": {"type", "message"}} with 400 (bad JSON, unknown field,
-bad value), 404 (unknown episode or checkpoint), 409 (exists, wrong state),
-413 (body over 1 MiB) or 500.
+bad value), 401 (no or a wrong bearer token), 403 (a cross-origin request
+from a browser), 404 (unknown episode or checkpoint), 409 (exists, wrong
+state), 413 (body over 1 MiB), 415 (a POST not sent as Content-Type:
+application/json, even with no body), 421 (a Host header the server does not
+answer to) or 500.
+
+Who may call it. ADDR on loopback (127.0.0.1, [::1], localhost) or a unix
+socket needs no credentials; on loopback the Host header must be a loopback
+name (localhost, 127.0.0.1, [::1], any port), against DNS rebinding. Any
+other ADDR (0.0.0.0, [::], a LAN address) is refused unless the API
+authenticates: --api-token-file FILE holds bearer tokens, one a line (blank
+lines and lines starting with # ignored; each at least 16 characters, e.g.
+openssl rand -hex 32), and every request but GET /healthz then needs
+"Authorization: Bearer TOKEN"; --tls-cert and --tls-key serve TLS, and
+--tls-client-ca requires a client certificate signed by that CA (which alone
+also authenticates, for node-to-node traffic). A networked server answers to
+the Host names --api-host gives (NAME any port, NAME:PORT that port), by
+default its listen address, or for 0.0.0.0 and [::] this machine's
+addresses, host name and the loopback names. The gateway is never on the
+API's address: relays reach it on its socket (or --gateway-listen).
 
 DIR (--state, made if missing) holds everything durable: the record store
 (DIR/store.db), the gateway's episodes and ledgers (DIR/gateway) and the
@@ -95,20 +113,30 @@ same DIR (also after a crash), it finds its running episodes again and goes
 on serving them; an episode whose sandbox is gone is marked lost, for a
 restore to bring back.
 
-A session with curl (jq for the fields):
+A session with curl (jq for the fields; --json sends Content-Type:
+application/json, which every POST needs):
 
   stasis serve --listen 127.0.0.1:8080 --state /var/lib/stasis &
-  curl -s -XPOST localhost:8080/v1/episodes -d '{"id":"ep-1","task":"py-ini-value-with-equals","harness":"mini"}'
+  curl -s --json '{"id":"ep-1","task":"py-ini-value-with-equals","harness":"mini"}' localhost:8080/v1/episodes
   curl -s localhost:8080/v1/episodes/ep-1 | jq .status.state      # running ... exited
-  curl -s -XPOST localhost:8080/v1/checkpoints -d '{"id":"ckpt-1"}'
+  curl -s --json '{"id":"ckpt-1"}' localhost:8080/v1/checkpoints
   # a crash takes the server and the sandboxes; started again, ep-1 is lost
-  curl -s -XPOST localhost:8080/v1/checkpoints/ckpt-1/restore
-  curl -s -XPOST localhost:8080/v1/episodes/ep-1/verify | jq .verdict.reward   # once exited
-  curl -s -XPOST localhost:8080/v1/episodes/ep-1/retire
+  curl -s --json '' localhost:8080/v1/checkpoints/ckpt-1/restore
+  curl -s --json '' localhost:8080/v1/episodes/ep-1/verify | jq .verdict.reward   # once exited
+  curl -s --json '' localhost:8080/v1/episodes/ep-1/retire
 
-Exit status: 0 after a signal; 2 a usage error; 1 the server could not
-start or failed.`,
+On the network, with tokens and TLS:
+
+  stasis serve --listen 0.0.0.0:8443 --state /var/lib/stasis --api-token-file /etc/stasis/tokens \
+    --tls-cert node.pem --tls-key node-key.pem --api-host stasis-1.internal
+  curl -s -H "Authorization: Bearer $(head -1 /etc/stasis/tokens)" https://stasis-1.internal:8443/v1/episodes
+
+Exit status: 0 after a signal; 2 a usage error (also a networked ADDR
+without authentication, or a bad token file or certificate); 1 the server
+could not start or failed.`,
 		Example: `  stasis serve --listen 127.0.0.1:8080 --state /var/lib/stasis
+  stasis serve --listen unix:/run/stasis/api.sock --state /var/lib/stasis
+  stasis serve --listen 10.0.0.5:8443 --state /var/lib/stasis --api-token-file tokens --tls-cert node.pem --tls-key node-key.pem --tls-client-ca nodes-ca.pem
   stasis serve --listen 127.0.0.1:0 --state ./state --tasks swe.jsonl --repos ~/clones --model-upstream http://127.0.0.1:8000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -156,13 +184,19 @@ start or failed.`,
 			if err != nil {
 				return &exitError{code: 1, err: fmt.Errorf("--listen: %w", err)}
 			}
+			access.Logger = log
+			if o.Access, err = server.NewAccess(ln.Addr(), access); err != nil {
+				_ = ln.Close()
+				return &exitError{code: 2, err: err}
+			}
+			ln = o.Access.Listener(ln)
 			srv, err := server.New(cmd.Context(), o)
 			if err != nil {
 				_ = ln.Close()
 				return &exitError{code: 1, err: err}
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), shown)
-			log.Info("serving", "addr", shown)
+			log.Info("serving", "addr", shown, "tls", o.Access.TLSConfig() != nil, "authenticates", o.Access.Authenticates())
 			err = serve.UntilSignal(cmd.Context(), ln, srv.Handler(), log)
 			if cerr := srv.Close(); cerr != nil {
 				log.Warn("closing the server", "err", cerr)
@@ -174,7 +208,12 @@ start or failed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path")
+	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path (anything but loopback or a unix socket needs --api-token-file or --tls-client-ca)")
+	f.StringVar(&access.TokenFile, "api-token-file", "", "bearer tokens the API accepts, one a line (blank and # lines ignored); every request but /healthz then needs Authorization: Bearer TOKEN")
+	f.StringArrayVar(&access.Hosts, "api-host", nil, "a Host name the API answers to, NAME or NAME:PORT (repeatable; default: loopback names on loopback, else the listen address or, for 0.0.0.0 and [::], this machine's addresses and host name)")
+	f.StringVar(&access.TLSCert, "tls-cert", "", "serve the API over TLS with this certificate chain (PEM; with --tls-key)")
+	f.StringVar(&access.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
+	f.StringVar(&access.TLSClientCA, "tls-client-ca", "", "require a client certificate signed by this CA (PEM) on every connection (with --tls-cert)")
 	f.StringVar(&provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch)")
 	f.StringVar(&gwListen, "gateway-listen", "", "hosted providers: a TCP address where the gateway also listens for the sandboxes' relays")
 	f.StringVar(&gwURL, "gateway-url", "", "hosted providers: the gateway's URL as the sandboxes reach it (default: http:// and the --gateway-listen address)")

@@ -32,14 +32,24 @@ import (
 // MaxBody is the largest request body the API reads (413 beyond).
 const MaxBody = 1 << 20
 
-// Handler serves the API, the gateway's model endpoint under /gateway/,
-// /metrics, /healthz and /openapi.json.
+// Handler serves the API, /metrics (this server's and the gateway's),
+// /healthz and /openapi.json, behind the guard of Options.Access (by
+// default LoopbackAccess): the Host header, cross-origin browser requests,
+// credentials; and a body only as JSON. The gateway is not here: relays
+// reach it on its own socket (and --gateway-listen), never on the API.
 func (s *Server) Handler() http.Handler {
 	m := http.NewServeMux()
 	for pattern, h := range s.routes() {
+		if method, _, _ := strings.Cut(pattern, " "); method != http.MethodGet {
+			h = jsonOnly(h)
+		}
 		m.Handle(pattern, h)
 	}
-	return s.instrument(m)
+	a := s.o.Access
+	if a == nil {
+		a = LoopbackAccess()
+	}
+	return s.instrument(a.Guard(m))
 }
 
 // Routes lists the operations the handler serves ("METHOD /path"), sorted;
@@ -55,7 +65,6 @@ func (s *Server) Routes() []string {
 }
 
 func (s *Server) routes() map[string]http.Handler {
-	gw := http.StripPrefix("/gateway", s.gw.Handler())
 	doc := openapi.Raw(openapi.Server)
 	return map[string]http.Handler{
 		"POST /v1/episodes":                 http.HandlerFunc(s.startEpisode),
@@ -69,14 +78,7 @@ func (s *Server) routes() map[string]http.Handler {
 		"POST /v1/checkpoints/{id}/restore": http.HandlerFunc(s.restoreCheckpoint),
 		"DELETE /v1/checkpoints/{id}":       http.HandlerFunc(s.deleteCheckpoint),
 
-		"POST /gateway/v1/chat/completions": gw,
-		"POST /gateway/v1/responses":        gw,
-		"POST /gateway/v1/{endpoint...}":    gw,
-		"POST /gateway/stasis/v1/settle":    gw,
-		"GET /gateway/v1/models":            gw,
-		"GET /gateway/metrics":              gw,
-
-		"GET /metrics": s.m.handler(),
+		"GET /metrics": s.m.handler(s.gw.Metrics()),
 		"GET /healthz": http.HandlerFunc(s.healthz),
 		"GET /openapi.json": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
@@ -582,7 +584,9 @@ func (s *Server) healthz(w http.ResponseWriter, q *http.Request) {
 	ctx, cancel := context.WithTimeout(q.Context(), 5*time.Second)
 	defer cancel()
 	if _, err := s.store.List(ctx, store.ListOptions{Limit: 1}); err != nil {
-		http.Error(w, "record store unreachable: "+err.Error(), http.StatusServiceUnavailable)
+		// Liveness answers without credentials: the cause goes to the log.
+		s.log.Warn("healthz: the record store is unreachable", "err", err)
+		http.Error(w, "record store unreachable (see the server's log)", http.StatusServiceUnavailable)
 		return
 	}
 	_, _ = io.WriteString(w, "ok\n")

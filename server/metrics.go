@@ -12,8 +12,8 @@ import (
 	"stasis/store"
 )
 
-// metrics are the server's Prometheus metrics (GET /metrics); the
-// gateway's own are at GET /gateway/metrics.
+// metrics are the server's Prometheus metrics, served at GET /metrics
+// with the gateway's (stasis_gateway_*).
 type metrics struct {
 	reg               *prometheus.Registry
 	requests          *prometheus.CounterVec
@@ -88,7 +88,9 @@ func (c *episodeStates) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
+func (m *metrics) handler(gw prometheus.Gatherer) http.Handler {
+	return promhttp.HandlerFor(prometheus.Gatherers{m.reg, gw}, promhttp.HandlerOpts{})
+}
 
 // statusWriter remembers the status code written.
 type statusWriter struct {
@@ -131,11 +133,15 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, q)
 		route := q.Pattern // set by the ServeMux on this request
-		if route == "" {
-			route = "unmatched"
-		}
 		if sw.code == 0 {
 			sw.code = http.StatusOK
+		}
+		switch {
+		case route != "":
+		case sw.code == http.StatusUnauthorized || sw.code == http.StatusForbidden || sw.code == http.StatusMisdirectedRequest:
+			route = "refused" // by the guard, before any route
+		default:
+			route = "unmatched"
 		}
 		code := strconv.Itoa(sw.code)
 		s.m.requests.WithLabelValues(route, code).Inc()

@@ -84,7 +84,13 @@ func startServe(t *testing.T, state string, args ...string) *serveProc {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(stasistest.Exe(), append([]string{"serve", "--listen", "127.0.0.1:0", "--state", state}, args...)...)
+	listen := []string{"--listen", "127.0.0.1:0"}
+	for _, a := range args {
+		if a == "--listen" {
+			listen = nil // the caller's
+		}
+	}
+	cmd := exec.Command(stasistest.Exe(), append(append([]string{"serve", "--state", state}, listen...), args...)...)
 	cmd.Env = append(append(os.Environ(), stasistest.Env...), "GORACE=atexit_sleep_ms=0")
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
@@ -274,7 +280,7 @@ func TestServeUsage(t *testing.T) {
 		}
 	}
 	out, _, code := stasistest.Run(t, nil, "", "serve", "--help")
-	if code != 0 || !strings.Contains(out, "curl -s -XPOST localhost:8080/v1/episodes") {
+	if code != 0 || !strings.Contains(out, "curl -s --json '{\"id\":\"ep-1\"") {
 		t.Errorf("serve --help: exit %d:\n%s", code, out)
 	}
 }

@@ -2,8 +2,11 @@
 // API over a checkpoint coordinator, for trainers. It starts episodes,
 // lists, gets, verifies and retires them, takes checkpoints (prepare and
 // commit in one call), lists, gets, restores and deletes them, and serves
-// the gateway's model endpoint, Prometheus metrics, liveness and its
-// OpenAPI document (openapi/server.json).
+// Prometheus metrics, liveness and its OpenAPI document
+// (openapi/server.json). Who may call it is its Access (auth.go): loopback
+// or a unix socket without credentials, the network only with bearer
+// tokens or client certificates; the gateway is served only where the
+// sandboxes reach it, never on the API.
 //
 // Everything durable lives in one state directory: the record store
 // (store.db), the gateway's episodes and ledgers (gateway/) and the local
@@ -97,7 +100,10 @@ type Options struct {
 	// GatewayMiddleware, when set, wraps the gateway's handler on the
 	// sandboxes' unix socket (tests hold calls there).
 	GatewayMiddleware func(http.Handler) http.Handler
-	Logger            *slog.Logger
+	// Access guards the API's handler (NewAccess for its listener);
+	// default LoopbackAccess.
+	Access *Access
+	Logger *slog.Logger
 }
 
 // gcProvider is a provider that can find and remove the sandboxes a crash

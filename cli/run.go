@@ -105,6 +105,7 @@ verify; 2 a usage error; 1 the run failed.`,
 	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider: local, microvm, opensandbox (OPENSANDBOX_URL) or e2b (E2B_API_KEY); see serve --help")
 	f.StringVar(&o.GuestBinary, "guest-binary", "", "microvm: the static stasis for the guest image (default: this binary)")
 	f.Float64Var(&o.CheckpointAt, "checkpoint-at", 0.5, "take the checkpoint when about this fraction of the model calls is made")
+	f.StringVar(&o.Stragglers, "stragglers", "exclude", "an episode the checkpoint cannot pause or snapshot: exclude (commit without it, named in the report) or fail (fail the checkpoint, naming it)")
 	f.BoolVar(&o.Crash, "crash", false, "after the checkpoint, kill the server and every sandbox, start again and restore")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON document")
 	f.BoolVar(&noProgress, "no-progress", false, "print no progress")
@@ -164,6 +165,9 @@ func printRunReport(out io.Writer, rep *job.Report) {
 		fmt.Fprintf(out, "relaunched (%s): %s\n", strings.Join(who[w], ", "), w)
 	}
 	fmt.Fprintf(out, "\ncheckpoint %s: %d episodes in %.2fs\n", rep.Checkpoint.ID, rep.Checkpoint.Episodes, rep.Checkpoint.Seconds)
+	for _, x := range rep.Checkpoint.Excluded {
+		fmt.Fprintf(out, "  excluded %s: %s\n", x.Episode, x.Reason)
+	}
 	if rep.Crashed {
 		fmt.Fprintf(out, "crash: the server and %d sandboxes killed\n", rep.Killed)
 	}

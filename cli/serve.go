@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"stasis/coordinator"
+	"stasis/sandbox"
 	"stasis/serve"
 	"stasis/server"
 	"stasis/task"
@@ -33,6 +35,8 @@ func newServeCmd() *cobra.Command {
 		logFormat, logLevel                                                string
 		provider, guestBinary, clockPolicy, gwListen, gwURL                string
 		access                                                             server.AccessOptions
+		stragglers                                                         string
+		limits                                                             limitFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --listen ADDR --state DIR [--api-token-file FILE] [--tls-cert F --tls-key F [--tls-client-ca F]] [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
@@ -174,7 +178,18 @@ could not start or failed.`,
 			if len(ts) == 0 {
 				return &exitError{code: 2, err: fmt.Errorf("--tasks %s: no task loaded", tasksSpec)}
 			}
+			if err := coordinator.CheckStragglers(stragglers); err != nil {
+				return &exitError{code: 2, err: fmt.Errorf("--%w", err)}
+			}
+			lim, err := limits.parse()
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			if lim != (sandbox.Limits{}) && provider != "" && provider != "local" {
+				return &exitError{code: 2, err: fmt.Errorf("the limit flags are for the local provider: the %s provider's sandboxes are sized by the service or the VM", provider)}
+			}
 			o := server.Options{
+				Stragglers: stragglers, Limits: lim,
 				State: state, Tasks: ts, ModelUpstream: upstream, ModelKey: os.Getenv(keyEnv), Model: modelName,
 				Concurrency: concurrency, Logger: log, BinaryEnv: selfEnv(),
 				Provider: provider, GuestBinary: guestBinary, ClockPolicy: clockPolicy,
@@ -226,6 +241,8 @@ could not start or failed.`,
 	f.StringVar(&upstream, "model-upstream", "", "the model server the gateway forwards to (default: the scripted model, in-process)")
 	f.StringVar(&keyEnv, "model-key-env", "STASIS_MODEL_KEY", "environment variable holding the model server's API key, if it needs one")
 	f.StringVar(&modelName, "model", "", "the model name harnesses ask for (default: the scripted model's)")
+	f.StringVar(&stragglers, "stragglers", "exclude", "a checkpoint's episode that cannot be paused or snapshotted: exclude (commit without it, named with the reason in the answer) or fail (fail the checkpoint, naming it); a request's \"stragglers\" overrides it")
+	limits.add(f)
 	f.IntVar(&concurrency, "concurrency", 64, "episodes a checkpoint or a restore works on at once")
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")

@@ -120,7 +120,7 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 		rows = append(rows, rs...)
 	}
 	for _, r := range rows {
-		spec, err := c.spec(r.ID, r.Task, r.Harness, r.DeadlineS)
+		spec, err := c.spec(r.ID, r.Task, r.Harness, r.DeadlineS, r.Limits)
 		if err != nil {
 			return nil, err
 		}
@@ -175,7 +175,7 @@ func (c *Coordinator) deleteSandbox(ctx context.Context, id string) error {
 	})
 }
 
-func (c *Coordinator) spec(id, taskID, harnessName string, deadlineS float64) (episode.Spec, error) {
+func (c *Coordinator) spec(id, taskID, harnessName string, deadlineS float64, limits sandbox.Limits) (episode.Spec, error) {
 	t, err := task.Lookup(c.o.Tasks, taskID)
 	if err != nil {
 		return episode.Spec{}, fmt.Errorf("episode %s: %w", id, err)
@@ -184,7 +184,7 @@ func (c *Coordinator) spec(id, taskID, harnessName string, deadlineS float64) (e
 	if err != nil {
 		return episode.Spec{}, fmt.Errorf("episode %s: %w", id, err)
 	}
-	return episode.Spec{ID: id, Task: t, Harness: a, Deadline: time.Duration(deadlineS * float64(time.Second))}, nil
+	return episode.Spec{ID: id, Task: t, Harness: a, Deadline: time.Duration(deadlineS * float64(time.Second)), Limits: limits}, nil
 }
 
 func (c *Coordinator) progress(p Progress) {
@@ -201,10 +201,28 @@ func (c *Coordinator) Start(ctx context.Context, id, taskID, harnessName string)
 // StartWithDeadline is Start with the harness's time budget given (0: the
 // task's); the store keeps it, so re-attaches and relaunches keep it too.
 func (c *Coordinator) StartWithDeadline(ctx context.Context, id, taskID, harnessName string, deadline time.Duration) (store.Episode, error) {
+	return c.StartWith(ctx, id, taskID, harnessName, StartOptions{Deadline: deadline})
+}
+
+// StartOptions are one episode's choices beyond its task and harness.
+type StartOptions struct {
+	// Deadline is the harness's time budget (0: the task's).
+	Deadline time.Duration
+	// Limits bound its sandbox (zero fields: the provider's defaults).
+	Limits sandbox.Limits
+}
+
+// StartWith is Start with o's choices; the store keeps them, so
+// re-attaches, relaunches and restores keep them too.
+func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName string, o StartOptions) (store.Episode, error) {
+	deadline := o.Deadline
 	if deadline < 0 {
 		return store.Episode{}, fmt.Errorf("episode %s: the deadline %s is negative", id, deadline)
 	}
-	spec, err := c.spec(id, taskID, harnessName, deadline.Seconds())
+	if err := o.Limits.Check(); err != nil {
+		return store.Episode{}, fmt.Errorf("episode %s: %w", id, err)
+	}
+	spec, err := c.spec(id, taskID, harnessName, deadline.Seconds(), o.Limits)
 	if err != nil {
 		return store.Episode{}, err
 	}
@@ -215,7 +233,7 @@ func (c *Coordinator) StartWithDeadline(ctx context.Context, id, taskID, harness
 	if err != nil {
 		return store.Episode{}, err
 	}
-	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Environment: e.Environment().String()}
+	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Limits: o.Limits, Environment: e.Environment().String()}
 	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
 		_ = e.Close(context.WithoutCancel(ctx))
 		return store.Episode{}, err
@@ -602,7 +620,7 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 			problems = append(problems, fmt.Sprintf("episode %s: %v", r.Episode, err))
 			continue
 		}
-		spec, err := c.spec(r.Episode, row.Task, row.Harness, row.DeadlineS)
+		spec, err := c.spec(r.Episode, row.Task, row.Harness, row.DeadlineS, row.Limits)
 		if err != nil {
 			problems = append(problems, err.Error())
 			continue

@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"stasis/coordinator"
 	"stasis/harness/opencode"
 	"stasis/model"
 	"stasis/sandbox"
@@ -65,6 +66,10 @@ type Options struct {
 	// the checkpoint is taken (0 < x < 1).
 	CheckpointAt float64
 	Crash        bool
+	// Stragglers is what the checkpoint does with an episode that cannot
+	// be checkpointed: exclude (the default: commit without it, named in
+	// the report) or fail.
+	Stragglers string
 	// State is the run's state directory (default: a fresh directory under
 	// $TMPDIR, removed at the end unless Keep).
 	State string
@@ -129,6 +134,8 @@ type Report struct {
 		ID       string  `json:"id"`
 		Seconds  float64 `json:"seconds"`
 		Episodes int     `json:"episodes"`
+		// Excluded are the episodes it was committed without, with why.
+		Excluded []Excluded `json:"excluded,omitempty"`
 	} `json:"checkpoint"`
 	Restore *struct {
 		Seconds float64 `json:"seconds"`
@@ -164,6 +171,12 @@ type episodeView struct {
 
 func (v episodeView) ended() bool {
 	return v.State == "ended" || (v.Status != nil && v.Status.State == "exited")
+}
+
+// Excluded is an episode a checkpoint was committed without.
+type Excluded struct {
+	Episode string `json:"episode"`
+	Reason  string `json:"reason"`
 }
 
 // Run runs the job and returns its report. Nothing it started is left
@@ -317,13 +330,26 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 			Episode  string `json:"episode"`
 			Finished bool   `json:"finished"`
 			Reward   *int   `json:"reward"`
+			Excluded bool   `json:"excluded"`
+			Reason   string `json:"reason"`
 		} `json:"episodes"`
 	}
 	t0 := time.Now()
-	if err := srv.call(ctx, "POST", "/v1/checkpoints", map[string]any{"id": ckID}, &ck); err != nil {
+	body := map[string]any{"id": ckID}
+	if o.Stragglers != "" {
+		body["stragglers"] = o.Stragglers
+	}
+	if err := srv.call(ctx, "POST", "/v1/checkpoints", body, &ck); err != nil {
 		return rep, fmt.Errorf("checkpoint: %w", err)
 	}
-	rep.Checkpoint.ID, rep.Checkpoint.Seconds, rep.Checkpoint.Episodes = ckID, time.Since(t0).Seconds(), len(ck.Episodes)
+	rep.Checkpoint.ID, rep.Checkpoint.Seconds = ckID, time.Since(t0).Seconds()
+	for _, e := range ck.Episodes {
+		if e.Excluded {
+			rep.Checkpoint.Excluded = append(rep.Checkpoint.Excluded, Excluded{Episode: e.Episode, Reason: e.Reason})
+			continue
+		}
+		rep.Checkpoint.Episodes++
+	}
 	o.Progress.Set(1)
 	o.Progress.Done()
 	finishedAt := map[string]bool{}
@@ -476,6 +502,9 @@ func interleave(ts []*task.Task) []*task.Task {
 func (o *Options) defaults() error {
 	if o.N <= 0 {
 		return errors.New("--episodes must be at least 1")
+	}
+	if err := coordinator.CheckStragglers(o.Stragglers); err != nil {
+		return fmt.Errorf("--%w", err)
 	}
 	switch o.Harness {
 	case "":

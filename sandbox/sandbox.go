@@ -8,6 +8,8 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"time"
@@ -91,6 +93,26 @@ type Limits struct {
 	ShmBytes int64 `json:"shm_bytes,omitempty"`
 	// DiskBytes is the most its writable places may take on disk.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// Check refuses limits no sandbox could run under (zero fields are the
+// provider's defaults).
+func (l Limits) Check() error {
+	switch {
+	case l.Pids < 0 || l.MemoryBytes < 0 || l.ShmBytes < 0 || l.DiskBytes < 0 || l.CPUWeight < 0:
+		return errors.New("limits must not be negative (0 takes the default)")
+	case l.Pids != 0 && l.Pids < 16:
+		return fmt.Errorf("pids limit %d: give at least 16 (stasis's own processes need some)", l.Pids)
+	case l.MemoryBytes != 0 && l.MemoryBytes < 32<<20:
+		return fmt.Errorf("memory limit %d bytes: give at least 32 MiB", l.MemoryBytes)
+	case l.CPUWeight > 10000:
+		return fmt.Errorf("cpu weight %d: give 1 to 10000 (100 is an even share)", l.CPUWeight)
+	case l.ShmBytes != 0 && l.ShmBytes < 1<<20:
+		return fmt.Errorf("/dev/shm size %d bytes: give at least 1 MiB", l.ShmBytes)
+	case l.DiskBytes != 0 && l.DiskBytes < 1<<20:
+		return fmt.Errorf("disk limit %d bytes: give at least 1 MiB", l.DiskBytes)
+	}
+	return nil
 }
 
 // State of a sandbox as Get reports it.

@@ -24,6 +24,7 @@ import (
 	"stasis/harness"
 	"stasis/ledger"
 	"stasis/openapi"
+	"stasis/sandbox"
 	"stasis/store"
 	"stasis/supervisor"
 	"stasis/task"
@@ -265,6 +266,9 @@ type StartRequest struct {
 	Provider  string   `json:"provider,omitempty"`
 	PauseMode string   `json:"pause_mode,omitempty"`
 	DeadlineS *float64 `json:"deadline_s,omitempty"`
+	// Limits bound the episode's sandbox, every attempt's (fields left
+	// out: the server's; local provider only).
+	Limits *sandbox.Limits `json:"limits,omitempty"`
 }
 
 func (s *Server) startEpisode(w http.ResponseWriter, q *http.Request) {
@@ -299,7 +303,11 @@ func (s *Server) startEpisode(w http.ResponseWriter, q *http.Request) {
 	if req.DeadlineS != nil {
 		deadline = time.Duration(*req.DeadlineS * float64(time.Second))
 	}
-	row, err := s.coord.StartWithDeadline(ctx, req.ID, req.Task, req.Harness, deadline)
+	so := coordinator.StartOptions{Deadline: deadline}
+	if req.Limits != nil {
+		so.Limits = *req.Limits
+	}
+	row, err := s.coord.StartWith(ctx, req.ID, req.Task, req.Harness, so)
 	if err != nil {
 		s.fail(w, q, err)
 		return
@@ -352,6 +360,14 @@ func (s *Server) checkStart(req *StartRequest) error {
 	}
 	if req.DeadlineS != nil && (*req.DeadlineS < 0 || *req.DeadlineS > 7*24*3600 || math.IsNaN(*req.DeadlineS)) {
 		return bad("deadline_s %v: give the harness's time budget in seconds, more than 0 and at most a week (leave it out for the task's budget)", *req.DeadlineS)
+	}
+	if req.Limits != nil {
+		if name != "local" && *req.Limits != (sandbox.Limits{}) {
+			return bad("limits: the %s provider's sandboxes are sized by the service or the VM, not by stasis; limits are for the local provider", name)
+		}
+		if err := req.Limits.Check(); err != nil {
+			return bad("limits: %v", err)
+		}
 	}
 	return nil
 }
@@ -438,6 +454,10 @@ func (s *Server) retireEpisode(w http.ResponseWriter, q *http.Request) {
 // CheckpointRequest is the body of POST /v1/checkpoints.
 type CheckpointRequest struct {
 	ID string `json:"id,omitempty"`
+	// Stragglers overrides the server's policy for episodes that cannot
+	// be checkpointed: exclude (commit without them, each named with the
+	// reason) or fail.
+	Stragglers string `json:"stragglers,omitempty"`
 }
 
 // CheckpointResponse is the answer to POST /v1/checkpoints: the
@@ -461,9 +481,13 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, q *http.Request) {
 		s.fail(w, q, bad("checkpoint id %q: use at most 200 letters, digits and - _ . : @ +", req.ID))
 		return
 	}
+	if err := coordinator.CheckStragglers(req.Stragglers); err != nil {
+		s.fail(w, q, bad("%v", err))
+		return
+	}
 	ctx := context.WithoutCancel(q.Context()) // a checkpoint under way finishes whatever the client does
 	start := time.Now()
-	res, err := s.coord.Prepare(ctx, req.ID)
+	res, err := s.coord.PrepareWith(ctx, req.ID, coordinator.PrepareOptions{Stragglers: req.Stragglers})
 	if err != nil {
 		if errors.Is(err, store.ErrExists) {
 			s.fail(w, q, err)

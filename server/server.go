@@ -100,6 +100,13 @@ type Options struct {
 	// GatewayMiddleware, when set, wraps the gateway's handler on the
 	// sandboxes' unix socket (tests hold calls there).
 	GatewayMiddleware func(http.Handler) http.Handler
+	// Limits are the local provider's sandboxes' limits where an episode
+	// names none (zero fields: local.DefaultLimits).
+	Limits sandbox.Limits
+	// Stragglers is what a checkpoint does with an episode that cannot be
+	// checkpointed (coordinator.StragglersExclude, the default, or
+	// StragglersFail); a request may override it.
+	Stragglers string
 	// Access guards the API's handler (NewAccess for its listener);
 	// default LoopbackAccess.
 	Access *Access
@@ -307,7 +314,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		s.sockets = relay.NewSandboxSockets(s.gw, o.GatewayMiddleware)
 		lp, err := local.New(local.Options{
 			Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, ReadOnlyBinds: ro,
-			GatewayDir: filepath.Dir(s.sock), Gateway: s.sockets,
+			GatewayDir: filepath.Dir(s.sock), Gateway: s.sockets, Limits: o.Limits,
 			// The state directory holds every episode's gateway token and
 			// the record store: no sandbox may read it.
 			Hide: []string{state},
@@ -386,7 +393,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	s.m = newMetrics(s)
 	clog := log.With("component", "coordinator")
 	if s.coord, err = coordinator.New(ctx, coordinator.Options{
-		Env: s.env, Store: s.store, Tasks: o.Tasks, Concurrency: o.Concurrency, Logger: clog,
+		Env: s.env, Store: s.store, Tasks: o.Tasks, Concurrency: o.Concurrency, Logger: clog, Stragglers: o.Stragglers,
 		Progress: func(p coordinator.Progress) {
 			clog.Debug("progress", "phase", p.Phase, "episode", p.Episode, "done", p.Done, "total", p.Total)
 		},

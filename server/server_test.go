@@ -307,7 +307,11 @@ func TestAPI(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			code, b := api.do("POST", "/v1/episodes", map[string]any{"id": e.id, "task": e.task, "harness": "mini"})
+			req := map[string]any{"id": e.id, "task": e.task, "harness": "mini"}
+			if e.id == "ep-c" {
+				req["limits"] = map[string]any{"pids": 512, "memory_bytes": 1 << 30}
+			}
+			code, b := api.do("POST", "/v1/episodes", req)
 			codes[i], bodies[i] = code, b
 			_ = json.Unmarshal(b, &started[i])
 		}()
@@ -491,6 +495,11 @@ func TestAPI(t *testing.T) {
 		t.Fatalf("ep-c after the restore: %+v", v)
 	}
 	lap("restored")
+	// Its limits went with it into its new sandbox; the others have the
+	// server's.
+	if got := pidsMax(t, state, api.episode("ep-c").Sandbox); got != "512" {
+		t.Errorf("ep-c's relaunched sandbox: pids.max %q, want its own limit 512", got)
+	}
 	api.waitExited(ctx, "ep-c")
 	api.verify("ep-c", false)
 	if v := api.episode("ep-c"); !v.LedgerOK || v.ModelCalls < 3 || v.Reward == nil || *v.Reward != 1 {
@@ -546,6 +555,11 @@ func TestAPI(t *testing.T) {
 		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "deadline_s": -5}, 400, "invalid_request", "deadline_s"},
 		{"POST", "/v1/episodes", map[string]any{"id": "../x", "task": "sh-renext-spaces", "harness": "mini"}, 400, "invalid_request", "episode id"},
 		{"POST", "/v1/episodes", big, 413, "too_large", "over"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "limits": map[string]any{"pids": 3}}, 400, "invalid_request", "pids limit 3"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "limits": map[string]any{"memory_bytes": -1}}, 400, "invalid_request", "negative"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "limits": map[string]any{"cpu_weight": 20000}}, 400, "invalid_request", "cpu weight"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "limits": map[string]any{"swap": 1}}, 400, "invalid_request", `unknown field "swap"`},
+		{"POST", "/v1/checkpoints", map[string]any{"stragglers": "ignore"}, 400, "invalid_request", "stragglers"},
 		{"POST", "/v1/checkpoints", `{"id": 7}`, 400, "invalid_request", "JSON"},
 		{"POST", "/v1/checkpoints", `{"id": "a b"}`, 400, "invalid_request", "checkpoint id"},
 		{"POST", "/v1/checkpoints", `{"name": "x"}`, 400, "invalid_request", `unknown field "name"`},
@@ -595,6 +609,31 @@ func TestAPI(t *testing.T) {
 		t.Errorf("%s is left after the last sandbox and the server", filepath.Dir(sock))
 	}
 	lap("done")
+}
+
+// pidsMax reads pids.max of a local sandbox's control group, from the
+// directories its meta.json names.
+func pidsMax(t *testing.T, state, sandboxID string) string {
+	t.Helper()
+	meta, err := os.ReadFile(filepath.Join(state, "local", "sandboxes", "local", sandboxID, "meta.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Cgroups struct {
+			Dirs []string `json:"dirs"`
+		} `json:"cgroups"`
+	}
+	if err := json.Unmarshal(meta, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range m.Cgroups.Dirs {
+		if b, err := os.ReadFile(filepath.Join(d, "pids.max")); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	t.Fatalf("sandbox %s: no pids.max in its control groups %v (meta.json: %s)", sandboxID, m.Cgroups.Dirs, meta)
+	return ""
 }
 
 func dirExists(p string) bool {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"stasis/sandbox"
 	"time"
 )
 
@@ -35,6 +36,9 @@ type Episode struct {
 	// DeadlineS overrides the task's time budget for the harness (0: the
 	// task's budget).
 	DeadlineS float64 `json:"deadline_s,omitempty"`
+	// Limits bound its sandboxes, every attempt's (zero fields: the
+	// provider's defaults).
+	Limits sandbox.Limits `json:"limits,omitzero"`
 	// Environment is what its harness and tests run in (host, venv:KEY,
 	// image:DIGEST).
 	Environment string `json:"environment,omitempty"`

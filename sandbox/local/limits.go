@@ -83,21 +83,7 @@ func withDefaults(l, d sandbox.Limits) sandbox.Limits {
 }
 
 // checkLimits refuses limits no sandbox could run under.
-func checkLimits(l sandbox.Limits) error {
-	switch {
-	case l.Pids < 0 || l.MemoryBytes < 0 || l.ShmBytes < 0 || l.DiskBytes < 0 || l.CPUWeight < 0:
-		return errors.New("limits must not be negative (0 takes the default)")
-	case l.Pids != 0 && l.Pids < 16:
-		return fmt.Errorf("pids limit %d: give at least 16 (stasis's own processes need some)", l.Pids)
-	case l.MemoryBytes != 0 && l.MemoryBytes < 32<<20:
-		return fmt.Errorf("memory limit %d bytes: give at least 32 MiB", l.MemoryBytes)
-	case l.CPUWeight > 10000:
-		return fmt.Errorf("cpu weight %d: give 1 to 10000 (100 is an even share)", l.CPUWeight)
-	case l.DiskBytes != 0 && l.DiskBytes < 1<<20:
-		return fmt.Errorf("disk limit %d bytes: give at least 1 MiB", l.DiskBytes)
-	}
-	return nil
-}
+func checkLimits(l sandbox.Limits) error { return l.Check() }
 
 // cgroupDirs are a sandbox's control group directories, one per v1
 // hierarchy (pids, memory, cpu) or one for v2.

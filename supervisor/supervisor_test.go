@@ -24,7 +24,12 @@ import (
 	"stasis/supervisor"
 )
 
-func TestMain(m *testing.M) { stasistest.Main(m) }
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == probeArg {
+		os.Exit(runProbe(os.Args[2:]))
+	}
+	stasistest.Main(m)
+}
 
 var ctx = context.Background()
 

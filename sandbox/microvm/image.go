@@ -18,6 +18,7 @@ import (
 	"github.com/cavaliergopher/cpio"
 
 	"stasis/atomicfile"
+	"stasis/sandbox"
 	"stasis/sandbox/microvm/agent"
 	"stasis/task"
 )
@@ -131,6 +132,9 @@ mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs 
 mount -o remount,size=90% / 2>/dev/null
 chmod 1777 /tmp
 `)
+	// The agent's user owns the work tree and its home; stasis's user
+	// (root) owns everything else.
+	fmt.Fprintf(&b, "mkdir -p %[1]s && chown %[2]d:%[2]d /work %[1]s && chmod 0755 /work && chmod 0700 %[1]s\n", AgentHome, sandbox.AgentUID)
 	for _, m := range GuestModules {
 		fmt.Fprintf(&b, "insmod /lib/modules/%s.ko || echo 'stasis-guest: insmod %s failed'\n", filepath.Base(m), filepath.Base(m))
 	}
@@ -143,9 +147,15 @@ echo 'stasis-guest: booted'
 	return b.String()
 }
 
-const inittab = `::sysinit:/etc/rc
-::respawn:/stasis/bin/stasis microvm agent --listen :7000
-`
+// AgentHome is the home directory of the guest's agent user.
+const AgentHome = "/home/agent"
+
+// inittab runs the boot script, then the agent, which runs the host's
+// commands as the agent's user (uid and gid sandbox.AgentUID) unless asked
+// for stasis's, and takes connections from the host only.
+var inittab = fmt.Sprintf(`::sysinit:/etc/rc
+::respawn:/stasis/bin/stasis microvm agent --listen :%[1]d --agent-uid %[2]d --agent-gid %[2]d --agent-home %[3]s --host-only
+`, agent.Port, sandbox.AgentUID, AgentHome)
 
 // BuildInitramfs writes the guest's initramfs (an uncompressed newc cpio:
 // the kernel unpacks it faster than a compressed one under TCG) to w:
@@ -212,8 +222,12 @@ func BuildInitramfs(w io.Writer, k Kernel, busybox, stasisBin string) error {
 		func() error { return link("bin/sh", "busybox") },
 		func() error { return file("etc/rc", 0o755, []byte(rcScript())) },
 		func() error { return file("etc/inittab", 0o644, []byte(inittab)) },
-		func() error { return file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\n")) },
-		func() error { return file("etc/group", 0o644, []byte("root:x:0:\n")) },
+		func() error {
+			return file("etc/passwd", 0o644, []byte(fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\nagent:x:%[1]d:%[1]d:agent:%[2]s:/bin/sh\n", sandbox.AgentUID, AgentHome)))
+		},
+		func() error {
+			return file("etc/group", 0o644, []byte(fmt.Sprintf("root:x:0:\nagent:x:%d:\n", sandbox.AgentUID)))
+		},
 		func() error { return file("etc/hosts", 0o644, []byte("127.0.0.1 localhost\n")) },
 		func() error { return copyFile("stasis/bin/stasis", stasisBin) },
 	}

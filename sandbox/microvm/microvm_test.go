@@ -104,6 +104,21 @@ func sh(t *testing.T, p sandbox.Provider, id, script string) string {
 	return out.String()
 }
 
+// reaches says whether a wget of url in the guest succeeds (within ten
+// seconds). busybox 1.35's wget crashes with -T, so the bound is
+// timeout(1)'s; a crash fails the test rather than passing for a refusal.
+func reaches(t *testing.T, p sandbox.Provider, id, url string) bool {
+	t.Helper()
+	out := strings.TrimSpace(sh(t, p, id, "timeout 10 wget -q -O - "+url+" >/dev/null 2>&1; echo $?"))
+	switch out {
+	case "0":
+		return true
+	case "139":
+		t.Fatalf("wget %s crashed in the guest", url)
+	}
+	return false
+}
+
 func uptime(t *testing.T, p sandbox.Provider, id string) float64 {
 	t.Helper()
 	f, err := strconv.ParseFloat(strings.Fields(sh(t, p, id, "cat /proc/uptime"))[0], 64)
@@ -143,8 +158,44 @@ func TestForkContinuesProcesses(t *testing.T) {
 	}
 	defer other.Close()
 	port := other.Addr().(*net.TCPAddr).Port
-	if out := sh(t, p, src.ID, fmt.Sprintf("wget -q -T 3 -O - http://10.0.2.2:%d/ >/dev/null 2>&1 && echo reached || echo refused", port)); out != "refused\n" {
-		t.Fatalf("the guest reached the host's loopback: %q", out)
+	if reaches(t, p, src.ID, fmt.Sprintf("http://10.0.2.2:%d/", port)) {
+		t.Fatalf("the guest reached the host's loopback")
+	}
+
+	// The guest's users are split: the host's commands run as the agent
+	// unless they ask for stasis's user, files the host writes are the
+	// agent's, and the agent cannot drive the guest agent (which runs as
+	// root) from inside, by loopback or by the guest's own address, while
+	// the host still does (every call of this test goes through it).
+	if got := sh(t, p, src.ID, `echo "$(id -u) $(id -g) $HOME"`); got != fmt.Sprintf("%d %d %s\n", sandbox.AgentUID, sandbox.AgentUID, microvm.AgentHome) {
+		t.Fatalf("the agent in the guest: %q", got)
+	}
+	var ctlOut bytes.Buffer
+	if res, err := p.Exec(ctx, src.ID, sandbox.ExecRequest{Argv: []string{"sh", "-c", "id -u; umask 077; echo stasis > /root/secret"}, User: sandbox.UserControl, Stdout: &ctlOut}); err != nil || res.ExitCode != 0 || ctlOut.String() != "0\n" {
+		t.Fatalf("stasis's user in the guest: %q %+v %v", ctlOut.String(), res, err)
+	}
+	if err := p.WriteFile(ctx, src.ID, "/work/from-host", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, p, src.ID, "stat -c %u:%g /work/from-host"); got != fmt.Sprintf("%d:%d\n", sandbox.AgentUID, sandbox.AgentUID) {
+		t.Fatalf("a file the host wrote belongs to %q", got)
+	}
+	// The control: the agent reaches a guest service of its own on
+	// loopback and on the guest's address, with the same wget.
+	if out := sh(t, p, src.ID, `nc -ll -p 7001 -e echo reached </dev/null >/dev/null 2>&1 & l=$!
+		for a in 127.0.0.1 10.0.2.15; do
+			i=0; until o=$(nc -w 5 $a 7001 </dev/null 2>/dev/null) && [ -n "$o" ]; do i=$((i+1)); [ $i -le 200 ] || exit 1; sleep 0.05; done
+			echo "$o"
+		done; kill $l`); out != "reached\nreached\n" {
+		t.Fatalf("the control: the agent's own service on loopback: %q", out)
+	}
+	if out := sh(t, p, src.ID, "cat /root/secret >/dev/null 2>&1 && echo reached || echo refused"); out != "refused\n" {
+		t.Fatalf("the agent read a file of stasis's user: %q", out)
+	}
+	for _, a := range []string{"127.0.0.1", "10.0.2.15"} {
+		if reaches(t, p, src.ID, fmt.Sprintf("http://%s:%d/v1/health", a, microvm.AgentPort)) {
+			t.Fatalf("the agent, from inside the guest, reached the guest agent on %s", a)
+		}
 	}
 
 	// A counter in memory only (a shell variable), printed to a file.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -52,6 +53,13 @@ func (s *syncBuffer) String() string {
 // a client for it. Its log is shown when the test fails.
 func start(t *testing.T) *agent.Client {
 	t.Helper()
+	c, _ := startConfig(t, agent.Config{})
+	return c
+}
+
+// startConfig is start with a configuration; it also returns the log.
+func startConfig(t *testing.T, cfg agent.Config) (*agent.Client, *syncBuffer) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +68,8 @@ func start(t *testing.T) *agent.Client {
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	done := make(chan error, 1)
-	go func() { done <- agent.Serve(ctx, ln, log) }()
+	cfg.Log = log
+	go func() { done <- agent.ServeConfig(ctx, ln, cfg) }()
 	c := agent.New("http://" + ln.Addr().String())
 	t.Cleanup(func() {
 		c.CloseIdle()
@@ -72,7 +81,7 @@ func start(t *testing.T) *agent.Client {
 			t.Logf("agent log:\n%s", logs.String())
 		}
 	})
-	return c
+	return c, logs
 }
 
 // waitFor polls cond until it holds, failing the test after 20 seconds.
@@ -735,4 +744,151 @@ func TestInfoAndHealth(t *testing.T) {
 	if err := agent.New("http://" + addr).Health(ctx); err == nil {
 		t.Error("health of no agent succeeded")
 	}
+}
+
+// TestUsersSplit runs the agent with the guest's users split, as a guest
+// does: a command runs as the agent (no groups, its HOME) unless it asks
+// for stasis's user; the files the host writes are the agent's, and none
+// reaches a file of stasis's, through a symlink the agent planted either;
+// a background command's log is opened as its user.
+func TestUsersSplit(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run commands as another user; CI runs as root")
+	}
+	t.Parallel()
+	const uid = 1000
+	base, err := os.MkdirTemp("", "stasis-agent-users-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	work, home, secret := filepath.Join(base, "work"), filepath.Join(base, "home"), filepath.Join(base, "secret")
+	for _, d := range []string{work, home, secret} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{work, home} {
+		if err := os.Chown(d, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	token := filepath.Join(secret, "token.json")
+	if err := os.WriteFile(token, []byte("stasis's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := startConfig(t, agent.Config{Users: &agent.Users{UID: uid, GID: uid, Home: home}})
+	ctx := context.Background()
+	run := func(user sandbox.User, script string) (string, int) {
+		t.Helper()
+		var out bytes.Buffer
+		res, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, Cwd: work, User: user, Stdout: &out, Stderr: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(out.String()), res.ExitCode
+	}
+	ids := `echo "$(id -u) $(id -g) $HOME"; grep -E '^(Groups|CapEff):' /proc/self/status | tr -s '\t ' ' '`
+	if got, _ := run(sandbox.UserAgent, ids); got != fmt.Sprintf("%d %d %s\nGroups: \nCapEff: 0000000000000000", uid, uid, home) {
+		t.Errorf("as the agent: %q", got)
+	}
+	if got, _ := run(sandbox.UserControl, `echo "$(id -u) $HOME"`); got != "0 /root" {
+		t.Errorf("as stasis's user: %q", got)
+	}
+	if got, code := run(sandbox.UserAgent, "cat "+token); code == 0 {
+		t.Errorf("the agent read stasis's token: %q", got)
+	}
+	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}, User: "root"}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("an unknown user: %v, want ErrInvalid", err)
+	}
+
+	// Files the host writes are the agent's.
+	owner := func(p string) (uint32, uint32) {
+		t.Helper()
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid
+	}
+	f := filepath.Join(work, "new", "f.txt")
+	if err := c.WriteFile(ctx, f, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{f, filepath.Dir(f)} {
+		if u, g := owner(p); u != uid || g != uid {
+			t.Errorf("%s belongs to %d:%d, want the agent's", p, u, g)
+		}
+	}
+	if err := c.Upload(ctx, filepath.Join(work, "up"), bytes.NewReader(tarOf(t,
+		&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755}, &tar.Header{Name: "d/f", Typeflag: tar.TypeReg}))); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"up", "up/d", "up/d/f"} {
+		if u, g := owner(filepath.Join(work, p)); u != uid || g != uid {
+			t.Errorf("uploaded %s belongs to %d:%d, want the agent's", p, u, g)
+		}
+	}
+
+	// Nothing the host writes for the agent reaches stasis's files.
+	evil := filepath.Join(work, "evil")
+	if err := os.Symlink(token, evil); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(evil, uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteFile(ctx, evil, []byte("forged"), 0o644); err == nil {
+		t.Errorf("a write through the agent's symlink to stasis's token succeeded")
+	}
+	if err := c.WriteFile(ctx, filepath.Join(secret, "planted"), []byte("x"), 0o644); err == nil {
+		t.Errorf("a write into stasis's directory succeeded")
+	}
+	if err := c.Upload(ctx, secret, bytes.NewReader(tarOf(t, &tar.Header{Name: "planted", Typeflag: tar.TypeReg}))); err == nil {
+		t.Errorf("an upload into stasis's directory succeeded")
+	}
+	if err := c.Upload(ctx, work, bytes.NewReader(tarOf(t, &tar.Header{Name: "evil", Typeflag: tar.TypeReg}))); err != nil {
+		t.Logf("upload over the agent's symlink: %v", err) // replacing the agent's own link is allowed; its target must not change
+	}
+	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}, Background: true, LogPath: filepath.Join(work, "up", "log")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(token, filepath.Join(work, "log-link")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"echo", "appended"}, Background: true, LogPath: filepath.Join(work, "log-link")}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("a background command's log through the agent's symlink to stasis's token: %v, want ErrInvalid", err)
+	}
+	if b, err := os.ReadFile(token); err != nil || string(b) != "stasis's" {
+		t.Errorf("stasis's token now holds %q (%v)", b, err)
+	}
+	if names, _ := os.ReadDir(secret); len(names) != 1 {
+		t.Errorf("stasis's directory holds %v", names)
+	}
+	// stasis's own commands still write where the agent cannot.
+	if _, code := run(sandbox.UserControl, "echo ok > "+filepath.Join(secret, "control")); code != 0 {
+		t.Errorf("stasis's user could not write its own directory")
+	}
+}
+
+// TestHostOnlyRefusesTheGuest: with HostOnly, a connection from the
+// agent's own machine (here loopback, in a guest also its own address) is
+// closed unanswered, and logged.
+func TestHostOnlyRefusesTheGuest(t *testing.T) {
+	t.Parallel()
+	c, logs := startConfig(t, agent.Config{HostOnly: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Health(ctx); err == nil {
+		t.Fatal("a loopback client was answered")
+	}
+	var out bytes.Buffer
+	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo ran"}, Stdout: &out}); err == nil || out.Len() > 0 {
+		t.Fatalf("a loopback client's exec: %v %q", err, out.String())
+	}
+	waitFor(t, "the refusal logged", func() bool { return strings.Contains(logs.String(), "refused a connection from inside the guest") })
 }

@@ -116,7 +116,7 @@ func (c *Client) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Exe
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", c.What, "no command")
 	}
-	h := execHeader{Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, Background: req.Background}
+	h := execHeader{Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, Background: req.Background, User: string(req.User)}
 	if req.Background {
 		h.LogPath = req.LogPath
 	} else if req.Timeout > 0 {

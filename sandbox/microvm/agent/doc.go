@@ -42,14 +42,22 @@
 // The request body starts with one line of JSON ended by a newline (the
 // header, at most 1 MiB):
 //
-//	{"argv":["sh","-c","…"],"env":{"K":"V"},"cwd":"/work","timeout_ms":0,"background":false,"log_path":""}
+//	{"argv":["sh","-c","…"],"env":{"K":"V"},"cwd":"/work","timeout_ms":0,"background":false,"log_path":"","user":""}
 //
-// Every field but argv may be left out. The rest of the body is the
+// Every field but argv may be left out. user is "" (the agent) or
+// "control" (stasis's own user); anything else is invalid. It matters
+// where the agent was started with the users split (Config.Users,
+// `--agent-uid`, as every guest's init does): there a command runs as the
+// agent's uid and gid with no supplementary groups and HOME the agent's
+// home, unless user is "control", which runs it as the guest agent's own
+// user (root, HOME=/root). A background command's log is opened as the
+// command's user. Without the split every command runs as the agent's own
+// user. The rest of the body is the
 // command's standard input, streamed as it arrives (the server reads the
 // body while it writes the response, so a command can answer input it has
 // just been sent); the command sees end of file when the body ends. The
 // environment is PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-// and HOME=/root, with env laid over it; nothing of the agent's own
+// and HOME (as above), with env laid over it; nothing of the agent's own
 // environment is passed on. argv[0] is looked up in that PATH. cwd defaults
 // to /work. A command that cannot start still gives a frame stream: a
 // message on stderr and exit code 125 (cwd unusable), 126 (found but not
@@ -81,6 +89,19 @@
 //
 // # Files
 //
+// With the users split, PUT /v1/file and PUT /v1/tar write with the
+// agent's file-system ids (fsuid, fsgid, no groups, so no file capability
+// either): what they make is the agent's, and they cannot write where the
+// agent could not, through a symlink it planted either. GET /v1/file and
+// GET /v1/tar read as the guest agent's own user: what they read goes to
+// the host, never to the agent.
+//
+// With Config.HostOnly (`--host-only`) a connection whose peer is the
+// guest itself (a loopback address or an address of one of its
+// interfaces) is closed unanswered: in a guest only QEMU's forwarding of
+// the host's port reaches the agent, so a process in the guest cannot have
+// the agent run a command as root.
+//
 // GET /v1/file answers not_found for a missing file or a directory (as the
 // local provider does); an error while the bytes stream is reported in the
 // Stasis-Error trailer, and the client returns it. PUT /v1/file writes
@@ -97,7 +118,8 @@
 // (any target, created as given) and hard links (to an earlier entry) are
 // extracted with their permission bits and modification times (a
 // directory's are set once all entries are in; a symlink's own time is not
-// kept); owners are not kept (the agent runs as root); other entry kinds
+// kept); owners are not kept (entries belong to whoever extracts them:
+// the agent's user with the users split); other entry kinds
 // (devices, FIFOs) are skipped. An existing non-directory at an entry's
 // name is replaced.
 //

@@ -183,7 +183,7 @@ func (s *server) foreground(ctx context.Context, h execHeader, stdin io.Reader, 
 	// The response starts at once: the client knows the agent took the
 	// command even if no output comes for a long time.
 	fw.start()
-	cmd, code, msg := prepare(h, h.environ())
+	cmd, code, msg := prepare(h, h.environ(s.home(h)))
 	if cmd == nil {
 		fw.write(frameStderr, []byte("stasis agent: "+msg+"\n"))
 		return endFrame{ExitCode: code}
@@ -206,7 +206,7 @@ func (s *server) foreground(ctx context.Context, h execHeader, stdin io.Reader, 
 	defer outR.Close()
 	defer errR.Close()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.credential(h)}
 	err := cmd.Start()
 	inR.Close()
 	outW.Close()
@@ -350,7 +350,7 @@ func (s *server) startBackground(h execHeader) (int, error) {
 	invalid := func(format string, args ...any) (int, error) {
 		return 0, sandbox.Errorf(sandbox.ErrInvalid, "exec", "", format, args...)
 	}
-	cmd, _, msg := prepare(h, h.environ())
+	cmd, _, msg := prepare(h, h.environ(s.home(h)))
 	if cmd == nil {
 		return invalid("%s", msg)
 	}
@@ -360,13 +360,31 @@ func (s *server) startBackground(h execHeader) (int, error) {
 		if !filepath.IsAbs(logPath) {
 			logPath = filepath.Join(h.Cwd, logPath)
 		}
-		if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
-			return invalid("log directory: %v", err)
-		}
 	}
-	out, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	// The log is opened as the command's user: an agent's command cannot
+	// have it appended to a file of stasis's through a symlink.
+	var out *os.File
+	openLog := func() error {
+		if logPath != os.DevNull {
+			if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+				return fmt.Errorf("log directory: %v", err)
+			}
+		}
+		var err error
+		out, err = os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return fmt.Errorf("log: %v", err)
+		}
+		return nil
+	}
+	var err error
+	if s.credential(h) != nil {
+		err = s.asAgent(openLog)
+	} else {
+		err = openLog()
+	}
 	if err != nil {
-		return invalid("log: %v", err)
+		return invalid("%v", err)
 	}
 	defer out.Close()
 	in, err := os.Open(os.DevNull)
@@ -375,7 +393,7 @@ func (s *server) startBackground(h execHeader) (int, error) {
 	}
 	defer in.Close()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: s.credential(h)}
 	if err := cmd.Start(); err != nil {
 		return invalid("start %s: %v", h.Argv[0], err)
 	}

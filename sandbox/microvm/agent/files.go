@@ -115,7 +115,7 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request) {
 		mode, err = strconv.ParseUint(r.URL.Query().Get("mode"), 8, 32)
 		if err != nil || mode > 0o7777 {
 			err = sandbox.Errorf(sandbox.ErrInvalid, "write", "", "bad mode %q (octal, at most 07777)", r.URL.Query().Get("mode"))
-		} else if err = writeFile(p, r.Body, fileMode(uint32(mode))); err == nil {
+		} else if err = s.asAgent(func() error { return writeFile(p, r.Body, fileMode(uint32(mode))) }); err == nil {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
@@ -191,7 +191,7 @@ func followLinks(p string) (string, error) {
 func (s *server) upload(w http.ResponseWriter, r *http.Request) {
 	dir, err := queryPath(r, "upload", "dir")
 	if err == nil {
-		if err = s.extract(dir, r.Body); err == nil {
+		if err = s.asAgent(func() error { return s.extract(dir, r.Body) }); err == nil {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}

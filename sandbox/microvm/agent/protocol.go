@@ -148,6 +148,9 @@ type execHeader struct {
 	TimeoutMS  int64             `json:"timeout_ms,omitempty"`
 	Background bool              `json:"background,omitempty"`
 	LogPath    string            `json:"log_path,omitempty"`
+	// User is "" (the agent) or "control" (sandbox.UserControl): whom
+	// the command runs as where the guest's users are split.
+	User string `json:"user,omitempty"`
 }
 
 func (h execHeader) timeout() time.Duration { return time.Duration(h.TimeoutMS) * time.Millisecond }
@@ -209,6 +212,9 @@ func parseExecHeader(line []byte) (execHeader, error) {
 	if h.TimeoutMS < 0 || h.TimeoutMS > math.MaxInt64/int64(time.Millisecond) {
 		return bad("timeout_ms %d out of range", h.TimeoutMS)
 	}
+	if h.User != "" && h.User != string(sandbox.UserControl) {
+		return bad("user %q: give \"\" (the agent) or %q", h.User, sandbox.UserControl)
+	}
 	if len(h.Env) == 0 {
 		h.Env = nil
 	}
@@ -226,8 +232,8 @@ func absPath(p string) string {
 
 // environ is the command's environment: the base plus the request's,
 // sorted by name.
-func (h execHeader) environ() []string {
-	env := map[string]string{"PATH": defaultPath, "HOME": defaultHome}
+func (h execHeader) environ(home string) []string {
+	env := map[string]string{"PATH": defaultPath, "HOME": home}
 	for k, v := range h.Env {
 		env[k] = v
 	}

@@ -181,10 +181,10 @@ func FuzzParseExecHeader(f *testing.F) {
 			}
 			return
 		}
-		if len(h.Argv) == 0 || h.Argv[0] == "" || h.TimeoutMS < 0 || h.timeout() < 0 || !path.IsAbs(h.Cwd) || path.Clean(h.Cwd) != h.Cwd {
+		if (h.User != "" && h.User != "control") || len(h.Argv) == 0 || h.Argv[0] == "" || h.TimeoutMS < 0 || h.timeout() < 0 || !path.IsAbs(h.Cwd) || path.Clean(h.Cwd) != h.Cwd {
 			t.Fatalf("accepted %+v", h)
 		}
-		env := h.environ()
+		env := h.environ(defaultHome)
 		seen := map[string]bool{}
 		for _, kv := range env {
 			k, _, ok := strings.Cut(kv, "=")

@@ -25,7 +25,8 @@ const bootIDPath = "/proc/sys/kernel/random/boot_id"
 
 // server holds what the handlers share.
 type server struct {
-	log *slog.Logger
+	log   *slog.Logger
+	users *Users // nil: every command and file is the agent's own user's
 	// setClock sets the wall clock; tests replace it.
 	setClock func(unix.Timespec) error
 
@@ -39,12 +40,28 @@ type server struct {
 // connection, kills the foreground commands still running (background
 // commands go on), and returns once every handler has returned. It returns
 // nil after ctx ends, or the error that stopped it serving. A nil log
-// discards the log.
+// discards the log. Every command and file is the agent's own user's.
 func Serve(ctx context.Context, ln net.Listener, log *slog.Logger) error {
+	return ServeConfig(ctx, ln, Config{Log: log})
+}
+
+// ServeConfig is Serve with the users split and connections from the
+// guest refused as c says.
+func ServeConfig(ctx context.Context, ln net.Listener, c Config) error {
+	log := c.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if c.Users != nil {
+		if err := c.Users.Check(); err != nil {
+			return err
+		}
+	}
+	if c.HostOnly {
+		ln = hostOnly{Listener: ln, log: log}
+	}
 	s := newServer(log)
+	s.users = c.Users
 	srv := &http.Server{
 		Handler: s.handler(),
 		// Requests end with ctx: foreground commands are killed.
@@ -56,7 +73,7 @@ func Serve(ctx context.Context, ln net.Listener, log *slog.Logger) error {
 	}
 	stop := context.AfterFunc(ctx, func() { _ = srv.Close() })
 	defer stop()
-	log.Info("agent serving", "addr", ln.Addr().String(), "pid", os.Getpid())
+	log.Info("agent serving", "addr", ln.Addr().String(), "pid", os.Getpid(), "users_split", c.Users != nil, "host_only", c.HostOnly)
 	err := srv.Serve(ln)
 	_ = srv.Close()
 	s.drain()

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"time"
 )
 
@@ -33,6 +34,17 @@ type Capabilities struct {
 	// every exec runs as one user, and the harness is not kept from stasis's
 	// own files and sockets in the sandbox.
 	Users bool `json:"users"`
+}
+
+// GatewayServer serves the gateway to each sandbox on a socket of the
+// sandbox's own, which a provider makes on the host (local, microvm).
+type GatewayServer interface {
+	// ServeSandbox serves sandbox id's relays on ln (the provider's
+	// listener, closed to everyone but what joins the sandbox to it) until
+	// StopSandbox(id); a second call for the same id replaces the first.
+	ServeSandbox(id string, ln net.Listener)
+	// StopSandbox stops serving sandbox id and closes its listener.
+	StopSandbox(id string)
 }
 
 // User names whom an exec runs as inside a sandbox.

@@ -336,10 +336,19 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		if guest == "" {
 			guest = bin
 		}
-		if s.provider, err = microvm.New(ctx, microvm.Options{
-			Home: filepath.Join(state, "microvm"), Exe: o.Exe, ExeEnv: o.ExeEnv, GuestBinary: guest, Gateway: s.sock,
-		}); err != nil {
+		// Each guest's GatewayAddr leads to a socket of its own on the
+		// host, on which only its episode's token is valid.
+		s.sockets = relay.NewSandboxSockets(s.gw, o.GatewayMiddleware)
+		mp, err := microvm.New(ctx, microvm.Options{
+			Home: filepath.Join(state, "microvm"), Exe: o.Exe, ExeEnv: o.ExeEnv, GuestBinary: guest,
+			GatewayDir: filepath.Dir(s.sock), GatewayServer: s.sockets,
+		})
+		if err != nil {
 			return noProvider(err)
+		}
+		s.provider = mp
+		if err := mp.ServeGateways(ctx); err != nil {
+			return s, fmt.Errorf("server: the sandboxes' gateway sockets: %w", err)
 		}
 		gatewayURL = "http://" + microvm.GatewayAddr
 	case opensandbox.Name:

@@ -401,15 +401,8 @@ func (p *Provider) prepareDir(m *meta) error {
 }
 
 // GatewayServer serves the gateway to one sandbox at a time on the
-// sandbox's own socket.
-type GatewayServer interface {
-	// ServeSandbox serves sandbox id's relays on ln (the provider's
-	// listener, closed to everyone but the sandbox's stasis user) until
-	// StopSandbox(id); a second call for the same id replaces the first.
-	ServeSandbox(id string, ln net.Listener)
-	// StopSandbox stops serving sandbox id and closes its listener.
-	StopSandbox(id string)
-}
+// sandbox's own socket (sandbox.GatewayServer).
+type GatewayServer = sandbox.GatewayServer
 
 // listenGateway makes sandbox m's gateway socket, closed to all but the
 // sandbox's stasis user (uid 0 inside: the relay's), and hands it to

@@ -13,9 +13,9 @@
 // init from the stasis binary in the image) over QEMU's user-mode network:
 // a loopback port forwarded to the agent, one per sandbox. The guest
 // reaches nothing but what QEMU forwards (restrict=on): GatewayAddr leads,
-// one `stasis microvm pipe` per connection, to the host's gateway socket,
-// so the relay in the guest talks to the gateway as it does from a local
-// sandbox. A keeper process per sandbox (`stasis microvm keeper`) owns the
+// one `stasis microvm pipe` per connection, to the host's gateway socket
+// (with Options.GatewayDir, a socket of that sandbox's own), so the relay
+// in the guest talks to the gateway as it does from a local sandbox. A keeper process per sandbox (`stasis microvm keeper`) owns the
 // QEMU and enforces the absolute expiry; GC ends QEMUs whose keeper died.
 package microvm
 
@@ -75,9 +75,15 @@ type Options struct {
 	MemMiB int
 	// Accel forces kvm or tcg; empty probes once and caches the answer.
 	Accel string
-	// Gateway is the host unix socket that GatewayAddr in every guest
-	// leads to; empty for none.
-	Gateway string
+	// GatewayDir and GatewayServer, when both are set, give every guest a
+	// gateway socket of its own: GatewayDir/ID/gw.sock on the
+	// host (its directory made with the sandbox, mode 0700, removed with
+	// it), which GatewayAddr in that guest alone leads to and which
+	// GatewayServer serves. A token bound to one sandbox's socket
+	// (relay.Gateway.Bind) is then of no use from any other guest. Unset,
+	// the guests reach no gateway.
+	GatewayDir    string
+	GatewayServer sandbox.GatewayServer
 	// BootTimeout bounds a boot or a restore, to the agent answering
 	// (default 90s: TCG on a loaded machine is slow).
 	BootTimeout time.Duration
@@ -360,20 +366,99 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// baseVM is a new VM's config; Prepare has run.
-func (p *Provider) baseVM() vmConfig {
+// baseVM is new VM id's config; Prepare has run.
+func (p *Provider) baseVM(id string) vmConfig {
 	c := vmConfig{QEMU: p.qemu, Kernel: p.kernel.Image, Initramfs: p.initramfs, MemMiB: p.o.MemMiB, Accel: p.accel, TSCKHz: p.tscKHz}
-	c.Gateway, c.Pipe = p.gateway()
+	c.Gateway, c.Pipe = p.gateway(id)
 	return c
 }
 
-// gateway is the host socket the guests' GatewayAddr leads to, and the
+// ownGateways says whether every guest gets a gateway socket of its own
+// (Options.GatewayDir and GatewayServer).
+func (p *Provider) ownGateways() bool { return p.o.GatewayDir != "" && p.o.GatewayServer != nil }
+
+// GatewaySocketName is the name of a guest's own gateway socket in its
+// directory under Options.GatewayDir.
+const GatewaySocketName = "gw.sock"
+
+// gatewaySocket is sandbox id's own gateway socket on the host.
+func (p *Provider) gatewaySocket(id string) string {
+	return filepath.Join(p.o.GatewayDir, id, GatewaySocketName)
+}
+
+// gateway is the host socket sandbox id's GatewayAddr leads to, and the
 // command QEMU runs per connection to join it (none without a socket).
-func (p *Provider) gateway() (string, []string) {
-	if p.o.Gateway == "" {
+func (p *Provider) gateway(id string) (string, []string) {
+	if !p.ownGateways() {
 		return "", nil
 	}
-	return p.o.Gateway, []string{p.o.Exe, "microvm", "pipe", "--unix", p.o.Gateway}
+	sock := p.gatewaySocket(id)
+	return sock, []string{p.o.Exe, "microvm", "pipe", "--unix", sock}
+}
+
+// listenGateway makes sandbox m's own gateway socket (when the guests
+// have their own), closed to all but the host's root, whose pipes QEMU
+// starts, and hands it to Options.GatewayServer.
+func (p *Provider) listenGateway(m meta) error {
+	if !p.ownGateways() || m.VM.Gateway != p.gatewaySocket(m.ID) {
+		return nil
+	}
+	dir := filepath.Dir(m.VM.Gateway)
+	if err := os.MkdirAll(p.o.GatewayDir, 0o711); err != nil {
+		return fmt.Errorf("gateway directory: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("gateway directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("gateway directory: %w", err)
+	}
+	if err := os.Remove(m.VM.Gateway); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("gateway socket: %w", err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: m.VM.Gateway, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("gateway socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(m.VM.Gateway, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("gateway socket: %w", err)
+	}
+	p.o.GatewayServer.ServeSandbox(m.ID, ln)
+	return nil
+}
+
+// stopGateway stops serving sandbox id's own gateway socket and removes
+// its directory.
+func (p *Provider) stopGateway(id string) {
+	if !p.ownGateways() || !hostkeep.ValidID(id, "vm-") {
+		return
+	}
+	p.o.GatewayServer.StopSandbox(id)
+	_ = os.RemoveAll(filepath.Dir(p.gatewaySocket(id)))
+}
+
+// ServeGateways listens again on the own gateway socket of every sandbox
+// there is (after the host process that served them restarted).
+func (p *Provider) ServeGateways(ctx context.Context) error {
+	if !p.ownGateways() {
+		return nil
+	}
+	infos, err := p.List(ctx, nil)
+	if err != nil {
+		return err
+	}
+	for _, in := range infos {
+		m, err := p.readMeta("serve the gateway", in.ID)
+		if err != nil {
+			continue // gone since
+		}
+		if err := p.listenGateway(m); err != nil {
+			return fmt.Errorf("sandbox %s: %w", in.ID, err)
+		}
+	}
+	return nil
 }
 
 // Create boots a microVM and returns once its agent answers.
@@ -392,7 +477,8 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 	if err := p.Prepare(ctx); err != nil {
 		return sandbox.Info{}, err
 	}
-	m := meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM()}
+	id := hostkeep.NewID("vm-")
+	m := meta{ID: id, Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM(id)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -437,6 +523,9 @@ func tarDir(dir string, w io.Writer) error {
 func (p *Provider) boot(ctx context.Context, m *meta) error {
 	dir := p.sbDir(m.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := p.listenGateway(*m); err != nil {
 		return err
 	}
 	var err error
@@ -665,6 +754,7 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 
 // retire kills and removes a sandbox exactly once.
 func (p *Provider) retire(id string) error {
+	defer p.stopGateway(id)
 	done, err := hostkeep.Retire(p.sbDir(id), id, func(dead string) {
 		if k, ok := readKeeperAt(dead); ok {
 			killVM(k)
@@ -705,6 +795,7 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 			}
 			_ = os.Remove(qmpPath(id))
 			_ = os.RemoveAll(filepath.Join(p.dir, name))
+			p.stopGateway(id)
 			continue
 		}
 		if !hostkeep.ValidID(name, "vm-") {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"stasis/proc"
+	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/sandbox/microvm"
 	"stasis/sandbox/sandboxtest"
@@ -132,24 +134,24 @@ func uptime(t *testing.T, p sandbox.Provider, id string) float64 {
 // fork; uptime continues from the snapshot; the clock can be set; the
 // guest reaches the host's gateway socket and nothing else.
 func TestForkContinuesProcesses(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "gw.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "gateway saw %s", r.URL.Path) })}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
-
-	p := newProvider(t, microvm.Options{Gateway: sock})
+	// Every guest reaches a gateway socket of its own, which says whose.
+	gwDir := t.TempDir()
+	sockets := relay.NewSandboxSocketsFunc(func(id string) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "gateway of %s saw %s", id, r.URL.Path) })
+	})
+	defer sockets.Close()
+	p := newProvider(t, microvm.Options{GatewayDir: gwDir, GatewayServer: sockets})
 	src, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(10 * time.Minute)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Delete(ctx, src.ID)
 
-	if got := sh(t, p, src.ID, "wget -q -O - http://"+microvm.GatewayAddr+"/v1/models"); got != "gateway saw /v1/models" {
+	if got := sh(t, p, src.ID, "wget -q -O - http://"+microvm.GatewayAddr+"/v1/models"); got != "gateway of "+src.ID+" saw /v1/models" {
 		t.Fatalf("the guest's way to the gateway: %q", got)
+	}
+	if fi, err := os.Stat(filepath.Join(gwDir, src.ID, microvm.GatewaySocketName)); err != nil || fi.Mode()&fs.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the guest's own gateway socket: %v %v", fi, err)
 	}
 	// restrict=on: the host's other loopback services are out of reach.
 	other, err := net.Listen("tcp", "127.0.0.1:0")
@@ -242,7 +244,7 @@ func TestForkContinuesProcesses(t *testing.T) {
 		if u := uptime(t, p, f.ID); u < up {
 			t.Fatalf("fork %s: uptime %.2f went back from %.2f", f.ID, u, up)
 		}
-		if got := sh(t, p, f.ID, "wget -q -O - http://"+microvm.GatewayAddr+"/again"); got != "gateway saw /again" {
+		if got := sh(t, p, f.ID, "wget -q -O - http://"+microvm.GatewayAddr+"/again"); got != "gateway of "+f.ID+" saw /again" {
 			t.Fatalf("fork %s: the way to the gateway: %q", f.ID, got)
 		}
 	}
@@ -262,6 +264,13 @@ func TestForkContinuesProcesses(t *testing.T) {
 	}
 	if d := time.Duration((in.Wall - float64(want.UnixNano())/1e9) * float64(time.Second)); d < -time.Second || d > 30*time.Second {
 		t.Fatalf("guest wall after SetClock is off by %s", d)
+	}
+	// A deleted guest's gateway socket goes with it.
+	if err := p.Delete(ctx, forks[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(gwDir, forks[1].ID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the deleted fork's gateway directory: %v", err)
 	}
 }
 

@@ -371,7 +371,7 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, spec
 	m.VM.Incoming = state
 	// A fork's gateway is this provider's (the host's socket may have
 	// moved since the save).
-	m.VM.Gateway, m.VM.Pipe = p.gateway()
+	m.VM.Gateway, m.VM.Pipe = p.gateway(m.ID)
 	if err := p.boot(ctx, &m); err != nil {
 		_ = p.retire(m.ID)
 		return sandbox.Info{}, err

@@ -60,6 +60,11 @@ const (
 	StragglersFail    = "fail"
 )
 
+// ErrStraggler is in the error of a checkpoint that failed because an
+// episode could not be checkpointed (StragglersFail, or every episode
+// straggled); the message names the episode and why.
+var ErrStraggler = errors.New("an episode could not be checkpointed")
+
 // CheckStragglers refuses an unknown straggler policy ("" is the default).
 func CheckStragglers(policy string) error {
 	switch policy {
@@ -429,6 +434,9 @@ func (c *Coordinator) PrepareWith(ctx context.Context, id string, po PrepareOpti
 			snaps = append(snaps, f.Snapshot)
 		}
 		if err != nil {
+			if ctx.Err() == nil {
+				return fmt.Errorf("%w: %w", ErrStraggler, err)
+			}
 			return err
 		}
 		figs[eid] = f
@@ -444,7 +452,7 @@ func (c *Coordinator) PrepareWith(ctx context.Context, id string, po PrepareOpti
 		for _, eid := range ids {
 			why = append(why, errors.New(excluded[eid]))
 		}
-		err = fmt.Errorf("no episode could be checkpointed: %w", errors.Join(why...))
+		err = fmt.Errorf("%w: none could: %w", ErrStraggler, errors.Join(why...))
 		snaps = append(snaps, excludedSnaps...)
 		excludedSnaps = nil
 	}
@@ -513,10 +521,16 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 	snap, err := e.PauseAndSnapshot(ctx, seq, false)
 	if err != nil {
 		if checkpoint.IsRefused(err) {
-			// The harness ended between the status and the pause.
-			rec, err = c.finishedRecord(ctx, e, row)
-			f.Finished = true
-			return f, 0, rec, err
+			// The harness ended between the status and the pause, or the
+			// supervisor's sequence is past ours (burned from inside the
+			// sandbox, or another controller): then no pause is in force,
+			// and the episode cannot be recorded.
+			if st2, serr := e.Status(ctx); serr == nil && st2.State == "exited" {
+				rec, err = c.finishedRecord(ctx, e, row)
+				f.Finished = true
+				return f, 0, rec, err
+			}
+			return f, 0, rec, fmt.Errorf("episode %s: its supervisor refused pause %d, yet its harness runs (a sequence ahead of the server's, burned from inside the sandbox?): %w", eid, seq, err)
 		}
 		// The pause may be in force; continue it with the rest.
 		return f, seq, rec, fmt.Errorf("episode %s: %w", eid, err)

@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"stasis/coordinator"
+	"stasis/harness"
 	"stasis/openapi"
 	"stasis/relay"
+	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/server"
 	"stasis/stasistest"
@@ -716,5 +718,77 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		if _, ok := doc.Components.Schemas[name]; !ok {
 			t.Errorf("the document refers to schema %s, which it lacks", name)
 		}
+	}
+}
+
+// TestCheckpointExcludesAStraggler: an episode whose supervisor refuses
+// the server's pause (its sequence burned from inside the sandbox, as an
+// agent once could) is excluded from a checkpoint over the API, with the
+// reason in the answer, and does not block the next one; with
+// "stragglers": "fail" the checkpoint fails naming it.
+func TestCheckpointExcludesAStraggler(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	state := t.TempDir()
+	cleanState(t, state)
+	g := newGate("ep-bad", 2)
+	defer g.Open()
+	r := startServer(t, ctx, state, g.middleware)
+	defer r.Close()
+	api := r.api
+	var bad view
+	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-bad", "task": "sh-renext-spaces", "harness": "mini"}, 201, &bad)
+	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-good", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		t.Fatal("ep-bad's second model call never came")
+	}
+	api.waitExited(ctx, "ep-good")
+	// Burn ep-bad's sequence as stasis's user in its sandbox.
+	lp, err := local.New(local.Options{Home: filepath.Join(state, "local"), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"pause", "continue"} {
+		var out strings.Builder
+		res, err := lp.Exec(ctx, bad.Sandbox, sandbox.ExecRequest{
+			Argv: []string{harness.BoundBinaryPath, "ctl", "--dir", "/tmp/stasis/ep-bad", op, "1000000"},
+			Env:  stasistest.EnvMap, User: sandbox.UserControl, Stdout: &out, Stderr: &out,
+		})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("burn ep-bad's sequence (%s): %v %+v %s", op, err, res, out.String())
+		}
+	}
+	for _, id := range []string{"ckpt-s1", "ckpt-s2"} {
+		var ck server.CheckpointResponse
+		api.call("POST", "/v1/checkpoints", map[string]any{"id": id}, 201, &ck)
+		got := map[string]coordinator.EpisodeFigures{}
+		for _, f := range ck.Episodes {
+			got[f.Episode] = f
+		}
+		t.Logf("%s: ep-bad: %+v", id, got["ep-bad"])
+		if f := got["ep-bad"]; !f.Excluded || !strings.Contains(f.Reason, "refused pause") || f.Snapshot != "" {
+			t.Errorf("%s: ep-bad %+v, want excluded with a reason", id, f)
+		}
+		if f := got["ep-good"]; f.Excluded || !f.Finished {
+			t.Errorf("%s: ep-good %+v, want recorded finished", id, f)
+		}
+	}
+	api.refuse("POST", "/v1/checkpoints", map[string]any{"id": "ckpt-strict", "stragglers": "fail"}, 409, "conflict", "episode ep-bad")
+	var cd struct {
+		Checkpoint store.Checkpoint `json:"checkpoint"`
+	}
+	api.call("GET", "/v1/checkpoints/ckpt-strict", nil, 200, &cd)
+	if cd.Checkpoint.State != store.StateFailed {
+		t.Errorf("ckpt-strict: %+v, want failed", cd.Checkpoint)
+	}
+	g.Open()
+	api.waitExited(ctx, "ep-bad")
+	for _, id := range []string{"ep-bad", "ep-good"} {
+		api.call("POST", "/v1/episodes/"+id+"/retire", nil, 200, nil)
+	}
+	for _, id := range []string{"ckpt-s1", "ckpt-s2"} {
+		api.call("DELETE", "/v1/checkpoints/"+id, nil, 200, nil)
 	}
 }

@@ -78,10 +78,27 @@ API's address: relays reach it on its socket (or --gateway-listen).
 
 DIR (--state, made if missing) holds everything durable: the record store
 (DIR/store.db), the gateway's episodes and ledgers (DIR/gateway) and the
-provider's sandboxes and snapshots (DIR/local or DIR/microvm). The relays
-inside the sandboxes reach the gateway on a unix socket,
-/tmp/stasis-gw-HASH/gw.sock, the same for every server on DIR: bound into
-local sandboxes, and forwarded by QEMU into microVM guests (at 10.0.2.100:80).
+provider's sandboxes and snapshots (DIR/local or DIR/microvm). The relay
+inside each sandbox reaches the gateway on a unix socket of that sandbox's
+own, /tmp/stasis-gw-HASH/SANDBOX/gw.sock (HASH the same for every server on
+DIR), bound read-only into a local sandbox at /stasis/gateway/gw.sock and
+forwarded by QEMU into a microVM guest at 10.0.2.100:80; an episode's token
+is valid on its own sandbox's socket only, and no longer once it is retired.
+
+Limits (local provider). Each sandbox has a control group with a pids limit
+(--pids-limit), a memory and swap limit (--memory-limit) and a CPU weight
+(--cpu-weight), a /dev/shm of --shm-size, and its writable places' disk use
+counted against --disk-limit; an episode may ask for its own in its start
+request ("limits": {"pids", "memory_bytes", "cpu_weight", "shm_bytes",
+"disk_bytes"}). A sandbox over a limit is ended and its episode reports why;
+the other sandboxes go on.
+
+Stragglers. A checkpoint's episode that cannot be paused or snapshotted (its
+supervisor refuses the pause, its sandbox fails) is by default left out:
+the checkpoint commits without it, and its answer lists it with
+"excluded": true and the reason; the next checkpoint tries it again.
+--stragglers fail (or "stragglers": "fail" in the request) fails the
+checkpoint instead (409, naming the episode).
 
 With --provider microvm, episodes pause by hold (the relay holds the model
 calls; the harness is not signalled), a checkpoint saves each whole VM, and a

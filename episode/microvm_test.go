@@ -20,18 +20,18 @@ import (
 
 // newMicroVMRig is the rig on the microVM provider: the guest image holds
 // a static stasis at the bound binary's path, and QEMU forwards the
-// guest's GatewayAddr to the gateway's socket.
+// guest's GatewayAddr to a gateway socket of the guest's own.
 func newMicroVMRig(t *testing.T) (*rig, *microvm.Provider) {
 	t.Helper()
 	if os.Getenv(microvm.KernelEnv) == "" {
 		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel)", microvm.KernelEnv)
 	}
 	var mp *microvm.Provider
-	r := newRigOn(t, func(_, sock string, _ local.GatewayServer) (sandbox.Provider, string, string) {
+	r := newRigOn(t, func(gwDir, _ string, sockets local.GatewayServer) (sandbox.Provider, string, string) {
 		var err error
 		mp, err = microvm.New(context.Background(), microvm.Options{
 			Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env,
-			GuestBinary: stasistest.StaticBinary(t), Gateway: sock,
+			GuestBinary: stasistest.StaticBinary(t), GatewayDir: gwDir, GatewayServer: sockets,
 		})
 		if err != nil {
 			t.Fatal(err)

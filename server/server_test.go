@@ -42,6 +42,8 @@ type view struct {
 	LedgerOK   bool    `json:"ledger_ok"`
 	Reward     *int    `json:"reward"`
 	TokenPath  string  `json:"token_path"`
+	// StatusError is why the supervisor's status could not be read.
+	StatusError string `json:"status_error"`
 }
 
 type status struct {
@@ -791,4 +793,73 @@ func TestCheckpointExcludesAStraggler(t *testing.T) {
 	for _, id := range []string{"ckpt-s1", "ckpt-s2"} {
 		api.call("DELETE", "/v1/checkpoints/"+id, nil, 200, nil)
 	}
+}
+
+// TestEpisodeOverItsLimitEnds: an episode started with its own pids limit
+// (room for its harness and supervisor, whose Go threads count too) forks
+// past it while its second model call is held; its sandbox is ended, the episode's view says why,
+// a checkpoint leaves it out with that reason, and a neighbour episode
+// without the limit runs to its reward.
+func TestEpisodeOverItsLimitEnds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	state := t.TempDir()
+	cleanState(t, state)
+	g := newGate("ep-bomb", 2)
+	defer g.Open()
+	r := startServer(t, ctx, state, g.middleware)
+	defer r.Close()
+	api := r.api
+	var bomb view
+	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-bomb", "task": "sh-renext-spaces", "harness": "mini", "limits": map[string]any{"pids": 128}}, 201, &bomb)
+	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-next", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
+	waitCall := time.NewTimer(3 * time.Minute)
+	defer waitCall.Stop()
+	select {
+	case <-g.arrived:
+	case <-waitCall.C:
+		t.Fatalf("ep-bomb's second model call never came: %+v", api.episode("ep-bomb"))
+	}
+	lp, err := local.New(local.Options{Home: filepath.Join(state, "local"), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent forks past its limit (the forks beyond it fail; the
+	// keeper then ends the sandbox).
+	_, _ = lp.Exec(ctx, bomb.Sandbox, sandbox.ExecRequest{
+		Argv: []string{"/bin/sh", "-c", "for i in $(seq 1 400); do sleep 60 & done; wait"}, Timeout: time.Minute,
+	})
+	for {
+		v := api.episode("ep-bomb")
+		if strings.Contains(v.StatusError, "pids limit") {
+			t.Logf("ep-bomb: %s", v.StatusError)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("ep-bomb's view never said it was ended by its pids limit: %+v", v)
+		case <-time.After(100 * time.Millisecond): // poll interval, bounded by ctx
+		}
+	}
+	api.waitExited(ctx, "ep-next")
+	api.verify("ep-next", false)
+	var ck server.CheckpointResponse
+	api.call("POST", "/v1/checkpoints", map[string]any{"id": "ckpt-limit"}, 201, &ck)
+	for _, f := range ck.Episodes {
+		switch f.Episode {
+		case "ep-bomb":
+			if !f.Excluded || !strings.Contains(f.Reason, "pids limit") {
+				t.Errorf("ep-bomb in the checkpoint: %+v, want excluded for its pids limit", f)
+			}
+		case "ep-next":
+			if f.Excluded || !f.Finished {
+				t.Errorf("ep-next in the checkpoint: %+v", f)
+			}
+		}
+	}
+	g.Open()
+	for _, id := range []string{"ep-bomb", "ep-next"} {
+		api.call("POST", "/v1/episodes/"+id+"/retire", nil, 200, nil)
+	}
+	api.call("DELETE", "/v1/checkpoints/ckpt-limit", nil, 200, nil)
 }

@@ -5,8 +5,8 @@ GO          ?= go
 BIN         := bin/stasis
 ## Tools built or downloaded for the build and the tests live in a cache
 ## outside the work tree, one directory per version, so a fresh clone on the
-## same machine reuses them; .tools/npm and .tools/microvm/kernel are links
-## into it.
+## same machine reuses them; .tools/npm, .tools/microvm/kernel and
+## .tools/image/debian are links into it.
 CACHE       ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/stasis
 STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CACHE)/go/staticcheck-$(STATICCHECK_VERSION)
@@ -15,7 +15,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/cli/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm vet staticcheck unit fuzz bench clean
+.PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit fuzz bench clean
 
 all: build
 
@@ -157,7 +157,36 @@ deps-python:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-deps-test: deps deps-python $(STATICCHECK) deps-opencode deps-clients deps-microvm
+## deps-image: the Debian image the tests and the demo run sandboxes on:
+## mmdebstrap (a Debian package, installed when missing) makes a minbase
+## root file system of IMAGE_SUITE with IMAGE_PACKAGES from this machine's
+## own apt sources, and `stasis image import` turns it into an OCI image
+## layout in the cache, one directory per suite and package list (so it is
+## rebuilt only when those change); .tools/image/debian links to it, and
+## STASIS_TEST_IMAGE names it.
+IMAGE_SUITE    := bookworm
+IMAGE_PACKAGES := python3,python3-pytest,nodejs,git,ca-certificates
+IMAGE_KEY      := $(shell printf '%s\n' '$(IMAGE_SUITE)' '$(IMAGE_PACKAGES)' minbase | sha256sum | cut -c1-16)
+IMAGE_DIR      := $(CACHE)/image/debian-$(IMAGE_SUITE)-$(IMAGE_KEY)
+IMAGE_LINK     := $(CURDIR)/.tools/image/debian
+APT_SOURCES    := $(firstword $(wildcard /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list))
+export STASIS_TEST_IMAGE := oci:$(IMAGE_LINK):stasis
+
+deps-image: build
+	@if [ ! -f $(IMAGE_DIR)/index.json ]; then \
+		command -v mmdebstrap >/dev/null 2>&1 || { echo "installing: mmdebstrap"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap; }; \
+		[ -n "$(APT_SOURCES)" ] || { echo "no apt sources on this machine (/etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list)" >&2; exit 1; }; \
+		echo "building the Debian image ($(IMAGE_SUITE): $(IMAGE_PACKAGES)) into $(IMAGE_DIR)"; \
+		tmp=$$(mktemp -d) && \
+		mmdebstrap --quiet --variant=minbase --include=$(IMAGE_PACKAGES) $(IMAGE_SUITE) $$tmp/rootfs.tar $(APT_SOURCES) && \
+		rm -rf $(IMAGE_DIR).tmp && \
+		./$(BIN) image import $$tmp/rootfs.tar --layout $(IMAGE_DIR).tmp --tag stasis \
+			--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 && \
+		rm -rf $$tmp $(IMAGE_DIR) && mv $(IMAGE_DIR).tmp $(IMAGE_DIR) || { rm -rf $$tmp; exit 1; }; \
+	fi
+	@if [ "$$(readlink $(IMAGE_LINK))" != "$(IMAGE_DIR)" ]; then mkdir -p $(dir $(IMAGE_LINK)) && rm -rf $(IMAGE_LINK) && ln -s $(IMAGE_DIR) $(IMAGE_LINK); fi
+
+deps-test: deps deps-python $(STATICCHECK) deps-opencode deps-clients deps-microvm deps-image
 
 ## build: bin/stasis, the host's command line, and bin/stasis-sandbox, the lean
 ## build placed in every sandbox (supervisor, relay, ctl, mini, guest agent;
@@ -218,6 +247,7 @@ fuzz: deps
 	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzParseExecHeader -fuzztime $(FUZZTIME)
 	$(GO) test ./sandbox/microvm/vmstate -run '^$$' -fuzz FuzzSplitter -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/copyout -run '^$$' -fuzz FuzzExtract -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./image -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME)
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build deps-microvm

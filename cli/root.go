@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/cli/sandboxcli"
+	"stasis/internal/enter"
 	"stasis/supervisor"
 )
 
@@ -49,7 +50,7 @@ it; everything else runs on the host.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(sandboxcli.Commands()...)
-	root.AddCommand(newRelayCmd(), newGatewayCmd(), newLedgerCmd(), newModelCmd(), newSandboxCmd(), newMicroVMCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
+	root.AddCommand(newRelayCmd(), newGatewayCmd(), newLedgerCmd(), newModelCmd(), newSandboxCmd(), newImageCmd(), newMicroVMCmd(), newDemoCmd(), newBenchCmd(), newCkptCmd(), newVersionCmd())
 	root.AddCommand(newTasksCmd(), newRunCmd(), newServeCmd())
 	return root
 }
@@ -68,7 +69,7 @@ func newVersionCmd() *cobra.Command {
 // Main runs the stasis command line with args (without the program name) and
 // returns the process exit code.
 func Main(args []string) int {
-	if len(args) > 0 && args[0] == supervisor.ShimArg {
+	if len(args) > 0 && (args[0] == supervisor.ShimArg || args[0] == enter.Arg || args[0] == enter.HoldArg) {
 		return sandboxcli.Main(args)
 	}
 	root := newRoot()

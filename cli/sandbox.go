@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/home"
+	"stasis/image"
 	"stasis/internal/copyout"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b"
@@ -118,13 +119,21 @@ type opener func() (sandbox.Provider, error)
 func newSandboxCreateCmd(open opener) *cobra.Command {
 	var (
 		ttl         time.Duration
-		from        string
+		from, img   string
 		labels, env []string
 	)
 	cmd := &cobra.Command{
-		Use:   "create [--ttl D] [--from DIR] [--label k=v]...",
+		Use:   "create [--ttl D] [--from DIR] [--image REF] [--label k=v]...",
 		Short: "Create a sandbox; prints its id on the last line",
-		Args:  cobra.NoArgs,
+		Long: `create makes a sandbox and prints its id on the last line.
+
+With --image the sandbox's root is the image's, read-only, and nothing of
+the host's is in it (local and microvm providers; "stasis image --help"
+lists the reference forms; a missing image is pulled first). For e2b and
+opensandbox, REF is the service's own template or image name, passed on.
+Without it a local sandbox sees an allow-list of the host's userland
+(/usr, /bin, /lib*, /etc without its secrets) read-only.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := parseLabels(labels, "--label")
 			if err != nil {
@@ -141,7 +150,19 @@ func newSandboxCreateCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			info, err := p.Create(cmd.Context(), sandbox.Spec{Root: from, Labels: l, Env: e, Expiry: time.Now().Add(ttl)})
+			if lp, ok := p.(*local.Provider); ok && img != "" {
+				// Pull first, with progress; the sandbox then names the
+				// digest.
+				if _, err := image.ParseRef(img); err != nil {
+					return &exitError{code: 2, err: err}
+				}
+				im, err := pullWithProgress(cmd.Context(), cmd, lp.Images(), img)
+				if err != nil {
+					return imageErr(err)
+				}
+				img = im.Digest
+			}
+			info, err := p.Create(cmd.Context(), sandbox.Spec{Root: from, Image: img, Labels: l, Env: e, Expiry: time.Now().Add(ttl)})
 			if err != nil {
 				return sandboxErr(err)
 			}
@@ -153,6 +174,7 @@ func newSandboxCreateCmd(open opener) *cobra.Command {
 	f := cmd.Flags()
 	f.DurationVar(&ttl, "ttl", time.Hour, "lease: the sandbox is killed this long from now (an absolute expiry)")
 	f.StringVar(&from, "from", "", "host directory copied into /work")
+	f.StringVar(&img, "image", "", "the image the sandbox's root is made of (oci:PATH[:TAG], docker-archive:PATH, docker://HOST/REPO:TAG, sha256:HEX; a template name on e2b and opensandbox)")
 	f.StringArrayVar(&labels, "label", nil, "label key=value (repeatable)")
 	f.StringArrayVar(&env, "env", nil, "environment key=value for every exec (repeatable)")
 	return cmd

@@ -74,8 +74,11 @@ type Spec struct {
 	// Root is a host directory whose contents seed the sandbox's work tree
 	// (/work); empty for an empty work tree.
 	Root string `json:"root,omitempty"`
-	// Image names a provider-specific image or template; providers that
-	// have none refuse a non-empty Image with ErrUnsupported.
+	// Image is the sandbox's root: an image reference (package image's
+	// oci:, docker-archive:, docker:// or sha256: forms) on the local and
+	// microvm providers, the service's template or image name on a hosted
+	// one. Empty: the provider's default. Providers that have no images
+	// refuse a non-empty Image with ErrUnsupported.
 	Image string `json:"image,omitempty"`
 	// Files are written into the sandbox after it is made: absolute path
 	// inside the sandbox → content.
@@ -143,6 +146,11 @@ type Info struct {
 	Expiry   time.Time         `json:"expiry"`
 	// Source is the snapshot the sandbox was forked from, if any.
 	Source string `json:"source,omitempty"`
+	// Image is what the sandbox's root is made of: an image digest
+	// (sha256:HEX) on the local and microvm providers, the service's own
+	// template or image name on a hosted one; empty for the provider's
+	// default.
+	Image string `json:"image,omitempty"`
 	// Descriptor is what the provider needs to find the sandbox again
 	// (recorded in checkpoints).
 	Descriptor json.RawMessage `json:"descriptor,omitempty"`
@@ -157,6 +165,9 @@ type SnapshotInfo struct {
 	Created  time.Time `json:"created"`
 	// KeepsProcesses is true when this snapshot holds running processes.
 	KeepsProcesses bool `json:"keeps_processes"`
+	// Image is the digest of the image the snapshot's sandbox ran on
+	// (local, microvm), which a fork needs.
+	Image string `json:"image,omitempty"`
 	// Bytes and NewBytes: the snapshot's logical size and what it added to
 	// storage; zero when the provider cannot say.
 	Bytes    int64 `json:"bytes,omitempty"`

@@ -40,6 +40,9 @@ var EnvMap = func() map[string]string {
 	return m
 }()
 
+// cleanups run after the tests (what the helpers made once per process).
+var cleanups []func()
+
 // Main is TestMain for packages whose tests start stasis processes: with
 // STASIS_TEST_AS_CLI set the binary runs the real command line (so the
 // supervisors and shims under test are this very binary, built with -race
@@ -54,6 +57,9 @@ func Main(m *testing.M) {
 	code := m.Run()
 	if staticDir != "" {
 		_ = os.RemoveAll(staticDir)
+	}
+	for _, c := range cleanups {
+		c()
 	}
 	if code == 0 {
 		if left := childrenLeft(10 * time.Second); len(left) > 0 {

@@ -59,6 +59,11 @@ type Record struct {
 	DeadlineLeftS  *float64        `json:"deadline_left_s,omitempty"`
 	Finished       bool            `json:"finished,omitempty"`
 	Result         json.RawMessage `json:"result,omitempty"` // verify result of a finished episode
+	// Image is the digest of the image the episode's sandbox ran on
+	// (local, microvm), which a restore needs; ImageRef is the reference
+	// it was pulled as, from which a missing image can be pulled again.
+	Image    string `json:"image,omitempty"`
+	ImageRef string `json:"image_ref,omitempty"`
 
 	// unknown holds the fields DecodeRecord did not recognise, compacted,
 	// so that MarshalJSON writes them back.

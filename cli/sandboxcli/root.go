@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"stasis/internal/enter"
 	"stasis/supervisor"
 )
 
@@ -117,6 +118,12 @@ func Commands() []*cobra.Command {
 // Main runs the lean in-sandbox command line with args (without the program
 // name) and returns the process exit code.
 func Main(args []string) int {
+	if len(args) > 0 && args[0] == enter.Arg {
+		return enter.Main(args)
+	}
+	if len(args) > 0 && args[0] == enter.HoldArg {
+		return enter.Hold()
+	}
 	if len(args) > 0 && args[0] == supervisor.ShimArg {
 		args = args[1:]
 		if len(args) > 0 && args[0] == "--" {

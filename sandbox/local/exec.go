@@ -33,6 +33,11 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // resolve DIR before changing root, so env -C changes directory instead.)
 func (p *Provider) command(m meta, k keeperInfo, req sandbox.ExecRequest) *exec.Cmd {
 	env := map[string]string{"PATH": defaultPath, "HOME": m.Home, "LANG": "C.UTF-8", "STASIS_SANDBOX": m.ID}
+	for _, kv := range m.ImageEnv {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "HOME" {
+			env[k] = v
+		}
+	}
 	for k, v := range m.Env {
 		env[k] = v
 	}
@@ -53,17 +58,33 @@ func (p *Provider) command(m meta, k keeperInfo, req sandbox.ExecRequest) *exec.
 		args = append(args, "--user")
 	}
 	args = append(args, "--mount", "--uts", "--ipc", "--net", "--pid", "--root", "--wd", "--")
-	args = append(args, m.setprivArgs(p.tools.setpriv, req.User)...)
-	args = append(args, p.tools.env, "-i", "-C", cwd)
-	for _, k := range keys {
-		args = append(args, k+"="+env[k])
+	var cmdEnv []string
+	if m.Image != "" {
+		// The image has neither the host's setpriv nor, maybe, an env:
+		// the in-sandbox binary becomes the user, with the environment
+		// nsenter passes on.
+		args = append(args, EnterBinary)
+		args = append(args, m.enterRequest(req.User, cwd, req.Argv).Args()...)
+		cmdEnv = make([]string, 0, len(keys))
+		for _, k := range keys {
+			cmdEnv = append(cmdEnv, k+"="+env[k])
+		}
+	} else {
+		args = append(args, m.setprivArgs(p.tools.setpriv, req.User)...)
+		args = append(args, p.tools.env, "-i", "-C", cwd)
+		for _, k := range keys {
+			args = append(args, k+"="+env[k])
+		}
+		args = append(args, req.Argv...)
 	}
-	args = append(args, req.Argv...)
 	cmd := exec.Command(p.tools.nsenter, args...)
 	if files := m.Cgroups.procsFiles(); len(files) > 0 {
 		// The command joins the sandbox's control groups before it
 		// enters: a shell writes its own pid, then becomes nsenter.
 		cmd = exec.Command("/bin/sh", append([]string{"-c", joinScript, "stasis-join", strings.Join(files, "\n"), p.tools.nsenter}, args...)...)
+	}
+	if cmdEnv != nil {
+		cmd.Env = cmdEnv
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd

@@ -18,6 +18,7 @@ import (
 
 	"stasis/atomicfile"
 	"stasis/internal/bwrap"
+	"stasis/internal/enter"
 	"stasis/proc"
 	"stasis/sandbox/hostkeep"
 )
@@ -33,6 +34,11 @@ import (
 // before the allow-list (no UIDBase in meta.json) keep their view of every
 // top-level entry of the host.
 //
+// With an image (m.Image), the root's entries are the image's top-level
+// ones, read-only, and nothing of the host's is there but the binds
+// below; the holder is the in-sandbox binary (EnterBinary), since the
+// image need not have a shell.
+//
 // In its own user namespace (UIDBase set), bubblewrap is the namespace's
 // root, a host uid without any right on the state directory's private
 // parents (a test's 0700 temporary directory, /root), so the sandbox's own
@@ -40,14 +46,6 @@ import (
 // set, the k-th such source becomes stageDir/k, and bwrapArgs returns the
 // real paths in that order.
 func bwrapArgs(dir string, m meta, stageDir string) (args, sources []string, err error) {
-	var hostRoot []string
-	if m.UIDBase != 0 {
-		hostRoot = bwrap.SystemRoot(m.System...)
-	} else {
-		if hostRoot, err = bwrap.HostRoot("/work", "/tmp", m.Home); err != nil {
-			return nil, nil, err
-		}
-	}
 	bind := func(kind, src, dst string) {
 		if stageDir != "" {
 			sources = append(sources, src)
@@ -59,7 +57,39 @@ func bwrapArgs(dir string, m meta, stageDir string) (args, sources []string, err
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
 		"--die-with-parent", "--hostname", m.ID,
 	}
-	args = append(args, hostRoot...)
+	switch {
+	case m.Image != "":
+		// The image's top-level entries, read-only (links recreated);
+		// nothing of the host's.
+		ents, err := os.ReadDir(m.ImageRoot)
+		if err != nil {
+			return nil, nil, fmt.Errorf("the sandbox's image %s: %w", m.Image, err)
+		}
+		for _, e := range ents {
+			n := e.Name()
+			switch "/" + n {
+			case "/proc", "/dev", "/sys", "/tmp", "/work", "/stasis":
+				continue // the sandbox's own
+			}
+			if e.Type()&os.ModeSymlink != 0 {
+				t, err := os.Readlink(filepath.Join(m.ImageRoot, n))
+				if err != nil {
+					return nil, nil, err
+				}
+				args = append(args, "--symlink", t, "/"+n)
+				continue
+			}
+			bind("ro-bind", filepath.Join(m.ImageRoot, n), "/"+n)
+		}
+	case m.UIDBase != 0:
+		args = append(args, bwrap.SystemRoot(m.System...)...)
+	default:
+		hostRoot, err := bwrap.HostRoot("/work", "/tmp", m.Home)
+		if err != nil {
+			return nil, nil, err
+		}
+		args = append(args, hostRoot...)
+	}
 	args = append(args, "--proc", "/proc", "--dev", "/dev")
 	if m.Limits.ShmBytes > 0 {
 		// A /dev/shm of its own, of a bounded size (the host's is half
@@ -67,6 +97,9 @@ func bwrapArgs(dir string, m meta, stageDir string) (args, sources []string, err
 		args = append(args, "--perms", "1777", "--size", strconv.FormatInt(m.Limits.ShmBytes, 10), "--tmpfs", "/dev/shm")
 	}
 	for _, h := range m.Hide {
+		if m.Image != "" {
+			break // no host path is in the sandbox to hide
+		}
 		if h == "" || under(h, "/tmp") || under(h, m.Home) || under(h, "/work") {
 			continue // already hidden by a writable place bound over it
 		}
@@ -94,6 +127,10 @@ func bwrapArgs(dir string, m meta, stageDir string) (args, sources []string, err
 		dsts = append(dsts, GatewayDirInSandbox)
 		src[GatewayDirInSandbox] = m.GatewayDir
 	}
+	if m.Image != "" {
+		dsts = append(dsts, EnterBinary)
+		src[EnterBinary] = m.EnterBin
+	}
 	sort.Strings(dsts) // parents before children
 	// The directories on the way to each, made 0755 (bubblewrap would
 	// make them 0700 in a user namespace, closed to the agent).
@@ -115,8 +152,12 @@ func bwrapArgs(dir string, m meta, stageDir string) (args, sources []string, err
 	}
 	// The holder says "ready" on fd 4 once it runs, that is once bubblewrap
 	// has built the whole root (the info on fd 3 comes earlier than that).
-	args = append(args, "--remount-ro", "/", "--chdir", "/work", "--info-fd", "3", "--",
-		"/bin/sh", "-c", `echo ready >&4; exec 4>&-; exec sleep infinity`)
+	args = append(args, "--remount-ro", "/", "--chdir", "/work", "--info-fd", "3", "--")
+	if m.Image != "" {
+		args = append(args, EnterBinary, enter.HoldArg)
+	} else {
+		args = append(args, "/bin/sh", "-c", `echo ready >&4; exec 4>&-; exec sleep infinity`)
+	}
 	return args, sources, nil
 }
 
@@ -189,10 +230,14 @@ func stage(stageDir string, sources []string) error {
 	return nil
 }
 
-// visible says whether a host path shows in the sandbox's root: always for
-// the old view of every top-level entry; with the allow-list, only under
-// one of its entries.
+// visible says whether a path shows in the sandbox's root: always for the
+// old view of every top-level entry of the host; with the allow-list, only
+// under one of its entries; with an image, when the image has it.
 func visible(h string, m meta) bool {
+	if m.Image != "" {
+		_, err := os.Lstat(filepath.Join(m.ImageRoot, h))
+		return err == nil
+	}
 	if m.UIDBase == 0 {
 		return true
 	}

@@ -37,6 +37,8 @@ import (
 	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
+	"stasis/image"
+	"stasis/internal/sandboxbin"
 	"stasis/proc"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
@@ -88,6 +90,12 @@ type Options struct {
 	// directory is mounted over each), beside Home, which is always
 	// hidden: a server's state directory, say.
 	Hide []string
+	// SandboxBinary is the static in-sandbox stasis (cmd/stasis-sandbox)
+	// bound read-only at EnterBinary in a sandbox whose root is an image:
+	// it becomes the exec's user there (internal/enter), where the host's
+	// setpriv and env are not. Default: sandboxbin.Path(), looked up when
+	// the first image sandbox is made.
+	SandboxBinary string
 	// ForkHook, when set, is called before each sandbox of a Fork is made,
 	// with the snapshot and the sandbox's index; an error makes that one
 	// fail (tests use it to prove a partial fork leaves nothing).
@@ -105,9 +113,19 @@ type Provider struct {
 	tools   struct{ bwrap, nsenter, setpriv, env string }
 	mu      sync.Mutex // serialises this process's rewrites of meta.json
 
+	images *image.Store
+
 	retiredMu sync.Mutex
 	retired   map[string]int
 }
+
+// Images is the provider's image store ($STASIS_HOME/images), whose
+// images' owners are shifted to the sandboxes' user namespaces.
+func (p *Provider) Images() *image.Store { return p.images }
+
+// EnterBinary is where a sandbox whose root is an image sees
+// Options.SandboxBinary.
+const EnterBinary = "/stasis/enter/stasis"
 
 // Retired says how many times this provider value retired sandbox id (for
 // the conformance suite: a sandbox is retired exactly once).
@@ -168,6 +186,9 @@ func New(o Options) (*Provider, error) {
 		return nil, err
 	}
 	p.cas = cas.New(bs)
+	if p.images, err = image.Open(o.Home, o.UIDBase); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -203,6 +224,14 @@ type meta struct {
 	// GatewayDirInSandbox: this sandbox's own, where the gateway's socket
 	// for it is.
 	GatewayDir string `json:"gateway_dir,omitempty"`
+	// Image is the digest of the image whose root file system is the
+	// sandbox's root (read-only); ImageRoot is where it is unpacked,
+	// ImageEnv its config's environment and EnterBin the in-sandbox
+	// binary bound at EnterBinary. Empty: the host's userland.
+	Image     string   `json:"image,omitempty"`
+	ImageRoot string   `json:"image_root,omitempty"`
+	ImageEnv  []string `json:"image_env,omitempty"`
+	EnterBin  string   `json:"enter_bin,omitempty"`
 	// Limits are the sandbox's (every field set), enforced through
 	// Cgroups and its keeper (limits.go); none in sandboxes made before
 	// limits.
@@ -263,7 +292,7 @@ func (p *Provider) readKeeper(id string) (keeperInfo, bool) {
 
 func (p *Provider) info(m meta, state string) sandbox.Info {
 	desc, _ := json.Marshal(map[string]string{"id": m.ID, "dir": p.sbDir(m.ID)})
-	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Descriptor: desc}
+	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Image: m.Image, Descriptor: desc}
 }
 
 // live checks that a sandbox exists, has not expired and its keeper runs.
@@ -295,9 +324,6 @@ func (p *Provider) running(op string, m meta) (keeperInfo, error) {
 
 // Create makes a sandbox and returns once it runs.
 func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
-	if spec.Image != "" {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrUnsupported, "create", "", "the local provider has no images; seed the work tree with a directory (--from)")
-	}
 	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
 		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
@@ -312,6 +338,11 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 	m := p.newMeta(spec.Labels, spec.Expiry)
 	m.Env = spec.Env
 	m.Limits = withDefaults(spec.Limits, p.o.Limits)
+	if spec.Image != "" {
+		if err := p.useImage(ctx, &m, spec.Image); err != nil {
+			return sandbox.Info{}, err
+		}
+	}
 	dir := p.sbDir(m.ID)
 	ok := false
 	defer func() {
@@ -348,6 +379,27 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 	}
 	ok = true
 	return p.info(m, sandbox.StateRunning), nil
+}
+
+// useImage makes an image the root of the sandbox m will describe:
+// resolved (pulled and unpacked when its digest is not in the store yet)
+// and the in-sandbox binary found.
+func (p *Provider) useImage(ctx context.Context, m *meta, ref string) error {
+	im, err := p.images.Resolve(ctx, ref, nil)
+	if err != nil {
+		if errors.Is(err, image.ErrNotFound) {
+			return sandbox.Errorf(sandbox.ErrNotFound, "create", "", "%v", err)
+		}
+		return sandbox.Errorf(sandbox.ErrInvalid, "create", "", "%v", err)
+	}
+	bin := p.o.SandboxBinary
+	if bin == "" {
+		if bin, err = sandboxbin.Path(); err != nil {
+			return fmt.Errorf("create: a sandbox with an image needs the in-sandbox binary: %w", err)
+		}
+	}
+	m.Image, m.ImageRoot, m.ImageEnv, m.EnterBin = im.Digest, im.Root, im.Env, bin
+	return nil
 }
 
 func (p *Provider) newMeta(labels map[string]string, expiry time.Time) meta {
@@ -684,4 +736,36 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 		reaped = append(reaped, name)
 	}
 	return reaped, nil
+}
+
+// ImageUsers returns, for each image digest, the sandboxes (every one
+// there is, running or not) and the snapshots (not deleted) made on it.
+func (p *Provider) ImageUsers(ctx context.Context) (sandboxes, snapshots map[string][]string, err error) {
+	sandboxes, snapshots = map[string][]string{}, map[string][]string{}
+	ents, err := os.ReadDir(p.dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, e := range ents {
+		if !hostkeep.ValidID(e.Name(), "sb-") {
+			continue
+		}
+		if m, err := p.readMeta("list", e.Name()); err == nil && m.Image != "" {
+			sandboxes[m.Image] = append(sandboxes[m.Image], m.ID)
+		}
+	}
+	snaps, err := os.ReadDir(p.snapDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, e := range snaps {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		if s, err := p.readSnap("list", id); err == nil && s.Image != "" {
+			snapshots[s.Image] = append(snapshots[s.Image], s.ID)
+		}
+	}
+	return sandboxes, snapshots, nil
 }

@@ -27,12 +27,15 @@ type snapMeta struct {
 	Bytes    int64     `json:"bytes"`
 	NewBytes int64     `json:"new_bytes"`
 	Deleted  bool      `json:"deleted,omitempty"`
+	// Image is the source sandbox's image digest (its root; the snapshot
+	// holds only the writable places), which every fork uses.
+	Image string `json:"image,omitempty"`
 }
 
 func (p *Provider) snapPath(id string) string { return filepath.Join(p.snapDir, id+".json") }
 
 func (s snapMeta) info() sandbox.SnapshotInfo {
-	return sandbox.SnapshotInfo{ID: s.ID, Name: s.Name, Sandbox: s.Sandbox, Provider: Name, Created: s.Created, Bytes: s.Bytes, NewBytes: s.NewBytes}
+	return sandbox.SnapshotInfo{ID: s.ID, Name: s.Name, Sandbox: s.Sandbox, Provider: Name, Created: s.Created, Bytes: s.Bytes, NewBytes: s.NewBytes, Image: s.Image}
 }
 
 func (p *Provider) readSnap(op, id string) (snapMeta, error) {
@@ -79,7 +82,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	if err != nil {
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
 	}
-	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes}
+	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes, Image: m.Image}
 	for {
 		s.ID = hostkeep.NewID("snap-")
 		f, err := os.OpenFile(p.snapPath(s.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -162,6 +165,13 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, spec sandbox.ForkSpe
 		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "fork", s.ID, "%v", err)
 	}
 	m.Limits = withDefaults(m.Limits, p.o.Limits)
+	if s.Image != "" {
+		// The snapshot holds only the writable places; its image must
+		// still be here.
+		if err := p.useImage(ctx, &m, s.Image); err != nil {
+			return sandbox.Info{}, fmt.Errorf("fork %s: its image: %w", s.ID, err)
+		}
+	}
 	dir := p.sbDir(m.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return sandbox.Info{}, err

@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
+	"stasis/internal/enter"
 	"stasis/sandbox"
 )
 
@@ -67,6 +70,18 @@ func (m meta) setprivArgs(setpriv string, u sandbox.User) []string {
 	}
 	id := strconv.Itoa(sandbox.AgentUID)
 	return []string{setpriv, "--reuid=" + id, "--regid=" + id, "--clear-groups", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"}
+}
+
+// controlCapNumbers are controlCaps' numbers, for internal/enter.
+var controlCapNumbers = []int{unix.CAP_KILL, unix.CAP_SETUID, unix.CAP_SETGID, unix.CAP_CHOWN, unix.CAP_FOWNER, unix.CAP_DAC_OVERRIDE, unix.CAP_DAC_READ_SEARCH}
+
+// enterRequest is setprivArgs' counterpart in a sandbox whose root is an
+// image: what the in-sandbox binary becomes before it runs argv.
+func (m meta) enterRequest(u sandbox.User, cwd string, argv []string) enter.Request {
+	if u == sandbox.UserControl {
+		return enter.Request{UID: -1, GID: -1, KeepCaps: controlCapNumbers, Cwd: cwd, Argv: argv}
+	}
+	return enter.Request{UID: sandbox.AgentUID, GID: sandbox.AgentUID, Cwd: cwd, Argv: argv}
 }
 
 // userNamespace is the keeper's start of bubblewrap in the sandbox's user

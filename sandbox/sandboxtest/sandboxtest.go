@@ -34,6 +34,13 @@ type Harness struct {
 	HostProcesses func(id string) []int
 	// ExpiryStep is the shortest lease the suite gives (default 2s).
 	ExpiryStep time.Duration
+	// Image, when set, is the image reference every sandbox of the suite
+	// is made from, and the image cases run: ImageFile (a path) holds
+	// ImageText in the image, and HostOnly is a path the host has and the
+	// image lacks, which no sandbox may see.
+	Image                string
+	ImageFile, ImageText string
+	HostOnly             string
 }
 
 // Run runs the suite. Subtests run in parallel; every sandbox and snapshot
@@ -52,6 +59,11 @@ func Run(t *testing.T, h Harness) {
 	t.Run("SetExpiry", s.setExpiry)
 	t.Run("SnapshotIDsNeverReused", s.snapshotIDs)
 	t.Run("TypedErrors", s.typedErrors)
+	if h.Image != "" {
+		t.Run("ImageFilesReadOnly", s.imageFiles)
+		t.Run("ImageKeptBySnapshotAndFork", s.imageFork)
+		t.Run("ImageShared", s.imageShared)
+	}
 }
 
 type suite struct {
@@ -71,6 +83,9 @@ func (s *suite) create(t *testing.T, spec sandbox.Spec) sandbox.Info {
 		spec.Labels = map[string]string{}
 	}
 	spec.Labels["sandboxtest"] = t.Name()
+	if spec.Image == "" {
+		spec.Image = s.h.Image
+	}
 	info, err := s.p.Create(ctx, spec)
 	if err != nil {
 		t.Fatalf("create: %v", err)
@@ -508,5 +523,77 @@ func (s *suite) typedErrors(t *testing.T) {
 	}
 	if _, err := s.p.Exec(ctx, info.ID, sandbox.ExecRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
 		t.Errorf("exec of nothing: %v", err)
+	}
+}
+
+// imageFiles: a file of the image is there; the image cannot be written,
+// not even by stasis's own user; a path only the host has is not there.
+func (s *suite) imageFiles(t *testing.T) {
+	t.Parallel()
+	info := s.create(t, sandbox.Spec{})
+	if info.Image == "" {
+		t.Errorf("the sandbox's info names no image: %+v", info)
+	}
+	if got, ok := s.read(t, info.ID, s.h.ImageFile); !ok || !strings.Contains(got, s.h.ImageText) {
+		t.Errorf("%s from the image: %q (found %v), want it to hold %q", s.h.ImageFile, got, ok, s.h.ImageText)
+	}
+	for _, u := range []sandbox.User{sandbox.UserAgent, sandbox.UserControl} {
+		var out, errb bytes.Buffer
+		res, err := s.p.Exec(ctx, info.ID, sandbox.ExecRequest{User: u, Stdout: &out, Stderr: &errb, Timeout: time.Minute,
+			Argv: []string{"/bin/sh", "-c", `echo stasis-wrote-this >> "$1" || exit 3; echo written`, "sh", s.h.ImageFile}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode == 0 || strings.Contains(out.String(), "written") {
+			t.Errorf("user %q wrote to the image's %s", u, s.h.ImageFile)
+		}
+	}
+	if got, ok := s.read(t, info.ID, s.h.ImageFile); ok && strings.Contains(got, "stasis-wrote-this") {
+		t.Errorf("the image's file changed: %q", got)
+	}
+	if s.h.HostOnly != "" {
+		out, code, _ := s.run(t, info.ID, `ls -ld "`+s.h.HostOnly+`" 2>&1; exit 0`)
+		_ = code
+		if !strings.Contains(out, "No such file") && !strings.Contains(out, "not found") && !strings.Contains(out, "cannot access") {
+			t.Errorf("the host's %s shows in a sandbox with an image: %s", s.h.HostOnly, out)
+		}
+	}
+	if out := s.sh(t, info.ID, `echo w > /work/w && cat /work/w && echo t > /tmp/t && cat /tmp/t`); out != "w\nt\n" {
+		t.Errorf("the writable places with an image: %q", out)
+	}
+}
+
+// imageFork: a snapshot and its forks keep the image under the writable
+// places.
+func (s *suite) imageFork(t *testing.T) {
+	t.Parallel()
+	src := s.create(t, sandbox.Spec{})
+	s.sh(t, src.ID, `echo mine > /work/mine`)
+	snap := s.snapshot(t, src.ID)
+	forks := s.fork(t, snap.ID, 2)
+	for _, f := range forks {
+		if f.Image != src.Image {
+			t.Errorf("fork %s: image %q, its source's %q", f.ID, f.Image, src.Image)
+		}
+		if got, _ := s.read(t, f.ID, s.h.ImageFile); !strings.Contains(got, s.h.ImageText) {
+			t.Errorf("fork %s: the image's %s: %q", f.ID, s.h.ImageFile, got)
+		}
+		if got, _ := s.read(t, f.ID, "/work/mine"); got != "mine\n" {
+			t.Errorf("fork %s: /work/mine: %q", f.ID, got)
+		}
+	}
+}
+
+// imageShared: two sandboxes of one image see the same file system (one
+// copy, not one each).
+func (s *suite) imageShared(t *testing.T) {
+	t.Parallel()
+	a, b := s.create(t, sandbox.Spec{}), s.create(t, sandbox.Spec{})
+	if a.Image != b.Image || a.Image == "" {
+		t.Errorf("images %q and %q", a.Image, b.Image)
+	}
+	q := `stat -c '%d:%i' "` + s.h.ImageFile + `"`
+	if x, y := s.sh(t, a.ID, q), s.sh(t, b.ID, q); x != y {
+		t.Errorf("%s is %s in one sandbox and %s in the other: not one copy", s.h.ImageFile, x, y)
 	}
 }

@@ -1,0 +1,136 @@
+package local_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"stasis/sandbox"
+	"stasis/sandbox/local"
+	"stasis/sandbox/sandboxtest"
+	"stasis/stasistest"
+)
+
+// newImageProvider opens a local provider whose sandboxes' in-sandbox
+// binary is the static one.
+func newImageProvider(t *testing.T, hook func(string, int) error) (*local.Provider, string) {
+	t.Helper()
+	home := t.TempDir()
+	p, err := local.New(local.Options{Home: home, Exe: stasistest.Exe(), ExeEnv: stasistest.Env, ForkHook: hook, SandboxBinary: stasistest.StaticBinary(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, home
+}
+
+func conformanceWithImage(t *testing.T, ref, file, text string) {
+	var mu sync.Mutex
+	fail := map[string]int{}
+	p, home := newImageProvider(t, func(snapshot string, i int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if k, ok := fail[snapshot]; ok && k == i {
+			return errors.New("injected fork failure")
+		}
+		return nil
+	})
+	// Pulled first, as `stasis image pull` would: the suite's short leases
+	// must not include the unpack.
+	start := time.Now()
+	im, err := p.Images().Pull(context.Background(), ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("unpacked %s: %d bytes in %d files (%s)", ref, im.Bytes, im.Files, time.Since(start).Round(time.Millisecond))
+	sandboxtest.Run(t, sandboxtest.Harness{
+		Provider: p,
+		FailFork: func(snapshot string, k int) func() {
+			mu.Lock()
+			fail[snapshot] = k
+			mu.Unlock()
+			return func() { mu.Lock(); delete(fail, snapshot); mu.Unlock() }
+		},
+		Retired:       p.Retired,
+		HostProcesses: func(id string) []int { return hostProcesses(filepath.Join(home, "sandboxes", "local", id)) },
+		Image:         ref, ImageFile: file, ImageText: text,
+		// The host has bubblewrap; neither image does.
+		HostOnly: "/usr/bin/bwrap",
+	})
+}
+
+// TestConformanceWithDebianImage: the whole suite, and its image cases,
+// on the Debian image the Makefile builds.
+func TestConformanceWithDebianImage(t *testing.T) {
+	conformanceWithImage(t, stasistest.TestImage(t), "/etc/os-release", "ID=debian")
+}
+
+// TestConformanceWithBusyboxImage: the same on an image with nothing but a
+// static busybox (no setpriv, env or sleep of the host's).
+func TestConformanceWithBusyboxImage(t *testing.T) {
+	conformanceWithImage(t, stasistest.BusyboxImage(t), "/etc/os-release", stasistest.BusyboxText)
+}
+
+// TestImageSandboxIsolation: with an image, the agent is uid 1000 with
+// no_new_privs, every mount of the image is nosuid (so the image's setuid
+// root files give nothing), the host's files are not there, and root's
+// files of the image are closed to the agent.
+func TestImageSandboxIsolation(t *testing.T) {
+	t.Parallel()
+	p, _ := newImageProvider(t, nil)
+	info, err := p.Create(context.Background(), sandbox.Spec{Image: stasistest.BusyboxImage(t), Expiry: time.Now().Add(5 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(context.Background(), info.ID)
+	out, code := run(t, p, info.ID, sandbox.UserAgent, `id -u; grep NoNewPrivs /proc/self/status; /usr/bin/id -u; cat /etc/shadow 2>&1; ls /usr/bin/bwrap 2>&1; ls /root/.cache 2>&1; exit 0`)
+	t.Logf("exit %d:\n%s", code, out)
+	lines := strings.Split(out, "\n")
+	if len(lines) < 3 || lines[0] != "1000" || !strings.Contains(lines[1], "1") || lines[2] != "1000" {
+		t.Errorf("the agent's uid, no_new_privs and a setuid root file's effect:\n%s", out)
+	}
+	if !strings.Contains(out, "Permission denied") || strings.Contains(out, "root:*") {
+		t.Errorf("the agent read the image's /etc/shadow:\n%s", out)
+	}
+	if strings.Count(out, "No such file") < 2 {
+		t.Errorf("a host path shows in the sandbox:\n%s", out)
+	}
+	mounts, _ := run(t, p, info.ID, sandbox.UserAgent, `cat /proc/self/mountinfo`)
+	seen := 0
+	for _, l := range strings.Split(mounts, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 {
+			continue
+		}
+		switch {
+		case f[4] == "/bin" || f[4] == "/etc" || f[4] == "/usr" || f[4] == local.EnterBinary:
+			seen++
+			if !strings.Contains(f[5], "nosuid") || !strings.Contains(f[5], "ro") {
+				t.Errorf("the image's %s is mounted %s, not read-only and nosuid", f[4], f[5])
+			}
+		}
+	}
+	if seen != 4 {
+		t.Errorf("found %d of the image's mounts and the in-sandbox binary's, want 4:\n%s", seen, mounts)
+	}
+}
+
+// TestMissingImageSaysSo: a digest that is not in the store is refused
+// with the way to get it, and leaves no sandbox.
+func TestMissingImageSaysSo(t *testing.T) {
+	t.Parallel()
+	p, _ := newImageProvider(t, nil)
+	_, err := p.Create(context.Background(), sandbox.Spec{Image: "sha256:" + strings.Repeat("ab", 32), Expiry: time.Now().Add(time.Minute)})
+	if !errors.Is(err, sandbox.ErrNotFound) || !strings.Contains(err.Error(), "stasis image pull") {
+		t.Errorf("create on a missing image: %v", err)
+	}
+	if _, err := p.Create(context.Background(), sandbox.Spec{Image: "no-such-form", Expiry: time.Now().Add(time.Minute)}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("create on a bad reference: %v", err)
+	}
+	if l, _ := p.List(context.Background(), nil); len(l) != 0 {
+		t.Errorf("a refused create left %v", l)
+	}
+}

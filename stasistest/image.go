@@ -1,0 +1,108 @@
+package stasistest
+
+import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"stasis/image"
+)
+
+// ImageEnv names the OCI image the tests run sandboxes on (oci:PATH:TAG;
+// the Makefile builds a Debian one and exports it).
+const ImageEnv = "STASIS_TEST_IMAGE"
+
+// TestImage is $STASIS_TEST_IMAGE, or a fatal error saying how to get one.
+func TestImage(tb testing.TB) string {
+	tb.Helper()
+	ref := os.Getenv(ImageEnv)
+	if ref == "" {
+		tb.Fatalf("%s is not set: `make test` builds the Debian test image and sets it (or run `make deps-image` and export %s=oci:.tools/image/debian:stasis)", ImageEnv, ImageEnv)
+	}
+	return ref
+}
+
+// BusyboxText is what /etc/os-release holds in BusyboxImage.
+const BusyboxText = "ID=stasis-busybox"
+
+var (
+	bbOnce sync.Once
+	bbRef  string
+	bbErr  error
+)
+
+// BusyboxImage makes, once per test process, a small OCI image layout of
+// the host's static busybox (busybox-static, which make installs): every
+// applet a link in /bin, /etc/os-release holding BusyboxText, and
+// /usr/bin/id a setuid-root copy of busybox (its id applet). It returns its reference.
+func BusyboxImage(tb testing.TB) string {
+	tb.Helper()
+	bbOnce.Do(func() { bbRef, bbErr = buildBusybox() })
+	if bbErr != nil {
+		tb.Fatal(bbErr)
+	}
+	return bbRef
+}
+
+func buildBusybox() (string, error) {
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return "", fmt.Errorf("the busybox test image needs a static busybox at /bin/busybox (apt-get install busybox-static; make does): %w", err)
+	}
+	out, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		return "", fmt.Errorf("busybox --list: %w", err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mt := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	add := func(h *tar.Header, body []byte) {
+		h.ModTime, h.Size = mt, int64(len(body))
+		if err == nil {
+			err = tw.WriteHeader(h)
+		}
+		if err == nil && len(body) > 0 {
+			_, err = tw.Write(body)
+		}
+	}
+	for _, d := range []string{"bin", "etc", "usr", "usr/bin", "root", "home", "var", "var/empty"} {
+		add(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+	}
+	add(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755}, bb)
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" {
+			add(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox"}, nil)
+		}
+	}
+	add(&tar.Header{Name: "usr/bin/id", Typeflag: tar.TypeReg, Mode: 0o4755}, bb)
+	add(&tar.Header{Name: "etc/os-release", Typeflag: tar.TypeReg, Mode: 0o644}, []byte(BusyboxText+"\nNAME=busybox\n"))
+	add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\n"))
+	add(&tar.Header{Name: "etc/shadow", Typeflag: tar.TypeReg, Mode: 0o600}, []byte("root:*:19000:0:99999:7:::\n"))
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		return "", fmt.Errorf("the busybox test image: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "stasis-busybox-image-")
+	if err != nil {
+		return "", err
+	}
+	cleanups = append(cleanups, func() { os.RemoveAll(dir) })
+	tarPath := filepath.Join(dir, "rootfs.tar")
+	if err := os.WriteFile(tarPath, buf.Bytes(), 0o644); err != nil {
+		return "", err
+	}
+	layout := filepath.Join(dir, "layout")
+	if _, err := image.Import(tarPath, layout, "busybox", image.ImportConfig{Env: []string{"PATH=/bin:/usr/bin"}}); err != nil {
+		return "", err
+	}
+	return "oci:" + layout + ":busybox", nil
+}

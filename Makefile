@@ -165,7 +165,7 @@ deps-python:
 ## rebuilt only when those change); .tools/image/debian links to it, and
 ## STASIS_TEST_IMAGE names it.
 IMAGE_SUITE    := bookworm
-IMAGE_PACKAGES := python3,python3-pytest,nodejs,git,ca-certificates
+IMAGE_PACKAGES := python3,python3-pytest,nodejs,golang-go,git,ca-certificates
 IMAGE_KEY      := $(shell printf '%s\n' '$(IMAGE_SUITE)' '$(IMAGE_PACKAGES)' minbase | sha256sum | cut -c1-16)
 IMAGE_DIR      := $(CACHE)/image/debian-$(IMAGE_SUITE)-$(IMAGE_KEY)
 IMAGE_LINK     := $(CURDIR)/.tools/image/debian

@@ -478,10 +478,12 @@ func (s *Session) statusLocked(ctx context.Context) (*supervisor.Status, error) 
 // State is what a restore needs to know about a paused session: the fields
 // of its checkpoint record other than the snapshot.
 type State struct {
-	Episode        string          `json:"episode"`
-	Provider       string          `json:"provider"`
-	Sandbox        string          `json:"sandbox"`
-	Descriptor     json.RawMessage `json:"descriptor,omitempty"`
+	Episode    string          `json:"episode"`
+	Provider   string          `json:"provider"`
+	Sandbox    string          `json:"sandbox"`
+	Descriptor json.RawMessage `json:"descriptor,omitempty"`
+	// Image is the sandbox's image digest (sandbox.Info.Image).
+	Image          string          `json:"image,omitempty"`
 	KeepsProcesses bool            `json:"keeps_processes"`
 	Dir            string          `json:"dir"`
 	PauseSeq       int64           `json:"pause_seq"`
@@ -528,7 +530,7 @@ func (s *Session) CheckpointState(ctx context.Context) (State, error) {
 		HarnessSession: s.o.HarnessSession, Attempt: s.o.Attempt, DeadlineLeftS: a.DeadlineLeft,
 	}
 	if info, err := s.p.Get(ctx, s.id); err == nil {
-		st.Descriptor = info.Descriptor
+		st.Descriptor, st.Image = info.Descriptor, info.Image
 	}
 	return st, nil
 }

@@ -35,7 +35,8 @@ func newServeCmd() *cobra.Command {
 		logFormat, logLevel                                                string
 		provider, guestBinary, clockPolicy, gwListen, gwURL                string
 		access                                                             server.AccessOptions
-		stragglers                                                         string
+		stragglers, imageRef                                               string
+		pullImages                                                         bool
 		limits                                                             limitFlags
 	)
 	cmd := &cobra.Command{
@@ -206,7 +207,7 @@ could not start or failed.`,
 				return &exitError{code: 2, err: fmt.Errorf("the limit flags are for the local provider: the %s provider's sandboxes are sized by the service or the VM", provider)}
 			}
 			o := server.Options{
-				Stragglers: stragglers, Limits: lim,
+				Stragglers: stragglers, Limits: lim, Image: imageRef, PullImages: pullImages,
 				State: state, Tasks: ts, ModelUpstream: upstream, ModelKey: os.Getenv(keyEnv), Model: modelName,
 				Concurrency: concurrency, Logger: log, BinaryEnv: selfEnv(),
 				Provider: provider, GuestBinary: guestBinary, ClockPolicy: clockPolicy,
@@ -260,6 +261,8 @@ could not start or failed.`,
 	f.StringVar(&modelName, "model", "", "the model name harnesses ask for (default: the scripted model's)")
 	f.StringVar(&stragglers, "stragglers", "exclude", "a checkpoint's episode that cannot be paused or snapshotted: exclude (commit without it, named with the reason in the answer) or fail (fail the checkpoint, naming it); a request's \"stragglers\" overrides it")
 	limits.add(f)
+	f.StringVar(&imageRef, "image", "", "the sandboxes' image where neither the start request nor the task names one: oci:PATH[:TAG], docker-archive:PATH, docker://HOST/REPO:TAG or sha256:HEX on the local provider (pulled at start), the service's template name on e2b and opensandbox (default: the provider's own root)")
+	f.BoolVar(&pullImages, "pull-images", false, "a restore whose records name an image no longer on this host pulls it again from the reference it was pulled as (default: refuse, saying how to pull it)")
 	f.IntVar(&concurrency, "concurrency", 64, "episodes a checkpoint or a restore works on at once")
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")

@@ -25,6 +25,7 @@ import (
 	"stasis/checkpoint"
 	"stasis/episode"
 	"stasis/harness"
+	"stasis/image"
 	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/store"
@@ -49,9 +50,22 @@ type Options struct {
 	// default) commits the checkpoint without it, naming it and the reason
 	// in the result; StragglersFail fails the checkpoint, naming it.
 	Stragglers string
+	// PullImages: a restore whose records name an image that is no
+	// longer on this host pulls it again from the reference it was pulled
+	// as (when that is a source, not a bare digest); otherwise such a
+	// restore is refused before it touches the provider, saying how to
+	// pull it.
+	PullImages bool
 	// Progress, when set, is told of each episode done in a phase.
 	Progress func(Progress)
 	Logger   *slog.Logger
+}
+
+// ImageStore is implemented by providers whose sandboxes run on images
+// kept on this host (local): a restore checks that each record's image is
+// still there before it forks anything.
+type ImageStore interface {
+	Images() *image.Store
 }
 
 // Straggler policies (Options.Stragglers, PrepareOptions.Stragglers).
@@ -125,7 +139,7 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 		rows = append(rows, rs...)
 	}
 	for _, r := range rows {
-		spec, err := c.spec(r.ID, r.Task, r.Harness, r.DeadlineS, r.Limits)
+		spec, err := c.spec(r.ID, r.Task, r.Harness, r.DeadlineS, r.Limits, r.Image)
 		if err != nil {
 			return nil, err
 		}
@@ -180,7 +194,7 @@ func (c *Coordinator) deleteSandbox(ctx context.Context, id string) error {
 	})
 }
 
-func (c *Coordinator) spec(id, taskID, harnessName string, deadlineS float64, limits sandbox.Limits) (episode.Spec, error) {
+func (c *Coordinator) spec(id, taskID, harnessName string, deadlineS float64, limits sandbox.Limits, img string) (episode.Spec, error) {
 	t, err := task.Lookup(c.o.Tasks, taskID)
 	if err != nil {
 		return episode.Spec{}, fmt.Errorf("episode %s: %w", id, err)
@@ -189,7 +203,9 @@ func (c *Coordinator) spec(id, taskID, harnessName string, deadlineS float64, li
 	if err != nil {
 		return episode.Spec{}, fmt.Errorf("episode %s: %w", id, err)
 	}
-	return episode.Spec{ID: id, Task: t, Harness: a, Deadline: time.Duration(deadlineS * float64(time.Second)), Limits: limits}, nil
+	spec := episode.Spec{ID: id, Task: t, Harness: a, Deadline: time.Duration(deadlineS * float64(time.Second)), Limits: limits, Image: img}
+	spec.Image = c.o.Env.ImageOf(spec)
+	return spec, nil
 }
 
 func (c *Coordinator) progress(p Progress) {
@@ -215,6 +231,9 @@ type StartOptions struct {
 	Deadline time.Duration
 	// Limits bound its sandbox (zero fields: the provider's defaults).
 	Limits sandbox.Limits
+	// Image is its sandboxes' image (empty: its task's, then the
+	// environment's default).
+	Image string
 }
 
 // StartWith is Start with o's choices; the store keeps them, so
@@ -227,7 +246,7 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 	if err := o.Limits.Check(); err != nil {
 		return store.Episode{}, fmt.Errorf("episode %s: %w", id, err)
 	}
-	spec, err := c.spec(id, taskID, harnessName, deadline.Seconds(), o.Limits)
+	spec, err := c.spec(id, taskID, harnessName, deadline.Seconds(), o.Limits, o.Image)
 	if err != nil {
 		return store.Episode{}, err
 	}
@@ -238,7 +257,7 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 	if err != nil {
 		return store.Episode{}, err
 	}
-	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Limits: o.Limits, Environment: e.Environment().String()}
+	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Limits: o.Limits, Image: spec.Image, Environment: e.Environment().String()}
 	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
 		_ = e.Close(context.WithoutCancel(ctx))
 		return store.Episode{}, err
@@ -548,6 +567,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 		SnapshotID: snap.ID, KeepsProcesses: s.KeepsProcesses, PauseSeq: s.PauseSeq, PauseMode: string(s.PauseMode),
 		PauseConfirmed: s.PauseConfirmed, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
 		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
+		Image: s.Image, ImageRef: row.Image,
 	}
 	if len(rec.Sandbox) == 0 {
 		rec.Sandbox, _ = json.Marshal(map[string]string{"id": e.SandboxID()})
@@ -600,6 +620,35 @@ func (c *Coordinator) continueAll(ctx context.Context, paused map[string]int64) 
 	})
 }
 
+// checkImage makes sure the image a record's sandbox ran on is on this
+// host, pulling it again when Options.PullImages allows.
+func (c *Coordinator) checkImage(ctx context.Context, r store.Record) error {
+	is, ok := c.o.Env.Provider.(ImageStore)
+	if r.Image == "" || !ok {
+		return nil
+	}
+	_, err := is.Images().Get(r.Image)
+	if err == nil || !errors.Is(err, image.ErrNotFound) {
+		return err
+	}
+	ref, perr := image.ParseRef(r.ImageRef)
+	pullable := perr == nil && ref.Pullable()
+	if !pullable {
+		return fmt.Errorf("episode %s: its image %s is no longer on this host, and its record names no source to pull it from", r.Episode, r.Image)
+	}
+	if !c.o.PullImages {
+		return fmt.Errorf("episode %s: its image %s is no longer on this host: pull it with `stasis image pull %s`, or restore with --pull-images", r.Episode, r.Image, r.ImageRef)
+	}
+	im, err := is.Images().Pull(ctx, r.ImageRef, nil)
+	if err != nil {
+		return fmt.Errorf("episode %s: pull its image again from %s: %w", r.Episode, r.ImageRef, err)
+	}
+	if im.Digest != r.Image {
+		return fmt.Errorf("episode %s: %s is now image %s, not the %s it ran on; pull that image by another reference", r.Episode, r.ImageRef, im.Digest, r.Image)
+	}
+	return nil
+}
+
 // Restore brings back every episode of committed checkpoint id. Every
 // record is checked first, before any provider is touched; then every
 // snapshot is forked; then each episode resumes in place (its snapshot kept
@@ -634,13 +683,16 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 			problems = append(problems, fmt.Sprintf("episode %s: %v", r.Episode, err))
 			continue
 		}
-		spec, err := c.spec(r.Episode, row.Task, row.Harness, row.DeadlineS, row.Limits)
+		spec, err := c.spec(r.Episode, row.Task, row.Harness, row.DeadlineS, row.Limits, row.Image)
 		if err != nil {
 			problems = append(problems, err.Error())
 			continue
 		}
 		specs[r.Episode] = spec
 		if !r.Finished {
+			if err := c.checkImage(ctx, r); err != nil {
+				problems = append(problems, err.Error())
+			}
 			if _, err := c.o.Env.Provider.GetSnapshot(ctx, r.SnapshotID); err != nil {
 				problems = append(problems, fmt.Sprintf("episode %s: snapshot %s: %v", r.Episode, r.SnapshotID, err))
 			}

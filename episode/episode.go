@@ -60,6 +60,9 @@ type Env struct {
 	// ClockPolicy sets a guest's wall clock when an episode resumes in
 	// place: ClockContinuous (the default) or ClockHost.
 	ClockPolicy string
+	// Image is the sandboxes' image where neither the episode nor its task
+	// names one (empty: the provider's own root).
+	Image string
 }
 
 // Clock policies for a resume in place. Uptime always continues from the
@@ -99,8 +102,23 @@ type Spec struct {
 	// Limits bound the episode's sandbox (zero fields: the provider's
 	// defaults); exceeding one ends the episode with the reason.
 	Limits sandbox.Limits
+	// Image is the episode's sandbox image (default: the task's, then
+	// Env.Image); see sandbox.Spec.Image.
+	Image string
 
 	environ task.Environment // resolved by prepare
+}
+
+// ImageOf is the image an episode's sandbox runs on: the episode's own,
+// else its task's, else the environment's default.
+func (env *Env) ImageOf(spec Spec) string {
+	switch {
+	case spec.Image != "":
+		return spec.Image
+	case spec.Task != nil && spec.Task.Image != "":
+		return spec.Task.Image
+	}
+	return env.Image
 }
 
 // budget is the harness's time budget.
@@ -291,8 +309,13 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	}
 	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec)}
 	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), 0)
+	img := env.ImageOf(spec)
+	senv := spec.Task.EnvMap()
+	if _, own := spec.Task.Env["PATH"]; img != "" && !own {
+		delete(senv, "PATH") // the image's own PATH, not the host's
+	}
 	o.Spec = sandbox.Spec{
-		Root: tree, Env: spec.Task.EnvMap(), Expiry: spec.Expiry, Limits: spec.Limits,
+		Root: tree, Env: senv, Expiry: spec.Expiry, Limits: spec.Limits, Image: img,
 		Labels: map[string]string{"stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
 	}
 	sess, err := checkpoint.NewSession(ctx, o)

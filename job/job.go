@@ -70,6 +70,9 @@ type Options struct {
 	// be checkpointed: exclude (the default: commit without it, named in
 	// the report) or fail.
 	Stragglers string
+	// Image is the sandboxes' image where a task names none (serve
+	// --image); empty: the provider's own root.
+	Image string
 	// State is the run's state directory (default: a fresh directory under
 	// $TMPDIR, removed at the end unless Keep).
 	State string
@@ -658,6 +661,11 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", o.State, "--tasks", o.Tasks, "--model-upstream", modelURL, "--log-format", "json", "--provider", o.Provider}
 	if o.GuestBinary != "" {
 		args = append(args, "--guest-binary", o.GuestBinary)
+	}
+	if o.Image != "" {
+		// The restore after a crash must find it too: pull it again if
+		// the store lost it.
+		args = append(args, "--image", o.Image, "--pull-images")
 	}
 	if hostedProvider(o.Provider) {
 		// The sandboxes are elsewhere: the gateway listens on TCP too.

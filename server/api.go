@@ -22,6 +22,7 @@ import (
 	"stasis/coordinator"
 	"stasis/episode"
 	"stasis/harness"
+	"stasis/image"
 	"stasis/ledger"
 	"stasis/openapi"
 	"stasis/sandbox"
@@ -269,6 +270,10 @@ type StartRequest struct {
 	// Limits bound the episode's sandbox, every attempt's (fields left
 	// out: the server's; local provider only).
 	Limits *sandbox.Limits `json:"limits,omitempty"`
+	// Image is the episode's sandbox image (default: the task's, then
+	// the server's --image): an image reference on the local provider,
+	// the service's template or image name on a hosted one.
+	Image string `json:"image,omitempty"`
 }
 
 func (s *Server) startEpisode(w http.ResponseWriter, q *http.Request) {
@@ -303,7 +308,7 @@ func (s *Server) startEpisode(w http.ResponseWriter, q *http.Request) {
 	if req.DeadlineS != nil {
 		deadline = time.Duration(*req.DeadlineS * float64(time.Second))
 	}
-	so := coordinator.StartOptions{Deadline: deadline}
+	so := coordinator.StartOptions{Deadline: deadline, Image: req.Image}
 	if req.Limits != nil {
 		so.Limits = *req.Limits
 	}
@@ -360,6 +365,16 @@ func (s *Server) checkStart(req *StartRequest) error {
 	}
 	if req.DeadlineS != nil && (*req.DeadlineS < 0 || *req.DeadlineS > 7*24*3600 || math.IsNaN(*req.DeadlineS)) {
 		return bad("deadline_s %v: give the harness's time budget in seconds, more than 0 and at most a week (leave it out for the task's budget)", *req.DeadlineS)
+	}
+	if req.Image != "" {
+		if req.Image != strings.TrimSpace(req.Image) || len(req.Image) > 4096 || strings.ContainsAny(req.Image, "\x00\n") {
+			return bad("image %.60q: give one image reference", req.Image)
+		}
+		if name == "local" {
+			if _, err := image.ParseRef(req.Image); err != nil {
+				return bad("image: %v", err)
+			}
+		}
 	}
 	if req.Limits != nil {
 		if name != "local" && *req.Limits != (sandbox.Limits{}) {

@@ -107,6 +107,16 @@ type Options struct {
 	// checkpointed (coordinator.StragglersExclude, the default, or
 	// StragglersFail); a request may override it.
 	Stragglers string
+	// Image is the sandboxes' image where neither the start request nor
+	// the task names one (empty: the provider's own root).
+	Image string
+	// PullImages: a restore pulls a missing image again from the
+	// reference its record names (coordinator.Options.PullImages).
+	PullImages bool
+	// SandboxBinary is the static in-sandbox binary a local sandbox on an
+	// image execs through (local.Options.SandboxBinary; default: the
+	// lean stasis-sandbox, sandboxbin.Path()).
+	SandboxBinary string
 	// Access guards the API's handler (NewAccess for its listener);
 	// default LoopbackAccess.
 	Access *Access
@@ -314,7 +324,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		s.sockets = relay.NewSandboxSockets(s.gw, o.GatewayMiddleware)
 		lp, err := local.New(local.Options{
 			Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, ReadOnlyBinds: ro,
-			GatewayDir: filepath.Dir(s.sock), Gateway: s.sockets, Limits: o.Limits,
+			GatewayDir: filepath.Dir(s.sock), Gateway: s.sockets, Limits: o.Limits, SandboxBinary: o.SandboxBinary,
 			// The state directory holds every episode's gateway token and
 			// the record store: no sandbox may read it.
 			Hide: []string{state},
@@ -323,6 +333,16 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 			return noProvider(err)
 		}
 		s.provider = lp
+		if o.Image != "" {
+			// The default image, pulled now rather than in the first
+			// start's request.
+			start := time.Now()
+			im, err := lp.Images().Resolve(ctx, o.Image, nil)
+			if err != nil {
+				return s, fmt.Errorf("server: the default image: %w", err)
+			}
+			log.Info("default image", "ref", o.Image, "digest", im.Digest, "bytes", im.Bytes, "files", im.Files, "took", time.Since(start).Round(time.Millisecond))
+		}
 		// Sandboxes a server before this one made: their sockets again.
 		if err := lp.ServeGateways(ctx); err != nil {
 			return s, fmt.Errorf("server: the sandboxes' gateway sockets: %w", err)
@@ -398,11 +418,12 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		Provider: s.provider, Gateway: s.gw, GatewayURL: gatewayURL, Model: o.Model,
 		Verifier: &task.Verifier{Store: s.store, Provider: s.provider},
 		Binary:   bin, BinaryEnv: o.BinaryEnv, BinaryInSandbox: inSandbox, ClockPolicy: o.ClockPolicy,
+		Image: o.Image,
 	}
 	s.m = newMetrics(s)
 	clog := log.With("component", "coordinator")
 	if s.coord, err = coordinator.New(ctx, coordinator.Options{
-		Env: s.env, Store: s.store, Tasks: o.Tasks, Concurrency: o.Concurrency, Logger: clog, Stragglers: o.Stragglers,
+		Env: s.env, Store: s.store, Tasks: o.Tasks, Concurrency: o.Concurrency, Logger: clog, Stragglers: o.Stragglers, PullImages: o.PullImages,
 		Progress: func(p coordinator.Progress) {
 			clog.Debug("progress", "phase", p.Phase, "episode", p.Episode, "done", p.Done, "total", p.Total)
 		},

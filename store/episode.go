@@ -39,6 +39,10 @@ type Episode struct {
 	// Limits bound its sandboxes, every attempt's (zero fields: the
 	// provider's defaults).
 	Limits sandbox.Limits `json:"limits,omitzero"`
+	// Image is the image reference its sandboxes run on: the episode's,
+	// its task's or the server's default, as decided at its start (empty:
+	// the provider's own root).
+	Image string `json:"image,omitempty"`
 	// Environment is what its harness and tests run in (host, venv:KEY,
 	// image:DIGEST).
 	Environment string `json:"environment,omitempty"`

@@ -46,6 +46,9 @@ type Instance struct {
 	TestCmd   string  `json:"test_cmd,omitempty"`
 	Parser    string  `json:"parser,omitempty"`
 	BudgetS   float64 `json:"budget_s,omitempty"`
+	// Image is the image the instance's sandboxes run on (its environment
+	// image, as a reference; see Task.Image), when the row names one.
+	Image string `json:"image,omitempty"`
 }
 
 // VersionString is the instance's version: the datasets hold it as a
@@ -205,7 +208,7 @@ func instanceTask(line []byte, o SWEBenchOptions) (*Task, error) {
 	t := &Task{
 		ID: in.InstanceID, Language: "python", Title: in.Repo + " " + in.InstanceID,
 		Statement: in.ProblemStatement, TestCmd: in.TestCmd, Parser: in.Parser,
-		FailToPass: f2p, PassToPass: p2p, BudgetS: in.BudgetS, TestFiles: tests.Paths,
+		FailToPass: f2p, PassToPass: p2p, BudgetS: in.BudgetS, TestFiles: tests.Paths, Image: in.Image,
 	}
 	if t.Parser == "" && in.LogParser != "" {
 		p, ok := HarnessParser(in.LogParser)

@@ -50,6 +50,12 @@ type Task struct {
 	BudgetS float64 `json:"budget_s,omitempty"`
 	// Env is added to the environment of the harness and the tests.
 	Env map[string]string `json:"env,omitempty"`
+	// Image is the image the task's sandboxes run on: an image reference
+	// (oci:PATH[:TAG], docker-archive:PATH, docker://HOST/REPO:TAG,
+	// sha256:HEX) on the local and microvm providers, the service's
+	// template or image name on a hosted one. Empty: the run's default
+	// (--image), else the provider's own root.
+	Image string `json:"image,omitempty"`
 	// TestFiles are the files and directories of the work tree (relative,
 	// slash-separated) that hold the tests. Verify restores them from the
 	// task before it runs the tests: the agent may read them, but its
@@ -194,6 +200,9 @@ func (t *Task) Validate() error {
 	}
 	if strings.TrimSpace(t.TestCmd) == "" {
 		errs = append(errs, "test_cmd is empty")
+	}
+	if t.Image != strings.TrimSpace(t.Image) || len(t.Image) > 4096 || strings.ContainsAny(t.Image, "\x00\n") {
+		errs = append(errs, fmt.Sprintf("image %.60q: give one reference, with no spaces around it", t.Image))
 	}
 	if _, ok := Parsers[t.Parser]; !ok {
 		errs = append(errs, fmt.Sprintf("parser %q: want one of %s", t.Parser, strings.Join(ParserNames(), ", ")))

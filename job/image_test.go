@@ -1,0 +1,47 @@
+package job_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"stasis/internal/sandboxbin"
+	"stasis/job"
+	"stasis/stasistest"
+)
+
+// TestRunWithCrashOnImage: `stasis run --image oci:… --episodes 4 --crash`
+// on the local provider: every built-in task resolves in the Debian
+// image, with verified ledgers, across the crash and the restore.
+func TestRunWithCrashOnImage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	env := append(append([]string{}, stasistest.Env...), sandboxbin.Env+"="+stasistest.StaticBinary(t))
+	rep, err := job.Run(ctx, job.Options{
+		Tasks: "builtin", N: 4, Harness: "mini", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
+		Exe: stasistest.Exe(), ExeEnv: env, TokenDelay: 3 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Episodes) != 4 || rep.Resolved != 4 || rep.Restore == nil {
+		var why []string
+		for _, e := range rep.Episodes {
+			why = append(why, e.ID+" "+e.Task+": "+e.Verdict+" "+e.Reason)
+		}
+		t.Fatalf("resolved %d of %d:\n%s", rep.Resolved, len(rep.Episodes), strings.Join(why, "\n"))
+	}
+	for _, e := range rep.Episodes {
+		if !e.LedgerVerified || e.Reward != 1 {
+			t.Errorf("episode %+v", e)
+		}
+	}
+	left, _ := filepath.Glob(filepath.Join(tmp, "stasis-run-*"))
+	if len(left) != 0 {
+		t.Fatalf("state left behind: %v", left)
+	}
+}

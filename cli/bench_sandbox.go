@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
 	"stasis/bench"
@@ -16,6 +17,7 @@ func newBenchSandboxCmd() *cobra.Command {
 	var (
 		n      int
 		asJSON bool
+		img    string
 	)
 	cmd := &cobra.Command{
 		Use:   "sandbox [--n N] [--json]",
@@ -25,6 +27,10 @@ directory, removed afterwards) and times each from the start of create to
 the end of its first exec of "true". The baseline, measured in the same run,
 is bubblewrap running "true" in fresh namespaces as a single process.
 
+With --image REF the same is timed on that image in every round (after
+one pull, whose unpack is reported), against the host-root sandboxes of
+the same run. Target: at most 1.5x the host-root mode.
+
 Target: create-to-first-exec p50 <= 50 ms.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -32,7 +38,7 @@ Target: create-to-first-exec p50 <= 50 ms.`,
 			if err != nil {
 				return err
 			}
-			r, err := bench.SandboxStart(cmd.Context(), bench.SandboxStartOptions{Exe: exe, N: n, Progress: cmd.ErrOrStderr()})
+			r, err := bench.SandboxStart(cmd.Context(), bench.SandboxStartOptions{Exe: exe, N: n, Image: img, Progress: cmd.ErrOrStderr()})
 			if err != nil {
 				return err
 			}
@@ -53,10 +59,21 @@ Target: create-to-first-exec p50 <= 50 ms.`,
 			tw.Flush()
 			fmt.Fprintf(out, "\n%d sandboxes; create-to-first-exec p50 is %.1f× bubblewrap alone\n", r.N, float64(r.CreateExec.P50)/float64(r.Bwrap.P50))
 			verdict(out, "create-to-first-exec p50", r.CreateExec.P50, 50*time.Millisecond)
+			if r.ImageCreateExec != nil {
+				u := r.Unpack
+				fmt.Fprintf(out, "\nimage %s: unpacked %s in %d files in %.1fs\n", shortDigest(u.Digest), humanize.IBytes(uint64(u.Bytes)), u.Files, u.Seconds)
+				fmt.Fprintf(out, "on the image: create-to-first-exec p50 %s ms, p99 %s ms: %.2f× the host-root mode\n", ms(r.ImageCreateExec.P50), ms(r.ImageCreateExec.P99), r.ImageRatio)
+				mark := "meets"
+				if r.ImageRatio > 1.5 {
+					mark = "MISSES"
+				}
+				fmt.Fprintf(out, "image/host-root p50 %.2f× %s the 1.5× target\n", r.ImageRatio, mark)
+			}
 			return nil
 		},
 	}
 	cmd.Flags().IntVar(&n, "n", 50, "sandboxes to time")
+	cmd.Flags().StringVar(&img, "image", "", "also time sandboxes on this image (see stasis image --help)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -637,7 +637,7 @@ func (c *Coordinator) checkImage(ctx context.Context, r store.Record) error {
 		return fmt.Errorf("episode %s: its image %s is no longer on this host, and its record names no source to pull it from", r.Episode, r.Image)
 	}
 	if !c.o.PullImages {
-		return fmt.Errorf("episode %s: its image %s is no longer on this host: pull it with `stasis image pull %s`, or restore with --pull-images", r.Episode, r.Image, r.ImageRef)
+		return fmt.Errorf("episode %s: its image %s is no longer on this host: pull it with `stasis image pull %s`, or start the server with --pull-images", r.Episode, r.Image, r.ImageRef)
 	}
 	im, err := is.Images().Pull(ctx, r.ImageRef, nil)
 	if err != nil {

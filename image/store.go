@@ -71,6 +71,11 @@ type Store struct {
 	idBase int
 }
 
+// DefaultIDBase is the host id that the images' id 0 becomes: the local
+// provider's default user-namespace base, so that its sandboxes see the
+// images' own owners.
+const DefaultIDBase = 1 << 30
+
 // Files and directories in the store.
 const (
 	metaName   = "image.json"

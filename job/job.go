@@ -211,7 +211,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		if t.Solution == nil {
 			continue
 		}
-		if o.Provider == microvm.Name && !microvm.CanRun(t) {
+		if o.Provider == microvm.Name && !microvm.CanRun(t, o.Image) {
 			continue
 		}
 		solvable = append(solvable, t)

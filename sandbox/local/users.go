@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/image"
 	"stasis/internal/enter"
 	"stasis/sandbox"
 )
@@ -32,7 +33,7 @@ const (
 	// DefaultUIDBase is the first host id of the range (2^30: far above
 	// the ids that adduser and the subordinate-id ranges of
 	// /etc/subuid hand out).
-	DefaultUIDBase = 1 << 30
+	DefaultUIDBase = image.DefaultIDBase
 	// IDRange is how many ids the namespace maps.
 	IDRange = 65536
 )

@@ -39,7 +39,7 @@ func Doctor(ctx context.Context, o Options) Report {
 	add := func(c Check) { r.Checks = append(r.Checks, c) }
 	if ts, err := task.Builtin(); err == nil {
 		for _, t := range ts {
-			if CanRun(t) {
+			if CanRun(t, "") {
 				r.Tasks = append(r.Tasks, t.ID)
 			}
 		}

@@ -26,8 +26,11 @@ import (
 // GuestModules are the kernel modules the guest loads at boot, in an order
 // that satisfies their dependencies (checked against each module's
 // .modinfo when the image is built): virtio over memory-mapped I/O (the
-// microvm machine's bus), and the virtio network device that carries the
-// agent's channel and the relay's way to the gateway.
+// microvm machine's bus), the virtio network device that carries the
+// agent's channel and the relay's way to the gateway, and for an image
+// root the virtio block device, erofs (the block image's file system;
+// the cloud kernel has ext4 built in) and overlayfs (its writable layer
+// in RAM).
 var GuestModules = []string{
 	"drivers/virtio/virtio_ring",
 	"drivers/virtio/virtio",
@@ -35,7 +38,16 @@ var GuestModules = []string{
 	"net/core/failover",
 	"drivers/net/net_failover",
 	"drivers/net/virtio_net",
+	"drivers/block/virtio_blk",
+	"lib/libcrc32c",
+	"fs/erofs/erofs",
+	"fs/overlayfs/overlay",
 }
+
+// ImageRootDir is where, in a guest with an image, the image's root is
+// (under an overlay whose upper layer is in RAM); the guest agent, and so
+// everything the host runs there, is chrooted into it.
+const ImageRootDir = "/newroot"
 
 // Kernel is an unpacked Debian cloud kernel package: the kernel image and
 // its module tree.
@@ -138,6 +150,23 @@ chmod 1777 /tmp
 	for _, m := range GuestModules {
 		fmt.Fprintf(&b, "insmod /lib/modules/%s.ko || echo 'stasis-guest: insmod %s failed'\n", filepath.Base(m), filepath.Base(m))
 	}
+	// With an image attached (/dev/vda, read-only), its root becomes the
+	// sandbox's: erofs (or ext4) under an overlay whose upper layer is a
+	// tmpfs, with the guest's /proc, /sys and /dev, and stasis's binary
+	// at /stasis read-only. The agent is started inside it (/etc/agent).
+	fmt.Fprintf(&b, `if [ -b /dev/vda ]; then
+  mkdir -p /image /rw %[1]s
+  mount -t erofs -o ro /dev/vda /image 2>/dev/null || mount -t ext4 -o ro,noload /dev/vda /image || echo 'stasis-guest: the image does not mount'
+  mount -t tmpfs -o mode=0755,size=90%% rw /rw && mkdir -p /rw/upper /rw/work
+  mount -t overlay overlay -o lowerdir=/image,upperdir=/rw/upper,workdir=/rw/work %[1]s || echo 'stasis-guest: no overlay on the image'
+  for d in proc sys dev; do mkdir -p %[1]s/$d && mount --rbind /$d %[1]s/$d; done
+  mkdir -p %[1]s/tmp %[1]s/work %[1]s/stasis %[1]s%[2]s
+  chmod 1777 %[1]s/tmp
+  mount --bind /stasis %[1]s/stasis && mount -o remount,bind,ro %[1]s/stasis
+  chown %[3]d:%[3]d %[1]s/work %[1]s%[2]s && chmod 0755 %[1]s/work && chmod 0700 %[1]s%[2]s
+  touch /run/stasis-image-root
+fi
+`, ImageRootDir, AgentHome, sandbox.AgentUID)
 	fmt.Fprintf(&b, `ip link set lo up
 ip link set eth0 up
 ip addr add %s/24 dev eth0
@@ -147,15 +176,27 @@ echo 'stasis-guest: booted'
 	return b.String()
 }
 
+// agentScript starts the guest agent: inside the image's root when the
+// guest has one, else in the initramfs.
+func agentScript() string {
+	cmd := fmt.Sprintf("/stasis/bin/stasis microvm agent --listen :%[1]d --agent-uid %[2]d --agent-gid %[2]d --agent-home %[3]s --host-only", agent.Port, sandbox.AgentUID, AgentHome)
+	return fmt.Sprintf(`#!/bin/sh
+if [ -e /run/stasis-image-root ]; then
+  exec chroot %s %s
+fi
+exec %s
+`, ImageRootDir, cmd, cmd)
+}
+
 // AgentHome is the home directory of the guest's agent user.
 const AgentHome = "/home/agent"
 
 // inittab runs the boot script, then the agent, which runs the host's
 // commands as the agent's user (uid and gid sandbox.AgentUID) unless asked
 // for stasis's, and takes connections from the host only.
-var inittab = fmt.Sprintf(`::sysinit:/etc/rc
-::respawn:/stasis/bin/stasis microvm agent --listen :%[1]d --agent-uid %[2]d --agent-gid %[2]d --agent-home %[3]s --host-only
-`, agent.Port, sandbox.AgentUID, AgentHome)
+var inittab = `::sysinit:/etc/rc
+::respawn:/etc/agent
+`
 
 // BuildInitramfs writes the guest's initramfs (an uncompressed newc cpio:
 // the kernel unpacks it faster than a compressed one under TCG) to w:
@@ -222,6 +263,7 @@ func BuildInitramfs(w io.Writer, k Kernel, busybox, stasisBin string) error {
 		func() error { return link("bin/sh", "busybox") },
 		func() error { return file("etc/rc", 0o755, []byte(rcScript())) },
 		func() error { return file("etc/inittab", 0o644, []byte(inittab)) },
+		func() error { return file("etc/agent", 0o755, []byte(agentScript())) },
 		func() error {
 			return file("etc/passwd", 0o644, []byte(fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\nagent:x:%[1]d:%[1]d:agent:%[2]s:/bin/sh\n", sandbox.AgentUID, AgentHome)))
 		},
@@ -298,7 +340,7 @@ func Initramfs(cacheDir string, k Kernel, busybox, stasisBin string) (string, er
 			return "", err
 		}
 	}
-	fmt.Fprintf(h, "%s\n%s\n%s\n", k.Version, rcScript(), inittab)
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", k.Version, rcScript(), inittab, agentScript())
 	path := filepath.Join(cacheDir, "initramfs-"+hex.EncodeToString(h.Sum(nil))[:16]+".cpio")
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
@@ -316,6 +358,9 @@ func Initramfs(cacheDir string, k Kernel, busybox, stasisBin string) (string, er
 	return path, nil
 }
 
-// CanRun says whether the guest image can run a task: it has busybox and
-// stasis, no Python, Node.js or Go, so shell tasks only.
-func CanRun(t *task.Task) bool { return t.Language == "shell" }
+// CanRun says whether a guest can run a task: on an image (the task's or
+// the run's), whatever the image has; on the initramfs alone, busybox
+// and stasis, no Python, Node.js or Go, so shell tasks only.
+func CanRun(t *task.Task, img string) bool {
+	return t.Language == "shell" || img != "" || t.Image != ""
+}

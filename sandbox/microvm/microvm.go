@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -41,6 +42,7 @@ import (
 	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
+	"stasis/image"
 	"stasis/internal/sandboxbin"
 	"stasis/proc"
 	"stasis/sandbox"
@@ -110,9 +112,58 @@ type Provider struct {
 	prepOnce  sync.Once
 	prepErr   error
 	mu        sync.Mutex // serialises this process's rewrites of meta.json
+	images    *image.Store
 
 	retiredMu sync.Mutex
 	retired   map[string]int
+}
+
+// Images is the provider's image store ($STASIS_HOME/images, shared with
+// the local provider's): a guest's image root is a block image built
+// beside the unpacked root (RootImage).
+func (p *Provider) Images() *image.Store { return p.images }
+
+// ImageUsers returns, for each image digest, the microVM sandboxes and
+// the snapshots (not deleted) of state directory home that use it: a
+// snapshot's saved machine needs the image's block file as it was.
+func ImageUsers(home string) (sandboxes, snapshots map[string][]string, err error) {
+	sandboxes, snapshots = map[string][]string{}, map[string][]string{}
+	read := func(dir string, into map[string][]string, isSnap bool) error {
+		ents, err := os.ReadDir(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			path := filepath.Join(dir, e.Name(), metaFile)
+			if isSnap {
+				path = filepath.Join(dir, e.Name())
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				continue
+			}
+			var doc struct {
+				ID      string   `json:"id"`
+				VM      vmConfig `json:"vm"`
+				Deleted bool     `json:"deleted"`
+			}
+			if json.Unmarshal(b, &doc) != nil || doc.VM.Image == "" || doc.Deleted {
+				continue
+			}
+			into[doc.VM.Image] = append(into[doc.VM.Image], doc.ID)
+		}
+		return nil
+	}
+	if err := read(filepath.Join(home, "sandboxes", Name), sandboxes, false); err != nil {
+		return nil, nil, err
+	}
+	if err := read(filepath.Join(home, "snapshots", Name), snapshots, true); err != nil {
+		return nil, nil, err
+	}
+	return sandboxes, snapshots, nil
 }
 
 // Files in a sandbox's directory.
@@ -185,6 +236,9 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	}
 	p := &Provider{o: o, dir: filepath.Join(o.Home, "sandboxes", Name), snapDir: filepath.Join(o.Home, "snapshots", Name)}
 	var err error
+	if p.images, err = image.Open(o.Home, image.DefaultIDBase); err != nil {
+		return nil, err
+	}
 	if p.qemu, err = exec.LookPath(QEMU); err != nil {
 		return nil, fmt.Errorf("microvm provider needs %s: install it with `apt-get install qemu-system-x86` (make deps-microvm does)", QEMU)
 	}
@@ -325,7 +379,7 @@ func readKeeperAt(dir string) (keeperInfo, bool) {
 
 func (p *Provider) info(m meta, state string) sandbox.Info {
 	desc, _ := json.Marshal(map[string]any{"id": m.ID, "dir": p.sbDir(m.ID), "port": m.VM.Port, "accel": m.VM.Accel})
-	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Descriptor: desc}
+	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Image: m.VM.Image, Descriptor: desc}
 }
 
 // running checks a sandbox whose metadata is read: not expired, keeper and
@@ -463,9 +517,6 @@ func (p *Provider) ServeGateways(ctx context.Context) error {
 
 // Create boots a microVM and returns once its agent answers.
 func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
-	if spec.Image != "" {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrUnsupported, "create", "", "the microvm provider has one guest image (busybox and stasis); seed the work tree with a directory (--from)")
-	}
 	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
 		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
@@ -479,6 +530,30 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 	}
 	id := hostkeep.NewID("vm-")
 	m := meta{ID: id, Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM(id)}
+	if spec.Image != "" {
+		im, err := p.images.Resolve(ctx, spec.Image, nil)
+		if errors.Is(err, image.ErrNotFound) {
+			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrNotFound, "create", "", "%v", err)
+		}
+		if err != nil {
+			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "%v", err)
+		}
+		if m.VM.Disk, err = RootImage(ctx, im, RootFS); err != nil {
+			return sandbox.Info{}, fmt.Errorf("create: %w", err)
+		}
+		m.VM.Image = im.Digest
+		for _, kv := range im.Env {
+			if k, v, ok := strings.Cut(kv, "="); ok && k == "PATH" {
+				if _, set := spec.Env["PATH"]; !set {
+					m.Env = maps.Clone(m.Env)
+					if m.Env == nil {
+						m.Env = map[string]string{}
+					}
+					m.Env["PATH"] = v
+				}
+			}
+		}
+	}
 	ok := false
 	defer func() {
 		if !ok {

@@ -96,6 +96,49 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceWithDebianImage: the whole suite, and its image cases, on
+// guests whose root is the Debian image of the Makefile (a read-only
+// erofs block device under an overlay in RAM).
+func TestConformanceWithDebianImage(t *testing.T) {
+	var mu sync.Mutex
+	fail := map[string]int{}
+	p := newProvider(t, microvm.Options{MemMiB: 256, ForkHook: func(snapshot string, i int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if k, ok := fail[snapshot]; ok && k == i {
+			return errors.New("injected fork failure")
+		}
+		return nil
+	}})
+	ref := stasistest.TestImage(t)
+	start := time.Now()
+	im, err := p.Images().Pull(ctx, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("unpacked %s in %s", ref, time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	disk, err := microvm.RootImage(ctx, im, microvm.RootFS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("block image %s in %s", disk, time.Since(start).Round(time.Millisecond))
+	sandboxtest.Run(t, sandboxtest.Harness{
+		Provider: p,
+		FailFork: func(snapshot string, k int) func() {
+			mu.Lock()
+			fail[snapshot] = k
+			mu.Unlock()
+			return func() { mu.Lock(); delete(fail, snapshot); mu.Unlock() }
+		},
+		Retired:       p.Retired,
+		HostProcesses: hostProcesses,
+		ExpiryStep:    3 * time.Second,
+		Image:         ref, ImageFile: "/etc/os-release", ImageText: "ID=debian",
+		HostOnly: "/usr/bin/bwrap",
+	})
+}
+
 func sh(t *testing.T, p sandbox.Provider, id, script string) string {
 	t.Helper()
 	var out, errb bytes.Buffer

@@ -41,6 +41,12 @@ type vmConfig struct {
 	// the emulated PIT: on a loaded host that calibration fails, the
 	// kernel finds no clock source and never boots.
 	TSCKHz int `json:"tsc_khz,omitempty"`
+	// Disk is the read-only block image of the guest's image root (see
+	// RootImage), attached as virtio-blk; empty: the initramfs is the
+	// root. A fork attaches the same file, so the saved state's device
+	// stays valid; Image is that image's digest.
+	Disk  string `json:"disk,omitempty"`
+	Image string `json:"image,omitempty"`
 	// Incoming is the command whose output is the saved state a fork
 	// starts from (QEMU runs it: `stasis microvm state`, streaming it out
 	// of the blob store), or empty.
@@ -122,6 +128,10 @@ func (c vmConfig) args(dir string) []string {
 		"-serial", "file:" + filepath.Join(dir, consoleFile),
 		"-netdev", netdev, "-device", "virtio-net-device,netdev=n0",
 		"-qmp", "unix:" + qmpPath(filepath.Base(dir)) + ",server=on,wait=off",
+	}
+	if c.Disk != "" {
+		a = append(a, "-drive", "file="+c.Disk+",format=raw,if=none,id=root,readonly=on,cache=none,aio=threads",
+			"-device", "virtio-blk-device,drive=root")
 	}
 	if len(c.Incoming) > 0 {
 		q := make([]string, len(c.Incoming))

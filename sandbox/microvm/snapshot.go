@@ -48,7 +48,7 @@ type snapMeta struct {
 func (p *Provider) snapPath(id string) string { return filepath.Join(p.snapDir, id+".json") }
 
 func (s snapMeta) info() sandbox.SnapshotInfo {
-	return sandbox.SnapshotInfo{ID: s.ID, Name: s.Name, Sandbox: s.Sandbox, Provider: Name, Created: s.Created, KeepsProcesses: true, Bytes: s.Bytes, NewBytes: s.NewBytes}
+	return sandbox.SnapshotInfo{ID: s.ID, Name: s.Name, Sandbox: s.Sandbox, Provider: Name, Created: s.Created, KeepsProcesses: true, Bytes: s.Bytes, NewBytes: s.NewBytes, Image: s.VM.Image}
 }
 
 func (p *Provider) readSnap(op, id string) (snapMeta, error) {
@@ -324,6 +324,13 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	s, err := p.readSnap("fork", snap)
 	if err != nil {
 		return nil, err
+	}
+	if s.VM.Disk != "" {
+		// The saved machine had the image attached: its forks need the
+		// same file.
+		if _, err := os.Stat(s.VM.Disk); err != nil {
+			return nil, sandbox.Errorf(sandbox.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?): pull the image again (`stasis image pull`) and fork again: %v", s.VM.Disk, s.VM.Image, err)
+		}
 	}
 	// Each fork's QEMU streams the state out of the blob store (no file
 	// is written); the shared lock keeps a garbage collection from taking

@@ -526,11 +526,15 @@ func (s *suite) typedErrors(t *testing.T) {
 	}
 }
 
-// imageFiles: a file of the image is there; the image cannot be written,
-// not even by stasis's own user; a path only the host has is not there.
+// imageFiles: a file of the image is there; the agent cannot write it;
+// what stasis's own user writes over it (a microVM's overlay in RAM takes
+// it; a local sandbox's read-only root does not) changes neither the
+// image nor another sandbox's view of it; a path only the host has is not
+// there.
 func (s *suite) imageFiles(t *testing.T) {
 	t.Parallel()
 	info := s.create(t, sandbox.Spec{})
+	other := s.create(t, sandbox.Spec{})
 	if info.Image == "" {
 		t.Errorf("the sandbox's info names no image: %+v", info)
 	}
@@ -544,12 +548,17 @@ func (s *suite) imageFiles(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.ExitCode == 0 || strings.Contains(out.String(), "written") {
-			t.Errorf("user %q wrote to the image's %s", u, s.h.ImageFile)
+		if u == sandbox.UserAgent && (res.ExitCode == 0 || strings.Contains(out.String(), "written")) {
+			t.Errorf("the agent wrote to the image's %s", s.h.ImageFile)
 		}
 	}
-	if got, ok := s.read(t, info.ID, s.h.ImageFile); ok && strings.Contains(got, "stasis-wrote-this") {
-		t.Errorf("the image's file changed: %q", got)
+	if got, ok := s.read(t, other.ID, s.h.ImageFile); !ok || strings.Contains(got, "stasis-wrote-this") {
+		t.Errorf("another sandbox's %s of the image: %q (found %v)", s.h.ImageFile, got, ok)
+	}
+	if fresh := s.create(t, sandbox.Spec{}); true {
+		if got, _ := s.read(t, fresh.ID, s.h.ImageFile); strings.Contains(got, "stasis-wrote-this") {
+			t.Errorf("the image itself changed: a new sandbox's %s is %q", s.h.ImageFile, got)
+		}
 	}
 	if s.h.HostOnly != "" {
 		out, code, _ := s.run(t, info.ID, `ls -ld "`+s.h.HostOnly+`" 2>&1; exit 0`)

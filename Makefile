@@ -106,8 +106,9 @@ deps-clients: npm-prefix
 		case "$$got" in *$(CODEX_VERSION)*) ;; *) echo "$(CODEX) --version printed '$$got', want $(CODEX_VERSION): its native package did not install; rm -rf $(NPM_PREFIX)/node_modules/@openai and run make deps-clients again" >&2; exit 1;; esac; \
 	fi
 
-## deps-microvm: what the microVM provider needs: QEMU (qemu-system-x86)
-## and a static busybox (busybox-static) from apt-get, and the Debian cloud
+## deps-microvm: what the microVM provider needs: QEMU (qemu-system-x86),
+## a static busybox (busybox-static) and mkfs.erofs (erofs-utils: a guest's
+## image root as a block image) from apt-get, and the Debian cloud
 ## kernel, whose package (linux-image-cloud-amd64's current kernel) is
 ## downloaded with apt-get and unpacked into the cache (one directory per
 ## kernel package; .tools/microvm/kernel links to it), not installed on the
@@ -121,6 +122,7 @@ deps-microvm:
 	@missing=""; \
 	command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
 	dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing="$$missing busybox-static"; \
+	command -v mkfs.erofs >/dev/null 2>&1 || missing="$$missing erofs-utils"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -14,9 +14,12 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
+	"stasis/home"
 	"stasis/image"
 	"stasis/sandbox/local"
+	"stasis/sandbox/microvm"
 	"stasis/store"
 )
 
@@ -107,6 +110,11 @@ func newImageLsCmd() *cobra.Command {
 // pullWithProgress resolves ref in s, drawing the unpack's progress on
 // stderr.
 func pullWithProgress(ctx context.Context, cmd *cobra.Command, s *image.Store, ref string) (image.Image, error) {
+	if f, ok := cmd.ErrOrStderr().(*os.File); !ok || !term.IsTerminal(int(f.Fd())) {
+		// Not a terminal: one line, not a redrawn bar.
+		fmt.Fprintf(cmd.ErrOrStderr(), "pulling %s (unpacked once per digest)\n", ref)
+		return s.Pull(ctx, ref, nil)
+	}
 	bar := progressbar.NewOptions64(-1, progressbar.OptionSetWriter(cmd.ErrOrStderr()), progressbar.OptionSetDescription("unpacking "+ref),
 		progressbar.OptionShowBytes(true), progressbar.OptionClearOnFinish(), progressbar.OptionSpinnerType(14), progressbar.OptionThrottle(200*time.Millisecond))
 	im, err := s.Pull(ctx, ref, func(bytes int64, files int) { _ = bar.Set64(bytes) })
@@ -167,6 +175,24 @@ func imageUsers(ctx context.Context, p *local.Provider) (image.InUse, error) {
 	for d, ids := range snaps {
 		for _, id := range ids {
 			users[d] = append(users[d], "snapshot "+id)
+		}
+	}
+	h, err := home.Dir()
+	if err != nil {
+		return nil, err
+	}
+	vms, vmSnaps, err := microvm.ImageUsers(h)
+	if err != nil {
+		return nil, err
+	}
+	for d, ids := range vms {
+		for _, id := range ids {
+			users[d] = append(users[d], "microVM "+id)
+		}
+	}
+	for d, ids := range vmSnaps {
+		for _, id := range ids {
+			users[d] = append(users[d], "microVM snapshot "+id)
 		}
 	}
 	sp, err := store.DefaultPath()

@@ -45,3 +45,43 @@ func TestRunWithCrashOnImage(t *testing.T) {
 		t.Fatalf("state left behind: %v", left)
 	}
 }
+
+// TestRunWithCrashOnImageMicroVM: the same on the microvm provider: the
+// guests' root is the Debian image, every built-in task resolves (not only
+// the shell ones the initramfs can run), resumed in place after the crash.
+func TestRunWithCrashOnImageMicroVM(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	rep, err := job.Run(ctx, job.Options{
+		Tasks: "builtin", N: 4, Harness: "mini", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
+		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GuestBinary: stasistest.StaticBinary(t), TokenDelay: 3 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	langs := map[string]bool{}
+	var why []string
+	for _, e := range rep.Episodes {
+		why = append(why, e.ID+" "+e.Task+": "+e.Verdict+" "+e.Reason+" ("+e.Resume+")")
+		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "microvm" {
+			t.Errorf("episode %+v", e)
+		}
+		langs[strings.SplitN(e.Task, "-", 2)[0]] = true
+		if e.Resume == "relaunch" {
+			t.Errorf("%s relaunched on the microVM provider: %s", e.ID, e.ResumeWhy)
+		}
+	}
+	if len(rep.Episodes) != 4 || rep.Resolved != 4 || rep.Restore == nil {
+		t.Fatalf("resolved %d of %d:\n%s", rep.Resolved, len(rep.Episodes), strings.Join(why, "\n"))
+	}
+	if len(langs) < 2 {
+		t.Errorf("only %v tasks ran: the image should run more than shell tasks", langs)
+	}
+	t.Logf("%s", strings.Join(why, "\n"))
+	left, _ := filepath.Glob(filepath.Join(tmp, "stasis-run-*"))
+	if len(left) != 0 {
+		t.Fatalf("state left behind: %v", left)
+	}
+}

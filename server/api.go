@@ -370,7 +370,7 @@ func (s *Server) checkStart(req *StartRequest) error {
 		if req.Image != strings.TrimSpace(req.Image) || len(req.Image) > 4096 || strings.ContainsAny(req.Image, "\x00\n") {
 			return bad("image %.60q: give one image reference", req.Image)
 		}
-		if name == "local" {
+		if name == "local" || name == "microvm" {
 			if _, err := image.ParseRef(req.Image); err != nil {
 				return bad("image: %v", err)
 			}

@@ -542,6 +542,9 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 			return sandbox.Info{}, fmt.Errorf("create: %w", err)
 		}
 		m.VM.Image = im.Digest
+		if m.VM.DiskID, err = fileID(m.VM.Disk); err != nil {
+			return sandbox.Info{}, fmt.Errorf("create: %w", err)
+		}
 		for _, kv := range im.Env {
 			if k, v, ok := strings.Cut(kv, "="); ok && k == "PATH" {
 				if _, set := spec.Env["PATH"]; !set {

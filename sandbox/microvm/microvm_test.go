@@ -433,3 +433,48 @@ func TestSnapshotOfAVMKilledMidSave(t *testing.T) {
 		t.Fatal("the sandbox whose QEMU was killed reads as running")
 	}
 }
+
+// TestForkNeedsTheSameBlockImage: a snapshot of a guest on an image forks
+// only onto the very block file it was saved with: one removed, or built
+// again, is refused with the reason, and no sandbox is left.
+func TestForkNeedsTheSameBlockImage(t *testing.T) {
+	p := newProvider(t, microvm.Options{MemMiB: 256})
+	info, err := p.Create(ctx, sandbox.Spec{Image: stasistest.TestImage(t), Expiry: time.Now().Add(5 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(ctx, info.ID)
+	snap, err := p.Snapshot(ctx, info.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.DeleteSnapshot(ctx, snap.ID)
+	if snap.Image != info.Image || snap.Image == "" {
+		t.Errorf("snapshot image %q, sandbox's %q", snap.Image, info.Image)
+	}
+	im, err := p.Images().Get(info.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk, err := microvm.RootImage(ctx, im, microvm.RootFS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(disk); err != nil {
+		t.Fatal(err)
+	}
+	spec := sandbox.ForkSpec{Expiry: time.Now().Add(5 * time.Minute)}
+	if _, err := p.Fork(ctx, snap.ID, 1, spec); !errors.Is(err, sandbox.ErrNotFound) || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("fork without the block file: %v", err)
+	}
+	if _, err := microvm.RootImage(ctx, im, microvm.RootFS); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Fork(ctx, snap.ID, 1, spec); !errors.Is(err, sandbox.ErrWrongState) || !strings.Contains(err.Error(), "built again") {
+		t.Errorf("fork onto a block file built again: %v", err)
+	}
+	l, _ := p.List(ctx, nil)
+	if len(l) != 1 {
+		t.Errorf("sandboxes after the refused forks: %v", l)
+	}
+}

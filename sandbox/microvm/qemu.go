@@ -47,6 +47,11 @@ type vmConfig struct {
 	// stays valid; Image is that image's digest.
 	Disk  string `json:"disk,omitempty"`
 	Image string `json:"image,omitempty"`
+	// DiskID identifies the very file Disk was at boot (see fileID): a
+	// block image built again for the same digest may lay its blocks out
+	// otherwise, and a saved machine's page cache would then read the
+	// wrong ones.
+	DiskID string `json:"disk_id,omitempty"`
 	// Incoming is the command whose output is the saved state a fork
 	// starts from (QEMU runs it: `stasis microvm state`, streaming it out
 	// of the blob store), or empty.

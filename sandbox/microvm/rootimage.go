@@ -69,6 +69,20 @@ func RootImage(ctx context.Context, im image.Image, fsKind string) (string, erro
 	return out, nil
 }
 
+// fileID is a file's identity for DiskID: device, inode, size and
+// modification time.
+func fileID(path string) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return "", fmt.Errorf("%s: no inode", path)
+	}
+	return fmt.Sprintf("%d:%d:%d:%d", st.Dev, st.Ino, fi.Size(), fi.ModTime().UnixNano()), nil
+}
+
 func buildRootImage(ctx context.Context, im image.Image, fsKind, out string) error {
 	f, err := os.OpenFile(out, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {

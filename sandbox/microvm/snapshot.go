@@ -328,8 +328,12 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	if s.VM.Disk != "" {
 		// The saved machine had the image attached: its forks need the
 		// same file.
-		if _, err := os.Stat(s.VM.Disk); err != nil {
-			return nil, sandbox.Errorf(sandbox.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?): pull the image again (`stasis image pull`) and fork again: %v", s.VM.Disk, s.VM.Image, err)
+		id, err := fileID(s.VM.Disk)
+		if err != nil {
+			return nil, sandbox.Errorf(sandbox.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?); the saved machine needs that very file, so this snapshot cannot be forked: %v", s.VM.Disk, s.VM.Image, err)
+		}
+		if s.VM.DiskID != "" && id != s.VM.DiskID {
+			return nil, sandbox.Errorf(sandbox.ErrWrongState, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", s.VM.Disk, s.VM.Image)
 		}
 	}
 	// Each fork's QEMU streams the state out of the blob store (no file

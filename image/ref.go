@@ -72,13 +72,13 @@ func ParseRef(s string) (Ref, error) {
 			}
 		}
 		if r.Path == "" {
-			return Ref{}, fmt.Errorf("image %q: no layout directory after oci:", s)
+			return Ref{}, fmt.Errorf("image %q: no layout directory after \"oci:\"", s)
 		}
 		return r, nil
 	case strings.HasPrefix(s, "docker-archive:"):
 		p := strings.TrimPrefix(s, "docker-archive:")
 		if p == "" {
-			return Ref{}, fmt.Errorf("image %q: no archive path after docker-archive:", s)
+			return Ref{}, fmt.Errorf("image %q: no archive path after \"docker-archive:\"", s)
 		}
 		return Ref{Transport: TransportArchive, Path: p}, nil
 	case strings.HasPrefix(s, "docker://"):

@@ -211,7 +211,7 @@ func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
 		return nil
 	}
 	switch h.Typeflag {
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg: // the reader reports the old TypeRegA as TypeReg
 		fd, err := unix.Openat(dfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
 			return err

@@ -53,7 +53,7 @@ func (r Request) Args() []string {
 
 func parse(args []string) (Request, error) {
 	if len(args) < 6 || args[5] != "--" {
-		return Request{}, errors.New("usage: " + Arg + " UID GID CAPS CWD -- ARGV...")
+		return Request{}, errors.New("usage: " + Arg + " UID GID CAPS CWD -- COMMAND [ARG]")
 	}
 	var r Request
 	var err error

@@ -706,6 +706,12 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 		_, _ = io.Copy(io.Discard, out)
 	}()
 	s := &server{cmd: cmd, c: &http.Client{}, log: logf}
+	// A default image is pulled (and unpacked, the first time) before the
+	// server listens.
+	startWait := 60 * time.Second
+	if o.Image != "" {
+		startWait = 10 * time.Minute
+	}
 	select {
 	case a, ok := <-addr:
 		if !ok || a == "" {
@@ -716,11 +722,11 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 			return nil, fmt.Errorf("stasis serve did not start; its log:\n%s", lastLines(tail, 20))
 		}
 		s.base = "http://" + a
-	case <-time.After(60 * time.Second):
+	case <-time.After(startWait):
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		logf.Close()
-		return nil, errors.New("stasis serve did not print its address within 60s")
+		return nil, fmt.Errorf("stasis serve did not print its address within %s", startWait)
 	case <-ctx.Done():
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()

@@ -15,6 +15,11 @@ import (
 	"stasis/image"
 )
 
+// tmpRoot is the temporary directory as the process started: what the
+// helpers build once per process must outlive a test that points TMPDIR
+// at its own temporary directory (t.Setenv).
+var tmpRoot = os.TempDir()
+
 // ImageEnv names the OCI image the tests run sandboxes on (oci:PATH:TAG;
 // the Makefile builds a Debian one and exports it).
 const ImageEnv = "STASIS_TEST_IMAGE"
@@ -91,7 +96,7 @@ func buildBusybox() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("the busybox test image: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "stasis-busybox-image-")
+	dir, err := os.MkdirTemp(tmpRoot, "stasis-busybox-image-")
 	if err != nil {
 		return "", err
 	}

@@ -100,7 +100,7 @@ var (
 func StaticBinary(tb testing.TB) string {
 	tb.Helper()
 	staticOnce.Do(func() {
-		if staticDir, staticErr = os.MkdirTemp("", "stasis-static-"); staticErr != nil {
+		if staticDir, staticErr = os.MkdirTemp(tmpRoot, "stasis-static-"); staticErr != nil {
 			return
 		}
 		bin := filepath.Join(staticDir, "stasis")

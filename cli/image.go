@@ -159,24 +159,23 @@ func newImagePullCmd() *cobra.Command {
 	}
 }
 
-// imageUsers says who uses an image: local sandboxes and snapshots, and
-// the records of committed (and pending) checkpoints.
+// imageUsers says who uses an image: local and microVM sandboxes and
+// snapshots, and the records of committed (and pending) checkpoints.
 func imageUsers(ctx context.Context, p *local.Provider) (image.InUse, error) {
 	users := map[string][]string{}
 	sbs, snaps, err := p.ImageUsers(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for d, ids := range sbs {
-		for _, id := range ids {
-			users[d] = append(users[d], "sandbox "+id)
+	add := func(what string, byImage map[string][]string) {
+		for d, ids := range byImage {
+			for _, id := range ids {
+				users[d] = append(users[d], what+" "+id)
+			}
 		}
 	}
-	for d, ids := range snaps {
-		for _, id := range ids {
-			users[d] = append(users[d], "snapshot "+id)
-		}
-	}
+	add("sandbox", sbs)
+	add("snapshot", snaps)
 	h, err := home.Dir()
 	if err != nil {
 		return nil, err
@@ -185,16 +184,8 @@ func imageUsers(ctx context.Context, p *local.Provider) (image.InUse, error) {
 	if err != nil {
 		return nil, err
 	}
-	for d, ids := range vms {
-		for _, id := range ids {
-			users[d] = append(users[d], "microVM "+id)
-		}
-	}
-	for d, ids := range vmSnaps {
-		for _, id := range ids {
-			users[d] = append(users[d], "microVM snapshot "+id)
-		}
-	}
+	add("microVM", vms)
+	add("microVM snapshot", vmSnaps)
 	sp, err := store.DefaultPath()
 	if err != nil {
 		return nil, err

@@ -198,10 +198,10 @@ build: deps
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BIN)-sandbox ./cmd/stasis-sandbox
 
 ## demo: the main job: 8 episodes (mini and OpenCode alternating) on the
-## built-in tasks, a checkpoint mid-way, a crash of everything, the restore,
-## and the report.
-demo: build deps-opencode
-	./$(BIN) run --episodes 8 --harness mixed --crash
+## built-in tasks, in sandboxes on the Debian image (deps-image), a
+## checkpoint mid-way, a crash of everything, the restore, and the report.
+demo: build deps-opencode deps-image
+	./$(BIN) run --episodes 8 --harness mixed --crash --image $(STASIS_TEST_IMAGE)
 
 vet:
 	$(GO) vet ./...

@@ -360,3 +360,74 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 		})
 	}
 }
+
+// An OpenCode episode paused before it saved any session (here: its data
+// directory is removed while its first model call waits at the gateway, as
+// if the pause had come before OpenCode wrote its first message) is
+// relaunched on the task afresh, not on the resume message alone: a
+// `--continue` with nothing to continue would start a conversation that
+// lacks the task, and the episode would end unresolved.
+func TestRelaunchWithoutSavedSessionStartsAfresh(t *testing.T) {
+	r := newRig(t)
+	a := adapter(t, "opencode")
+	tk, err := task.Lookup(r.tasks, "py-ini-value-with-equals")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), relaunchBudget)
+	defer cancel()
+	id := "opencode-nosession"
+	g := r.gate(id, 1)
+	defer g.Open()
+	spec := episode.Spec{ID: id, Task: tk, Harness: a}
+	e, err := episode.Start(ctx, r.env, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			_ = e.Close(context.Background())
+		}
+	}()
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		r.dump(t, e)
+		t.Fatal("the first model call never came")
+	}
+	dataDir := "/tmp/stasis/" + id + "/harness/data"
+	res, err := r.env.Provider.Exec(ctx, e.SandboxID(), sandbox.ExecRequest{Argv: []string{"rm", "-rf", "--", dataDir}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("rm %s: %v %+v", dataDir, err, res)
+	}
+	snap, err := e.PauseAndSnapshot(ctx, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.State.HarnessSession != "" {
+		t.Fatalf("a session %q was recorded with OpenCode's data removed", snap.State.HarnessSession)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	g.Open()
+
+	e2, err := episode.Relaunch(ctx, r.env, spec, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := e2.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		if err := r.env.Provider.DeleteSnapshot(context.Background(), snap.ID); err != nil {
+			t.Error(err)
+		}
+	}()
+	v := r.finish(t, ctx, e2)
+	if v.Reward != 1 {
+		t.Fatalf("reward %d after a relaunch with no saved session: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
+	}
+}

@@ -162,7 +162,7 @@ func (o *OpenCode) env(l Launch) map[string]string {
 func (o *OpenCode) Start(l Launch) Command {
 	a := opencode.Argv(o.Binary(), l.WorkDir, l.Prompt)
 	env := o.env(l)
-	return Command{Argv: a, Env: env, ResumeCmd: envPrefix(env) + ShellQuote(o.resumeArgv(l, ""))}
+	return Command{Argv: a, Env: env, ResumeCmd: envPrefix(env) + ShellQuote([]string{"/bin/sh", "-c", o.resumeLatest(l)})}
 }
 
 // ResumePrompt is the message a relaunched OpenCode gets after its saved
@@ -179,11 +179,31 @@ func (o *OpenCode) resumeArgv(l Launch, session string) []string {
 	return append(a, "--", ResumePrompt)
 }
 
-// Resume implements Adapter.
+// resumeLatest is a shell command that continues the newest session
+// OpenCode saved for the work tree, or, when it saved none (it was stopped
+// before it wrote its first message), starts the task afresh: `opencode
+// run --continue` without a session would start a new conversation on the
+// resume message alone, without the task. When the session list cannot be
+// read, it continues (OpenCode then says what is wrong).
+func (o *OpenCode) resumeLatest(l Launch) string {
+	list := ShellQuote([]string{o.Binary(), "session", "list", "--format", "json", "-n", "1"})
+	return "cd " + ShellQuote([]string{l.WorkDir}) + " || exit 127\n" +
+		"s=$(" + list + " 2>/dev/null) || exec " + ShellQuote(o.resumeArgv(l, "")) + "\n" +
+		"case $s in *'\"id\"'*) exec " + ShellQuote(o.resumeArgv(l, "")) + " ;; esac\n" +
+		"exec " + ShellQuote(opencode.Argv(o.Binary(), l.WorkDir, l.Prompt)) + "\n"
+}
+
+// Resume implements Adapter: `opencode run --session ID` on the session
+// Session named; for "" (none was found at the pause), the newest saved
+// session, or the task afresh when there is none (resumeLatest).
 func (o *OpenCode) Resume(l Launch, session string) Command {
-	a := o.resumeArgv(l, session)
 	env := o.env(l)
-	return Command{Argv: a, Env: env, ResumeCmd: envPrefix(env) + ShellQuote(o.resumeArgv(l, session))}
+	if session == "" {
+		a := []string{"/bin/sh", "-c", o.resumeLatest(l)}
+		return Command{Argv: a, Env: env, ResumeCmd: envPrefix(env) + ShellQuote(a)}
+	}
+	a := o.resumeArgv(l, session)
+	return Command{Argv: a, Env: env, ResumeCmd: envPrefix(env) + ShellQuote(a)}
 }
 
 // Session implements Adapter: the newest session OpenCode has saved for

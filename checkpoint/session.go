@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/internal/guestclock"
 	"stasis/internal/sandboxbin"
 	"stasis/proc"
 	"stasis/sandbox"
@@ -420,6 +421,34 @@ func (s *Session) ctl(ctx context.Context, args ...string) ([]byte, error) {
 		return nil, fmt.Errorf("session %s: ctl %s exited %d: %s", s.o.Episode, strings.Join(args, " "), code, errOut)
 	}
 	return out, nil
+}
+
+// SetClock sets the sandbox's wall clock to t with the in-sandbox binary's
+// `clock` command, which computes the target from the sandbox's own uptime
+// (guestclock), so the exec API's latency does not move where it lands.
+// The command runs as stasis's user, which must be allowed to set the time.
+func (s *Session) SetClock(ctx context.Context, t guestclock.Target) (guestclock.Fix, error) {
+	var f guestclock.Fix
+	if err := t.Check(); err != nil {
+		return f, err
+	}
+	args := []string{"clock", "set"}
+	if t.Continuous {
+		args = append(args, "--pause-wall", strconv.FormatFloat(t.PauseWall, 'f', -1, 64), "--pause-uptime", strconv.FormatFloat(t.PauseUptime, 'f', -1, 64))
+	} else {
+		args = append(args, "--wall", strconv.FormatFloat(t.Wall, 'f', -1, 64))
+	}
+	out, code, errOut, err := s.stasis(ctx, args...)
+	if err != nil {
+		return f, fmt.Errorf("session %s: clock: %w", s.o.Episode, err)
+	}
+	if code != 0 {
+		return f, fmt.Errorf("session %s: clock set exited %d: %s", s.o.Episode, code, errOut)
+	}
+	if err := json.Unmarshal(out, &f); err != nil {
+		return f, fmt.Errorf("session %s: clock set printed %q: %w", s.o.Episode, out, err)
+	}
+	return f, nil
 }
 
 // Pause sends `pause n` and returns the acknowledgement.

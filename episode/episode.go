@@ -8,19 +8,17 @@
 package episode
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path"
-	"strconv"
-	"strings"
 	"time"
 
 	"stasis/checkpoint"
 	"stasis/harness"
+	"stasis/internal/guestclock"
 	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/supervisor"
@@ -75,13 +73,12 @@ const (
 	ClockHost = "host"
 )
 
-// ClockSetter is implemented by providers that can read and set a
-// sandbox's clocks directly, to the nanosecond (the microVM's agent);
-// others get `cat /proc/uptime; date +%s` and `date -s` through Exec.
+// ClockSetter is implemented by providers whose own agent in the sandbox
+// sets its wall clock (the microVM's guest agent). Others get the
+// in-sandbox binary's `clock set` through Exec. Either way the target is
+// computed inside the sandbox from its own uptime (guestclock).
 type ClockSetter interface {
-	SetClock(ctx context.Context, id string, wall time.Time) error
-	// Clocks returns the sandbox's wall clock (unix seconds) and uptime.
-	Clocks(ctx context.Context, id string) (wall, uptime float64, err error)
+	SetClock(ctx context.Context, id string, t guestclock.Target) (guestclock.Fix, error)
 }
 
 // Spec describes one episode.
@@ -160,55 +157,35 @@ func (e *Episode) Clock() ClockFix { return e.clock }
 
 // setClock sets a resumed guest's wall clock by the env's policy: uptime
 // continues from the snapshot; continuous sets wall = pause_wall + (uptime
-// now − pause_uptime), host sets the host's wall.
-func (env *Env) setClock(ctx context.Context, sandboxID string, rec checkpoint.State) (ClockFix, error) {
+// now − pause_uptime), host sets the host's wall. The guest computes the
+// continuous target from its own uptime as it sets the clock (guestclock),
+// so it lands within microseconds of that, whatever the way in costs.
+func (env *Env) setClock(ctx context.Context, sess *checkpoint.Session, rec checkpoint.State) (ClockFix, error) {
 	f := ClockFix{Policy: env.ClockPolicy}
 	if f.Policy == "" {
 		f.Policy = ClockContinuous
 	}
-	if f.Policy != ClockContinuous && f.Policy != ClockHost {
+	var t guestclock.Target
+	switch f.Policy {
+	case ClockContinuous:
+		t = guestclock.Target{Continuous: true, PauseWall: rec.PauseWall, PauseUptime: rec.PauseUptime}
+	case ClockHost:
+		now := time.Now()
+		t = guestclock.Target{Wall: float64(now.Unix()) + float64(now.Nanosecond())/1e9}
+	default:
 		return f, fmt.Errorf("clock policy %q: use %s or %s", f.Policy, ClockContinuous, ClockHost)
 	}
-	cs, direct := env.Provider.(ClockSetter)
+	var g guestclock.Fix
 	var err error
-	var res sandbox.ExecResult
-	if direct {
-		f.Before, f.Uptime, err = cs.Clocks(ctx, sandboxID)
+	if cs, ok := env.Provider.(ClockSetter); ok {
+		g, err = cs.SetClock(ctx, sess.SandboxID(), t)
 	} else {
-		var out bytes.Buffer
-		res, err = env.Provider.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"sh", "-c", "cat /proc/uptime; date +%s"}, Stdout: &out, Timeout: 30 * time.Second})
-		if err == nil && res.ExitCode != 0 {
-			err = fmt.Errorf("exit %d", res.ExitCode)
-		}
-		fields := strings.Fields(out.String())
-		if err == nil && len(fields) < 3 {
-			err = fmt.Errorf("unexpected output %q", out.String())
-		}
-		if err == nil {
-			f.Uptime, _ = strconv.ParseFloat(fields[0], 64)
-			f.Before, _ = strconv.ParseFloat(fields[2], 64)
-		}
-	}
-	if err != nil {
-		return f, fmt.Errorf("read the guest's clocks: %w", err)
-	}
-	want := time.Now()
-	if f.Policy == ClockContinuous {
-		secs := rec.PauseWall + (f.Uptime - rec.PauseUptime)
-		want = time.Unix(0, int64(secs*1e9))
-	}
-	if direct {
-		err = cs.SetClock(ctx, sandboxID, want)
-	} else {
-		res, err = env.Provider.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"date", "-u", "-s", fmt.Sprintf("@%d", want.Unix())}, Timeout: 30 * time.Second})
-		if err == nil && res.ExitCode != 0 {
-			err = fmt.Errorf("date -s exited %d", res.ExitCode)
-		}
+		g, err = sess.SetClock(ctx, t)
 	}
 	if err != nil {
 		return f, fmt.Errorf("set the guest's clock (%s policy): %w", f.Policy, err)
 	}
-	f.After = float64(want.UnixNano()) / 1e9
+	f.Uptime, f.Before, f.After = g.Uptime, g.Before, g.After
 	f.Step = f.After - f.Before
 	return f, nil
 }
@@ -580,7 +557,7 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	if err != nil || st.Identity != rec.Identity {
 		return nil, fmt.Errorf("episode %s: %w (status %+v, %v)", spec.ID, ErrNotSameLaunch, st, err)
 	}
-	if e.clock, err = env.setClock(ctx, sandboxID, rec); err != nil {
+	if e.clock, err = env.setClock(ctx, sess, rec); err != nil {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
 	cut := rec.LedgerCut()

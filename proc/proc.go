@@ -12,6 +12,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Root is the mount point of procfs. Tests never change it; it exists so the
@@ -146,11 +148,13 @@ func ParseUptime(b []byte) (float64, error) {
 	return v, nil
 }
 
-// Uptime returns the seconds since boot, from /proc/uptime.
+// Uptime returns the seconds since boot: CLOCK_BOOTTIME, the clock
+// /proc/uptime shows, read to the nanosecond (/proc/uptime rounds it to
+// 10 ms, which a continuous clock after a restore would inherit).
 func Uptime() (float64, error) {
-	b, err := os.ReadFile(Root + "/uptime")
-	if err != nil {
-		return 0, err
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0, fmt.Errorf("clock_gettime(CLOCK_BOOTTIME): %w", err)
 	}
-	return ParseUptime(b)
+	return float64(ts.Sec) + float64(ts.Nsec)/1e9, nil
 }

@@ -143,6 +143,22 @@ func TestUptime(t *testing.T) {
 	if _, err := ParseUptime([]byte("x 1")); err == nil {
 		t.Fatal("bad uptime accepted")
 	}
+	// Uptime is the clock /proc/uptime shows (which rounds to 10 ms).
+	b, err := os.ReadFile(Root + "/uptime")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := ParseUptime(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := Uptime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after - file; d < 0 || d > 1 {
+		t.Fatalf("Uptime %.6f against /proc/uptime's %.2f read before it", after, file)
+	}
 }
 
 // TestDescendantsBothWays checks that the children-file walk and the full

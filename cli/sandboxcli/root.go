@@ -112,7 +112,7 @@ func leanGC() {
 
 // Commands are the in-sandbox commands, for a root command to add.
 func Commands() []*cobra.Command {
-	return []*cobra.Command{newSuperviseCmd(), newCtlCmd(), newMiniCmd()}
+	return []*cobra.Command{newSuperviseCmd(), newCtlCmd(), newMiniCmd(), newClockCmd()}
 }
 
 // Main runs the lean in-sandbox command line with args (without the program

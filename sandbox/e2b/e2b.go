@@ -20,8 +20,8 @@
 //     all or nothing. DeleteSnapshot: DELETE /templates/{id}. ForkSandbox
 //     forks a live sandbox (snapshot, then fork).
 //   - Pause: POST /sandboxes/{id}/pause with memory; Resume: POST
-//     /sandboxes/{id}/connect; SetClock sets the sandbox's wall clock
-//     through envd after E2B's own clock sync.
+//     /sandboxes/{id}/connect. The clock policy after a resume is the
+//     episode's: the in-sandbox binary's `clock set`, run through envd.
 //   - Exec: envd's process service (Connect protocol, JSON): Start streams
 //     the output and the exit; SendInput and CloseStdin feed stdin;
 //     SendSignal kills at a timeout. ReadFile and WriteFile: envd's /files.
@@ -799,7 +799,8 @@ func (p *Provider) Pause(ctx context.Context, id string) error {
 
 // Resume connects to a sandbox, resuming it when paused, and sets its
 // timeout from the absolute expiry, computed now. E2B syncs the sandbox's
-// clock as it resumes; stasis's own clock policy follows with SetClock.
+// clock as it resumes; stasis's own clock policy follows (the in-sandbox
+// binary's `clock set`, through Exec).
 func (p *Provider) Resume(ctx context.Context, id string) (sandbox.Info, error) {
 	st, err := p.sandbox(ctx, "resume", id, true)
 	if err != nil {

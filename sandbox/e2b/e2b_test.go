@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -568,29 +567,6 @@ func TestPartialForkSaysWhichFailed(t *testing.T) {
 	}
 	if left, err := e.p.List(ctx, map[string]string{"partial": "1"}); err != nil || len(left) != 0 {
 		t.Fatalf("a failed fork left %+v %v", left, err)
-	}
-}
-
-func TestSetClockGoesThroughEnvd(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, e2bfake.Options{}, nil)
-	info := e.create(t, e.p, sandbox.Spec{})
-	wall := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
-	err := e.p.SetClock(ctx, info.ID, wall)
-	t.Logf("set-clock: %v", err)
-	// The fake's sandboxes (bubblewrap, no capabilities) may not set the
-	// time: the refusal is typed and says so.
-	if err != nil && (!errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), info.ID) || !strings.Contains(err.Error(), "clock")) {
-		t.Fatalf("set-clock: %v", err)
-	}
-	found := false
-	for _, r := range e.fake.Requests() {
-		if r.Envd && r.Path == "/process.Process/Start" && bytes.Contains(r.Body, []byte(fmt.Sprintf(`"@%d.000000006"`, wall.Unix()))) {
-			found = true
-		}
-	}
-	if !found {
-		t.Fatal("no date -s went through envd")
 	}
 }
 

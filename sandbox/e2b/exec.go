@@ -386,21 +386,3 @@ func writeTar(w io.Writer, root string) error {
 	}
 	return tw.Close()
 }
-
-// SetClock sets the sandbox's wall clock (date -s, as the provider's user,
-// root by default). E2B syncs a sandbox's clock to the host's as it resumes
-// it; stasis's clock policy calls this after Resume when it wants another
-// time. It needs a sandbox that lets its user set the time (CAP_SYS_TIME);
-// one that refuses gives an error matching ErrUnsupported.
-func (p *Provider) SetClock(ctx context.Context, id string, wall time.Time) error {
-	at := fmt.Sprintf("@%d.%09d", wall.Unix(), wall.Nanosecond())
-	_, err := p.run(ctx, "set-clock", id, sandbox.ErrUnsupported, nil, "date", "-u", "-s", at)
-	if err != nil {
-		var se *sandbox.Error
-		if errors.As(err, &se) && se.Kind == sandbox.ErrUnsupported {
-			se.Msg = "the sandbox refused to set its clock to " + wall.UTC().Format(time.RFC3339Nano) + " (" + se.Msg + "); its template must let " + p.o.User + " set the time"
-		}
-		return err
-	}
-	return nil
-}

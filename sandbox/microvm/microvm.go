@@ -43,6 +43,7 @@ import (
 	"stasis/blob"
 	"stasis/cas"
 	"stasis/image"
+	"stasis/internal/guestclock"
 	"stasis/internal/sandboxbin"
 	"stasis/proc"
 	"stasis/sandbox"
@@ -985,21 +986,17 @@ func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) er
 	return p.wrap("download", m, c.Download(ctx, dir, w))
 }
 
-// SetClock sets the guest's wall clock (the clock policy after a restore).
-func (p *Provider) SetClock(ctx context.Context, id string, wall time.Time) error {
+// SetClock sets the guest's wall clock to t (the clock policy after a
+// restore), computed by the guest agent from the guest's own uptime.
+func (p *Provider) SetClock(ctx context.Context, id string, t guestclock.Target) (guestclock.Fix, error) {
 	m, _, err := p.live("set-clock", id)
 	if err != nil {
-		return err
+		return guestclock.Fix{}, err
 	}
 	c := p.client(m)
 	defer c.CloseIdle()
-	return p.wrap("set-clock", m, c.SetClock(ctx, wall))
-}
-
-// Clocks reads the guest's wall clock (unix seconds) and uptime.
-func (p *Provider) Clocks(ctx context.Context, id string) (float64, float64, error) {
-	in, err := p.GuestInfo(ctx, id)
-	return in.Wall, in.Uptime, err
+	f, err := c.SetClock(ctx, t)
+	return f, p.wrap("set-clock", m, err)
 }
 
 // GuestInfo reports the guest's wall clock, uptime and boot id.

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/internal/guestclock"
 	"stasis/proc"
 	"stasis/relay"
 	"stasis/sandbox"
@@ -248,6 +249,10 @@ func TestForkContinuesProcesses(t *testing.T) {
 		until [ -s /tmp/count ]; do sleep 0.05; done`)
 	sh(t, p, src.ID, "echo kept > /work/file")
 	up := uptime(t, p, src.ID)
+	pause, err := p.GuestInfo(ctx, src.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	snap, err := p.Snapshot(ctx, src.ID, "")
 	if err != nil {
 		t.Fatal(err)
@@ -296,17 +301,44 @@ func TestForkContinuesProcesses(t *testing.T) {
 	if got := sh(t, p, forks[1].ID, "cat /work/file"); got != "kept\n" {
 		t.Fatalf("fork 1 sees fork 0's write: %q", got)
 	}
-	// The clock: set it an hour ahead, read it back.
-	want := time.Now().Add(time.Hour)
-	if err := p.SetClock(ctx, forks[0].ID, want); err != nil {
+	// The clock, continuous: the guest lands within 50 ms of pause_wall +
+	// (uptime − pause_uptime) and never goes back past the pause, though
+	// the fork's QEMU started later (its wall clock read the host's).
+	f, err := p.SetClock(ctx, forks[0].ID, guestclock.Target{Continuous: true, PauseWall: pause.Wall, PauseUptime: pause.Uptime})
+	if err != nil {
 		t.Fatal(err)
 	}
 	in, err := p.GuestInfo(ctx, forks[0].ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Duration((in.Wall - float64(want.UnixNano())/1e9) * float64(time.Second)); d < -time.Second || d > 30*time.Second {
-		t.Fatalf("guest wall after SetClock is off by %s", d)
+	want := pause.Wall + (in.Uptime - pause.Uptime)
+	if off := in.Wall - want; off < -0.05 || off > 0.05 || in.Wall < pause.Wall || f.After < pause.Wall {
+		t.Fatalf("guest wall %.6f after a continuous SetClock (%+v): want %.6f ± 50 ms, not before the pause's %.6f", in.Wall, f, want, pause.Wall)
+	}
+	t.Logf("continuous clock: %.3f ms off pause_wall + (uptime − pause_uptime); the fork's wall stepped %.3f s", (in.Wall-want)*1e3, f.After-f.Before)
+	// The same through the provider's exec, as providers without an agent
+	// of their own do it: the in-sandbox binary's `clock set`, as stasis's
+	// user, computes the target in the guest.
+	var out bytes.Buffer
+	res, err := p.Exec(ctx, forks[1].ID, sandbox.ExecRequest{
+		Argv: []string{"/stasis/bin/stasis", "clock", "set", "--pause-wall", strconv.FormatFloat(pause.Wall, 'f', -1, 64), "--pause-uptime", strconv.FormatFloat(pause.Uptime, 'f', -1, 64)},
+		User: sandbox.UserControl, Stdout: &out, Stderr: &out,
+	})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("clock set through exec: %v %+v: %s", err, res, out.Bytes())
+	}
+	if in, err = p.GuestInfo(ctx, forks[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	want = pause.Wall + (in.Uptime - pause.Uptime)
+	if off := in.Wall - want; off < -0.05 || off > 0.05 || in.Wall < pause.Wall {
+		t.Fatalf("guest wall %.6f after clock set through exec (%s): want %.6f ± 50 ms", in.Wall, out.Bytes(), want)
+	}
+	// The agent cannot set it.
+	out.Reset()
+	if res, err := p.Exec(ctx, forks[1].ID, sandbox.ExecRequest{Argv: []string{"/stasis/bin/stasis", "clock", "set", "--wall", "2000000000"}, Stderr: &out}); err != nil || res.ExitCode != 1 || !strings.Contains(out.String(), "not permitted") {
+		t.Fatalf("the agent's clock set: %v %+v %s", err, res, out.Bytes())
 	}
 	// A deleted guest's gateway socket goes with it.
 	if err := p.Delete(ctx, forks[1].ID); err != nil {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"stasis/internal/guestclock"
 	"stasis/sandbox"
 )
 
@@ -267,15 +268,20 @@ func (c *Client) Download(ctx context.Context, dir string, w io.Writer) error {
 	return nil
 }
 
-// SetClock sets the guest's wall clock (CLOCK_REALTIME) to t.
-func (c *Client) SetClock(ctx context.Context, t time.Time) error {
-	b, _ := json.Marshal(clockRequest{Unix: float64(t.Unix()) + float64(t.Nanosecond())/1e9})
-	resp, err := c.do(ctx, "clock", http.MethodPost, "/v1/clock", nil, bytes.NewReader(b), http.StatusNoContent)
+// SetClock sets the guest's wall clock (CLOCK_REALTIME) to t, computed in
+// the guest from its own uptime (see guestclock), and returns what it did.
+func (c *Client) SetClock(ctx context.Context, t guestclock.Target) (guestclock.Fix, error) {
+	var f guestclock.Fix
+	b, _ := json.Marshal(t)
+	resp, err := c.do(ctx, "clock", http.MethodPost, "/v1/clock", nil, bytes.NewReader(b), http.StatusOK)
 	if err != nil {
-		return err
+		return f, err
 	}
-	discard(resp)
-	return nil
+	defer discard(resp)
+	if err := json.NewDecoder(resp.Body).Decode(&f); err != nil {
+		return f, c.netError("clock", err)
+	}
+	return f, nil
 }
 
 // Info reads the guest's wall clock, uptime, boot id and the agent's PID.

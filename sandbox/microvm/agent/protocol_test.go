@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/internal/guestclock"
 	"stasis/sandbox"
 )
 
@@ -208,17 +209,22 @@ func FuzzParseExecHeader(f *testing.F) {
 	})
 }
 
-// TestClock runs the clock endpoint with a stand-in for clock_settime:
-// tests never set the host's clock.
+// TestClock runs the clock endpoint with stand-ins for the system's
+// clocks: tests never set the host's clock.
 func TestClock(t *testing.T) {
 	s := newServer(slog.New(slog.DiscardHandler))
 	var mu sync.Mutex
 	var got []unix.Timespec
-	s.setClock = func(ts unix.Timespec) error {
-		mu.Lock()
-		defer mu.Unlock()
-		got = append(got, ts)
-		return nil
+	// The guest's uptime reads 130.75 s; its wall clock, 2030-01-02.
+	s.clocks = guestclock.Clocks{
+		Boottime: func() (unix.Timespec, error) { return unix.Timespec{Sec: 130, Nsec: 750_000_000}, nil },
+		Realtime: func() (unix.Timespec, error) { return unix.Timespec{Sec: 1_893_553_445}, nil },
+		Settime: func(ts unix.Timespec) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, ts)
+			return nil
+		},
 	}
 	hs := httptest.NewServer(s.handler())
 	defer hs.Close()
@@ -227,7 +233,8 @@ func TestClock(t *testing.T) {
 	c.What = "sandbox sb-test"
 	ctx := context.Background()
 	when := time.Date(2030, 1, 2, 3, 4, 5, 678_900_000, time.UTC)
-	if err := c.SetClock(ctx, when); err != nil {
+	f, err := c.SetClock(ctx, guestclock.Target{Wall: float64(when.UnixNano()) / 1e9})
+	if err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -235,7 +242,22 @@ func TestClock(t *testing.T) {
 		t.Fatalf("clock set to %+v, want %v", got, when)
 	}
 	mu.Unlock()
-	for _, body := range []string{`{"unix":-1}`, `{"unix":0}`, `{"unix":"soon"}`, `{"unix":1e300}`, `{"when":5}`, ``} {
+	if f.Uptime != 130.75 || f.Before != 1_893_553_445 {
+		t.Fatalf("fix %+v", f)
+	}
+	// Continuous: the guest computes pause_wall + (uptime − pause_uptime)
+	// from its own uptime.
+	f, err = c.SetClock(ctx, guestclock.Target{Continuous: true, PauseWall: 1_800_000_000.25, PauseUptime: 100.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(got) != 2 || got[1].Sec != 1_800_000_030 || d(got[1].Nsec-500_000_000) > 1000 || f.After != 1_800_000_030.5 {
+		t.Fatalf("continuous: set to %+v, fix %+v", got, f)
+	}
+	mu.Unlock()
+	for _, body := range []string{`{"wall":-1}`, `{"wall":0}`, `{"wall":"soon"}`, `{"wall":1e300}`, `{"when":5}`, ``,
+		`{"continuous":true,"pause_wall":1800000000,"pause_uptime":500}`, `{"continuous":true,"pause_uptime":5}`} {
 		resp, err := http.Post(hs.URL+"/v1/clock", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
@@ -245,9 +267,14 @@ func TestClock(t *testing.T) {
 			t.Errorf("clock %s: %s", body, resp.Status)
 		}
 	}
+	mu.Lock()
+	if len(got) != 2 {
+		t.Fatalf("a refused request set the clock: %+v", got)
+	}
+	mu.Unlock()
 	// A failing clock_settime is an error; the sandbox is named.
-	s.setClock = func(unix.Timespec) error { return unix.EPERM }
-	if err := c.SetClock(ctx, when); err == nil || !strings.Contains(err.Error(), "sandbox sb-test") || !strings.Contains(err.Error(), "not permitted") {
+	s.clocks.Settime = func(unix.Timespec) error { return unix.EPERM }
+	if _, err := c.SetClock(ctx, guestclock.Target{Wall: 1_900_000_000}); err == nil || !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "sandbox sb-test") || !strings.Contains(err.Error(), "not permitted") {
 		t.Fatalf("failing clock: %v", err)
 	}
 }

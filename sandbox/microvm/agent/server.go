@@ -14,8 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"stasis/internal/guestclock"
 	"stasis/proc"
 	"stasis/sandbox"
 )
@@ -27,8 +26,8 @@ const bootIDPath = "/proc/sys/kernel/random/boot_id"
 type server struct {
 	log   *slog.Logger
 	users *Users // nil: every command and file is the agent's own user's
-	// setClock sets the wall clock; tests replace it.
-	setClock func(unix.Timespec) error
+	// clocks reads and sets the system's clocks; tests replace it.
+	clocks guestclock.Clocks
 
 	mu     sync.Mutex
 	active int           // handlers running
@@ -85,9 +84,9 @@ func ServeConfig(ctx context.Context, ln net.Listener, c Config) error {
 
 func newServer(log *slog.Logger) *server {
 	return &server{
-		log:      log,
-		setClock: func(ts unix.Timespec) error { return unix.ClockSettime(unix.CLOCK_REALTIME, &ts) },
-		idle:     make(chan struct{}),
+		log:    log,
+		clocks: guestclock.System,
+		idle:   make(chan struct{}),
 	}
 }
 
@@ -188,12 +187,14 @@ func unixFloat(f float64) time.Time {
 }
 
 func (s *server) info(w http.ResponseWriter, _ *http.Request) {
-	up, err := proc.Uptime()
+	boot, err := os.ReadFile(bootIDPath)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	boot, err := os.ReadFile(bootIDPath)
+	// The two clocks are read back to back, so that a reader can compare
+	// them (the clock policy's checks).
+	up, err := proc.Uptime()
 	if err != nil {
 		writeError(w, err)
 		return
@@ -205,32 +206,30 @@ func (s *server) info(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// clockRequest is the body of POST /v1/clock.
-type clockRequest struct {
-	Unix float64 `json:"unix"`
-}
-
-// maxClock is the latest time the clock may be set to (year 2200).
-const maxClock = 7258118400
-
+// clock sets the guest's wall clock to the target in the body (a
+// guestclock.Target), computed here from the guest's own uptime, and
+// answers with what it did (a guestclock.Fix).
 func (s *server) clock(w http.ResponseWriter, r *http.Request) {
-	var req clockRequest
+	var t guestclock.Target
 	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := dec.Decode(&t); err != nil {
 		writeError(w, sandbox.Errorf(sandbox.ErrInvalid, "clock", "", "bad body: %v", err))
 		return
 	}
-	if !(req.Unix > 0 && req.Unix < maxClock) { // also refuses NaN
-		writeError(w, sandbox.Errorf(sandbox.ErrInvalid, "clock", "", "unix time %v out of range", req.Unix))
+	if err := t.Check(); err != nil {
+		writeError(w, sandbox.Errorf(sandbox.ErrInvalid, "clock", "", "%v", err))
 		return
 	}
-	t := unixFloat(req.Unix)
-	before := time.Now()
-	if err := s.setClock(unix.NsecToTimespec(t.UnixNano())); err != nil {
-		writeError(w, err)
+	f, err := s.clocks.Set(t)
+	if err != nil {
+		kind := sandbox.ErrInvalid
+		if errors.Is(err, guestclock.ErrNotPermitted) {
+			kind = sandbox.ErrUnsupported
+		}
+		writeError(w, sandbox.Errorf(kind, "clock", "", "%v", err))
 		return
 	}
-	s.log.Info("clock set", "to", t.UTC().Format(time.RFC3339Nano), "was", before.UTC().Format(time.RFC3339Nano))
-	w.WriteHeader(http.StatusNoContent)
+	s.log.Info("clock set", "to", f.After, "was", f.Before, "uptime", f.Uptime, "continuous", t.Continuous)
+	writeJSON(w, f)
 }

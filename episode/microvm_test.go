@@ -183,3 +183,74 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 		t.Fatal("one ledger for both copies")
 	}
 }
+
+// A stop pause on a provider whose snapshots keep processes: the memory
+// snapshot holds a stopped tree (every process in T), and the restore
+// resumes it in place; continue N wakes it with SIGCONT, the relay
+// re-issues the call it had not delivered, and the episode finishes with
+// reward 1 without a relaunch.
+func TestMicroVMStopPauseResumesInPlace(t *testing.T) {
+	r, mp := newMicroVMRig(t)
+	tk, err := task.Lookup(r.tasks, "sh-renext-spaces")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := "vm-stop"
+	g := r.gate(id, 3)
+	defer g.Open()
+	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini"), PauseMode: supervisor.ModeStop}
+	e, err := episode.Start(ctx, r.env, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			_ = e.Close(context.Background())
+		}
+	}()
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		r.dump(t, e)
+		t.Fatal("the third model call never came")
+	}
+	snap, err := e.PauseAndSnapshot(ctx, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mp.DeleteSnapshot(context.Background(), snap.ID)
+	st := snap.State
+	if st.PauseMode != supervisor.ModeStop || !st.PauseConfirmed || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != 2 {
+		t.Fatalf("pause state: %+v", st)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	g.Open()
+	forks, err := mp.Fork(ctx, snap.ID, 1, episode.ForkSpec(spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2, err := episode.ResumeInPlace(ctx, r.env, spec, forks[0].ID, st)
+	if err != nil {
+		_ = mp.Delete(context.Background(), forks[0].ID)
+		t.Fatal(err)
+	}
+	defer e2.Close(context.Background())
+	if v := r.finish(t, ctx, e2); v.Reward != 1 {
+		t.Fatalf("reward %d: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
+	}
+	hist, err := ledger.Read(r.gw.LedgerDir(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, en := range hist.Entries {
+		if en.Boundary {
+			t.Fatalf("entry %d marks a relaunch boundary, but the episode resumed in place", i+1)
+		}
+	}
+}

@@ -352,16 +352,23 @@ func (s *Server) checkStart(req *StartRequest) error {
 	default:
 		return bad("provider %q: this server runs the %s provider only (serve --provider)", req.Provider, name)
 	}
-	mode := episode.DefaultPauseMode(s.provider)
+	// Stop is available on every provider (a memory snapshot then holds a
+	// stopped tree, continued by SIGCONT); hold only where snapshots keep
+	// processes. The default is hold there, stop elsewhere.
+	keeps := s.provider.Capabilities().KeepsProcesses
 	switch supervisor.Mode(req.PauseMode) {
-	case "", mode:
-		req.PauseMode = string(mode)
-	case supervisor.ModeHold:
-		return bad("pause mode hold: the %s provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop", name)
+	case "":
+		req.PauseMode = string(episode.DefaultPauseMode(s.provider))
 	case supervisor.ModeStop:
-		return bad("pause mode stop: this server pauses %s episodes by hold (its snapshots keep processes, and the relay holds the model calls)", name)
+	case supervisor.ModeHold:
+		if !keeps {
+			return bad("pause mode hold: the %s provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop", name)
+		}
 	default:
-		return bad("pause mode %q: use %s", req.PauseMode, mode)
+		if keeps {
+			return bad("pause mode %q: use %s (the default here) or %s", req.PauseMode, supervisor.ModeHold, supervisor.ModeStop)
+		}
+		return bad("pause mode %q: use %s", req.PauseMode, supervisor.ModeStop)
 	}
 	if req.DeadlineS != nil && (*req.DeadlineS < 0 || *req.DeadlineS > 7*24*3600 || math.IsNaN(*req.DeadlineS)) {
 		return bad("deadline_s %v: give the harness's time budget in seconds, more than 0 and at most a week (leave it out for the task's budget)", *req.DeadlineS)

@@ -79,6 +79,18 @@ const (
 // straggled); the message names the episode and why.
 var ErrStraggler = errors.New("an episode could not be checkpointed")
 
+// ErrRefused is in the error of a restore or a branch that its validation
+// refused before it touched anything (a missing snapshot or image, a live
+// episode, a copy's name taken): nothing was changed.
+var ErrRefused = errors.New("refused; nothing was changed")
+
+// refused is a validation's error: its message as written, matching
+// ErrRefused.
+type refused struct{ msg string }
+
+func (e refused) Error() string        { return e.msg }
+func (e refused) Is(target error) bool { return target == ErrRefused }
+
 // CheckStragglers refuses an unknown straggler policy ("" is the default).
 func CheckStragglers(policy string) error {
 	switch policy {
@@ -139,7 +151,7 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 		rows = append(rows, rs...)
 	}
 	for _, r := range rows {
-		spec, err := c.spec(r.ID, r.Task, r.Harness, r.DeadlineS, r.Limits, r.Image)
+		spec, err := c.specOf(r)
 		if err != nil {
 			return nil, err
 		}
@@ -206,6 +218,20 @@ func (c *Coordinator) spec(id, taskID, harnessName string, deadlineS float64, li
 	spec := episode.Spec{ID: id, Task: t, Harness: a, Deadline: time.Duration(deadlineS * float64(time.Second)), Limits: limits, Image: img}
 	spec.Image = c.o.Env.ImageOf(spec)
 	return spec, nil
+}
+
+// specOf is the spec of a stored episode; a copy branched from another
+// episode's checkpoint keeps that episode's paths in its sandbox.
+func (c *Coordinator) specOf(row store.Episode) (episode.Spec, error) {
+	id := row.ID
+	if row.Origin != "" {
+		id = row.Origin
+	}
+	spec, err := c.spec(id, row.Task, row.Harness, row.DeadlineS, row.Limits, row.Image)
+	if row.Origin != "" {
+		spec.Name = row.ID
+	}
+	return spec, err
 }
 
 func (c *Coordinator) progress(p Progress) {
@@ -683,7 +709,7 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 			problems = append(problems, fmt.Sprintf("episode %s: %v", r.Episode, err))
 			continue
 		}
-		spec, err := c.spec(r.Episode, row.Task, row.Harness, row.DeadlineS, row.Limits, row.Image)
+		spec, err := c.specOf(row)
 		if err != nil {
 			problems = append(problems, err.Error())
 			continue
@@ -701,7 +727,7 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	res.Phases["validate"] = time.Since(start).Seconds()
 	c.progress(Progress{Phase: "validate", Done: 1, Total: 1})
 	if len(problems) > 0 {
-		return res, fmt.Errorf("checkpoint %s cannot be restored; nothing was changed:\n  %s", id, strings.Join(problems, "\n  "))
+		return res, refused{fmt.Sprintf("checkpoint %s cannot be restored; nothing was changed:\n  %s", id, strings.Join(problems, "\n  "))}
 	}
 
 	// Fork every snapshot.
@@ -829,6 +855,177 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	c.mu.Lock()
 	for eid, e := range resumed {
 		c.live[eid] = e
+	}
+	c.mu.Unlock()
+	res.Seconds = time.Since(start).Seconds()
+	return res, nil
+}
+
+// Branch continues one episode of a committed checkpoint as len(copies)
+// new episodes, named copies, each in its own fork of the episode's
+// snapshot: RL users branch rollouts from one state. Where the snapshot
+// kept the processes each copy resumes in place (episode.ResumeCopy),
+// otherwise it is relaunched from the saved session (episode.RelaunchCopy);
+// either way each copy has its own gateway registration and a ledger that
+// starts as a copy of the episode's up to the recorded position. The
+// episode itself is not touched: it may be live. All or nothing: if any
+// copy fails, every sandbox and registration the branch made is undone
+// and the store is unchanged.
+func (c *Coordinator) Branch(ctx context.Context, id, episodeID string, copies []string) (Result, error) {
+	c.op.Lock()
+	defer c.op.Unlock()
+	start := time.Now()
+	res := Result{Checkpoint: id, Phases: map[string]float64{}}
+	ck, recs, err := c.o.Store.Get(ctx, id)
+	if err != nil {
+		return res, err
+	}
+	if ck.State != store.StateCommitted {
+		return res, fmt.Errorf("checkpoint %s is %s: only a committed checkpoint branches", id, ck.State)
+	}
+	var r *store.Record
+	for i := range recs {
+		if recs[i].Episode == episodeID {
+			r = &recs[i]
+		}
+	}
+	if r == nil {
+		return res, fmt.Errorf("checkpoint %s has no record of episode %s: %w", id, episodeID, store.ErrNotFound)
+	}
+	var problems []string
+	if len(copies) == 0 {
+		problems = append(problems, "no copies asked for")
+	}
+	if r.Finished {
+		problems = append(problems, fmt.Sprintf("episode %s had ended at the checkpoint: there is no state to branch from", episodeID))
+	}
+	if r.Provider != c.o.Env.Provider.Name() {
+		problems = append(problems, fmt.Sprintf("episode %s: recorded on provider %s, this coordinator runs %s", episodeID, r.Provider, c.o.Env.Provider.Name()))
+	}
+	seen := map[string]bool{}
+	for _, name := range copies {
+		switch {
+		case !relay.ValidName(name):
+			problems = append(problems, fmt.Sprintf("copy %q: use letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128", name))
+		case seen[name] || name == episodeID:
+			problems = append(problems, fmt.Sprintf("copy %s is named twice", name))
+		default:
+			if _, err := c.o.Store.GetEpisode(ctx, name); err == nil {
+				problems = append(problems, fmt.Sprintf("copy %s: an episode of that name exists", name))
+			} else if !errors.Is(err, store.ErrNotFound) {
+				problems = append(problems, fmt.Sprintf("copy %s: %v", name, err))
+			}
+		}
+		seen[name] = true
+	}
+	row, err := c.o.Store.GetEpisode(ctx, episodeID)
+	var spec episode.Spec
+	if err == nil {
+		spec, err = c.specOf(row)
+	}
+	if err != nil {
+		problems = append(problems, fmt.Sprintf("episode %s: %v", episodeID, err))
+	}
+	if !r.Finished && r.Provider == c.o.Env.Provider.Name() {
+		if err := c.checkImage(ctx, *r); err != nil {
+			problems = append(problems, err.Error())
+		}
+		if _, err := c.o.Env.Provider.GetSnapshot(ctx, r.SnapshotID); err != nil {
+			problems = append(problems, fmt.Sprintf("episode %s: snapshot %s: %v", episodeID, r.SnapshotID, err))
+		}
+	}
+	res.Phases["validate"] = time.Since(start).Seconds()
+	if len(problems) > 0 {
+		return res, refused{fmt.Sprintf("checkpoint %s: episode %s cannot be branched; nothing was changed:\n  %s", id, episodeID, strings.Join(problems, "\n  "))}
+	}
+
+	t := time.Now()
+	forks, err := c.o.Env.Provider.Fork(ctx, r.SnapshotID, len(copies), episode.ForkSpec(spec))
+	res.Phases["fork"] = time.Since(t).Seconds()
+	if err != nil {
+		return res, fmt.Errorf("checkpoint %s: branch episode %s: fork %s: %w", id, episodeID, r.SnapshotID, err)
+	}
+	t = time.Now()
+	var (
+		mu      sync.Mutex
+		made    = map[string]*episode.Episode{}
+		figs    = map[string]EpisodeFigures{}
+		sandbox = map[string]string{}
+	)
+	for i, name := range copies {
+		sandbox[name] = forks[i].ID
+	}
+	st := checkpoint.State{Episode: episodeID, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+	err = c.each(copies, "branch", func(name string) error {
+		sb := sandbox[name]
+		f := EpisodeFigures{Episode: name, Resume: "relaunch", ResumeWhy: fmt.Sprintf("the %s provider's snapshot kept files only (keeps_processes false): the harness is relaunched from its saved session", r.Provider)}
+		var e *episode.Episode
+		if r.RestoresInPlace() {
+			st := st
+			st.Identity, st.PauseWall, st.PauseUptime = *r.Identity, *r.PauseWall, *r.PauseUptime
+			var err error
+			e, err = episode.ResumeCopy(ctx, c.o.Env, spec, sb, st, name)
+			switch {
+			case err == nil:
+				f.Resume, f.ResumeWhy = "in_place", ""
+				cf := e.Clock()
+				f.Clock = &cf
+			case errors.Is(err, episode.ErrNotSameLaunch):
+				f.ResumeWhy = err.Error()
+			default:
+				return err
+			}
+		} else if r.KeepsProcesses {
+			f.ResumeWhy = "the record lacks the identity or the pause's clocks"
+		}
+		if e == nil {
+			var err error
+			if e, err = episode.RelaunchCopy(ctx, c.o.Env, spec, sb, r.HarnessSession, st.LedgerCut(), name); err != nil {
+				return err
+			}
+		}
+		mu.Lock()
+		made[name], figs[name] = e, f
+		mu.Unlock()
+		return nil
+	})
+	res.Phases["resume"] = time.Since(t).Seconds()
+	undo := func() {
+		for _, e := range made {
+			_ = e.Close(context.WithoutCancel(ctx))
+		}
+		for _, name := range copies {
+			if err := c.deleteSandbox(context.WithoutCancel(ctx), sandbox[name]); err != nil {
+				c.log.Warn("delete a fork of a failed branch", "sandbox", sandbox[name], "err", err)
+			}
+			if _, err := c.o.Env.Gateway.Episode(name); err == nil {
+				if err := c.o.Env.Gateway.Remove(name); err != nil {
+					c.log.Warn("remove a copy of a failed branch from the gateway", "episode", name, "err", err)
+				}
+			}
+		}
+	}
+	if err != nil {
+		undo()
+		return res, fmt.Errorf("checkpoint %s: branch of episode %s failed, every sandbox and copy it made undone: %w", id, episodeID, err)
+	}
+	rows := make([]store.Episode, 0, len(copies))
+	for _, name := range copies {
+		e := made[name]
+		rows = append(rows, store.Episode{
+			ID: name, Origin: spec.ID, Task: row.Task, Harness: row.Harness, Provider: c.o.Env.Provider.Name(),
+			Sandbox: e.SandboxID(), Attempt: e.Attempt(), PauseSeq: r.PauseSeq, State: store.EpisodeRunning,
+			DeadlineS: row.DeadlineS, Limits: row.Limits, Image: row.Image, Environment: e.Environment().String(), Resume: figs[name].Resume,
+		})
+		res.Episodes = append(res.Episodes, figs[name])
+	}
+	if err := c.o.Store.PutEpisodes(ctx, rows); err != nil {
+		undo()
+		return res, fmt.Errorf("checkpoint %s: branch of episode %s failed, every sandbox and copy it made undone: record the copies: %w", id, episodeID, err)
+	}
+	c.mu.Lock()
+	for name, e := range made {
+		c.live[name] = e
 	}
 	c.mu.Unlock()
 	res.Seconds = time.Since(start).Seconds()

@@ -83,7 +83,13 @@ type ClockSetter interface {
 
 // Spec describes one episode.
 type Spec struct {
-	ID      string
+	// ID is the episode's id inside its sandbox (its session directory).
+	ID string
+	// Name is its name at the gateway, in the store and in verdicts when
+	// that differs from ID: a copy made from another episode's snapshot
+	// (ResumeCopy, RelaunchCopy) keeps the original's paths inside the
+	// sandbox under a name of its own. Empty: ID.
+	Name    string
 	Task    *task.Task
 	Harness harness.Adapter
 	// Expiry is the sandbox's absolute expiry (default: now + twice the
@@ -116,6 +122,14 @@ func (env *Env) ImageOf(spec Spec) string {
 		return spec.Task.Image
 	}
 	return env.Image
+}
+
+// name is the episode's name at the gateway and in the store.
+func (spec Spec) name() string {
+	if spec.Name != "" {
+		return spec.Name
+	}
+	return spec.ID
 }
 
 // budget is the harness's time budget.
@@ -475,7 +489,7 @@ func ForkSpec(spec Spec) sandbox.ForkSpec {
 		spec.Expiry = time.Now().Add(2*spec.budget() + 10*time.Minute)
 	}
 	return sandbox.ForkSpec{
-		Labels: map[string]string{"stasis.episode": spec.ID, "stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
+		Labels: map[string]string{"stasis.episode": spec.name(), "stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
 		Expiry: spec.Expiry,
 		Limits: spec.Limits,
 	}
@@ -491,11 +505,11 @@ func RelaunchIn(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSess
 	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
-	st, err := env.Gateway.Restore(spec.ID, false, 0)
+	st, err := env.Gateway.Restore(spec.name(), false, 0)
 	if err != nil {
-		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
+		return nil, fmt.Errorf("episode %s: gateway: %w", spec.name(), err)
 	}
-	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec), attempt: st.Attempt}
+	e := &Episode{env: env, spec: spec, name: spec.name(), launch: env.launch(spec), attempt: st.Attempt}
 	o := env.sessionOptions(spec, spec.Harness.Resume(e.launch, harnessSession), st.Attempt)
 	o.Sandbox, o.Adopt, o.HarnessSession = sandboxID, true, harnessSession
 	sess, err := checkpoint.NewSession(ctx, o)
@@ -531,17 +545,36 @@ func ResumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 // responses its harness acted on. Inside the sandbox it keeps the
 // original's paths. The original's ledger is not touched.
 func ResumeCopy(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State, name string) (*Episode, error) {
-	if name == "" || name == spec.ID {
-		return nil, fmt.Errorf("episode %s: a copy needs a name of its own", spec.ID)
+	if name == "" || name == spec.name() || name == spec.ID {
+		return nil, fmt.Errorf("episode %s: a copy needs a name of its own", spec.name())
 	}
 	return resumeInPlace(ctx, env, spec, sandboxID, rec, name)
+}
+
+// RelaunchCopy is RelaunchIn for a fork of another episode's snapshot
+// where the snapshot cannot resume in place: the copy is relaunched as
+// episode name, with its own gateway registration and a ledger that starts
+// as a copy of the original's first upTo entries (the record's ledger
+// position), against which the relaunched harness's history is matched.
+// The original's ledger is not touched.
+func RelaunchCopy(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSession string, upTo int64, name string) (*Episode, error) {
+	if name == "" || name == spec.name() || name == spec.ID {
+		_ = env.Provider.Delete(context.WithoutCancel(ctx), sandboxID)
+		return nil, fmt.Errorf("episode %s: a copy needs a name of its own", spec.name())
+	}
+	if _, err := env.Gateway.Fork(spec.name(), name, upTo); err != nil {
+		_ = env.Provider.Delete(context.WithoutCancel(ctx), sandboxID)
+		return nil, fmt.Errorf("episode %s: copy %s at the gateway: %w", spec.name(), name, err)
+	}
+	spec.Name = name
+	return RelaunchIn(ctx, env, spec, sandboxID, harnessSession)
 }
 
 func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State, copyName string) (*Episode, error) {
 	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
-	name := spec.ID
+	name := spec.name()
 	if copyName != "" {
 		name = copyName
 	}
@@ -562,8 +595,8 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	}
 	cut := rec.LedgerCut()
 	if copyName != "" {
-		if _, err := env.Gateway.Fork(spec.ID, copyName, cut); err != nil {
-			return nil, fmt.Errorf("episode %s: copy %s at the gateway: %w", spec.ID, copyName, err)
+		if _, err := env.Gateway.Fork(spec.name(), copyName, cut); err != nil {
+			return nil, fmt.Errorf("episode %s: copy %s at the gateway: %w", spec.name(), copyName, err)
 		}
 	}
 	gst, err := env.Gateway.Restore(name, true, cut)
@@ -596,7 +629,7 @@ func Attach(ctx context.Context, env *Env, spec Spec, sandboxID string, attempt 
 	if _, err := env.Provider.Get(ctx, sandboxID); err != nil {
 		return nil, fmt.Errorf("episode %s: sandbox %s: %w", spec.ID, sandboxID, err)
 	}
-	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec), attempt: attempt}
+	e := &Episode{env: env, spec: spec, name: spec.name(), launch: env.launch(spec), attempt: attempt}
 	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), attempt)
 	o.Sandbox, o.Adopt, o.Running = sandboxID, true, true
 	sess, err := checkpoint.NewSession(ctx, o)

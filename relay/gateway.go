@@ -90,6 +90,10 @@ type gatewayMetrics struct {
 
 var episodeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
+// ValidName reports whether id may name an episode: letters, digits, '.',
+// '_' and '-', starting with a letter or digit, at most 128.
+func ValidName(id string) bool { return episodeName.MatchString(id) }
+
 // OpenGateway opens the gateway over its state directory.
 func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 	up, err := ParseUpstream(cfg.Upstream)
@@ -379,6 +383,40 @@ func (g *Gateway) epLock(id string) *sync.Mutex {
 		g.epLocks[id] = l
 	}
 	return l
+}
+
+// Remove forgets an episode: its registration, its token and its ledger
+// file. It is for undoing a copy that Fork made and a failed restore never
+// installed; an episode a store still names must not be removed.
+func (g *Gateway) Remove(id string) error {
+	if err := g.load(id); err != nil {
+		return err
+	}
+	mu := g.epLock(id)
+	mu.Lock()
+	defer mu.Unlock()
+	g.mu.Lock()
+	l := g.ledgers[id]
+	delete(g.ledgers, id)
+	if st, ok := g.episodes[id]; ok {
+		delete(g.tokens, st.Token)
+	}
+	delete(g.episodes, id)
+	g.mu.Unlock()
+	var errs []error
+	if l != nil {
+		errs = append(errs, l.Close())
+	}
+	lp, err := ledger.Path(g.LedgerDir(), id)
+	if err == nil {
+		if err := os.Remove(lp); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(g.epPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // ledger returns the episode's open ledger, opening it on its first call.

@@ -78,6 +78,7 @@ func (s *Server) routes() map[string]http.Handler {
 		"GET /v1/checkpoints":               http.HandlerFunc(s.listCheckpoints),
 		"GET /v1/checkpoints/{id}":          http.HandlerFunc(s.getCheckpoint),
 		"POST /v1/checkpoints/{id}/restore": http.HandlerFunc(s.restoreCheckpoint),
+		"POST /v1/checkpoints/{id}/branch":  http.HandlerFunc(s.branchCheckpoint),
 		"DELETE /v1/checkpoints/{id}":       http.HandlerFunc(s.deleteCheckpoint),
 
 		"GET /metrics": s.m.handler(s.gw.Metrics()),
@@ -132,14 +133,15 @@ func writeError(w http.ResponseWriter, status int, typ, msg string) {
 
 // fail answers err: an *apiError as it says, a store's not-found 404, its
 // exists and wrong-state 409, a verify before the harness ended 409, a
-// checkpoint failed by a straggler 409, and anything else 500.
+// checkpoint failed by a straggler 409, a restore or branch its
+// validation refused 409, and anything else 500.
 func (s *Server) fail(w http.ResponseWriter, q *http.Request, err error) {
 	var ae *apiError
 	switch {
 	case errors.As(err, &ae):
 	case errors.Is(err, store.ErrNotFound):
 		ae = &apiError{http.StatusNotFound, errNotFound, err.Error()}
-	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrState), errors.Is(err, task.ErrNotEnded), errors.Is(err, coordinator.ErrStraggler):
+	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrState), errors.Is(err, task.ErrNotEnded), errors.Is(err, coordinator.ErrStraggler), errors.Is(err, coordinator.ErrRefused):
 		ae = &apiError{http.StatusConflict, errConflict, err.Error()}
 	default:
 		ae = &apiError{http.StatusInternalServerError, errInternal, err.Error()}
@@ -599,10 +601,6 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 	res, err := s.coord.Restore(ctx, id)
 	if err != nil {
 		s.m.restores.WithLabelValues("failed").Inc()
-		if strings.Contains(err.Error(), "cannot be restored") {
-			// The coordinator's validation refused it before touching anything.
-			err = &apiError{http.StatusConflict, errConflict, err.Error()}
-		}
 		s.fail(w, q, err)
 		return
 	}
@@ -612,6 +610,79 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 		res.Episodes = []coordinator.EpisodeFigures{}
 	}
 	writeJSON(w, http.StatusOK, res)
+}
+
+// BranchRequest is the body of POST /v1/checkpoints/{id}/branch.
+type BranchRequest struct {
+	// Episode is the checkpoint's episode to branch from.
+	Episode string `json:"episode"`
+	// Copies is how many (1 to MaxCopies); IDs names them (default:
+	// EPISODE-bN, the first N free).
+	Copies int      `json:"copies,omitempty"`
+	IDs    []string `json:"ids,omitempty"`
+}
+
+// MaxCopies bounds one branch.
+const MaxCopies = 64
+
+// branchCheckpoint continues one episode of a committed checkpoint as N new
+// episodes (coordinator.Branch): RL users branch rollouts from one state.
+func (s *Server) branchCheckpoint(w http.ResponseWriter, q *http.Request) {
+	id := q.PathValue("id")
+	var req BranchRequest
+	if err := decode(w, q, &req, false); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if req.Episode == "" {
+		s.fail(w, q, bad(`"episode" is required: the checkpoint's episode to branch from`))
+		return
+	}
+	switch {
+	case req.Copies == 0 && len(req.IDs) == 0:
+		req.Copies = 1
+	case req.Copies == 0:
+		req.Copies = len(req.IDs)
+	}
+	if req.Copies < 1 || req.Copies > MaxCopies || (len(req.IDs) > 0 && len(req.IDs) != req.Copies) {
+		s.fail(w, q, bad("copies %d with %d ids: give 1 to %d copies, and as many ids if any", req.Copies, len(req.IDs), MaxCopies))
+		return
+	}
+	for _, n := range req.IDs {
+		if !episodeID.MatchString(n) {
+			s.fail(w, q, bad("episode id %q: use letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128", n))
+			return
+		}
+	}
+	ctx := context.WithoutCancel(q.Context())
+	if _, err := s.store.GetEpisode(ctx, req.Episode); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if len(req.IDs) == 0 {
+		for k := 1; len(req.IDs) < req.Copies && k <= 100000; k++ {
+			n := fmt.Sprintf("%s-b%d", req.Episode, k)
+			if len(n) > 128 {
+				break
+			}
+			if _, err := s.store.GetEpisode(ctx, n); errors.Is(err, store.ErrNotFound) {
+				req.IDs = append(req.IDs, n)
+			}
+		}
+		if len(req.IDs) < req.Copies {
+			s.fail(w, q, bad("episode %s: no free names for %d copies: give ids", req.Episode, req.Copies))
+			return
+		}
+	}
+	res, err := s.coord.Branch(ctx, id, req.Episode, req.IDs)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if res.Episodes == nil {
+		res.Episodes = []coordinator.EpisodeFigures{}
+	}
+	writeJSON(w, http.StatusCreated, res)
 }
 
 func (s *Server) deleteCheckpoint(w http.ResponseWriter, q *http.Request) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"stasis/coordinator"
+	"stasis/ledger"
 	"stasis/harness"
 	"stasis/openapi"
 	"stasis/relay"
@@ -862,4 +863,96 @@ func TestEpisodeOverItsLimitEnds(t *testing.T) {
 		api.call("POST", "/v1/episodes/"+id+"/retire", nil, 200, nil)
 	}
 	api.call("DELETE", "/v1/checkpoints/ckpt-limit", nil, 200, nil)
+}
+
+// TestBranch: one episode of a committed checkpoint, taken while its third
+// model call was held, continues as two copies through the API; each is
+// relaunched from the snapshot's saved session in a fork of its own (the
+// local provider keeps files only), finishes with reward 1 on a ledger of
+// its own that verifies, and names its origin; the original goes on and
+// finishes too. Bad branches change nothing.
+func TestBranch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	state := t.TempDir()
+	cleanState(t, state)
+	g := newGate("ep-o", 3)
+	defer g.Open()
+	r := startServer(t, ctx, state, g.middleware)
+	defer r.Close()
+	api := r.api
+	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-o", "task": "sh-envget-unanchored-key", "harness": "mini"}, 201, nil)
+	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-done", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		t.Fatal("ep-o's third model call never came")
+	}
+	api.waitExited(ctx, "ep-done")
+	api.call("POST", "/v1/checkpoints", map[string]any{"id": "ckpt-b"}, 201, nil)
+
+	// Refusals, before anything is made.
+	api.refuse("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{}, 400, "invalid_request", `"episode" is required`)
+	api.refuse("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{"episode": "ep-o", "copies": 65}, 400, "invalid_request", "copies 65")
+	api.refuse("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{"episode": "ep-o", "copies": 2, "ids": []string{"x"}}, 400, "invalid_request", "as many ids")
+	api.refuse("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{"episode": "ep-o", "ids": []string{"../x"}}, 400, "invalid_request", "episode id")
+	api.refuse("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{"episode": "ep-nope"}, 404, "not_found", "ep-nope")
+	api.refuse("POST", "/v1/checkpoints/ckpt-nope/branch", map[string]any{"episode": "ep-o"}, 404, "not_found", "ckpt-nope")
+	api.refuse("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{"episode": "ep-done"}, 409, "conflict", "had ended")
+	api.refuse("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{"episode": "ep-o", "ids": []string{"ep-done"}}, 409, "conflict", "exists")
+	api.refuse("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{"episode": "ep-o", "ids": []string{"c1", "c1"}}, 409, "conflict", "named twice")
+	if l := api.list(""); len(l) != 2 {
+		t.Fatalf("a refused branch left episodes: %+v", l)
+	}
+
+	var res coordinator.Result
+	api.call("POST", "/v1/checkpoints/ckpt-b/branch", map[string]any{"episode": "ep-o", "copies": 2}, 201, &res)
+	if len(res.Episodes) != 2 || res.Episodes[0].Episode != "ep-o-b1" || res.Episodes[1].Episode != "ep-o-b2" {
+		t.Fatalf("branch: %+v", res)
+	}
+	for _, f := range res.Episodes {
+		if f.Resume != "relaunch" {
+			t.Errorf("%s: resume %q (%s), want relaunch on the local provider", f.Episode, f.Resume, f.ResumeWhy)
+		}
+	}
+	g.Open()
+	sandboxes := map[string]bool{}
+	for _, id := range []string{"ep-o-b1", "ep-o-b2", "ep-o"} {
+		v := api.waitExited(ctx, id)
+		if sandboxes[v.Sandbox] {
+			t.Fatalf("%s shares sandbox %s", id, v.Sandbox)
+		}
+		sandboxes[v.Sandbox] = true
+		if id != "ep-o" && (v.Origin != "ep-o" || v.Attempt < 1) {
+			t.Errorf("%s: origin %q attempt %d", id, v.Origin, v.Attempt)
+		}
+		api.verify(id, false)
+		if v := api.episode(id); v.Reward == nil || *v.Reward != 1 || !v.LedgerOK {
+			t.Errorf("%s after verify: %+v", id, v)
+		}
+	}
+	// Each copy's ledger is its own: the original's first two entries,
+	// copied, then its own calls after the relaunch boundary.
+	for _, id := range []string{"ep-o-b1", "ep-o-b2"} {
+		hist, err := ledger.Read(filepath.Join(state, "gateway", "ledgers"), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		boundary := -1
+		for i, en := range hist.Entries {
+			if en.Boundary {
+				boundary = i
+			}
+			if !strings.HasPrefix(en.CallID, "ep-o/") && !strings.HasPrefix(en.CallID, id+"/") {
+				t.Errorf("%s: entry %d is call %s", id, i, en.CallID)
+			}
+		}
+		if hist.Broken || boundary != 2 || len(hist.Entries) < 4 {
+			t.Errorf("%s: %d entries, boundary at %d, broken %v", id, len(hist.Entries), boundary, hist.Broken)
+		}
+	}
+	for _, id := range []string{"ep-o", "ep-o-b1", "ep-o-b2", "ep-done"} {
+		api.call("POST", "/v1/episodes/"+id+"/retire", nil, 200, nil)
+	}
+	api.call("DELETE", "/v1/checkpoints/ckpt-b", nil, 200, nil)
 }

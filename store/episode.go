@@ -46,6 +46,9 @@ type Episode struct {
 	// Environment is what its harness and tests run in (host, venv:KEY,
 	// image:DIGEST).
 	Environment string `json:"environment,omitempty"`
+	// Origin is the episode whose paths its sandboxes hold, for a copy
+	// branched from another episode's checkpoint (empty: itself).
+	Origin string `json:"origin,omitempty"`
 	// Resume says how the last restore continued it: in_place, relaunch,
 	// or empty.
 	Resume  string    `json:"resume,omitempty"`

@@ -1,7 +1,8 @@
 // Package atomicfile writes files so that a reader, or a crash, sees either
 // the old content or the whole new content, never a part: the bytes go to a
 // temporary file in the same directory, are fsync'd, renamed over the target,
-// and the directory is fsync'd so the rename itself is durable.
+// and the directory is fsync'd so the rename itself is durable. Replace
+// skips both fsyncs, for files a memory snapshot keeps with the page cache.
 package atomicfile
 
 import (
@@ -15,6 +16,27 @@ import (
 
 // Write replaces path with data, atomically and durably, with permission perm.
 func Write(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, true)
+}
+
+// Replace replaces path with data atomically (a reader sees the old or the
+// new content, never a part) but not durably: nothing is fsync'd, so a
+// crash of the machine may lose it. It is for files whose only copy that
+// matters is the one a memory snapshot takes with the page cache.
+func Replace(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, false)
+}
+
+// ReplaceJSON is WriteJSON through Replace.
+func ReplaceJSON(path string, v any, perm os.FileMode) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return Replace(path, append(b, '\n'), perm)
+}
+
+func write(path string, data []byte, perm os.FileMode, durable bool) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -34,8 +56,10 @@ func Write(path string, data []byte, perm os.FileMode) error {
 	if _, err := f.Write(data); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write %s: fsync: %w", path, err)
+	if durable {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("write %s: fsync: %w", path, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -44,6 +68,9 @@ func Write(path string, data []byte, perm os.FileMode) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	ok = true
+	if !durable {
+		return nil
+	}
 	return SyncDir(dir)
 }
 

@@ -29,6 +29,30 @@ func TestWriteReplacesWholeAndLeavesNoTemp(t *testing.T) {
 	}
 }
 
+func TestReplaceIsAtomicToo(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "ack.json")
+	if err := Write(p, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReplaceJSON(p, map[string]int{"n": 2}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil || string(b) != "{\n  \"n\": 2\n}\n" {
+		t.Fatalf("got %q %v", b, err)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o644 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("left behind: %v", ents)
+	}
+	if err := Replace(filepath.Join(dir, "no", "x"), nil, 0o600); err == nil {
+		t.Fatal("replace into a missing directory succeeded")
+	}
+}
+
 func TestWriteIntoMissingDirFails(t *testing.T) {
 	if err := Write(filepath.Join(t.TempDir(), "no", "x"), nil, 0o600); err == nil {
 		t.Fatal("write into a missing directory succeeded")

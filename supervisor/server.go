@@ -441,7 +441,16 @@ func (s *server) do(req Request) Response {
 	}
 	path := filepath.Join(s.dir, AcksDir, fmt.Sprintf("%d.%s.json", ack.Seq, ack.Op))
 	if fresh || s.unsafe[path] {
-		if err := atomicfile.WriteJSON(path, ack, 0o644); err != nil {
+		// A hold's acknowledgement is written without fsync: hold is only
+		// used where the snapshot keeps the processes, so it keeps the page
+		// cache with them, and the host has the acknowledgement in the
+		// reply. A stop pause's is durable before the reply, as a
+		// file-only snapshot or a crash of the machine needs.
+		write := atomicfile.WriteJSON
+		if ack.Mode == ModeHold {
+			write = atomicfile.ReplaceJSON
+		}
+		if err := write(path, ack, 0o644); err != nil {
 			s.unsafe[path] = true
 			s.log.Error("write acknowledgement", "path", path, "err", err)
 			return Response{Error: fmt.Sprintf("%s %d took effect but its acknowledgement could not be written (%v); repeat the request to retry the write", req.Op, req.Seq, err), Code: CodeFailed}

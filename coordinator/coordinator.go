@@ -775,41 +775,17 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	// Resume or relaunch each.
 	t = time.Now()
 	resumed := map[string]*episode.Episode{}
-	how, whyOf := map[string]string{}, map[string]string{}
+	figs := map[string]EpisodeFigures{}
 	err = c.each(toFork, "resume", func(eid string) error {
-		r := byEp[eid]
 		mu.Lock()
 		sb := forks[eid]
 		mu.Unlock()
-		var e *episode.Episode
-		mode, why := "relaunch", fmt.Sprintf("the %s provider's snapshot kept files only (keeps_processes false): the harness is relaunched from its saved session", r.Provider)
-		if r.RestoresInPlace() {
-			st := checkpoint.State{Episode: eid, PauseSeq: r.PauseSeq, Identity: *r.Identity, PauseWall: *r.PauseWall, PauseUptime: *r.PauseUptime, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
-			var err error
-			e, err = episode.ResumeInPlace(ctx, c.o.Env, specs[eid], sb, st)
-			if err == nil {
-				mode, why = "in_place", ""
-			} else if !errors.Is(err, episode.ErrNotSameLaunch) {
-				return err
-			} else {
-				why = err.Error()
-				c.log.Warn("resume in place impossible, relaunching", "episode", eid, "why", why)
-			}
-		} else if r.KeepsProcesses {
-			why = "the record lacks the identity or the pause's clocks"
-		}
-		if e == nil {
-			var err error
-			e, err = episode.RelaunchIn(ctx, c.o.Env, specs[eid], sb, r.HarnessSession)
-			if err != nil {
-				return err
-			}
+		e, f, err := c.continueFork(ctx, specs[eid], sb, byEp[eid], "")
+		if err != nil {
+			return err
 		}
 		mu.Lock()
-		whyOf[eid] = why
-		mu.Unlock()
-		mu.Lock()
-		resumed[eid], how[eid] = e, mode
+		resumed[eid], figs[eid] = e, f
 		mu.Unlock()
 		return nil
 	})
@@ -835,12 +811,8 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 			}
 		} else {
 			e := resumed[r.Episode]
-			row.Sandbox, row.Attempt, row.State, row.Resume, row.PauseSeq = e.SandboxID(), e.Attempt(), store.EpisodeRunning, how[r.Episode], max(row.PauseSeq, r.PauseSeq)
-			f.Resume, f.ResumeWhy = how[r.Episode], whyOf[r.Episode]
-			if how[r.Episode] == "in_place" {
-				cf := e.Clock()
-				f.Clock = &cf
-			}
+			f = figs[r.Episode]
+			row.Sandbox, row.Attempt, row.State, row.Resume, row.PauseSeq = e.SandboxID(), e.Attempt(), store.EpisodeRunning, f.Resume, max(row.PauseSeq, r.PauseSeq)
 		}
 		rows = append(rows, row)
 		res.Episodes = append(res.Episodes, f)
@@ -859,6 +831,48 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	c.mu.Unlock()
 	res.Seconds = time.Since(start).Seconds()
 	return res, nil
+}
+
+// continueFork continues record r's episode in sb, a fork of its snapshot:
+// in place when the record allows it and the fork's supervisor is the
+// recorded launch, relaunched from its saved session otherwise; as copy
+// name (a branch) unless name is "". The figures say which, and why.
+func (c *Coordinator) continueFork(ctx context.Context, spec episode.Spec, sb string, r store.Record, name string) (*episode.Episode, EpisodeFigures, error) {
+	f := EpisodeFigures{Episode: r.Episode, Resume: "relaunch", ResumeWhy: fmt.Sprintf("the %s provider's snapshot kept files only (keeps_processes false): the harness is relaunched from its saved session", r.Provider)}
+	if name != "" {
+		f.Episode = name
+	}
+	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+	if r.RestoresInPlace() {
+		st.Identity, st.PauseWall, st.PauseUptime = *r.Identity, *r.PauseWall, *r.PauseUptime
+		var e *episode.Episode
+		var err error
+		if name == "" {
+			e, err = episode.ResumeInPlace(ctx, c.o.Env, spec, sb, st)
+		} else {
+			e, err = episode.ResumeCopy(ctx, c.o.Env, spec, sb, st, name)
+		}
+		if err == nil {
+			cf := e.Clock()
+			f.Resume, f.ResumeWhy, f.Clock = "in_place", "", &cf
+			return e, f, nil
+		}
+		if !errors.Is(err, episode.ErrNotSameLaunch) {
+			return nil, f, err
+		}
+		f.ResumeWhy = err.Error()
+		c.log.Warn("resume in place impossible, relaunching", "episode", f.Episode, "why", f.ResumeWhy)
+	} else if r.KeepsProcesses {
+		f.ResumeWhy = "the record lacks the identity or the pause's clocks"
+	}
+	var e *episode.Episode
+	var err error
+	if name == "" {
+		e, err = episode.RelaunchIn(ctx, c.o.Env, spec, sb, r.HarnessSession)
+	} else {
+		e, err = episode.RelaunchCopy(ctx, c.o.Env, spec, sb, r.HarnessSession, st.LedgerCut(), name)
+	}
+	return e, f, err
 }
 
 // Branch continues one episode of a committed checkpoint as len(copies)
@@ -955,34 +969,10 @@ func (c *Coordinator) Branch(ctx context.Context, id, episodeID string, copies [
 	for i, name := range copies {
 		sandbox[name] = forks[i].ID
 	}
-	st := checkpoint.State{Episode: episodeID, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
 	err = c.each(copies, "branch", func(name string) error {
-		sb := sandbox[name]
-		f := EpisodeFigures{Episode: name, Resume: "relaunch", ResumeWhy: fmt.Sprintf("the %s provider's snapshot kept files only (keeps_processes false): the harness is relaunched from its saved session", r.Provider)}
-		var e *episode.Episode
-		if r.RestoresInPlace() {
-			st := st
-			st.Identity, st.PauseWall, st.PauseUptime = *r.Identity, *r.PauseWall, *r.PauseUptime
-			var err error
-			e, err = episode.ResumeCopy(ctx, c.o.Env, spec, sb, st, name)
-			switch {
-			case err == nil:
-				f.Resume, f.ResumeWhy = "in_place", ""
-				cf := e.Clock()
-				f.Clock = &cf
-			case errors.Is(err, episode.ErrNotSameLaunch):
-				f.ResumeWhy = err.Error()
-			default:
-				return err
-			}
-		} else if r.KeepsProcesses {
-			f.ResumeWhy = "the record lacks the identity or the pause's clocks"
-		}
-		if e == nil {
-			var err error
-			if e, err = episode.RelaunchCopy(ctx, c.o.Env, spec, sb, r.HarnessSession, st.LedgerCut(), name); err != nil {
-				return err
-			}
+		e, f, err := c.continueFork(ctx, spec, sandbox[name], *r, name)
+		if err != nil {
+			return err
 		}
 		mu.Lock()
 		made[name], figs[name] = e, f

@@ -149,6 +149,38 @@ func (r *rig) gate(ep string, call int) *gate {
 	return g
 }
 
+// startToGate starts spec's episode and waits until g's call has arrived
+// at the gateway. crash then closes the episode (its sandbox deleted, as a
+// crash would take it) and opens the gate; without it the episode is
+// closed when the test ends.
+func (r *rig) startToGate(t *testing.T, ctx context.Context, spec episode.Spec, g *gate) (*episode.Episode, func()) {
+	t.Helper()
+	e, err := episode.Start(ctx, r.env, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = e.Close(context.Background())
+		}
+	})
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		r.dump(t, e)
+		t.Fatalf("model call %d of %s never came", g.call, spec.ID)
+	}
+	return e, func() {
+		t.Helper()
+		if err := e.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		closed = true
+		g.Open()
+	}
+}
+
 func adapter(t *testing.T, name string) harness.Adapter {
 	t.Helper()
 	if name == "opencode" {
@@ -266,22 +298,7 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 			g := r.gate(id, 3)
 			defer g.Open()
 			spec := episode.Spec{ID: id, Task: tk, Harness: a}
-			e, err := episode.Start(ctx, r.env, spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			closed := false
-			defer func() {
-				if !closed {
-					_ = e.Close(context.Background())
-				}
-			}()
-			select {
-			case <-g.arrived:
-			case <-ctx.Done():
-				r.dump(t, e)
-				t.Fatal("the third model call never came")
-			}
+			e, crash := r.startToGate(t, ctx, spec, g)
 			snap, err := e.PauseAndSnapshot(ctx, 1, false)
 			if err != nil {
 				t.Fatal(err)
@@ -293,11 +310,7 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 				t.Fatal("no OpenCode session id recorded at the pause")
 			}
 			// The crash: the sandbox is gone with everything in it.
-			if err := e.Close(ctx); err != nil {
-				t.Fatal(err)
-			}
-			closed = true
-			g.Open()
+			crash()
 
 			e2, err := episode.Relaunch(ctx, r.env, spec, snap)
 			if err != nil {
@@ -380,22 +393,7 @@ func TestRelaunchWithoutSavedSessionStartsAfresh(t *testing.T) {
 	g := r.gate(id, 1)
 	defer g.Open()
 	spec := episode.Spec{ID: id, Task: tk, Harness: a}
-	e, err := episode.Start(ctx, r.env, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	defer func() {
-		if !closed {
-			_ = e.Close(context.Background())
-		}
-	}()
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
-		r.dump(t, e)
-		t.Fatal("the first model call never came")
-	}
+	e, crash := r.startToGate(t, ctx, spec, g)
 	dataDir := "/tmp/stasis/" + id + "/harness/data"
 	res, err := r.env.Provider.Exec(ctx, e.SandboxID(), sandbox.ExecRequest{Argv: []string{"rm", "-rf", "--", dataDir}})
 	if err != nil || res.ExitCode != 0 {
@@ -408,11 +406,7 @@ func TestRelaunchWithoutSavedSessionStartsAfresh(t *testing.T) {
 	if snap.State.HarnessSession != "" {
 		t.Fatalf("a session %q was recorded with OpenCode's data removed", snap.State.HarnessSession)
 	}
-	if err := e.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	closed = true
-	g.Open()
+	crash()
 
 	e2, err := episode.Relaunch(ctx, r.env, spec, snap)
 	if err != nil {

@@ -61,22 +61,7 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 	g := r.gate(id, 3)
 	defer g.Open()
 	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini")}
-	e, err := episode.Start(ctx, r.env, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	defer func() {
-		if !closed {
-			_ = e.Close(context.Background())
-		}
-	}()
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
-		r.dump(t, e)
-		t.Fatal("the third model call never came")
-	}
+	e, crash := r.startToGate(t, ctx, spec, g)
 	snap, err := e.PauseAndSnapshot(ctx, 1, false)
 	if err != nil {
 		t.Fatal(err)
@@ -87,11 +72,7 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 		t.Fatalf("pause state: %+v", st)
 	}
 	// The crash: the source VM is gone; its held call dies with it.
-	if err := e.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	closed = true
-	g.Open()
+	crash()
 
 	// Let time pass outside the saved guest, so that the two clock
 	// policies give clocks seconds apart (a deliberate gap, not a wait for
@@ -201,22 +182,7 @@ func TestMicroVMStopPauseResumesInPlace(t *testing.T) {
 	g := r.gate(id, 3)
 	defer g.Open()
 	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini"), PauseMode: supervisor.ModeStop}
-	e, err := episode.Start(ctx, r.env, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	defer func() {
-		if !closed {
-			_ = e.Close(context.Background())
-		}
-	}()
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
-		r.dump(t, e)
-		t.Fatal("the third model call never came")
-	}
+	e, crash := r.startToGate(t, ctx, spec, g)
 	snap, err := e.PauseAndSnapshot(ctx, 1, false)
 	if err != nil {
 		t.Fatal(err)
@@ -226,11 +192,7 @@ func TestMicroVMStopPauseResumesInPlace(t *testing.T) {
 	if st.PauseMode != supervisor.ModeStop || !st.PauseConfirmed || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != 2 {
 		t.Fatalf("pause state: %+v", st)
 	}
-	if err := e.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	closed = true
-	g.Open()
+	crash()
 	forks, err := mp.Fork(ctx, snap.ID, 1, episode.ForkSpec(spec))
 	if err != nil {
 		t.Fatal(err)

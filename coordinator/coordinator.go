@@ -921,13 +921,19 @@ func (c *Coordinator) Branch(ctx context.Context, id, episodeID string, copies [
 		switch {
 		case !relay.ValidName(name):
 			problems = append(problems, fmt.Sprintf("copy %q: use letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128", name))
-		case seen[name] || name == episodeID:
+		case name == episodeID:
+			problems = append(problems, fmt.Sprintf("copy %s: that is the episode's own name", name))
+		case seen[name]:
 			problems = append(problems, fmt.Sprintf("copy %s is named twice", name))
 		default:
 			if _, err := c.o.Store.GetEpisode(ctx, name); err == nil {
 				problems = append(problems, fmt.Sprintf("copy %s: an episode of that name exists", name))
 			} else if !errors.Is(err, store.ErrNotFound) {
 				problems = append(problems, fmt.Sprintf("copy %s: %v", name, err))
+			} else if _, err := c.o.Env.Gateway.Episode(name); err == nil {
+				// Left by an interrupted branch: the undo below removes only
+				// what this branch registers.
+				problems = append(problems, fmt.Sprintf("copy %s: the gateway already has an episode of that name (and a ledger) that no episode row names", name))
 			}
 		}
 		seen[name] = true

@@ -687,12 +687,9 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	defer c.op.Unlock()
 	start := time.Now()
 	res := Result{Checkpoint: id, Phases: map[string]float64{}}
-	ck, recs, err := c.o.Store.Get(ctx, id)
+	recs, err := c.committed(ctx, id, "restores")
 	if err != nil {
 		return res, err
-	}
-	if ck.State != store.StateCommitted {
-		return res, fmt.Errorf("checkpoint %s is %s: only a committed checkpoint restores", id, ck.State)
 	}
 	// Validate everything first.
 	var problems []string
@@ -716,12 +713,7 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 		}
 		specs[r.Episode] = spec
 		if !r.Finished {
-			if err := c.checkImage(ctx, r); err != nil {
-				problems = append(problems, err.Error())
-			}
-			if _, err := c.o.Env.Provider.GetSnapshot(ctx, r.SnapshotID); err != nil {
-				problems = append(problems, fmt.Sprintf("episode %s: snapshot %s: %v", r.Episode, r.SnapshotID, err))
-			}
+			problems = append(problems, c.forkProblems(ctx, r)...)
 		}
 	}
 	res.Phases["validate"] = time.Since(start).Seconds()
@@ -833,6 +825,32 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	return res, nil
 }
 
+// committed returns the records of checkpoint id, which must be committed
+// for what was asked of it (verb: "restores", "branches").
+func (c *Coordinator) committed(ctx context.Context, id, verb string) ([]store.Record, error) {
+	ck, recs, err := c.o.Store.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if ck.State != store.StateCommitted {
+		return nil, fmt.Errorf("checkpoint %s is %s: only a committed checkpoint %s", id, ck.State, verb)
+	}
+	return recs, nil
+}
+
+// forkProblems says what keeps record r's snapshot from being forked
+// here: its image gone, or the snapshot itself.
+func (c *Coordinator) forkProblems(ctx context.Context, r store.Record) []string {
+	var problems []string
+	if err := c.checkImage(ctx, r); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if _, err := c.o.Env.Provider.GetSnapshot(ctx, r.SnapshotID); err != nil {
+		problems = append(problems, fmt.Sprintf("episode %s: snapshot %s: %v", r.Episode, r.SnapshotID, err))
+	}
+	return problems
+}
+
 // continueFork continues record r's episode in sb, a fork of its snapshot:
 // in place when the record allows it and the fork's supervisor is the
 // recorded launch, relaunched from its saved session otherwise; as copy
@@ -890,12 +908,9 @@ func (c *Coordinator) Branch(ctx context.Context, id, episodeID string, copies [
 	defer c.op.Unlock()
 	start := time.Now()
 	res := Result{Checkpoint: id, Phases: map[string]float64{}}
-	ck, recs, err := c.o.Store.Get(ctx, id)
+	recs, err := c.committed(ctx, id, "branches")
 	if err != nil {
 		return res, err
-	}
-	if ck.State != store.StateCommitted {
-		return res, fmt.Errorf("checkpoint %s is %s: only a committed checkpoint branches", id, ck.State)
 	}
 	var r *store.Record
 	for i := range recs {
@@ -947,12 +962,7 @@ func (c *Coordinator) Branch(ctx context.Context, id, episodeID string, copies [
 		problems = append(problems, fmt.Sprintf("episode %s: %v", episodeID, err))
 	}
 	if !r.Finished && r.Provider == c.o.Env.Provider.Name() {
-		if err := c.checkImage(ctx, *r); err != nil {
-			problems = append(problems, err.Error())
-		}
-		if _, err := c.o.Env.Provider.GetSnapshot(ctx, r.SnapshotID); err != nil {
-			problems = append(problems, fmt.Sprintf("episode %s: snapshot %s: %v", episodeID, r.SnapshotID, err))
-		}
+		problems = append(problems, c.forkProblems(ctx, *r)...)
 	}
 	res.Phases["validate"] = time.Since(start).Seconds()
 	if len(problems) > 0 {

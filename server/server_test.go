@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"stasis/coordinator"
-	"stasis/ledger"
 	"stasis/harness"
+	"stasis/ledger"
 	"stasis/openapi"
 	"stasis/relay"
 	"stasis/sandbox"

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -136,10 +135,4 @@ func timespec(s float64) unix.Timespec {
 		sec, ns = sec+1, ns-1e9
 	}
 	return unix.Timespec{Sec: int64(sec), Nsec: ns}
-}
-
-// Time is f's After as a time.Time.
-func (f Fix) Time() time.Time {
-	ts := timespec(f.After)
-	return time.Unix(ts.Sec, ts.Nsec)
 }

@@ -20,8 +20,13 @@ func TestRestoreNeedsItsImage(t *testing.T) {
 	defer cancel()
 	t.Setenv(sandboxbin.Env, stasistest.StaticBinary(t))
 	w := newWorld(t)
-	ref := stasistest.TestImage(t)
+	// A small image: what is tested is the record and the pull, and the
+	// Debian image's unpack, done twice, is minutes under a loaded CI.
+	// Busybox has no C library for the race-built test binary, so the
+	// sandboxes get the static in-sandbox build.
+	ref := stasistest.BusyboxImage(t)
 	w.env.Image = ref
+	w.env.Binary, w.env.BinaryEnv = stasistest.StaticBinary(t), nil
 	c := w.coordinator(ctx)
 	arrived, release := w.holdCall("ep-img", 2)
 	released := false

@@ -226,6 +226,26 @@ func (s *Session) placeBinary(ctx context.Context) error {
 // and only the harness's directory is the agent's.
 func (s *Session) users() bool { return s.p.Capabilities().Users }
 
+// agentHome is HOME in the agent's commands in the sandbox ("" when the
+// provider sets none), asked once.
+func (s *Session) agentHome(ctx context.Context) (string, error) {
+	var out, errb bytes.Buffer
+	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
+		Argv: []string{"/bin/sh", "-c", `printf %s "$HOME"`}, Stdout: &out, Stderr: &errb, Timeout: time.Minute,
+	})
+	if err != nil {
+		return "", fmt.Errorf("the agent's home: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return "", fmt.Errorf("the agent's home: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	h := out.String()
+	if !path.IsAbs(h) || strings.ContainsAny(h, "\n\x00") {
+		return "", nil
+	}
+	return h, nil
+}
+
 // control is the user stasis's own commands run as in the sandbox.
 func (s *Session) control() sandbox.User {
 	if s.users() {
@@ -358,6 +378,16 @@ func (s *Session) Start(ctx context.Context) error {
 		// relay stay stasis's user's.
 		id := strconv.Itoa(sandbox.AgentUID)
 		args = append(args, "--harness-uid", id, "--harness-gid", id)
+		// The agent's home as the provider gives it to the agent's
+		// commands: an image's /etc/passwd may not know the uid, and
+		// OpenCode (Bun) will not start without a HOME.
+		home, err := s.agentHome(ctx)
+		if err != nil {
+			return fmt.Errorf("session %s: %w", s.o.Episode, err)
+		}
+		if home != "" {
+			args = append(args, "--harness-home", home)
+		}
 	}
 	args = append(append(args, "--"), s.o.Harness...)
 	// The provider makes the log's directory, the session directory.

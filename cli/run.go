@@ -13,6 +13,7 @@ import (
 	"golang.org/x/term"
 
 	"stasis/job"
+	"stasis/sandbox/microvm"
 )
 
 func newRunCmd() *cobra.Command {
@@ -103,6 +104,7 @@ verify; 2 a usage error; 1 the run failed.`,
 	f.IntVar(&o.N, "episodes", 4, "how many episodes")
 	f.StringVar(&o.Harness, "harness", "mini", "mini, opencode, or mixed (alternating)")
 	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider: local, microvm, opensandbox (OPENSANDBOX_URL) or e2b (E2B_API_KEY); see serve --help")
+	f.StringVar(&o.GuestMemory, "guest-memory", "", fmt.Sprintf("microvm: each guest's memory, e.g. 1GiB (default %d MiB)", microvm.DefaultMemMiB))
 	f.StringVar(&o.GuestBinary, "guest-binary", "", "microvm: the static stasis for the guest image (default: this binary)")
 	f.StringVar(&o.Image, "image", "", "the sandboxes' image where a task names none: oci:PATH[:TAG], docker-archive:PATH, docker://HOST/REPO:TAG or sha256:HEX (see stasis image --help); default: the provider's own root")
 	f.Float64Var(&o.CheckpointAt, "checkpoint-at", 0.5, "take the checkpoint when about this fraction of the model calls is made")

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
 	"stasis/coordinator"
 	"stasis/sandbox"
+	"stasis/sandbox/microvm"
 	"stasis/serve"
 	"stasis/server"
 	"stasis/task"
@@ -33,7 +35,7 @@ func newServeCmd() *cobra.Command {
 		listen, state, tasksSpec, repos, envs, upstream, keyEnv, modelName string
 		concurrency                                                        int
 		logFormat, logLevel                                                string
-		provider, guestBinary, clockPolicy, gwListen, gwURL                string
+		provider, guestBinary, guestMemory, clockPolicy, gwListen, gwURL   string
 		access                                                             server.AccessOptions
 		stragglers, imageRef                                               string
 		pullImages                                                         bool
@@ -206,8 +208,12 @@ could not start or failed.`,
 			if lim != (sandbox.Limits{}) && provider != "" && provider != "local" {
 				return &exitError{code: 2, err: fmt.Errorf("the limit flags are for the local provider: the %s provider's sandboxes are sized by the service or the VM", provider)}
 			}
+			guestMiB, err := parseGuestMemory(guestMemory, provider)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
 			o := server.Options{
-				Stragglers: stragglers, Limits: lim, Image: imageRef, PullImages: pullImages,
+				GuestMemMiB: guestMiB, Stragglers: stragglers, Limits: lim, Image: imageRef, PullImages: pullImages,
 				State: state, Tasks: ts, ModelUpstream: upstream, ModelKey: os.Getenv(keyEnv), Model: modelName,
 				Concurrency: concurrency, Logger: log, BinaryEnv: selfEnv(),
 				Provider: provider, GuestBinary: guestBinary, ClockPolicy: clockPolicy,
@@ -250,6 +256,7 @@ could not start or failed.`,
 	f.StringVar(&provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch)")
 	f.StringVar(&gwListen, "gateway-listen", "", "hosted providers: a TCP address where the gateway also listens for the sandboxes' relays")
 	f.StringVar(&gwURL, "gateway-url", "", "hosted providers: the gateway's URL as the sandboxes reach it (default: http:// and the --gateway-listen address)")
+	f.StringVar(&guestMemory, "guest-memory", "", fmt.Sprintf("microvm: each guest's memory, e.g. 1GiB (default %d MiB)", microvm.DefaultMemMiB))
 	f.StringVar(&guestBinary, "guest-binary", "", "microvm: the static stasis binary for the guest image (default: this binary, which must be static)")
 	f.StringVar(&clockPolicy, "clock-policy", "continuous", "microvm: a guest's wall clock after a resume in place: continuous (pause wall + uptime since) or host")
 	f.StringVar(&state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")
@@ -267,4 +274,20 @@ could not start or failed.`,
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd
+}
+
+// parseGuestMemory reads --guest-memory: a size of at least 128 MiB, for
+// the microvm provider only; 0 when not given.
+func parseGuestMemory(v, provider string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	if provider != microvm.Name {
+		return 0, fmt.Errorf("--guest-memory is for the microvm provider (--provider microvm)")
+	}
+	n, err := humanize.ParseBytes(v)
+	if err != nil || n < 128<<20 || n > 1<<40 {
+		return 0, fmt.Errorf("--guest-memory %q: give a size from 128MiB, such as 512MiB or 1GiB", v)
+	}
+	return int(n >> 20), nil
 }

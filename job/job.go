@@ -58,6 +58,9 @@ type Options struct {
 	// GuestBinary is the static stasis for microVM guests (default: Exe,
 	// which must then be static).
 	GuestBinary string
+	// GuestMemory is each microVM guest's memory, e.g. 1GiB (serve's
+	// --guest-memory; empty: its default).
+	GuestMemory string
 	// GatewayListen and GatewayURL: where the gateway listens for a hosted
 	// provider's sandboxes (default 127.0.0.1:0), and its URL as they
 	// reach it (default: http:// and the address it listens on).
@@ -526,8 +529,8 @@ func (o *Options) defaults() error {
 		o.Provider = local.Name
 	case local.Name:
 	case microvm.Name:
-		if o.Harness != "mini" {
-			return fmt.Errorf("--provider microvm runs the mini harness only (OpenCode needs a glibc userland; the guest has busybox): use --harness mini")
+		if o.Harness != "mini" && o.Image == "" {
+			return fmt.Errorf("--harness %s on --provider microvm needs --image: OpenCode needs a C library, and a guest without an image has busybox and stasis only (the Debian image: make deps-image, then --image oci:.tools/image/debian:stasis)", o.Harness)
 		}
 	case opensandbox.Name, e2b.Name:
 		if o.Harness != "mini" {
@@ -661,6 +664,9 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", o.State, "--tasks", o.Tasks, "--model-upstream", modelURL, "--log-format", "json", "--provider", o.Provider}
 	if o.GuestBinary != "" {
 		args = append(args, "--guest-binary", o.GuestBinary)
+	}
+	if o.GuestMemory != "" {
+		args = append(args, "--guest-memory", o.GuestMemory)
 	}
 	if o.Image != "" {
 		// The restore after a crash must find it too: pull it again if

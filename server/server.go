@@ -87,6 +87,9 @@ type Options struct {
 	// GuestBinary is the static stasis binary the microvm provider puts in
 	// its guest image (default: Binary, which must then be static).
 	GuestBinary string
+	// GuestMemMiB is each microVM guest's memory (0: the provider's
+	// default).
+	GuestMemMiB int
 	// GatewayListen is a TCP address where the gateway also listens, for
 	// hosted sandboxes (e2b, opensandbox), which cannot reach the unix
 	// socket; GatewayURL is that listener as their relays reach it
@@ -359,9 +362,18 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		// Each guest's GatewayAddr leads to a socket of its own on the
 		// host, on which only its episode's token is valid.
 		s.sockets = relay.NewSandboxSockets(s.gw, o.GatewayMiddleware)
+		// OpenCode, when installed, reaches every guest read-only (an
+		// erofs disk of its npm prefix); it runs on an image with a C
+		// library (the Debian image), not on the initramfs alone.
+		ro := map[string]string{}
+		if prefix, ok := harness.OpenCodeBind(); ok {
+			ro[prefix] = harness.OpenCodeSandboxDir
+			s.opencode = true
+		}
 		mp, err := microvm.New(ctx, microvm.Options{
 			Home: filepath.Join(state, "microvm"), Exe: o.Exe, ExeEnv: o.ExeEnv, GuestBinary: guest,
-			GatewayDir: filepath.Dir(s.sock), GatewayServer: s.sockets,
+			GatewayDir: filepath.Dir(s.sock), GatewayServer: s.sockets, ReadOnlyBinds: ro,
+			MemMiB: o.GuestMemMiB,
 		})
 		if err != nil {
 			return noProvider(err)

@@ -34,6 +34,10 @@ import (
 type HarnessUser struct {
 	UID int `json:"uid"`
 	GID int `json:"gid"`
+	// Home is the harness's HOME when it is a directory the uid owns
+	// (the provider's home for its agent user; --harness-home): an image
+	// whose /etc/passwd does not know the uid gives none otherwise.
+	Home string `json:"home,omitempty"`
 }
 
 // Check refuses ids that are not a separate, unprivileged user.
@@ -209,16 +213,19 @@ func SetNotDumpable() error {
 }
 
 // harnessEnv is the harness's environment: env without the supervisor's
-// own identity. HOME stays when it is a directory the harness's uid owns
-// (the provider made it the agent's); otherwise it is the home directory
-// /etc/passwd gives the uid, when that exists and belongs to it, and is
+// own identity. HOME is u.Home, or the one in env, when it is a directory
+// the harness's uid owns (the provider made it the agent's); otherwise it
+// is the home directory /etc/passwd gives the uid, when that exists and belongs to it, and is
 // left out when neither does (the supervisor's home is the control
 // user's). USER and LOGNAME are the passwd name, or left out.
 func harnessEnv(env []string, u HarnessUser) []string {
 	name, home := passwdEntry("/etc/passwd", u.UID)
 	keep := ""
+	if u.Home != "" && ownedDir(u.Home, u.UID) {
+		keep = u.Home
+	}
 	for _, kv := range env {
-		if h, ok := strings.CutPrefix(kv, "HOME="); ok && ownedDir(h, u.UID) {
+		if h, ok := strings.CutPrefix(kv, "HOME="); ok && keep == "" && ownedDir(h, u.UID) {
 			keep = h
 		}
 	}

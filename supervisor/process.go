@@ -127,7 +127,11 @@ func (p *procLayer) Launch(gen int, argv []string) (int, error) {
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
 	if p.harness != nil {
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%d", ShimHarnessEnv, p.harness.UID, p.harness.GID))
+		u := fmt.Sprintf("%s=%d:%d", ShimHarnessEnv, p.harness.UID, p.harness.GID)
+		if p.harness.Home != "" {
+			u += ":" + p.harness.Home
+		}
+		cmd.Env = append(os.Environ(), u)
 	}
 	err = cmd.Start()
 	lifeR.Close()

@@ -128,8 +128,8 @@ func RunShim(argv []string) int {
 	}
 }
 
-// ShimHarnessEnv carries the harness user ("UID:GID") from the supervisor
-// to its shim.
+// ShimHarnessEnv carries the harness user ("UID:GID", or "UID:GID:HOME")
+// from the supervisor to its shim.
 const ShimHarnessEnv = "STASIS_SHIM_HARNESS_USER"
 
 // shimHarnessUser takes ShimHarnessEnv out of env and parses it (nil when
@@ -148,13 +148,20 @@ func shimHarnessUser(env []string) ([]string, *HarnessUser, error) {
 	if !set {
 		return out, nil, nil
 	}
-	a, b, ok := strings.Cut(val, ":")
-	uid, err1 := strconv.Atoi(a)
-	gid, err2 := strconv.Atoi(b)
-	if !ok || err1 != nil || err2 != nil {
-		return nil, nil, fmt.Errorf("%s=%q: want UID:GID", ShimHarnessEnv, val)
+	parts := strings.SplitN(val, ":", 3)
+	var uid, gid int
+	var err1, err2 error
+	if len(parts) >= 2 {
+		uid, err1 = strconv.Atoi(parts[0])
+		gid, err2 = strconv.Atoi(parts[1])
+	}
+	if len(parts) < 2 || err1 != nil || err2 != nil || (len(parts) == 3 && !strings.HasPrefix(parts[2], "/")) {
+		return nil, nil, fmt.Errorf("%s=%q: want UID:GID or UID:GID:HOME", ShimHarnessEnv, val)
 	}
 	u := HarnessUser{UID: uid, GID: gid}
+	if len(parts) == 3 {
+		u.Home = parts[2]
+	}
 	if err := u.Check(); err != nil {
 		return nil, nil, err
 	}

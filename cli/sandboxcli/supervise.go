@@ -20,6 +20,7 @@ import (
 func newSuperviseCmd() *cobra.Command {
 	var (
 		dir, mode, resume, logFormat, logLevel string
+		harnessHome                            string
 		relayListen, relayUpstream, relayToken string
 		relayHeartbeat                         time.Duration
 		deadline, confirm, grace               time.Duration
@@ -116,7 +117,10 @@ the deadline ended it, 1 when the supervisor failed.`,
 				if !cmd.Flags().Changed("harness-uid") || !cmd.Flags().Changed("harness-gid") {
 					return &exitError{code: 2, err: fmt.Errorf("give both --harness-uid and --harness-gid")}
 				}
-				harness = &supervisor.HarnessUser{UID: harnessUID, GID: harnessGID}
+				harness = &supervisor.HarnessUser{UID: harnessUID, GID: harnessGID, Home: harnessHome}
+				if harnessHome != "" && !strings.HasPrefix(harnessHome, "/") {
+					return &exitError{code: 2, err: fmt.Errorf("--harness-home %q: give an absolute path", harnessHome)}
+				}
 				if err := harness.Check(); err != nil {
 					return &exitError{code: 2, err: err}
 				}
@@ -201,6 +205,7 @@ the deadline ended it, 1 when the supervisor failed.`,
 	f.DurationVar(&relayHeartbeat, "relay-heartbeat", relay.DefaultHeartbeat, "interval of the SSE comments the relay sends a streaming client while its response is stored or held")
 	f.IntVar(&harnessUID, "harness-uid", 0, "run the harness as this uid, jailed (with --harness-gid; the supervisor must be root)")
 	f.IntVar(&harnessGID, "harness-gid", 0, "the harness's gid (with --harness-uid)")
+	f.StringVar(&harnessHome, "harness-home", "", "the harness's HOME, used when the harness's uid owns it (with --harness-uid; default: the environment's HOME or /etc/passwd's, when the uid owns it)")
 	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

@@ -150,22 +150,41 @@ chmod 1777 /tmp
 	for _, m := range GuestModules {
 		fmt.Fprintf(&b, "insmod /lib/modules/%s.ko || echo 'stasis-guest: insmod %s failed'\n", filepath.Base(m), filepath.Base(m))
 	}
-	// With an image attached (/dev/vda, read-only), its root becomes the
-	// sandbox's: erofs (or ext4) under an overlay whose upper layer is a
-	// tmpfs, with the guest's /proc, /sys and /dev, and stasis's binary
-	// at /stasis read-only. The agent is started inside it (/etc/agent).
-	fmt.Fprintf(&b, `if [ -b /dev/vda ]; then
-  mkdir -p /image /rw %[1]s
-  mount -t erofs -o ro /dev/vda /image 2>/dev/null || mount -t ext4 -o ro,noload /dev/vda /image || echo 'stasis-guest: the image does not mount'
+	// The guest finds its disks by serial (rootSerial, bindSerial), not
+	// by the order they were probed in; the kernel command line says
+	// where each bind disk goes (stasis.bind=I:PATH).
+	b.WriteString(`disk() { for s in /sys/block/vd*; do [ "$(cat $s/serial 2>/dev/null)" = "$1" ] && { echo /dev/${s##*/}; return; }; done; }
+binds=; for w in $(cat /proc/cmdline); do case "$w" in stasis.bind=*) binds="$binds ${w#stasis.bind=}";; esac; done
+root=$(disk ` + rootSerial + `)
+`)
+	// With an image attached (read-only), its root becomes the sandbox's:
+	// erofs (or ext4) under an overlay whose upper layer is a tmpfs, with
+	// the guest's /proc, /sys and /dev, and stasis's binary at /stasis
+	// read-only. The agent is started inside it (/etc/agent). Bind disks
+	// are mounted read-only at their paths, in the image's root or, with
+	// none, in the initramfs (their mount points under /stasis are made
+	// before /stasis turns read-only).
+	fmt.Fprintf(&b, `r=
+if [ -n "$root" ]; then
+  r=%[1]s
+  mkdir -p /image /rw $r
+  mount -t erofs -o ro $root /image 2>/dev/null || mount -t ext4 -o ro,noload $root /image || echo 'stasis-guest: the image does not mount'
   mount -t tmpfs -o mode=0755,size=90%% rw /rw && mkdir -p /rw/upper /rw/work
-  mount -t overlay overlay -o lowerdir=/image,upperdir=/rw/upper,workdir=/rw/work %[1]s || echo 'stasis-guest: no overlay on the image'
-  for d in proc sys dev; do mkdir -p %[1]s/$d && mount --rbind /$d %[1]s/$d; done
-  mkdir -p %[1]s/tmp %[1]s/work %[1]s/stasis %[1]s%[2]s
-  chmod 1777 %[1]s/tmp
-  mount --bind /stasis %[1]s/stasis && mount -o remount,bind,ro %[1]s/stasis
-  chown %[3]d:%[3]d %[1]s/work %[1]s%[2]s && chmod 0755 %[1]s/work && chmod 0700 %[1]s%[2]s
+  mount -t overlay overlay -o lowerdir=/image,upperdir=/rw/upper,workdir=/rw/work $r || echo 'stasis-guest: no overlay on the image'
+  for d in proc sys dev; do mkdir -p $r/$d && mount --rbind /$d $r/$d; done
+  mkdir -p $r/tmp $r/work $r/stasis $r%[2]s
+  chmod 1777 $r/tmp
+fi
+for bd in $binds; do p=${bd#*:}; case "$p" in /stasis/*) mkdir -p "$p";; *) mkdir -p "$r$p";; esac; done
+if [ -n "$r" ]; then
+  mount --bind /stasis $r/stasis && mount -o remount,bind,ro $r/stasis
+  chown %[3]d:%[3]d $r/work $r%[2]s && chmod 0755 $r/work && chmod 0700 $r%[2]s
   touch /run/stasis-image-root
 fi
+for bd in $binds; do
+  n=${bd%%%%:*}; p=${bd#*:}; d=$(disk stasis-bind$n)
+  mount -t erofs -o ro "$d" "$r$p" || echo "stasis-guest: the read-only bind at $p does not mount"
+done
 `, ImageRootDir, AgentHome, sandbox.AgentUID)
 	fmt.Fprintf(&b, `ip link set lo up
 ip link set eth0 up

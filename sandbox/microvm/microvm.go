@@ -57,6 +57,9 @@ const Name = "microvm"
 // KernelEnv names the directory holding the unpacked cloud kernel package.
 const KernelEnv = "STASIS_MICROVM_KERNEL"
 
+// DefaultMemMiB is a guest's memory unless Options.MemMiB says otherwise.
+const DefaultMemMiB = 256
+
 // Options configure the provider.
 type Options struct {
 	// Home is the state directory ($STASIS_HOME).
@@ -74,8 +77,12 @@ type Options struct {
 	// Busybox is a static busybox (default: /bin/busybox, from Debian's
 	// busybox-static).
 	Busybox string
-	// MemMiB is each guest's memory (default 256).
+	// MemMiB is each guest's memory (default DefaultMemMiB).
 	MemMiB int
+	// ReadOnlyBinds: host directory → guest path, each given to every
+	// guest read-only as an erofs disk (BindDisk), built once per
+	// content of the directory into Home/images.
+	ReadOnlyBinds map[string]string
 	// Accel forces kvm or tcg; empty probes once and caches the answer.
 	Accel string
 	// GatewayDir and GatewayServer, when both are set, give every guest a
@@ -227,7 +234,15 @@ func New(_ context.Context, o Options) (*Provider, error) {
 		o.Busybox = "/bin/busybox"
 	}
 	if o.MemMiB == 0 {
-		o.MemMiB = 256
+		o.MemMiB = DefaultMemMiB
+	}
+	for src, dst := range o.ReadOnlyBinds {
+		if err := checkBindPath(dst); err != nil {
+			return nil, err
+		}
+		if !filepath.IsAbs(src) {
+			return nil, fmt.Errorf("read-only bind %s → %s: give the host directory as an absolute path", src, dst)
+		}
 	}
 	if o.BootTimeout == 0 {
 		o.BootTimeout = 90 * time.Second
@@ -531,6 +546,12 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 	}
 	id := hostkeep.NewID("vm-")
 	m := meta{ID: id, Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM(id)}
+	if len(p.o.ReadOnlyBinds) > 0 {
+		var err error
+		if m.VM.Binds, err = bindDisks(ctx, filepath.Join(p.o.Home, "images"), p.o.ReadOnlyBinds); err != nil {
+			return sandbox.Info{}, fmt.Errorf("create: %w", err)
+		}
+	}
 	if spec.Image != "" {
 		im, err := p.images.Resolve(ctx, spec.Image, nil)
 		if errors.Is(err, image.ErrNotFound) {

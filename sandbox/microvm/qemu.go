@@ -52,6 +52,8 @@ type vmConfig struct {
 	// otherwise, and a saved machine's page cache would then read the
 	// wrong ones.
 	DiskID string `json:"disk_id,omitempty"`
+	// Binds are host directories the guest sees read-only (see BindDisk).
+	Binds []BindDisk `json:"binds,omitempty"`
 	// Incoming is the command whose output is the saved state a fork
 	// starts from (QEMU runs it: `stasis microvm state`, streaming it out
 	// of the blob store), or empty.
@@ -73,6 +75,11 @@ func (c vmConfig) cmdline() string {
 	s := "console=ttyS0 quiet panic=-1 tsc=reliable"
 	if c.TSCKHz > 0 {
 		s += " tsc_early_khz=" + strconv.Itoa(c.TSCKHz)
+	}
+	// The boot script mounts bind disk i (serial bindSerial(i)) at its
+	// path; checkBindPath keeps the paths free of blanks.
+	for i, b := range c.Binds {
+		s += fmt.Sprintf(" stasis.bind=%d:%s", i, b.Path)
 	}
 	return s
 }
@@ -136,7 +143,12 @@ func (c vmConfig) args(dir string) []string {
 	}
 	if c.Disk != "" {
 		a = append(a, "-drive", "file="+c.Disk+",format=raw,if=none,id=root,readonly=on,cache=none,aio=threads",
-			"-device", "virtio-blk-device,drive=root")
+			"-device", "virtio-blk-device,drive=root,serial="+rootSerial)
+	}
+	for i, b := range c.Binds {
+		id := fmt.Sprintf("bind%d", i)
+		a = append(a, "-drive", "file="+b.Disk+",format=raw,if=none,id="+id+",readonly=on,cache=none,aio=threads",
+			"-device", "virtio-blk-device,drive="+id+",serial="+bindSerial(i))
 	}
 	if len(c.Incoming) > 0 {
 		q := make([]string, len(c.Incoming))

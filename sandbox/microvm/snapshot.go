@@ -336,6 +336,9 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 			return nil, sandbox.Errorf(sandbox.ErrWrongState, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", s.VM.Disk, s.VM.Image)
 		}
 	}
+	if err := checkBindDisks(s.VM.Binds); err != nil {
+		return nil, sandbox.Errorf(sandbox.ErrWrongState, "fork", "snapshot "+snap, "%v; the saved machine needs that very file, so this snapshot cannot be forked", err)
+	}
 	// Each fork's QEMU streams the state out of the blob store (no file
 	// is written); the shared lock keeps a garbage collection from taking
 	// its chunks meanwhile.

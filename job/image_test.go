@@ -55,16 +55,17 @@ func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	rep, err := job.Run(ctx, job.Options{
-		Tasks: "builtin", N: 4, Harness: "mini", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
+		Tasks: "builtin", N: 4, Harness: "mixed", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
 		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GuestBinary: stasistest.StaticBinary(t), TokenDelay: 3 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	langs := map[string]bool{}
+	langs, harnesses := map[string]bool{}, map[string]bool{}
 	var why []string
 	for _, e := range rep.Episodes {
-		why = append(why, e.ID+" "+e.Task+": "+e.Verdict+" "+e.Reason+" ("+e.Resume+")")
+		why = append(why, e.ID+" "+e.Task+" "+e.Harness+": "+e.Verdict+" "+e.Reason+" ("+e.Resume+")")
+		harnesses[e.Harness] = true
 		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "microvm" {
 			t.Errorf("episode %+v", e)
 		}
@@ -75,6 +76,9 @@ func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 	}
 	if len(rep.Episodes) != 4 || rep.Resolved != 4 || rep.Restore == nil {
 		t.Fatalf("resolved %d of %d:\n%s", rep.Resolved, len(rep.Episodes), strings.Join(why, "\n"))
+	}
+	if !harnesses["opencode"] || !harnesses["mini"] {
+		t.Errorf("harnesses %v: want OpenCode and mini both in guests", harnesses)
 	}
 	if len(langs) < 2 {
 		t.Errorf("only %v tasks ran: the image should run more than shell tasks", langs)

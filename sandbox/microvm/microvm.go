@@ -57,8 +57,11 @@ const Name = "microvm"
 // KernelEnv names the directory holding the unpacked cloud kernel package.
 const KernelEnv = "STASIS_MICROVM_KERNEL"
 
-// DefaultMemMiB is a guest's memory unless Options.MemMiB says otherwise.
-const DefaultMemMiB = 256
+// DefaultMemMiB is a guest's memory unless Options.MemMiB says otherwise:
+// room for OpenCode, whose guest took about 650 MiB at its peak
+// (BENCHMARKS.md, "OpenCode in a guest"). A guest's untouched memory costs
+// the host nothing and its snapshot a flag per page.
+const DefaultMemMiB = 1024
 
 // Options configure the provider.
 type Options struct {

@@ -471,7 +471,8 @@ func TestSnapshotOfAVMKilledMidSave(t *testing.T) {
 // again, is refused with the reason, and no sandbox is left.
 func TestForkNeedsTheSameBlockImage(t *testing.T) {
 	p := newProvider(t, microvm.Options{MemMiB: 256})
-	info, err := p.Create(ctx, sandbox.Spec{Image: stasistest.TestImage(t), Expiry: time.Now().Add(5 * time.Minute)})
+	// The small image: what matters is the block file, not what is in it.
+	info, err := p.Create(ctx, sandbox.Spec{Image: stasistest.BusyboxImage(t), Expiry: time.Now().Add(5 * time.Minute)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,5 +509,75 @@ func TestForkNeedsTheSameBlockImage(t *testing.T) {
 	l, _ := p.List(ctx, nil)
 	if len(l) != 1 {
 		t.Errorf("sandboxes after the refused forks: %v", l)
+	}
+}
+
+// TestReadOnlyBinds: a host directory given to the guests (as OpenCode's
+// npm prefix is) is there, read-only even to stasis's own user, in a guest
+// on the initramfs and in one on an image, and in a fork; a fork whose
+// saved machine's bind disk is gone is refused; paths the guest owns are
+// refused at construction.
+func TestReadOnlyBinds(t *testing.T) {
+	for _, bad := range []string{"relative", "/", "/work/x", "/stasis/bin", "/tmp", "/a b", "/x/../y"} {
+		o := microvm.Options{Home: t.TempDir(), Exe: stasistest.Exe(), GuestBinary: stasistest.StaticBinary(t), ReadOnlyBinds: map[string]string{t.TempDir(): bad}}
+		if _, err := microvm.New(ctx, o); err == nil || !strings.Contains(err.Error(), "read-only bind") {
+			t.Errorf("a bind at %q: %v", bad, err)
+		}
+	}
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "sub", "hello"), []byte("bound\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	p := newProvider(t, microvm.Options{Home: home, ReadOnlyBinds: map[string]string{src: "/opt/tools"}})
+	check := func(id string) {
+		t.Helper()
+		if got := sh(t, p, id, "cat /opt/tools/sub/hello"); got != "bound\n" {
+			t.Errorf("%s: the bound file reads %q", id, got)
+		}
+		var errb bytes.Buffer
+		res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo x > /opt/tools/sub/hello"}, User: sandbox.UserControl, Stderr: &errb, Timeout: time.Minute})
+		if err != nil || res.ExitCode == 0 {
+			t.Errorf("%s: stasis's user wrote into the bind: %+v %v", id, res, err)
+		}
+	}
+	expiry := time.Now().Add(5 * time.Minute)
+	bare, err := p.Create(ctx, sandbox.Spec{Expiry: expiry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(ctx, bare.ID)
+	check(bare.ID)
+	onImage, err := p.Create(ctx, sandbox.Spec{Image: stasistest.BusyboxImage(t), Expiry: expiry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(ctx, onImage.ID)
+	check(onImage.ID)
+	snap, err := p.Snapshot(ctx, onImage.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.DeleteSnapshot(ctx, snap.ID)
+	forks, err := p.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{Expiry: expiry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(forks[0].ID)
+	if err := p.Delete(ctx, forks[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	disks, _ := filepath.Glob(filepath.Join(home, "images", "bind-*.erofs"))
+	if len(disks) != 1 {
+		t.Fatalf("bind disks %v: want one, shared by every guest", disks)
+	}
+	if err := os.Remove(disks[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{Expiry: expiry}); !errors.Is(err, sandbox.ErrWrongState) || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("fork without its bind disk: %v", err)
 	}
 }

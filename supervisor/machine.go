@@ -21,6 +21,12 @@ type Process interface {
 	StopTree(timeout time.Duration) (confirmed bool, note string, err error)
 	// ContTree sends SIGCONT to every process StopTree stopped.
 	ContTree() error
+	// FreezeTree freezes the harness's control group (cgroup v2) and waits
+	// up to timeout for the kernel to confirm it frozen; like StopTree it
+	// returns false and a note when it was not confirmed in time.
+	FreezeTree(timeout time.Duration) (confirmed bool, note string, err error)
+	// ThawTree undoes FreezeTree.
+	ThawTree() error
 	// Terminate asks the harness to end (SIGTERM to its process group).
 	Terminate() error
 	// KillTree kills every process below the supervisor and waits until all
@@ -72,7 +78,7 @@ type stateName int
 const (
 	stRunning           stateName = iota
 	stPausedStop                  // whole tree stopped by SIGSTOP
-	stPausedHold                  // acknowledged, no signal sent
+	stPausedHold                  // acknowledged, no signal sent (frozen in hold+freeze)
 	stPausedUnconfirmed           // tree did not stop in time and was killed
 	stStopping                    // SIGTERM sent (deadline or stop), waiting for exit
 	stExited
@@ -135,6 +141,7 @@ type Machine struct {
 	killAt     time.Time // end of the grace period while stopping
 	killed     bool
 	leftover   []int // processes that survived the kill of an unconfirmed pause
+	frozen     bool  // the harness's control group is frozen (hold+freeze)
 	receipt    *Receipt
 }
 
@@ -231,9 +238,19 @@ func (m *Machine) Pause(seq int64) (*Ack, bool, error) {
 
 	confirmed, note := true, ""
 	next := stPausedHold
-	if m.cfg.Mode == ModeStop {
-		next = stPausedStop
-		ok, n, err := m.p.StopTree(m.cfg.StopConfirmTimeout)
+	if m.cfg.Mode == ModeStop || m.cfg.Mode == ModeHoldFreeze {
+		var ok bool
+		var n string
+		var err error
+		if m.cfg.Mode == ModeStop {
+			next = stPausedStop
+			ok, n, err = m.p.StopTree(m.cfg.StopConfirmTimeout)
+		} else {
+			// A process in uninterruptible sleep delays a freeze as it
+			// delays a stop: the same bound, the same outcome.
+			ok, n, err = m.p.FreezeTree(m.cfg.StopConfirmTimeout)
+			m.frozen = true
+		}
 		if err != nil {
 			ok, n = false, err.Error()
 		}
@@ -250,6 +267,14 @@ func (m *Machine) Pause(seq int64) (*Ack, bool, error) {
 			default:
 				note += "; the harness tree was killed and will be relaunched on continue"
 			}
+			if m.frozen {
+				// The relaunch must not start in a frozen group.
+				if err := m.p.ThawTree(); err != nil {
+					note += "; thawing its control group failed: " + err.Error()
+				} else {
+					m.frozen = false
+				}
+			}
 			m.harnessPID = 0
 		}
 	}
@@ -257,6 +282,7 @@ func (m *Machine) Pause(seq int64) (*Ack, bool, error) {
 	m.lastPause = seq
 	m.contAck = nil
 	a := m.ack(OpPause, seq, confirmed)
+	a.Frozen = m.frozen && next == stPausedHold
 	if held != nil {
 		a.RelayDelivered, a.RelayPosition = &held.Delivered, &held.Position
 	}
@@ -285,6 +311,12 @@ func (m *Machine) Continue(seq int64) (*Ack, bool, error) {
 	switch m.state {
 	case stPausedStop:
 		err = m.p.ContTree()
+	case stPausedHold:
+		if m.frozen {
+			if err = m.p.ThawTree(); err == nil {
+				m.frozen = false
+			}
+		}
 	case stPausedUnconfirmed:
 		argv := m.cfg.ResumeArgv
 		if len(argv) == 0 {
@@ -339,6 +371,7 @@ func (m *Machine) Status() Status {
 		HarnessPID: m.harnessPID,
 		Relaunches: m.relaunches,
 		Receipt:    m.receipt,
+		Frozen:     m.frozen,
 	}
 	if m.pauseAck != nil && m.state.public() == "paused" {
 		c := m.pauseAck.Confirmed
@@ -406,6 +439,12 @@ func (m *Machine) beginStop(reason string) {
 	if wasPaused {
 		// The SIGTERM is pending on a stopped tree; let it be delivered.
 		_ = m.p.ContTree()
+	}
+	if m.frozen {
+		// Likewise on a frozen one.
+		if m.p.ThawTree() == nil {
+			m.frozen = false
+		}
 	}
 	if m.gate != nil {
 		_ = m.gate.Release()

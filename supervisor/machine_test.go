@@ -43,6 +43,14 @@ func (f *fakeProc) StopTree(time.Duration) (bool, string, error) {
 	}
 	return false, "pid 7 (x) in state D", nil
 }
+func (f *fakeProc) FreezeTree(time.Duration) (bool, string, error) {
+	f.calls = append(f.calls, "freeze")
+	if f.stopOK {
+		return true, "", nil
+	}
+	return false, "processes 7", nil
+}
+func (f *fakeProc) ThawTree() error  { f.calls = append(f.calls, "thaw"); return nil }
 func (f *fakeProc) ContTree() error  { f.calls = append(f.calls, "cont"); return nil }
 func (f *fakeProc) Terminate() error { f.calls = append(f.calls, "term"); return nil }
 func (f *fakeProc) KillTree() ([]int, error) {
@@ -323,4 +331,48 @@ func TestLaunchFailure(t *testing.T) {
 	if !m.Exited() || m.Receipt().ReturnCode != nil || !strings.Contains(m.Receipt().Error, "not found") {
 		t.Fatalf("%+v", m.Receipt())
 	}
+}
+
+// TestHoldFreeze: a hold+freeze pause freezes the tree and says frozen;
+// the continue thaws it; a stop while frozen thaws so that SIGTERM lands;
+// a freeze not confirmed in time kills the tree, thaws the empty group
+// (the relaunch must not start frozen) and relaunches at the continue.
+func TestHoldFreeze(t *testing.T) {
+	m, p, _ := newTestMachine(t, Config{Mode: ModeHoldFreeze})
+	a, _, err := m.Pause(1)
+	if err != nil || !a.Confirmed || !a.Frozen || a.Mode != ModeHoldFreeze {
+		t.Fatalf("pause: %+v %v", a, err)
+	}
+	p.expect(t, "freeze")
+	if s := m.Status(); !s.Frozen || s.State != "paused" {
+		t.Fatalf("status while frozen: %+v", s)
+	}
+	c, _, err := m.Continue(1)
+	if err != nil || !c.Confirmed || *c.Relaunched || c.Frozen {
+		t.Fatalf("continue: %+v %v", c, err)
+	}
+	p.expect(t, "thaw")
+	if m.Status().Frozen {
+		t.Fatal("frozen after the continue")
+	}
+
+	if _, _, err := m.Pause(2); err != nil {
+		t.Fatal(err)
+	}
+	p.expect(t, "freeze")
+	m.Stop()
+	p.expect(t, "term,thaw")
+
+	m, p, _ = newTestMachine(t, Config{Mode: ModeHoldFreeze, ResumeArgv: []string{"resume"}})
+	p.stopOK = false
+	a, _, err = m.Pause(1)
+	if err != nil || a.Confirmed || a.Frozen || !strings.Contains(a.Note, "processes 7") || !strings.Contains(a.Note, "relaunched") {
+		t.Fatalf("unconfirmed freeze: %+v %v", a, err)
+	}
+	p.expect(t, "freeze,kill,thaw")
+	c, _, err = m.Continue(1)
+	if err != nil || !*c.Relaunched {
+		t.Fatalf("continue after an unconfirmed freeze: %+v %v", c, err)
+	}
+	p.expect(t, "launch resume")
 }

@@ -39,6 +39,7 @@ type procLayer struct {
 	timeout time.Duration // bound on KillTree
 	exits   chan exitEvent
 	harness *HarnessUser // the harness's user, nil for the supervisor's own
+	freezer *freezer     // the harness's control group (hold+freeze), or nil
 
 	mu         sync.Mutex
 	shimPID    int
@@ -126,12 +127,18 @@ func (p *procLayer) Launch(gen int, argv []string) (int, error) {
 		// take the shim down with it, or the lifeline cleanup could not run.
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
+	if p.harness != nil || p.freezer != nil {
+		cmd.Env = os.Environ()
+	}
 	if p.harness != nil {
 		u := fmt.Sprintf("%s=%d:%d", ShimHarnessEnv, p.harness.UID, p.harness.GID)
 		if p.harness.Home != "" {
 			u += ":" + p.harness.Home
 		}
-		cmd.Env = append(os.Environ(), u)
+		cmd.Env = append(cmd.Env, u)
+	}
+	if p.freezer != nil {
+		cmd.Env = append(cmd.Env, ShimCgroupEnv+"="+p.freezer.dir)
 	}
 	err = cmd.Start()
 	lifeR.Close()
@@ -392,4 +399,20 @@ func nap(d time.Duration) {
 	}
 	ts := unix.NsecToTimespec(d.Nanoseconds())
 	_ = unix.Nanosleep(&ts, nil)
+}
+
+// FreezeTree freezes the harness's control group (hold+freeze).
+func (p *procLayer) FreezeTree(timeout time.Duration) (bool, string, error) {
+	if p.freezer == nil {
+		return false, "", errors.New("no control group to freeze: the supervisor was not started in hold+freeze mode")
+	}
+	return p.freezer.Freeze(timeout)
+}
+
+// ThawTree thaws the harness's control group.
+func (p *procLayer) ThawTree() error {
+	if p.freezer == nil {
+		return nil
+	}
+	return p.freezer.Thaw()
 }

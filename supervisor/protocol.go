@@ -20,16 +20,26 @@ const (
 	// relay holds the harness's model calls. It needs a snapshot that is
 	// atomic over processes.
 	ModeHold Mode = "hold"
+	// ModeHoldFreeze holds as ModeHold does and also freezes the harness
+	// tree with the cgroup v2 freezer: unlike SIGSTOP the processes cannot
+	// see it, and a snapshot keeps no stopped state. It needs a writable
+	// cgroup v2 file system (the microVM guest has one).
+	ModeHoldFreeze Mode = "hold+freeze"
 )
 
-// ParseMode accepts "stop" or "hold".
+// ParseMode accepts "stop", "hold" or "hold+freeze".
 func ParseMode(s string) (Mode, error) {
 	switch Mode(s) {
-	case ModeStop, ModeHold:
+	case ModeStop, ModeHold, ModeHoldFreeze:
 		return Mode(s), nil
 	}
-	return "", fmt.Errorf("unknown pause mode %q: use stop or hold", s)
+	return "", fmt.Errorf("unknown pause mode %q: use stop, hold or hold+freeze", s)
 }
+
+// Holds says whether a pause in this mode holds the harness's model calls
+// rather than stopping it (hold and hold+freeze): the harness keeps its
+// state in memory, and only a snapshot that keeps processes keeps it.
+func (m Mode) Holds() bool { return m == ModeHold || m == ModeHoldFreeze }
 
 // Operations of the control protocol.
 const (
@@ -117,6 +127,9 @@ type Ack struct {
 	Wall      float64       `json:"wall"`   // unix seconds when the acknowledgement was written
 	Uptime    float64       `json:"uptime"` // seconds since boot, from /proc/uptime
 	Confirmed bool          `json:"confirmed"`
+	// Frozen is set on a hold+freeze pause's acknowledgement when the
+	// freezer confirmed the whole harness tree frozen.
+	Frozen bool `json:"frozen,omitempty"`
 	// Relaunched is set on continue acknowledgements only: true when the
 	// continue started the harness again because its pause was not confirmed.
 	Relaunched *bool `json:"relaunched,omitempty"`
@@ -146,7 +159,8 @@ type Status struct {
 	Identity     proc.Identity `json:"identity"`
 	HarnessPID   int           `json:"harness_pid"`
 	Relaunches   int           `json:"relaunches"`
-	DeadlineLeft *float64      `json:"deadline_left_s"` // null when there is no deadline
+	Frozen       bool          `json:"frozen,omitempty"` // the harness's control group is frozen
+	DeadlineLeft *float64      `json:"deadline_left_s"`  // null when there is no deadline
 	PausedTotal  float64       `json:"paused_total_s"`
 	Receipt      *Receipt      `json:"receipt,omitempty"`
 }

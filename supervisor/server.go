@@ -61,6 +61,9 @@ type Options struct {
 	// HarnessUser), and Run refuses to start unless the session directory,
 	// its control socket and every file of Closed are closed to it.
 	Harness *HarnessUser
+	// CgroupRoot is the cgroup v2 file system hold+freeze makes the
+	// harness's control group in (default CgroupRoot).
+	CgroupRoot string
 	// Closed are the other files the harness must not reach: the relay's
 	// token file and its upstream socket. Checked only with Harness.
 	Closed []ClosedFile
@@ -139,6 +142,20 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 	pl, err := newProcLayer(o.Harness)
 	if err != nil {
 		return nil, err
+	}
+	if o.Config.Mode == ModeHoldFreeze {
+		root := o.CgroupRoot
+		if root == "" {
+			root = CgroupRoot
+		}
+		if pl.freezer, err = newFreezer(root); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := pl.freezer.Remove(); err != nil {
+				log.Warn("the harness's control group stays", "err", err)
+			}
+		}()
 	}
 	ln, err := listenUnix(filepath.Join(dir, SocketFile))
 	if err != nil {
@@ -447,7 +464,7 @@ func (s *server) do(req Request) Response {
 		// reply. A stop pause's is durable before the reply, as a
 		// file-only snapshot or a crash of the machine needs.
 		write := atomicfile.WriteJSON
-		if ack.Mode == ModeHold {
+		if ack.Mode.Holds() {
 			write = atomicfile.ReplaceJSON
 		}
 		if err := write(path, ack, 0o644); err != nil {

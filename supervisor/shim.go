@@ -73,7 +73,18 @@ func RunShim(argv []string) int {
 		say("error %v", err)
 		return 2
 	}
+	env, cgroup := takeEnv(env, ShimCgroupEnv)
 	cmd.Env = env
+	if cgroup != "" {
+		// Born inside the harness's control group (clone3
+		// CLONE_INTO_CGROUP), so that a freeze reaches all of it.
+		fd, err := unix.Open(cgroup, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			say("error open the harness's control group %s: %v", cgroup, err)
+			return 1
+		}
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	}
 	if hu != nil {
 		// Capabilities are per thread, and the harness is forked from
 		// this one: it stays locked for the shim's life.
@@ -166,6 +177,20 @@ func shimHarnessUser(env []string) ([]string, *HarnessUser, error) {
 		return nil, nil, err
 	}
 	return out, &u, nil
+}
+
+// takeEnv takes key out of env and returns its value ("" when unset).
+func takeEnv(env []string, key string) ([]string, string) {
+	out := env[:0:0]
+	val := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			val = v
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out, val
 }
 
 // jail prepares cmd to start as u with no capability, no_new_privs and the

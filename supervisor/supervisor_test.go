@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -827,5 +828,98 @@ func TestStopPauseCatchesVforkChildren(t *testing.T) {
 			t.Fatalf("pause %d not confirmed: %s", i, a.Note)
 		}
 		h.ok(supervisor.OpContinue, i)
+	}
+}
+
+// cgroup2Mount is where a cgroup v2 file system is mounted here ("" when
+// none is).
+func cgroup2Mount(t *testing.T) string {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && f[2] == "cgroup2" {
+			return f[1]
+		}
+	}
+	return ""
+}
+
+// TestHoldFreezeFreezesWholeTree: in hold+freeze mode the whole harness
+// tree (a setsid child too) is in the harness's control group from its
+// start, a pause freezes it (the kernel says frozen, and no process shows
+// a stop: the freeze is invisible), the acknowledgement says frozen, the
+// continue thaws it, and the group is gone once the supervisor is.
+func TestHoldFreezeFreezesWholeTree(t *testing.T) {
+	t.Parallel()
+	root := cgroup2Mount(t)
+	if root == "" {
+		t.Skip("no cgroup v2 file system on this machine: hold+freeze cannot run here")
+	}
+	out := t.TempDir()
+	h := start(t, []string{"--mode", "hold", "--freeze", "--cgroup-root", root}, treeScript, out)
+	growing(t, out)
+	own, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", h.c.Cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rel string
+	for _, line := range strings.Split(string(own), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			rel = p
+		}
+	}
+	group := filepath.Join(root, rel, fmt.Sprintf("stasis-harness-%d", h.c.Cmd.Process.Pid))
+	events := func() string {
+		b, _ := os.ReadFile(filepath.Join(group, "cgroup.events"))
+		return string(b)
+	}
+	a := h.ok(supervisor.OpPause, 1).Ack
+	if !a.Confirmed || !a.Frozen || a.Mode != supervisor.ModeHoldFreeze {
+		t.Fatalf("ack %+v", a)
+	}
+	if !strings.Contains(events(), "frozen 1") {
+		t.Fatalf("cgroup.events after the pause: %q", events())
+	}
+	procs, err := os.ReadFile(filepath.Join(group, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := map[string]bool{}
+	for _, p := range strings.Fields(string(procs)) {
+		in[p] = true
+	}
+	tree := harnessTree(t, h)
+	if len(tree) < 4 {
+		t.Fatalf("harness tree %+v: want the script and its children", tree)
+	}
+	for _, s := range tree {
+		if !in[strconv.Itoa(s.PID)] {
+			t.Errorf("pid %d (%s) is outside the harness's control group", s.PID, s.Comm)
+		}
+		if states, err := proc.TaskStates(s.PID); err == nil && strings.ContainsAny(string(states), "Tt") {
+			t.Errorf("pid %d (%s) shows a stop during a freeze", s.PID, s.Comm)
+		}
+	}
+	if st := h.status(); st.State != "paused" || !st.Frozen {
+		t.Fatalf("status %+v", st)
+	}
+	c := h.ok(supervisor.OpContinue, 1).Ack
+	if !c.Confirmed || c.Frozen || *c.Relaunched {
+		t.Fatalf("continue %+v", c)
+	}
+	if !strings.Contains(events(), "frozen 0") {
+		t.Fatalf("cgroup.events after the continue: %q", events())
+	}
+	growing(t, out)
+	// A stop during a freeze still ends the tree.
+	h.ok(supervisor.OpPause, 2)
+	if _, err := h.c.Stop(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(group); !os.IsNotExist(err) {
+		t.Errorf("the harness's control group outlived the supervisor: %v", err)
 	}
 }

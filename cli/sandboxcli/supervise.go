@@ -20,7 +20,8 @@ import (
 func newSuperviseCmd() *cobra.Command {
 	var (
 		dir, mode, resume, logFormat, logLevel string
-		harnessHome                            string
+		harnessHome, cgroupRoot                string
+		freeze                                 bool
 		relayListen, relayUpstream, relayToken string
 		relayHeartbeat                         time.Duration
 		deadline, confirm, grace               time.Duration
@@ -28,7 +29,7 @@ func newSuperviseCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "supervise --dir DIR [flags] -- HARNESS [ARGS...]",
-		Short: "Run a harness inside a sandbox, pausable from the host (stop or hold mode)",
+		Short: "Run a harness inside a sandbox, pausable from the host (stop, hold or hold+freeze mode)",
 		Long: `supervise runs HARNESS under a supervisor that the host pauses and continues
 at checkpoints through "stasis ctl".
 
@@ -45,7 +46,14 @@ Pause modes:
         is not confirmed, the tree is killed, and the continue relaunches the
         harness with --resume-cmd.
   hold  acknowledged at once, no signal; the relay holds model calls.
-In both modes paused time does not count against --deadline.
+  hold+freeze (or --mode hold --freeze)
+        as hold, and the harness tree, started in a control group of its
+        own, is frozen with the cgroup v2 freezer (cgroup.freeze) until the
+        continue; the acknowledgement says frozen once cgroup.events does.
+        Invisible to the processes, and a snapshot keeps no stopped state.
+        A tree not frozen within --stop-confirm-timeout is handled as an
+        unconfirmed stop. Needs a writable cgroup v2 at /sys/fs/cgroup.
+In every mode paused time does not count against --deadline.
 
 With --relay-listen, --relay-upstream and --relay-token-file the supervisor
 also hosts the model relay the harness calls: a pause (in either mode)
@@ -67,7 +75,7 @@ With --harness-uid and --harness-gid the harness runs as that user, not as
 the supervisor's: with no capabilities, no_new_privs, no supplementary
 groups, and a seccomp filter that fails ptrace, process_vm_readv/writev,
 pidfd_getfd and kcmp with EPERM; HOME is kept if that user owns it, else
-taken from /etc/passwd. The supervisor then refuses to start unless DIR, its
+taken from --harness-home or /etc/passwd. The supervisor then refuses to start unless DIR, its
 acks/, the control socket, the token file and a unix upstream socket are
 closed to that user (it can neither reach them nor replace them). The
 supervisor runs as root (or with CAP_KILL, CAP_SETUID and CAP_SETGID) to
@@ -88,6 +96,12 @@ the deadline ended it, 1 when the supervisor failed.`,
 			}
 			if dir == "" {
 				return &exitError{code: 2, err: fmt.Errorf("--dir is required: the session directory for the socket, acknowledgements and receipt")}
+			}
+			if freeze {
+				if mode != string(supervisor.ModeHold) {
+					return &exitError{code: 2, err: fmt.Errorf("--freeze goes with --mode hold (it freezes the held harness's control group)")}
+				}
+				mode = string(supervisor.ModeHoldFreeze)
 			}
 			m, err := supervisor.ParseMode(mode)
 			if err != nil {
@@ -164,7 +178,7 @@ the deadline ended it, 1 when the supervisor failed.`,
 			}
 			rc, err := supervisor.Run(ctx, supervisor.Options{
 				Gate: gate,
-				Dir:  dir,
+				Dir:  dir, CgroupRoot: cgroupRoot,
 				Config: supervisor.Config{
 					Argv: args, ResumeArgv: resumeArgv, Mode: m,
 					Deadline: deadline, Grace: grace, StopConfirmTimeout: confirm,
@@ -194,7 +208,9 @@ the deadline ended it, 1 when the supervisor failed.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", "session directory (created if missing)")
-	f.StringVar(&mode, "mode", "stop", "pause mode: stop or hold")
+	f.StringVar(&mode, "mode", "stop", "pause mode: stop, hold or hold+freeze")
+	f.StringVar(&cgroupRoot, "cgroup-root", supervisor.CgroupRoot, "hold+freeze: where the cgroup v2 file system is mounted")
+	f.BoolVar(&freeze, "freeze", false, "with --mode hold: also freeze the harness's control group during a pause (cgroup v2 freezer; the same as --mode hold+freeze)")
 	f.DurationVar(&deadline, "deadline", 0, "run budget of the harness, paused time excluded (0: none)")
 	f.DurationVar(&confirm, "stop-confirm-timeout", 5*time.Second, "how long a stop pause waits for every process to show stopped")
 	f.DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the harness is ended")

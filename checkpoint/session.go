@@ -116,8 +116,11 @@ func NewSession(ctx context.Context, o SessionOptions) (*Session, error) {
 	if _, err := supervisor.ParseMode(string(o.PauseMode)); err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}
-	if o.PauseMode == supervisor.ModeHold && !o.Provider.Capabilities().KeepsProcesses {
+	if o.PauseMode.Holds() && !o.Provider.Capabilities().KeepsProcesses {
 		return nil, fmt.Errorf("session %s: %w: the %s provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop", o.Episode, ErrHoldNeedsProcesses, o.Provider.Name())
+	}
+	if o.PauseMode == supervisor.ModeHoldFreeze && !o.Provider.Capabilities().Freeze {
+		return nil, fmt.Errorf("session %s: pause mode hold+freeze: %s", o.Episode, sandbox.NoFreezeReason(o.Provider.Name()))
 	}
 	if len(o.Harness) == 0 {
 		return nil, fmt.Errorf("session %s: no harness command", o.Episode)
@@ -556,6 +559,7 @@ type State struct {
 	HarnessSession string          `json:"harness_session,omitempty"`
 	Attempt        int             `json:"attempt"`
 	DeadlineLeftS  *float64        `json:"deadline_left_s,omitempty"`
+	PauseFrozen    bool            `json:"pause_frozen,omitempty"`
 }
 
 // LedgerCut is where an in-place restore cuts the episode's ledger: the
@@ -584,7 +588,7 @@ func (s *Session) CheckpointState(ctx context.Context) (State, error) {
 	a := s.lastAck
 	st := State{
 		Episode: s.o.Episode, Provider: s.p.Name(), Sandbox: s.id, KeepsProcesses: s.p.Capabilities().KeepsProcesses,
-		Dir: s.o.Dir, PauseSeq: a.Seq, PauseMode: a.Mode, PauseConfirmed: a.Confirmed, Identity: a.Identity,
+		Dir: s.o.Dir, PauseSeq: a.Seq, PauseMode: a.Mode, PauseConfirmed: a.Confirmed, PauseFrozen: a.Frozen, Identity: a.Identity,
 		PauseWall: a.Wall, PauseUptime: a.Uptime, RelayDelivered: a.RelayDelivered, RelayPosition: a.RelayPosition,
 		HarnessSession: s.o.HarnessSession, Attempt: s.o.Attempt, DeadlineLeftS: a.DeadlineLeft,
 	}

@@ -591,7 +591,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 	rec = store.Record{
 		Schema: store.RecordSchema, Episode: eid, Provider: s.Provider, Sandbox: s.Descriptor,
 		SnapshotID: snap.ID, KeepsProcesses: s.KeepsProcesses, PauseSeq: s.PauseSeq, PauseMode: string(s.PauseMode),
-		PauseConfirmed: s.PauseConfirmed, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
+		PauseConfirmed: s.PauseConfirmed, PauseFrozen: s.PauseFrozen, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
 		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
 		Image: s.Image, ImageRef: row.Image,
 	}

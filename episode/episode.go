@@ -262,9 +262,9 @@ func (spec *Spec) check() error {
 		spec.Expiry = time.Now().Add(2*spec.budget() + 10*time.Minute)
 	}
 	switch spec.PauseMode {
-	case "", supervisor.ModeStop, supervisor.ModeHold:
+	case "", supervisor.ModeStop, supervisor.ModeHold, supervisor.ModeHoldFreeze:
 	default:
-		return fmt.Errorf("episode %s: pause mode %q: use stop or hold", spec.ID, spec.PauseMode)
+		return fmt.Errorf("episode %s: pause mode %q: use stop, hold or hold+freeze", spec.ID, spec.PauseMode)
 	}
 	return nil
 }

@@ -2,8 +2,10 @@ package episode_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,54 +167,94 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 	}
 }
 
-// A stop pause on a provider whose snapshots keep processes: the memory
-// snapshot holds a stopped tree (every process in T), and the restore
-// resumes it in place; continue N wakes it with SIGCONT, the relay
-// re-issues the call it had not delivered, and the episode finishes with
-// reward 1 without a relaunch.
-func TestMicroVMStopPauseResumesInPlace(t *testing.T) {
+// Each pause mode on a provider whose snapshots keep processes: stop (the
+// memory snapshot holds a stopped tree, woken by SIGCONT), hold (nothing
+// signalled), hold+freeze (the tree frozen by the guest's cgroup v2
+// freezer, thawed by the continue after the restore). Each restore resumes
+// in place: the relay re-issues the call it had not delivered, and the
+// episode finishes with reward 1 without a relaunch. The pause and
+// continue acknowledgements carry the mode, the supervisor's identity, and
+// the guest's wall clock and uptime.
+func TestMicroVMPauseModesResumeInPlace(t *testing.T) {
 	r, mp := newMicroVMRig(t)
 	tk, err := task.Lookup(r.tasks, "sh-renext-spaces")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	id := "vm-stop"
-	g := r.gate(id, 3)
-	defer g.Open()
-	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini"), PauseMode: supervisor.ModeStop}
-	e, crash := r.startToGate(t, ctx, spec, g)
-	snap, err := e.PauseAndSnapshot(ctx, 1, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mp.DeleteSnapshot(context.Background(), snap.ID)
-	st := snap.State
-	if st.PauseMode != supervisor.ModeStop || !st.PauseConfirmed || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != 2 {
-		t.Fatalf("pause state: %+v", st)
-	}
-	crash()
-	forks, err := mp.Fork(ctx, snap.ID, 1, episode.ForkSpec(spec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e2, err := episode.ResumeInPlace(ctx, r.env, spec, forks[0].ID, st)
-	if err != nil {
-		_ = mp.Delete(context.Background(), forks[0].ID)
-		t.Fatal(err)
-	}
-	defer e2.Close(context.Background())
-	if v := r.finish(t, ctx, e2); v.Reward != 1 {
-		t.Fatalf("reward %d: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
-	}
-	hist, err := ledger.Read(r.gw.LedgerDir(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, en := range hist.Entries {
-		if en.Boundary {
-			t.Fatalf("entry %d marks a relaunch boundary, but the episode resumed in place", i+1)
-		}
+	for _, mode := range []supervisor.Mode{supervisor.ModeStop, supervisor.ModeHold, supervisor.ModeHoldFreeze} {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			id := "vm-" + strings.ReplaceAll(string(mode), "+", "-")
+			g := r.gate(id, 3)
+			defer g.Open()
+			spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini"), PauseMode: mode}
+			e, crash := r.startToGate(t, ctx, spec, g)
+			before := time.Now()
+			snap, err := e.PauseAndSnapshot(ctx, 1, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mp.DeleteSnapshot(context.Background(), snap.ID)
+			st := snap.State
+			if st.PauseMode != mode || !st.PauseConfirmed || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != 2 {
+				t.Fatalf("pause state: %+v", st)
+			}
+			if st.PauseFrozen != (mode == supervisor.ModeHoldFreeze) {
+				t.Fatalf("pause state frozen %v in mode %s", st.PauseFrozen, mode)
+			}
+			checkAck := func(a supervisor.Ack, op string) {
+				t.Helper()
+				wall := time.Unix(0, int64(a.Wall*1e9))
+				if a.Op != op || a.Seq != 1 || a.Mode != mode || a.Identity != st.Identity || a.Identity.PID <= 0 || a.Identity.StartTime == 0 ||
+					a.Uptime <= 0 || wall.Before(before.Add(-5*time.Second)) || wall.After(time.Now().Add(5*time.Second)) || !a.Confirmed {
+					t.Errorf("%s acknowledgement %+v (identity at the pause %v, host time %s)", op, a, st.Identity, before.Format(time.RFC3339Nano))
+				}
+			}
+			crash()
+			forks, err := mp.Fork(ctx, snap.ID, 1, episode.ForkSpec(spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e2, err := episode.ResumeInPlace(ctx, r.env, spec, forks[0].ID, st)
+			if err != nil {
+				_ = mp.Delete(context.Background(), forks[0].ID)
+				t.Fatal(err)
+			}
+			defer e2.Close(context.Background())
+			var pa, ca supervisor.Ack
+			for name, into := range map[string]*supervisor.Ack{"1.pause.json": &pa, "1.continue.json": &ca} {
+				b, err := mp.ReadFile(ctx, forks[0].ID, "/tmp/stasis/"+id+"/acks/"+name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := json.Unmarshal(b, into); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+			}
+			checkAck(pa, supervisor.OpPause)
+			checkAck(ca, supervisor.OpContinue)
+			if pa.Frozen != (mode == supervisor.ModeHoldFreeze) || ca.Frozen || ca.Relaunched == nil || *ca.Relaunched {
+				t.Errorf("frozen %v at the pause, %v at the continue; relaunched %v", pa.Frozen, ca.Frozen, ca.Relaunched)
+			}
+			if ca.Uptime <= pa.Uptime || ca.Wall < pa.Wall {
+				t.Errorf("the continue (wall %.3f, uptime %.3f) is not after the pause (%.3f, %.3f)", ca.Wall, ca.Uptime, pa.Wall, pa.Uptime)
+			}
+			if stt, err := e2.Status(ctx); err != nil || stt.Frozen {
+				t.Errorf("status after the continue: %+v %v", stt, err)
+			}
+			if v := r.finish(t, ctx, e2); v.Reward != 1 {
+				t.Fatalf("reward %d: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
+			}
+			hist, err := ledger.Read(r.gw.LedgerDir(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, en := range hist.Entries {
+				if en.Boundary {
+					t.Fatalf("entry %d marks a relaunch boundary, but the episode resumed in place", i+1)
+				}
+			}
+		})
 	}
 }

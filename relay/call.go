@@ -201,6 +201,24 @@ func (r *Relay) run(c *call) {
 			r.m.reissues.Inc()
 			continue // restored meanwhile: issue again under the new attempt
 		}
+		if r.held && (err != nil || staleAttempt(res)) {
+			// A hold is where a checkpoint happens, and a restore from
+			// it breaks the upstream connection (a new machine) or raises
+			// the attempt at the gateway before the relay learns it at
+			// the continue. Neither is the harness's to see: the call
+			// waits for the release and is issued again then (under the
+			// new attempt, when there is one).
+			r.log.Info("upstream failed during a hold: the call waits for the continue", "call", c.n, "err", err, "status", res.status)
+			releaseBody(res.buf)
+			r.m.held.Inc()
+			ok := r.waitLocked(nil, func() bool { return !r.held || r.gen != gen })
+			r.m.held.Dec()
+			r.mu.Unlock()
+			if ok {
+				r.m.reissues.Inc()
+			}
+			continue
+		}
 		if err != nil {
 			c.err = err
 			close(c.ready)
@@ -498,4 +516,18 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 		}
 		return res, nil
 	}
+}
+
+// staleAttempt says whether the gateway refused a call for a stale
+// attempt (HTTP 409, type stale_attempt).
+func staleAttempt(res result) bool {
+	if res.status != http.StatusConflict {
+		return false
+	}
+	var e struct {
+		Error struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(res.body, &e) == nil && e.Error.Type == "stale_attempt"
 }

@@ -238,6 +238,64 @@ func TestReissueAfterRestore(t *testing.T) {
 	}
 }
 
+// TestUpstreamFailureDuringHoldWaitsForContinue: a restore breaks the
+// relay's upstream connection, and until the continue every try fails
+// (the gateway is down, or starting again). While held, the failure does
+// not reach the harness once the relay's retries are spent: the call
+// waits for the continue and is issued again under the new attempt.
+func TestUpstreamFailureDuringHoldWaitsForContinue(t *testing.T) {
+	fail := make(chan struct{})
+	up := newFakeUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		switch {
+		case n == 1:
+			<-fail // the old machine's connection, cut by the restore
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				c.Close()
+			}
+		case r.Header.Get(HeaderAttempt) != "1":
+			// Until the continue, every try fails as the first did
+			// (more tries than the relay's retries allow).
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				c.Close()
+			}
+		default:
+			_, _ = io.WriteString(w, completion)
+		}
+	})
+	r, srv, tok := newTestRelay(t, up.srv.URL)
+	got := make(chan []byte, 2)
+	go func() {
+		_, b := post(t, srv.URL, `{"messages":[]}`)
+		got <- b
+	}()
+	eventually(t, "the call reaches upstream", func() bool { return len(up.seen()) == 1 })
+	if _, err := r.Hold(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Release() }) // a failed test must not leave the call waiting
+	close(fail)
+	eventually(t, "the relay spends its retries", func() bool { return len(up.seen()) >= 1+r.cfg.Retry.Max })
+	eventually(t, "the failed call waits for the continue", func() bool { return testutil.ToFloat64(r.m.held) == 1 })
+	select {
+	case b := <-got:
+		t.Fatalf("the harness saw the failure during the hold: %s", b)
+	default:
+	}
+	writeCreds(t, tok, Credentials{Episode: "ep", Token: "secret2", Attempt: 1})
+	if err := r.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; string(b) != completion {
+		t.Fatalf("after the continue: %s", b)
+	}
+	calls := up.seen()
+	if last := calls[len(calls)-1]; last.callID != "ep/1" || last.attempt != "1" || last.auth != "Bearer secret2" {
+		t.Fatalf("upstream calls %+v", calls)
+	}
+}
+
 func TestRetriesBusyUpstreamButNotClientErrors(t *testing.T) {
 	up := newFakeUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
 		switch {

@@ -34,6 +34,20 @@ type Capabilities struct {
 	// every exec runs as one user, and the harness is not kept from stasis's
 	// own files and sockets in the sandbox.
 	Users bool `json:"users"`
+	// Freeze: the sandbox has a writable cgroup v2 file system at
+	// /sys/fs/cgroup for stasis's user, so the supervisor can freeze the
+	// harness tree during a hold (pause mode hold+freeze).
+	Freeze bool `json:"freeze"`
+}
+
+// NoFreezeReason says why a provider without Capabilities.Freeze cannot
+// freeze a held harness.
+func NoFreezeReason(name string) string {
+	switch name {
+	case "local":
+		return "local sandboxes mount no cgroup file system for the supervisor (bubblewrap gives none, and the sandbox's control group is the host's to manage)"
+	}
+	return "the " + name + " provider's sandboxes give stasis no writable cgroup v2 file system it knows of"
 }
 
 // GatewayServer serves the gateway to each sandbox on a socket of the

@@ -362,13 +362,16 @@ func (s *Server) checkStart(req *StartRequest) error {
 	case "":
 		req.PauseMode = string(episode.DefaultPauseMode(s.provider))
 	case supervisor.ModeStop:
-	case supervisor.ModeHold:
+	case supervisor.ModeHold, supervisor.ModeHoldFreeze:
 		if !keeps {
-			return bad("pause mode hold: the %s provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop", name)
+			return bad("pause mode %s: the %s provider's snapshots are file-only, so a harness left running would change files while they are copied; use pause mode stop", req.PauseMode, name)
+		}
+		if req.PauseMode == string(supervisor.ModeHoldFreeze) && !s.provider.Capabilities().Freeze {
+			return bad("pause mode hold+freeze: %s; use pause mode hold", sandbox.NoFreezeReason(name))
 		}
 	default:
 		if keeps {
-			return bad("pause mode %q: use %s (the default here) or %s", req.PauseMode, supervisor.ModeHold, supervisor.ModeStop)
+			return bad("pause mode %q: use %s (the default here), %s or %s", req.PauseMode, supervisor.ModeHold, supervisor.ModeHoldFreeze, supervisor.ModeStop)
 		}
 		return bad("pause mode %q: use %s", req.PauseMode, supervisor.ModeStop)
 	}

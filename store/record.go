@@ -19,8 +19,9 @@ const RecordSchema = 1
 
 // Pause modes a record can name.
 const (
-	PauseStop = "stop"
-	PauseHold = "hold"
+	PauseStop       = "stop"
+	PauseHold       = "hold"
+	PauseHoldFreeze = "hold+freeze"
 )
 
 // Identity is a supervisor's identity: its PID and its start time in clock
@@ -46,10 +47,13 @@ type Record struct {
 	PauseSeq       int64           `json:"pause_seq"`
 	PauseMode      string          `json:"pause_mode"` // stop | hold, or empty when no pause was made
 	PauseConfirmed bool            `json:"pause_confirmed"`
-	Identity       *Identity       `json:"identity,omitempty"`     // the supervisor's {pid, start_time}
-	PauseWall      *float64        `json:"pause_wall,omitempty"`   // unix seconds at the pause
-	PauseUptime    *float64        `json:"pause_uptime,omitempty"` // seconds since boot at the pause
-	RelayDelivered *int64          `json:"relay_delivered,omitempty"`
+	// PauseFrozen: the harness tree was frozen (hold+freeze) when the
+	// snapshot was taken; the continue after an in-place restore thaws it.
+	PauseFrozen    bool      `json:"pause_frozen,omitempty"`
+	Identity       *Identity `json:"identity,omitempty"`     // the supervisor's {pid, start_time}
+	PauseWall      *float64  `json:"pause_wall,omitempty"`   // unix seconds at the pause
+	PauseUptime    *float64  `json:"pause_uptime,omitempty"` // seconds since boot at the pause
+	RelayDelivered *int64    `json:"relay_delivered,omitempty"`
 	// RelayPosition is the ledger position the relay had settled at the
 	// pause (delivered or abandoned responses): the in-place cut. Older
 	// records lack it; their cut is RelayDelivered.
@@ -235,8 +239,10 @@ func (r Record) validate() error {
 		return bad(`"provider" is missing or empty: name the sandbox provider that made the snapshot`)
 	case r.SnapshotID == "" && !r.Finished:
 		return bad(`"snapshot_id" is missing or empty: an unfinished episode needs its snapshot`)
-	case r.PauseMode != "" && r.PauseMode != PauseStop && r.PauseMode != PauseHold:
-		return bad(`"pause_mode" %q is unknown: use %q or %q`, r.PauseMode, PauseStop, PauseHold)
+	case r.PauseMode != "" && r.PauseMode != PauseStop && r.PauseMode != PauseHold && r.PauseMode != PauseHoldFreeze:
+		return bad(`"pause_mode" %q is unknown: use %q, %q or %q`, r.PauseMode, PauseStop, PauseHold, PauseHoldFreeze)
+	case r.PauseFrozen && r.PauseMode != PauseHoldFreeze:
+		return bad(`"pause_frozen" is set on a %q pause: only a hold+freeze pause freezes`, r.PauseMode)
 	case r.PauseSeq < 0:
 		return bad(`"pause_seq" %d is negative`, r.PauseSeq)
 	case r.Attempt < 0:

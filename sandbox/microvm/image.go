@@ -139,6 +139,7 @@ func rcScript() string {
 	b.WriteString(`#!/bin/sh
 mount -t proc proc /proc
 mount -t sysfs sys /sys
+mount -t cgroup2 cgroup2 /sys/fs/cgroup || echo 'stasis-guest: no cgroup v2'
 mount -t devtmpfs dev /dev
 mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs shm /dev/shm
 mount -o remount,size=90% / 2>/dev/null

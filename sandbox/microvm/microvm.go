@@ -311,7 +311,7 @@ func CatState(ctx context.Context, blobDir, manifest string, w io.Writer) error 
 func (p *Provider) Name() string { return Name }
 
 func (p *Provider) Capabilities() sandbox.Capabilities {
-	return sandbox.Capabilities{KeepsProcesses: true, SnapshotOutlivesSource: true, Users: true}
+	return sandbox.Capabilities{KeepsProcesses: true, SnapshotOutlivesSource: true, Users: true, Freeze: true}
 }
 
 // Prepare builds (or finds) the guest image and chooses the accelerator,

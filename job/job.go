@@ -532,7 +532,10 @@ func (o *Options) defaults() error {
 		if o.Harness != "mini" && o.Image == "" {
 			return fmt.Errorf("--harness %s on --provider microvm needs --image: OpenCode needs a C library, and a guest without an image has busybox and stasis only (the Debian image: make deps-image, then --image oci:.tools/image/debian:stasis)", o.Harness)
 		}
-	case opensandbox.Name, e2b.Name:
+	case e2b.Name:
+		// OpenCode runs where the template has a C library; the adapter
+		// uploads it unless the template has it at /stasis/opencode.
+	case opensandbox.Name:
 		if o.Harness != "mini" {
 			return fmt.Errorf("--provider %s runs the mini harness (stasis is copied into each sandbox; OpenCode is not): use --harness mini", o.Provider)
 		}

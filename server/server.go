@@ -397,6 +397,10 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		if s.provider, err = e2b.New(e2b.FromEnv()); err != nil {
 			return noProvider(err)
 		}
+		// OpenCode runs where the template has a C library: from
+		// /stasis/opencode when the template has it there, else uploaded
+		// from this host's install.
+		_, s.opencode = harness.OpenCodeBind()
 	default:
 		return s, fmt.Errorf("server: provider %q: use %s, %s, %s or %s", o.Provider, local.Name, microvm.Name, opensandbox.Name, e2b.Name)
 	}

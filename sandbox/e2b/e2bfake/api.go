@@ -128,9 +128,12 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 		infos, err = f.b.Fork(r.Context(), backendSnap, 1, sandbox.ForkSpec{Labels: labels, Expiry: lease})
 		if err == nil {
 			info = infos[0]
+			if err = f.hostClock(r.Context(), info.ID); err != nil {
+				_ = f.b.Delete(context.Background(), info.ID)
+			}
 		}
 	} else {
-		info, err = f.b.Create(r.Context(), sandbox.Spec{Labels: labels, Expiry: lease})
+		info, err = f.b.Create(r.Context(), sandbox.Spec{Labels: labels, Expiry: lease, Image: f.o.Image})
 	}
 	if errors.Is(err, sandbox.ErrNotFound) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", body.TemplateID))
@@ -448,6 +451,11 @@ func (f *Server) connect(w http.ResponseWriter, r *http.Request) {
 	snap := sb.pausedSnap
 	f.mu.Unlock()
 	infos, err := f.b.Fork(r.Context(), snap, 1, sandbox.ForkSpec{Labels: map[string]string{"e2bfake": id}, Expiry: f.now().Add(f.o.Lease)})
+	if err == nil {
+		if err = f.hostClock(r.Context(), infos[0].ID); err != nil {
+			_ = f.b.Delete(context.Background(), infos[0].ID)
+		}
+	}
 	f.mu.Lock()
 	if err != nil || f.sbs[id] != sb {
 		if f.sbs[id] == sb {

@@ -20,15 +20,17 @@
 //
 // Where it differs from E2B: snapshots and pauses are those of the backend
 // (with the local provider, file-only: processes do not survive them, so
-// the provider runs with FileOnlySnapshots), resuming makes a new backend
-// sandbox under the same id, snapshot names are refused, and /files takes
-// raw bodies only (no multipart).
+// the provider runs with FileOnlySnapshots; with the microVM provider and
+// HostClockOnResume, memory snapshots with AgentENV's clock behaviour),
+// resuming makes a new backend sandbox under the same id, snapshot names
+// are refused, and /files takes raw bodies only (no multipart).
 package e2bfake
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -36,6 +38,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/internal/guestclock"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
@@ -55,6 +58,36 @@ type Options struct {
 	Lease time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// HostClockOnResume is AgentENV's behaviour with memory snapshots (a
+	// backend whose snapshots keep processes, such as the microVM
+	// provider): a sandbox resumed or made from a snapshot gets the
+	// host's wall clock, while its uptime goes on from the snapshot. The
+	// backend must be able to set a guest's clock (ClockSetter).
+	HostClockOnResume bool
+	// Image is the backend image of every sandbox not made from a
+	// snapshot (a template's image, on a real service); empty: the
+	// backend's own root.
+	Image string
+}
+
+// ClockSetter is a backend that sets a guest's wall clock (the microVM
+// provider does).
+type ClockSetter interface {
+	SetClock(ctx context.Context, id string, t guestclock.Target) (guestclock.Fix, error)
+}
+
+// hostClock sets a backend sandbox made from a snapshot to the host's wall
+// clock, in HostClockOnResume mode.
+func (f *Server) hostClock(ctx context.Context, backendID string) error {
+	if !f.o.HostClockOnResume {
+		return nil
+	}
+	cs, ok := f.b.(ClockSetter)
+	if !ok {
+		return fmt.Errorf("HostClockOnResume: the backend %s cannot set a guest's clock", f.b.Name())
+	}
+	_, err := cs.SetClock(ctx, backendID, guestclock.Target{Wall: float64(f.now().UnixNano()) / 1e9})
+	return err
 }
 
 // Server is the fake.

@@ -98,7 +98,8 @@ type Options struct {
 	GatewayDir    string
 	GatewayServer sandbox.GatewayServer
 	// BootTimeout bounds a boot or a restore, to the agent answering
-	// (default 90s: TCG on a loaded machine is slow).
+	// (default 3m: TCG on a loaded machine is slow, and a 1 GiB guest's state
+	// takes a while to load).
 	BootTimeout time.Duration
 	// ForkHook, when set, is called before each sandbox of a Fork is made;
 	// an error makes that one fail (tests).
@@ -248,7 +249,7 @@ func New(_ context.Context, o Options) (*Provider, error) {
 		}
 	}
 	if o.BootTimeout == 0 {
-		o.BootTimeout = 90 * time.Second
+		o.BootTimeout = 3 * time.Minute
 	}
 	if o.Now == nil {
 		o.Now = time.Now

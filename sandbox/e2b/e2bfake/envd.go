@@ -1,6 +1,7 @@
 package e2bfake
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -147,7 +148,13 @@ func (f *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	b, err := f.b.ReadFile(r.Context(), t.backend, p)
+	var b []byte
+	var err error
+	if f.asRoot(r) {
+		b, err = f.rootRead(r.Context(), t.backend, p)
+	} else {
+		b, err = f.b.ReadFile(r.Context(), t.backend, p)
+	}
 	switch {
 	case errors.Is(err, sandbox.ErrNotFound):
 		fileError(w, http.StatusNotFound, fmt.Sprintf("path '%s' does not exist", p))
@@ -180,7 +187,11 @@ func (f *Server) postFile(w http.ResponseWriter, r *http.Request) {
 		fileError(w, http.StatusBadRequest, "reading the body: "+err.Error())
 		return
 	}
-	switch err := f.b.WriteFile(r.Context(), t.backend, p, b, 0o644); {
+	write := f.b.WriteFile
+	if f.asRoot(r) {
+		write = f.rootWrite
+	}
+	switch err := write(r.Context(), t.backend, p, b, 0o644); {
 	case errors.Is(err, sandbox.ErrInvalid):
 		fileError(w, http.StatusBadRequest, fmt.Sprintf("error writing file '%s': %v", p, err))
 	case err != nil:
@@ -492,4 +503,47 @@ func (f *Server) sendSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	unaryOK(w)
+}
+
+// asRoot says whether a file request is E2B's root's ("username=root"), on
+// a backend with users of its own (the microVM's writes files as its
+// agent): the file is then read or written as the backend's stasis user,
+// as envd does for root.
+func (f *Server) asRoot(r *http.Request) bool {
+	return r.URL.Query().Get("username") == "root" && f.b.Capabilities().Users
+}
+
+// rootWrite writes a file as the backend's stasis user, its directories
+// made.
+func (f *Server) rootWrite(ctx context.Context, backend, name string, data []byte, mode os.FileMode) error {
+	var errb bytes.Buffer
+	res, err := f.b.Exec(ctx, backend, sandbox.ExecRequest{
+		Argv: []string{"/bin/sh", "-c", `mkdir -p -- "${1%/*}" && cat > "$1" && chmod "$2" -- "$1"`, "write", name, fmt.Sprintf("%o", mode.Perm())},
+		User: sandbox.UserControl, Stdin: bytes.NewReader(data), Stderr: &errb, Timeout: time.Minute,
+	})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return sandbox.Errorf(sandbox.ErrInvalid, "write", backend, "%s: %s", name, strings.TrimSpace(errb.String()))
+	}
+	return nil
+}
+
+// rootRead reads a file as the backend's stasis user.
+func (f *Server) rootRead(ctx context.Context, backend, name string) ([]byte, error) {
+	var out, errb bytes.Buffer
+	res, err := f.b.Exec(ctx, backend, sandbox.ExecRequest{
+		Argv: []string{"/bin/sh", "-c", `[ -e "$1" ] || exit 44; cat -- "$1"`, "read", name},
+		User: sandbox.UserControl, Stdout: &out, Stderr: &errb, Timeout: time.Minute,
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case res.ExitCode == 44:
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", backend, "%s does not exist", name)
+	case res.ExitCode != 0:
+		return nil, fmt.Errorf("read %s: %s", name, strings.TrimSpace(errb.String()))
+	}
+	return out.Bytes(), nil
 }

@@ -420,6 +420,19 @@ func (s *Session) Start(ctx context.Context) error {
 	return fmt.Errorf("session %s: the supervisor did not answer within 30s (%v); its log: %s", s.o.Episode, err, strings.TrimSpace(string(log)))
 }
 
+// logTail is the last n bytes of the supervisor's log (the harness's
+// output is in it), or a note saying why there is none.
+func (s *Session) logTail(ctx context.Context, n int) string {
+	b, err := s.p.ReadFile(ctx, s.id, path.Join(s.o.Dir, "supervisor.log"))
+	if err != nil {
+		return fmt.Sprintf("(unread: %v)", err)
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // ctlError is a refusal or failure reported by `stasis ctl`.
 type ctlError struct {
 	Op     string
@@ -506,6 +519,12 @@ func (s *Session) Continue(ctx context.Context, n int64) (*supervisor.Ack, error
 	defer s.mu.Unlock()
 	out, err := s.ctl(ctx, "continue", strconv.FormatInt(n, 10))
 	if err != nil {
+		var ce *ctlError
+		if errors.As(err, &ce) && ce.Status != nil && ce.Status.State == "exited" {
+			// The sandbox may be deleted next (a failed restore is), and
+			// its receipt with it: say here how the harness ended.
+			return nil, fmt.Errorf("%w; the end of its log: %s", err, s.logTail(ctx, 2000))
+		}
 		return nil, err
 	}
 	var a supervisor.Ack

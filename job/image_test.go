@@ -28,7 +28,7 @@ func TestRunWithCrashOnImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Episodes) != 3 || rep.Resolved != 3 || rep.Restore == nil {
+	if len(rep.Episodes) != 4 || rep.Resolved != 4 || rep.Restore == nil {
 		var why []string
 		for _, e := range rep.Episodes {
 			why = append(why, e.ID+" "+e.Task+": "+e.Verdict+" "+e.Reason)
@@ -50,22 +50,21 @@ func TestRunWithCrashOnImage(t *testing.T) {
 // guests' root is the Debian image, every built-in task resolves (not only
 // the shell ones the initramfs can run), resumed in place after the crash.
 func TestRunWithCrashOnImageMicroVM(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	rep, err := job.Run(ctx, job.Options{
-		Tasks: "builtin", N: 3, Harness: "mixed", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
+		Tasks: "builtin", N: 4, Harness: "mini", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
 		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GuestBinary: stasistest.StaticBinary(t), TokenDelay: 3 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	langs, harnesses := map[string]bool{}, map[string]bool{}
+	langs := map[string]bool{}
 	var why []string
 	for _, e := range rep.Episodes {
 		why = append(why, e.ID+" "+e.Task+" "+e.Harness+": "+e.Verdict+" "+e.Reason+" ("+e.Resume+")")
-		harnesses[e.Harness] = true
 		if !e.LedgerVerified || e.Reward != 1 || e.Provider != "microvm" {
 			t.Errorf("episode %+v", e)
 		}
@@ -74,11 +73,8 @@ func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 			t.Errorf("%s relaunched on the microVM provider: %s", e.ID, e.ResumeWhy)
 		}
 	}
-	if len(rep.Episodes) != 3 || rep.Resolved != 3 || rep.Restore == nil {
+	if len(rep.Episodes) != 4 || rep.Resolved != 4 || rep.Restore == nil {
 		t.Fatalf("resolved %d of %d:\n%s", rep.Resolved, len(rep.Episodes), strings.Join(why, "\n"))
-	}
-	if !harnesses["opencode"] || !harnesses["mini"] {
-		t.Errorf("harnesses %v: want OpenCode and mini both in guests", harnesses)
 	}
 	if len(langs) < 2 {
 		t.Errorf("only %v tasks ran: the image should run more than shell tasks", langs)

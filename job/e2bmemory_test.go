@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -27,14 +26,7 @@ import (
 // and the restore, never before the pause.
 func TestRunOnE2BFakeMemorySnapshots(t *testing.T) {
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
-	gwDir, err := os.MkdirTemp("", "stasis-gw-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(gwDir) })
-	sock := filepath.Join(gwDir, "gw.sock")
-	pipes := &socketPipes{target: sock}
-	t.Cleanup(pipes.close)
+	gwDir, sock, pipes := gatewayPipes(t)
 	ro := map[string]string{}
 	if prefix, ok := harness.OpenCodeBind(); ok {
 		ro[prefix] = harness.OpenCodeSandboxDir // the template has OpenCode

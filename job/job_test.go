@@ -116,17 +116,7 @@ func TestRunOnMicroVM(t *testing.T) {
 // must be resolved by a relaunch, and no sandbox may be left.
 func runOnFake(t *testing.T, provider string, serve func(backend *local.Provider) (url string, stop func()), env func(url string) map[string]string) {
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
-	gwDir, err := os.MkdirTemp("", "stasis-gw-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(gwDir) })
-	sock := filepath.Join(gwDir, "gw.sock")
-	// A hosted service's sandboxes reach the gateway over its network; the
-	// fake's local sandboxes reach it on a socket of their own each, which
-	// the test joins to the job's gateway socket.
-	pipes := &socketPipes{target: sock}
-	t.Cleanup(pipes.close)
+	gwDir, sock, pipes := gatewayPipes(t)
 	backend, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: pipes})
 	if err != nil {
 		t.Fatal(err)
@@ -193,6 +183,23 @@ func TestRunOnE2BFake(t *testing.T) {
 	if left := fake.Sandboxes(); len(left) != 0 {
 		t.Errorf("sandboxes left on the fake E2B: %v", left)
 	}
+}
+
+// gatewayPipes makes a directory for the gateway socket and the fake
+// service's per-sandbox sockets, and the socketPipes joining them: a hosted
+// service's sandboxes reach the gateway over its network; the fake's
+// sandboxes reach it on a socket of their own each, which the test joins
+// to the job's gateway socket.
+func gatewayPipes(t *testing.T) (dir, sock string, pipes *socketPipes) {
+	dir, err := os.MkdirTemp("", "stasis-gw-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock = filepath.Join(dir, "gw.sock")
+	pipes = &socketPipes{target: sock}
+	t.Cleanup(pipes.close)
+	return dir, sock, pipes
 }
 
 // socketPipes is a local.GatewayServer that joins every connection on a

@@ -13,8 +13,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-
-	"stasis/internal/flock"
 )
 
 // BindDisk is a host directory given to a guest read-only: an erofs block
@@ -124,35 +122,20 @@ func bindImage(ctx context.Context, cacheDir, dir string) (string, error) {
 		return "", fmt.Errorf("read %s: %w", dir, err)
 	}
 	out := filepath.Join(cacheDir, "bind-"+sum+".erofs")
-	if _, err := os.Stat(out); err == nil {
-		return out, nil
-	}
 	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
 		return "", err
 	}
-	unlock, err := flock.Lock(filepath.Join(cacheDir, "bind.lock"), true)
+	err = buildOnce(out, filepath.Join(cacheDir, "bind.lock"), func(tmp string) error {
+		mkfs, err := exec.LookPath("mkfs.erofs")
+		if err != nil {
+			return errors.New("mkfs.erofs is missing: install it with `apt-get install erofs-utils` (make installs it)")
+		}
+		if b, err := exec.CommandContext(ctx, mkfs, "--quiet", "--preserve-mtime", "--all-root", "-x1", tmp, dir).CombinedOutput(); err != nil {
+			return fmt.Errorf("mkfs.erofs: %v: %s", err, strings.TrimSpace(string(b)))
+		}
+		return nil
+	})
 	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	if _, err := os.Stat(out); err == nil {
-		return out, nil
-	}
-	mkfs, err := exec.LookPath("mkfs.erofs")
-	if err != nil {
-		return "", errors.New("mkfs.erofs is missing: install it with `apt-get install erofs-utils` (make installs it)")
-	}
-	tmp := out + ".tmp"
-	_ = os.Remove(tmp)
-	b, err := exec.CommandContext(ctx, mkfs, "--quiet", "--preserve-mtime", "--all-root", "-x1", tmp, dir).CombinedOutput()
-	if err != nil {
-		_ = os.Remove(tmp)
-		return "", fmt.Errorf("mkfs.erofs: %v: %s", err, strings.TrimSpace(string(b)))
-	}
-	if err := os.Chmod(tmp, 0o444); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp, out); err != nil {
 		return "", err
 	}
 	return out, nil

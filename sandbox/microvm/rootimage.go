@@ -40,33 +40,42 @@ func rootImageName(fs string) string { return "rootfs." + fs }
 func RootImage(ctx context.Context, im image.Image, fsKind string) (string, error) {
 	dir := filepath.Dir(im.Root)
 	out := filepath.Join(dir, rootImageName(fsKind))
+	err := buildOnce(out, filepath.Join(dir, "rootimage.lock"), func(tmp string) error {
+		if err := buildRootImage(ctx, im, fsKind, tmp); err != nil {
+			return fmt.Errorf("image %s: the guest's block image: %w", im.Digest, err)
+		}
+		return os.Chown(tmp, 0, 0)
+	})
+	return out, err
+}
+
+// buildOnce makes the read-only file out with build, unless it is there:
+// under the lock at lockPath (taken after a first look, and looked again
+// under it), into out.tmp, which becomes mode 0444 and is renamed into
+// place. An interrupted build leaves only the temporary file, removed by
+// the next.
+func buildOnce(out, lockPath string, build func(tmp string) error) error {
 	if _, err := os.Stat(out); err == nil {
-		return out, nil
+		return nil
 	}
-	unlock, err := flock.Lock(filepath.Join(dir, "rootimage.lock"), true)
+	unlock, err := flock.Lock(lockPath, true)
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer unlock()
 	if _, err := os.Stat(out); err == nil {
-		return out, nil
+		return nil
 	}
 	tmp := out + ".tmp"
 	_ = os.Remove(tmp)
-	if err := buildRootImage(ctx, im, fsKind, tmp); err != nil {
+	if err := build(tmp); err != nil {
 		_ = os.Remove(tmp)
-		return "", fmt.Errorf("image %s: the guest's block image: %w", im.Digest, err)
-	}
-	if err := os.Chown(tmp, 0, 0); err != nil {
-		return "", err
+		return err
 	}
 	if err := os.Chmod(tmp, 0o444); err != nil {
-		return "", err
+		return err
 	}
-	if err := os.Rename(tmp, out); err != nil {
-		return "", err
-	}
-	return out, nil
+	return os.Rename(tmp, out)
 }
 
 // fileID is a file's identity for DiskID: device, inode, size and

@@ -94,11 +94,36 @@ type server struct {
 	log    *slog.Logger
 	m      *Machine
 	wg     sync.WaitGroup // connections being served
-	mu     sync.Mutex     // guards m and unsafe
+	mu     sync.Mutex     // guards m, unsafe and pending
 	kick   chan struct{}
 	done   chan struct{} // closed once the machine has exited and the receipt is on disk
 	uid    int
 	unsafe map[string]bool // ack files whose write failed, to retry on a repeat
+	// pending is a hold's acknowledgement not yet in its file: it is
+	// written after the reply has gone (by the connection that made it),
+	// or first thing by the next request, whichever takes mu first.
+	pending *pendingAck
+}
+
+type pendingAck struct {
+	path string
+	ack  *Ack
+}
+
+// flushLocked writes the pending acknowledgement, if any; s.mu is held.
+// A failed write is logged and retried when the request is repeated.
+func (s *server) flushLocked() {
+	p := s.pending
+	if p == nil {
+		return
+	}
+	s.pending = nil
+	if err := atomicfile.ReplaceJSON(p.path, p.ack, 0o644); err != nil {
+		s.unsafe[p.path] = true
+		s.log.Error("write acknowledgement", "path", p.path, "err", err)
+		return
+	}
+	delete(s.unsafe, p.path)
 }
 
 // Run is `stasis supervise`: it launches the harness, serves the control
@@ -242,6 +267,7 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 		}
 	}
 	s.mu.Lock()
+	s.flushLocked()
 	rc := s.m.Receipt()
 	s.mu.Unlock()
 	werr := atomicfile.WriteJSON(filepath.Join(dir, ReceiptFile), rc, 0o644)
@@ -410,6 +436,9 @@ func (s *server) handle(c *net.UnixConn) {
 		_ = c.SetDeadline(time.Time{}) // the graceful end may take the grace period
 	}
 	reply(s.do(req))
+	s.mu.Lock()
+	s.flushLocked()
+	s.mu.Unlock()
 }
 
 func (s *server) do(req Request) Response {
@@ -420,6 +449,7 @@ func (s *server) do(req Request) Response {
 		}
 	}()
 	s.mu.Lock()
+	s.flushLocked()
 	switch req.Op {
 	case OpStatus:
 		st := s.m.Status()
@@ -458,21 +488,23 @@ func (s *server) do(req Request) Response {
 	}
 	path := filepath.Join(s.dir, AcksDir, fmt.Sprintf("%d.%s.json", ack.Seq, ack.Op))
 	if fresh || s.unsafe[path] {
-		// A hold's acknowledgement is written without fsync: hold is only
-		// used where the snapshot keeps the processes, so it keeps the page
-		// cache with them, and the host has the acknowledgement in the
-		// reply. A stop pause's is durable before the reply, as a
-		// file-only snapshot or a crash of the machine needs.
-		write := atomicfile.WriteJSON
+		// A hold's acknowledgement is written after the reply, without
+		// fsync: hold is only used where the snapshot keeps the processes,
+		// so it keeps this supervisor (which writes it first thing after a
+		// restore, if it had not yet) and the page cache with them, and the
+		// host has the acknowledgement in the reply. Any later request
+		// writes it first. A stop pause's is durable before the reply, as
+		// a file-only snapshot or a crash of the machine needs.
 		if ack.Mode.Holds() {
-			write = atomicfile.ReplaceJSON
+			s.pending = &pendingAck{path: path, ack: ack}
+		} else {
+			if err := atomicfile.WriteJSON(path, ack, 0o644); err != nil {
+				s.unsafe[path] = true
+				s.log.Error("write acknowledgement", "path", path, "err", err)
+				return Response{Error: fmt.Sprintf("%s %d took effect but its acknowledgement could not be written (%v); repeat the request to retry the write", req.Op, req.Seq, err), Code: CodeFailed}
+			}
+			delete(s.unsafe, path)
 		}
-		if err := write(path, ack, 0o644); err != nil {
-			s.unsafe[path] = true
-			s.log.Error("write acknowledgement", "path", path, "err", err)
-			return Response{Error: fmt.Sprintf("%s %d took effect but its acknowledgement could not be written (%v); repeat the request to retry the write", req.Op, req.Seq, err), Code: CodeFailed}
-		}
-		delete(s.unsafe, path)
 	}
 	if fresh {
 		s.log.Info(req.Op, "seq", ack.Seq, "mode", ack.Mode, "confirmed", ack.Confirmed, "note", ack.Note)

@@ -289,8 +289,34 @@ func TestHoldPauseTouchesNothing(t *testing.T) {
 	if st := h.status(); st.State != "paused" || st.Mode != supervisor.ModeHold {
 		t.Fatalf("status %+v", st)
 	}
-	h.ok(supervisor.OpContinue, 1)
+	// The hold's acknowledgement is written after the reply, and before
+	// the next request is answered: it is on disk now, as it was returned.
+	checkAckFile(t, h.dir, "1.pause.json", a)
+	c := h.ok(supervisor.OpContinue, 1).Ack
 	growing(t, out)
+	// The continue's: after the reply, so poll for it.
+	testwait.Until(t, "the continue's acknowledgement file", 10*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(h.dir, "acks", "1.continue.json"))
+		return err == nil
+	})
+	checkAckFile(t, h.dir, "1.continue.json", c)
+}
+
+// checkAckFile checks that the acknowledgement file name in dir's acks
+// holds want.
+func checkAckFile(t *testing.T, dir, name string, want *supervisor.Ack) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "acks", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var onDisk supervisor.Ack
+	if err := json.Unmarshal(b, &onDisk); err != nil {
+		t.Fatal(err)
+	}
+	if onDisk.Wall != want.Wall || onDisk.Op != want.Op || onDisk.Seq != want.Seq || onDisk.Mode != want.Mode {
+		t.Errorf("%s differs from the reply: %+v vs %+v", name, onDisk, *want)
+	}
 }
 
 // dstateSource stays in uninterruptible sleep: the parent waits in vfork

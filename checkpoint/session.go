@@ -443,6 +443,15 @@ type ctlError struct {
 
 func (e *ctlError) Error() string { return e.Op + ": " + e.Msg }
 
+// Is makes a refusal by a supervisor that has exited match ErrExited.
+func (e *ctlError) Is(target error) bool {
+	return target == ErrExited && e.Status != nil && e.Status.State == supervisor.StateExited
+}
+
+// ErrExited matches a request refused because the supervisor has exited:
+// its harness has ended, and a continue can no longer take effect.
+var ErrExited = errors.New("the supervisor has exited")
+
 // IsRefused reports whether err is the supervisor refusing a request
 // (stale or repeated sequence numbers, a harness that has ended).
 func IsRefused(err error) bool {
@@ -519,8 +528,7 @@ func (s *Session) Continue(ctx context.Context, n int64) (*supervisor.Ack, error
 	defer s.mu.Unlock()
 	out, err := s.ctl(ctx, "continue", strconv.FormatInt(n, 10))
 	if err != nil {
-		var ce *ctlError
-		if errors.As(err, &ce) && ce.Status != nil && ce.Status.State == "exited" {
+		if errors.Is(err, ErrExited) {
 			// The sandbox may be deleted next (a failed restore is), and
 			// its receipt with it: say here how the harness ended.
 			return nil, fmt.Errorf("%w; the end of its log: %s", err, s.logTail(ctx, 2000))

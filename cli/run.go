@@ -42,11 +42,16 @@ solutions) through a real ` + "`stasis serve`" + ` child process, as a trainer d
      model calls and whether its ledger verifies; and the checkpoint and
      restore seconds and the episodes resolved.
 
-With --provider microvm every episode runs in a QEMU microVM (shell tasks,
-the mini harness: the guest has busybox and stasis), pauses by hold, and the
-restore resumes it in place in a fork of its VM snapshot, the guest's wall
-clock kept continuous; the report gives each clock step, and the reason for
-any episode relaunched instead.
+With --provider microvm every episode runs in a QEMU microVM, pauses by
+hold, and the restore resumes it in place in a fork of its VM snapshot, the
+guest's wall clock kept continuous; the report gives each clock step, and
+the reason for any episode relaunched instead. Without --image the guest has
+busybox and stasis only (shell tasks, the mini harness); with an image such
+as the Debian one that make deps-image builds (--image
+oci:.tools/image/debian:stasis) every task runs, and OpenCode too (its npm
+prefix reaches each guest read-only). With --provider e2b against a service
+whose snapshots keep memory, episodes resume in place the same way through
+the E2B API.
 
 Nothing is left running when it returns; the state directory (a fresh one
 under $TMPDIR unless --state) is removed unless --keep.

@@ -553,7 +553,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 	if err != nil {
 		return f, 0, rec, fmt.Errorf("episode %s: status: %w", eid, err)
 	}
-	if st.State == "exited" {
+	if st.State == supervisor.StateExited {
 		rec, err = c.finishedRecord(ctx, e, row)
 		f.Finished = true
 		return f, 0, rec, err
@@ -570,7 +570,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 			// supervisor's sequence is past ours (burned from inside the
 			// sandbox, or another controller): then no pause is in force,
 			// and the episode cannot be recorded.
-			if st2, serr := e.Status(ctx); serr == nil && st2.State == "exited" {
+			if st2, serr := e.Status(ctx); serr == nil && st2.State == supervisor.StateExited {
 				rec, err = c.finishedRecord(ctx, e, row)
 				f.Finished = true
 				return f, 0, rec, err
@@ -875,10 +875,24 @@ func (c *Coordinator) continueFork(ctx context.Context, spec episode.Spec, sb st
 			f.Resume, f.ResumeWhy, f.Clock = "in_place", "", &cf
 			return e, f, nil
 		}
-		if !errors.Is(err, episode.ErrNotSameLaunch) {
+		switch {
+		case errors.Is(err, episode.ErrNotSameLaunch):
+			f.ResumeWhy = err.Error()
+		case errors.Is(err, checkpoint.ErrExited):
+			// The recorded launch was in the fork, but its harness ended
+			// before the continue could take effect (the fork still has
+			// its files): relaunch it from its saved session there, as a
+			// file-only snapshot would be, rather than fail every episode
+			// of the restore.
+			f.ResumeWhy = "the harness ended in the fork before the continue, so it is relaunched from its saved session: " + err.Error()
+			if name != "" {
+				// The copy's gateway registration and ledger exist already.
+				spec.Name = name
+				name = ""
+			}
+		default:
 			return nil, f, err
 		}
-		f.ResumeWhy = err.Error()
 		c.log.Warn("resume in place impossible, relaunching", "episode", f.Episode, "why", f.ResumeWhy)
 	} else if r.KeepsProcesses {
 		f.ResumeWhy = "the record lacks the identity or the pause's clocks"

@@ -2,6 +2,8 @@ package coordinator_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,13 +17,16 @@ import (
 
 	"stasis/coordinator"
 	"stasis/episode"
+	"stasis/internal/guestclock"
 	"stasis/ledger"
 	"stasis/model"
+	"stasis/proc"
 	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/stasistest"
 	"stasis/store"
+	"stasis/supervisor"
 	"stasis/task"
 )
 
@@ -434,6 +439,108 @@ func TestNotTheRecordedLaunchRelaunches(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := c.DeleteCheckpoint(ctx, "ckpt-x"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// harnessEndsInFork claims that snapshots keep processes (as
+// claimsProcesses) and, in each fork, leaves what a harness that ended
+// during the hold leaves: the supervisor gone, a receipt naming the
+// recorded launch and an exit code of 1.
+type harnessEndsInFork struct {
+	claimsProcesses
+	episode  string
+	identity proc.Identity
+}
+
+// SetClock leaves the clock alone: a local sandbox cannot set it, and the
+// fork's wall clock is the host's already.
+func (h harnessEndsInFork) SetClock(context.Context, string, guestclock.Target) (guestclock.Fix, error) {
+	return guestclock.Fix{}, nil
+}
+
+func (h harnessEndsInFork) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
+	forks, err := h.claimsProcesses.Fork(ctx, snap, n, spec)
+	if err != nil {
+		return nil, err
+	}
+	one := 1
+	rc, _ := json.Marshal(supervisor.Receipt{Identity: h.identity, CleanupConfirmed: true, ReturnCode: &one, Error: "the harness exited 1"})
+	for _, f := range forks {
+		dir := "/tmp/stasis/" + h.episode
+		res, err := h.Exec(ctx, f.ID, sandbox.ExecRequest{
+			Argv: []string{"sh", "-c", `rm -f "$1/` + supervisor.SocketFile + `" && printf '%s' "$2" > "$1/` + supervisor.ReceiptFile + `"`, "sh", dir, string(rc)},
+			User: sandbox.UserControl,
+		})
+		if err != nil || res.ExitCode != 0 {
+			return nil, fmt.Errorf("write the receipt in fork %s: exit %d, %v", f.ID, res.ExitCode, err)
+		}
+	}
+	return forks, nil
+}
+
+// A record restored in place into a fork whose supervisor is the recorded
+// launch but whose harness ended before the continue (the continue is
+// refused: the supervisor has exited) is relaunched from its saved session
+// in that fork, and the restore says why; the other episodes are not
+// failed with it, and it still reaches reward 1 with a ledger that
+// verifies.
+func TestHarnessEndedInForkRelaunches(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	hp := &harnessEndsInFork{claimsProcesses: claimsProcesses{w.env.Provider.(*local.Provider)}, episode: "ep-y"}
+	w.env.Provider = hp
+	w.env.Verifier.Provider = hp
+	c := w.coordinator(ctx)
+	a, r := w.holdCall("ep-y", 3)
+	released := false
+	defer func() {
+		if !released {
+			close(r)
+		}
+	}()
+	if _, err := c.Start(ctx, "ep-y", "sh-renext-spaces", "mini"); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, ctx, a, "call 3 of ep-y")
+	if _, err := c.Prepare(ctx, "ckpt-y"); err != nil {
+		t.Fatal(err)
+	}
+	_, recs, err := w.st.Get(ctx, "ckpt-y")
+	if err != nil || len(recs) != 1 || !recs[0].RestoresInPlace() {
+		t.Fatalf("record: %+v %v", recs, err)
+	}
+	hp.identity = *recs[0].Identity
+	row, _ := w.st.GetEpisode(ctx, "ep-y")
+	if err := w.local.Delete(ctx, row.Sandbox); err != nil {
+		t.Fatal(err)
+	}
+	close(r)
+	released = true
+	c.Close()
+	c = w.coordinator(ctx)
+	res, err := c.Restore(ctx, "ckpt-y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Episodes) != 1 || res.Episodes[0].Resume != "relaunch" || !strings.Contains(res.Episodes[0].ResumeWhy, "harness ended in the fork") || !strings.Contains(res.Episodes[0].ResumeWhy, "has exited") {
+		t.Fatalf("restore: %+v", res.Episodes)
+	}
+	if _, err := c.Wait(ctx, "ep-y"); err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := c.Verify(ctx, "ep-y")
+	if err != nil || v.Reward != 1 {
+		t.Fatalf("reward %d %v\n%s", v.Reward, err, v.Output)
+	}
+	if rep, err := ledger.Verify(w.gw.LedgerDir(), "ep-y"); err != nil || !rep.OK || rep.Broken {
+		t.Fatalf("ledger %+v %v", rep, err)
+	}
+	if err := c.Retire(ctx, "ep-y"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeleteCheckpoint(ctx, "ckpt-y"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -391,7 +391,7 @@ func (e *Episode) Wait(ctx context.Context) (*supervisor.Receipt, error) {
 		if err != nil {
 			return nil, err
 		}
-		if st.State == "exited" && st.Receipt != nil {
+		if st.State == supervisor.StateExited && st.Receipt != nil {
 			return st.Receipt, nil
 		}
 		select {
@@ -408,7 +408,7 @@ func (e *Episode) ended(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if st.State != "exited" || st.Receipt == nil {
+	if st.State != supervisor.StateExited || st.Receipt == nil {
 		return fmt.Errorf("the supervisor reports %s", st.State)
 	}
 	if !st.Receipt.CleanupConfirmed {

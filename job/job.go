@@ -37,6 +37,7 @@ import (
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/sandbox/opensandbox"
+	"stasis/supervisor"
 	"stasis/task"
 )
 
@@ -176,7 +177,7 @@ type episodeView struct {
 }
 
 func (v episodeView) ended() bool {
-	return v.State == "ended" || (v.Status != nil && v.Status.State == "exited")
+	return v.State == "ended" || (v.Status != nil && v.Status.State == supervisor.StateExited)
 }
 
 // Excluded is an episode a checkpoint was committed without.

@@ -84,16 +84,24 @@ const (
 	stExited
 )
 
+// The public states a Status reports.
+const (
+	StateRunning  = "running"
+	StatePaused   = "paused"
+	StateStopping = "stopping"
+	StateExited   = "exited"
+)
+
 func (s stateName) public() string {
 	switch s {
 	case stRunning:
-		return "running"
+		return StateRunning
 	case stPausedStop, stPausedHold, stPausedUnconfirmed:
-		return "paused"
+		return StatePaused
 	case stStopping:
-		return "stopping"
+		return StateStopping
 	}
-	return "exited"
+	return StateExited
 }
 
 func (s stateName) describe() string {
@@ -373,12 +381,12 @@ func (m *Machine) Status() Status {
 		Receipt:    m.receipt,
 		Frozen:     m.frozen,
 	}
-	if m.pauseAck != nil && m.state.public() == "paused" {
+	if m.pauseAck != nil && m.state.public() == StatePaused {
 		c := m.pauseAck.Confirmed
 		s.Confirmed = &c
 	}
 	paused := m.pausedTotal
-	if m.state.public() == "paused" {
+	if m.state.public() == StatePaused {
 		paused += m.clock.Now().Sub(m.pausedSince)
 	}
 	s.PausedTotal = paused.Seconds()
@@ -429,7 +437,7 @@ func (m *Machine) Tick() {
 func (m *Machine) beginStop(reason string) {
 	m.stopReason = reason
 	wasPaused := m.state == stPausedStop
-	if m.state.public() == "paused" {
+	if m.state.public() == StatePaused {
 		m.pausedTotal += m.clock.Now().Sub(m.pausedSince)
 	}
 	m.state = stStopping
@@ -479,7 +487,7 @@ func (m *Machine) HarnessExited(gen int, code int) error {
 	if gen != m.gen || m.state == stPausedUnconfirmed || m.state == stExited {
 		return ErrStaleLaunch
 	}
-	if m.state.public() == "paused" {
+	if m.state.public() == StatePaused {
 		m.pausedTotal += m.clock.Now().Sub(m.pausedSince)
 	}
 	left, err := m.p.KillTree()
@@ -491,7 +499,7 @@ func (m *Machine) finish(code *int, errMsg string, leftover []int, cleanupErr er
 	if m.state == stExited {
 		return
 	}
-	if m.gate != nil && m.state.public() == "paused" {
+	if m.gate != nil && m.state.public() == StatePaused {
 		_ = m.gate.Release()
 	}
 	m.state = stExited

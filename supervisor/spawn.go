@@ -52,7 +52,7 @@ func Spawn(ctx context.Context, o SpawnOptions) (*Child, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		r, err := Call(ctx, o.Dir, Request{Op: OpStatus})
-		if err == nil && r.OK && r.Status.State != "exited" && r.Status.Identity.PID == cmd.Process.Pid {
+		if err == nil && r.OK && r.Status.State != StateExited && r.Status.Identity.PID == cmd.Process.Pid {
 			return c, nil
 		}
 		select {

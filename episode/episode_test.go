@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +50,9 @@ type rig struct {
 	gw    *relay.Gateway
 	gates sync.Map // episode → *gate
 	tasks []*task.Task
+	// seen, when set, is told of every call that reaches the gateway
+	// (episode, call number, attempt) before it is served.
+	seen atomic.Pointer[func(episode, call, attempt string)]
 }
 
 func newRig(t *testing.T) *rig {
@@ -70,7 +74,7 @@ func newRig(t *testing.T) *rig {
 // directory and path and the server of per-sandbox sockets; mk returns the
 // provider, the gateway's URL as the relays see it, and where the provider
 // puts stasis in its sandboxes (empty: it is copied in).
-func newRigOn(t *testing.T, mk func(gwDir, sock string, sockets local.GatewayServer) (sandbox.Provider, string, string)) *rig {
+func newRigOn(t testing.TB, mk func(gwDir, sock string, sockets local.GatewayServer) (sandbox.Provider, string, string)) *rig {
 	t.Helper()
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) }) // runs last
 	ts, err := task.Builtin()
@@ -105,6 +109,9 @@ func newRigOn(t *testing.T, mk func(gwDir, sock string, sockets local.GatewaySer
 		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
 			call := q.Header.Get(relay.HeaderCallID)
 			ep, n, _ := strings.Cut(call, "/")
+			if f := r.seen.Load(); f != nil {
+				(*f)(ep, n, q.Header.Get(relay.HeaderAttempt))
+			}
 			if v, ok := r.gates.Load(ep); ok && q.Header.Get(relay.HeaderAttempt) == "0" {
 				g := v.(*gate)
 				if strconv.Itoa(g.call) == n {
@@ -153,7 +160,7 @@ func (r *rig) gate(ep string, call int) *gate {
 // at the gateway. crash then closes the episode (its sandbox deleted, as a
 // crash would take it) and opens the gate; without it the episode is
 // closed when the test ends.
-func (r *rig) startToGate(t *testing.T, ctx context.Context, spec episode.Spec, g *gate) (*episode.Episode, func()) {
+func (r *rig) startToGate(t testing.TB, ctx context.Context, spec episode.Spec, g *gate) (*episode.Episode, func()) {
 	t.Helper()
 	e, err := episode.Start(ctx, r.env, spec)
 	if err != nil {
@@ -181,7 +188,7 @@ func (r *rig) startToGate(t *testing.T, ctx context.Context, spec episode.Spec, 
 	}
 }
 
-func adapter(t *testing.T, name string) harness.Adapter {
+func adapter(t testing.TB, name string) harness.Adapter {
 	t.Helper()
 	if name == "opencode" {
 		if _, err := opencode.Binary(); err != nil {
@@ -219,7 +226,7 @@ func (r *rig) finish(t *testing.T, ctx context.Context, e *episode.Episode) task
 	return v
 }
 
-func (r *rig) dump(t *testing.T, e *episode.Episode) {
+func (r *rig) dump(t testing.TB, e *episode.Episode) {
 	t.Helper()
 	ctx := context.Background()
 	for _, f := range []string{"/tmp/stasis/" + e.ID() + "/supervisor.log"} {

@@ -3,9 +3,12 @@ package episode_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,18 +26,36 @@ import (
 // newMicroVMRig is the rig on the microVM provider: the guest image holds
 // a static stasis at the bound binary's path, and QEMU forwards the
 // guest's GatewayAddr to a gateway socket of the guest's own.
-func newMicroVMRig(t *testing.T) (*rig, *microvm.Provider) {
+func newMicroVMRig(t testing.TB) (*rig, *microvm.Provider) {
+	return newMicroVMRigWith(t, microvm.Options{})
+}
+
+// newOpenCodeMicroVMRig is the microVM rig for OpenCode: guests boot the
+// test image (Debian: Node, glibc), OpenCode's npm prefix is bound in
+// read-only as the server binds it.
+func newOpenCodeMicroVMRig(t testing.TB) (*rig, *microvm.Provider) {
+	t.Helper()
+	prefix, ok := harness.OpenCodeBind()
+	if !ok {
+		t.Fatal("OpenCode is not installed (make deps-opencode; make test does it first)")
+	}
+	im := stasistest.TestImage(t)
+	r, mp := newMicroVMRigWith(t, microvm.Options{ReadOnlyBinds: map[string]string{prefix: harness.OpenCodeSandboxDir}})
+	r.env.Image = im
+	return r, mp
+}
+
+func newMicroVMRigWith(t testing.TB, o microvm.Options) (*rig, *microvm.Provider) {
 	t.Helper()
 	if os.Getenv(microvm.KernelEnv) == "" {
 		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel)", microvm.KernelEnv)
 	}
 	var mp *microvm.Provider
 	r := newRigOn(t, func(gwDir, _ string, sockets local.GatewayServer) (sandbox.Provider, string, string) {
+		o.Home, o.Exe, o.ExeEnv = t.TempDir(), stasistest.Exe(), stasistest.Env
+		o.GuestBinary, o.GatewayDir, o.GatewayServer = stasistest.StaticBinary(t), gwDir, sockets
 		var err error
-		mp, err = microvm.New(context.Background(), microvm.Options{
-			Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env,
-			GuestBinary: stasistest.StaticBinary(t), GatewayDir: gwDir, GatewayServer: sockets,
-		})
+		mp, err = microvm.New(context.Background(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,4 +278,202 @@ func TestMicroVMPauseModesResumeInPlace(t *testing.T) {
 			}
 		})
 	}
+}
+
+// OpenCode in a microVM guest on the test image is hold-paused while its
+// third model call is held at the gateway, snapshotted with its processes,
+// and branched into two from that one snapshot: the episode itself resumes
+// in place in one fork, a copy under its own name in the other. Both are
+// the recorded launch (no relaunch), both finish with reward 1, and each
+// ledger verifies on its own: the first two entries are the original's,
+// the held call is made afresh under the new attempt, and no entry marks a
+// relaunch boundary.
+func TestMicroVMOpenCodeForkOfTwoResumesInPlace(t *testing.T) {
+	r, mp := newOpenCodeMicroVMRig(t)
+	tk, err := task.Lookup(r.tasks, "py-ini-value-with-equals")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	id := "oc-vm"
+	g := r.gate(id, 3)
+	defer g.Open()
+	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "opencode")}
+	e, crash := r.startToGate(t, ctx, spec, g)
+	snap, err := e.PauseAndSnapshot(ctx, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mp.DeleteSnapshot(context.Background(), snap.ID)
+	st := snap.State
+	if st.PauseMode != supervisor.ModeHold || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != 2 {
+		t.Fatalf("pause state: %+v", st)
+	}
+	crash()
+	forks, err := mp.Fork(ctx, snap.ID, 2, episode.ForkSpec(spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyID := id + "-b1"
+	var eps []*episode.Episode
+	for i, f := range forks {
+		var e2 *episode.Episode
+		if i == 0 {
+			e2, err = episode.ResumeInPlace(ctx, r.env, spec, f.ID, st)
+		} else {
+			e2, err = episode.ResumeCopy(ctx, r.env, spec, f.ID, st, copyID)
+		}
+		if err != nil {
+			for _, f := range forks {
+				_ = mp.Delete(context.Background(), f.ID)
+			}
+			t.Fatalf("fork %d: %v", i, err)
+		}
+		eps = append(eps, e2)
+		defer e2.Close(context.Background())
+	}
+	for _, e2 := range eps {
+		if v := r.finish(t, ctx, e2); v.Reward != 1 {
+			t.Fatalf("%s: reward %d: %v %v\n%s", e2.ID(), v.Reward, v.FailToPass, v.PassToPass, v.Output)
+		}
+		hist, err := ledger.Read(r.gw.LedgerDir(), e2.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hist.Entries) < 3 {
+			t.Fatalf("%s: %d ledger entries", e2.ID(), len(hist.Entries))
+		}
+		for i, en := range hist.Entries {
+			if i < 2 && en.Attempt != 0 {
+				t.Fatalf("%s: entry %d attempt %d, want the original's 0", e2.ID(), i+1, en.Attempt)
+			}
+			if i >= 2 && en.Attempt < 1 {
+				t.Fatalf("%s: entry %d attempt %d after the restore", e2.ID(), i+1, en.Attempt)
+			}
+			if en.Boundary {
+				t.Fatalf("%s: entry %d marks a relaunch boundary, but the episode resumed in place", e2.ID(), i+1)
+			}
+		}
+	}
+}
+
+// BenchmarkMicroVMOpenCodeResume measures what resuming OpenCode in place
+// saves against relaunching it. One OpenCode episode on the test image is
+// hold-paused while its third model call is held and snapshotted with its
+// processes (the snapshot's seconds and stored bytes are reported). Then,
+// per iteration, two copies are restored from that snapshot, alternately:
+//
+//   - in_place: fork, then ResumeCopy (the relay re-issues the held call);
+//   - relaunch: fork, every process of the harness and the supervisor
+//     killed with SIGKILL (what a file-only snapshot leaves: the files),
+//     then RelaunchCopy (a new supervisor, OpenCode started on its saved
+//     session, its history matched against the ledger).
+//
+// Each figure is from the start of the fork to the copy's next model call
+// at the gateway (*_s), and from the end of the fork (*_after_fork_s);
+// the kill is not counted. relaunch/in_place is the ratio of the totals.
+//
+//	go test ./episode -run '^$' -bench MicroVMOpenCodeResume -benchtime 3x -timeout 60m
+func BenchmarkMicroVMOpenCodeResume(b *testing.B) {
+	r, mp := newOpenCodeMicroVMRig(b)
+	tk, err := task.Lookup(r.tasks, "py-ini-value-with-equals")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	defer cancel()
+	id := "oc-bench"
+	g := r.gate(id, 3)
+	defer g.Open()
+	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(b, "opencode")}
+	e, crash := r.startToGate(b, ctx, spec, g)
+	snap, err := e.PauseAndSnapshot(ctx, 1, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mp.DeleteSnapshot(context.Background(), snap.ID)
+	info, err := mp.GetSnapshot(ctx, snap.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := snap.State
+	crash()
+
+	// next is told of each copy's first call after its restore.
+	var mu sync.Mutex
+	next := map[string]chan struct{}{}
+	seen := func(ep, _, attempt string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if c, ok := next[ep]; ok && attempt != "0" {
+			close(c)
+			delete(next, ep)
+		}
+	}
+	r.seen.Store(&seen)
+	restore := func(name string, inPlace bool) (total, afterFork time.Duration) {
+		b.Helper()
+		c := make(chan struct{})
+		mu.Lock()
+		next[name] = c
+		mu.Unlock()
+		t0 := time.Now()
+		forks, err := mp.Fork(ctx, snap.ID, 1, episode.ForkSpec(spec))
+		if err != nil {
+			b.Fatal(err)
+		}
+		forkDur := time.Since(t0)
+		var e2 *episode.Episode
+		t1 := time.Now()
+		if inPlace {
+			e2, err = episode.ResumeCopy(ctx, r.env, spec, forks[0].ID, st, name)
+		} else {
+			// Leave the files only: the harness's processes (the agent's
+			// user), then the supervisor and its relay.
+			kill := func(u sandbox.User, argv ...string) {
+				var out strings.Builder
+				res, err := mp.Exec(ctx, forks[0].ID, sandbox.ExecRequest{Argv: argv, User: u, Stdout: &out, Stderr: &out, Timeout: time.Minute})
+				if err != nil || res.ExitCode != 0 {
+					_ = mp.Delete(context.Background(), forks[0].ID)
+					b.Fatalf("%v: exit %d, %v: %s", argv, res.ExitCode, err, out.String())
+				}
+			}
+			kill(sandbox.UserAgent, "sh", "-c", "kill -9 -1; true")
+			kill(sandbox.UserControl, "kill", "-9", strconv.Itoa(st.Identity.PID))
+			t1 = time.Now() // the kill is not counted
+			e2, err = episode.RelaunchCopy(ctx, r.env, spec, forks[0].ID, st.HarnessSession, st.LedgerCut(), name)
+		}
+		if err != nil {
+			_ = mp.Delete(context.Background(), forks[0].ID)
+			b.Fatalf("%s: %v", name, err)
+		}
+		defer e2.Close(context.Background())
+		select {
+		case <-c:
+		case <-ctx.Done():
+			r.dump(b, e2)
+			b.Fatalf("%s: no model call after the restore", name)
+		}
+		afterFork = time.Since(t1)
+		return forkDur + afterFork, afterFork
+	}
+	var in, rl, inAfter, rlAfter time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d, a := restore(fmt.Sprintf("%s-p%d", id, i), true)
+		in, inAfter = in+d, inAfter+a
+		d, a = restore(fmt.Sprintf("%s-r%d", id, i), false)
+		rl, rlAfter = rl+d, rlAfter+a
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(in.Seconds()/n, "in_place_s")
+	b.ReportMetric(inAfter.Seconds()/n, "in_place_after_fork_s")
+	b.ReportMetric(rl.Seconds()/n, "relaunch_s")
+	b.ReportMetric(rlAfter.Seconds()/n, "relaunch_after_fork_s")
+	b.ReportMetric(rl.Seconds()/in.Seconds(), "relaunch/in_place")
+	b.ReportMetric((snap.Pause + snap.Took).Seconds(), "snapshot_s")
+	b.ReportMetric(float64(info.Bytes)/(1<<20), "snapshot_MiB")
+	b.ReportMetric(float64(info.NewBytes)/(1<<20), "snapshot_stored_MiB")
 }

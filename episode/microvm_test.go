@@ -440,7 +440,7 @@ func BenchmarkMicroVMOpenCodeResume(b *testing.B) {
 				}
 			}
 			kill(sandbox.UserAgent, "sh", "-c", "kill -9 -1; true")
-			kill(sandbox.UserControl, "kill", "-9", strconv.Itoa(st.Identity.PID))
+			kill(sandbox.UserControl, "sh", "-c", "kill -9 "+strconv.Itoa(st.Identity.PID))
 			t1 = time.Now() // the kill is not counted
 			e2, err = episode.RelaunchCopy(ctx, r.env, spec, forks[0].ID, st.HarnessSession, st.LedgerCut(), name)
 		}

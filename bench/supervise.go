@@ -152,11 +152,20 @@ func superviseOne(ctx context.Context, o SuperviseOptions, dir string, mode supe
 		if !r.Ack.Confirmed {
 			row.Unconfirmed++
 		}
+		// A hold's acknowledgement file is written after its reply; in a
+		// checkpoint the snapshot comes between, so let it land (untimed)
+		// rather than have the next request pay for it.
+		if err := waitAckFile(dir, int64(i), supervisor.OpPause); err != nil {
+			return row, err
+		}
 		t0 = time.Now()
 		if _, err := c.Do(ctx, supervisor.Request{Op: supervisor.OpContinue, Seq: int64(i)}); err != nil {
 			return row, err
 		}
 		conts = append(conts, time.Since(t0))
+		if err := waitAckFile(dir, int64(i), supervisor.OpContinue); err != nil {
+			return row, err
+		}
 		if !r.Ack.Confirmed { // the tree was relaunched: wait until it is whole again
 			if err := waitTree(spid, n+1, 30*time.Second); err != nil {
 				return row, err
@@ -197,6 +206,22 @@ func waitTree(root, want int, timeout time.Duration) error {
 			return fmt.Errorf("tree of %d processes not up within %s (have %d)", want, timeout, len(d))
 		}
 		time.Sleep(2 * time.Millisecond) // poll interval, bounded by the deadline above
+	}
+}
+
+// waitAckFile polls until the acknowledgement file of op seq is in the
+// session directory dir (a few seconds at most).
+func waitAckFile(dir string, seq int64, op string) error {
+	path := filepath.Join(dir, supervisor.AcksDir, fmt.Sprintf("%d.%s.json", seq, op))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not appear within 5s of its reply", path)
+		}
+		time.Sleep(50 * time.Microsecond)
 	}
 }
 

@@ -440,12 +440,21 @@ type Snapshot struct {
 // continueAfter is set.
 func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter bool) (Snapshot, error) {
 	t0 := time.Now()
-	if _, err := e.sess.Pause(ctx, n); err != nil {
+	ack, err := e.sess.Pause(ctx, n)
+	if err != nil {
 		return Snapshot{}, err
 	}
 	pause := time.Since(t0)
-	if sid, err := e.spec.Harness.Session(ctx, e.env.Provider, e.sess.SandboxID(), e.launch); err == nil && sid != "" {
-		e.sess.SetHarnessSession(sid)
+	// The harness's saved session is asked for only once the harness has
+	// had a model call answered. Before that it has no conversation to
+	// resume (a relaunch then finds its newest session itself, or starts
+	// the task afresh), and asking may race its start-up: two OpenCode
+	// processes that open one new database at once both migrate it, and
+	// one fails, the harness as likely as the query (OpenCode exits 1).
+	if ack.RelayDelivered == nil || *ack.RelayDelivered > 0 {
+		if sid, err := e.spec.Harness.Session(ctx, e.env.Provider, e.sess.SandboxID(), e.launch); err == nil && sid != "" {
+			e.sess.SetHarnessSession(sid)
+		}
 	}
 	st, err := e.sess.CheckpointState(ctx)
 	if err != nil {

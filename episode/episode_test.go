@@ -432,3 +432,63 @@ func TestRelaunchWithoutSavedSessionStartsAfresh(t *testing.T) {
 		t.Fatalf("reward %d after a relaunch with no saved session: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
 	}
 }
+
+// countingSessions is an adapter that counts the calls of Session.
+type countingSessions struct {
+	harness.Adapter
+	n atomic.Int32
+}
+
+func (c *countingSessions) Session(ctx context.Context, p sandbox.Provider, id string, l harness.Launch) (string, error) {
+	c.n.Add(1)
+	return c.Adapter.Session(ctx, p, id, l)
+}
+
+// A checkpoint asks for the harness's saved session only once the harness
+// has had a model call answered: before that there is nothing to resume,
+// and the query can race the harness's start-up (two OpenCode processes
+// migrating one new database at once: one of them fails, the harness as
+// likely as the query). Paused while its first call is held, the episode
+// is not asked; paused at its third, it is.
+func TestSessionAskedOnlyAfterAModelCall(t *testing.T) {
+	r := newRig(t)
+	tk, err := task.Lookup(r.tasks, "sh-renext-spaces")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	a := &countingSessions{Adapter: adapter(t, "mini")}
+	id := "ask-session"
+	g1 := r.gate(id, 1)
+	defer g1.Open()
+	e, _ := r.startToGate(t, ctx, episode.Spec{ID: id, Task: tk, Harness: a}, g1)
+	snap, err := e.PauseAndSnapshot(ctx, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.env.Provider.DeleteSnapshot(ctx, snap.ID)
+	if d := snap.State.RelayDelivered; d == nil || *d != 0 || a.n.Load() != 0 {
+		t.Fatalf("paused before any answer (delivered %v): Session asked %d times", d, a.n.Load())
+	}
+	g3 := r.gate(id, 3)
+	defer g3.Open()
+	g1.Open()
+	select {
+	case <-g3.arrived:
+	case <-ctx.Done():
+		t.Fatal("call 3 never came")
+	}
+	snap, err = e.PauseAndSnapshot(ctx, 2, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.env.Provider.DeleteSnapshot(ctx, snap.ID)
+	if d := snap.State.RelayDelivered; d == nil || *d != 2 || a.n.Load() != 1 {
+		t.Fatalf("paused after two answers (delivered %v): Session asked %d times, want 1", d, a.n.Load())
+	}
+	g3.Open()
+	if v := r.finish(t, ctx, e); v.Reward != 1 {
+		t.Fatalf("reward %d", v.Reward)
+	}
+}

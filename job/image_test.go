@@ -46,22 +46,24 @@ func TestRunWithCrashOnImage(t *testing.T) {
 	}
 }
 
-// TestRunWithCrashOnImageMicroVM: the same on the microvm provider: the
-// guests' root is the Debian image, every built-in task resolves (not only
-// the shell ones the initramfs can run), resumed in place after the crash.
+// TestRunWithCrashOnImageMicroVM: the same on the microvm provider with
+// mini and OpenCode alternating: the guests' root is the Debian image,
+// every built-in task resolves (not only the shell ones the initramfs can
+// run), and every episode still running at the checkpoint, OpenCode's
+// too, resumes in place after the crash.
 func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	rep, err := job.Run(ctx, job.Options{
-		Tasks: "builtin", N: 4, Harness: "mini", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
+		Tasks: "builtin", N: 4, Harness: "mixed", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
 		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GuestBinary: stasistest.StaticBinary(t), TokenDelay: 3 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	langs := map[string]bool{}
+	langs, harnesses := map[string]bool{}, map[string]bool{}
 	var why []string
 	for _, e := range rep.Episodes {
 		why = append(why, e.ID+" "+e.Task+" "+e.Harness+": "+e.Verdict+" "+e.Reason+" ("+e.Resume+")")
@@ -69,6 +71,7 @@ func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 			t.Errorf("episode %+v", e)
 		}
 		langs[strings.SplitN(e.Task, "-", 2)[0]] = true
+		harnesses[e.Harness] = true
 		if e.Resume == "relaunch" {
 			t.Errorf("%s relaunched on the microVM provider: %s", e.ID, e.ResumeWhy)
 		}
@@ -78,6 +81,9 @@ func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 	}
 	if len(langs) < 2 {
 		t.Errorf("only %v tasks ran: the image should run more than shell tasks", langs)
+	}
+	if !harnesses["opencode"] || !harnesses["mini"] {
+		t.Errorf("harnesses %v: want mini and OpenCode", harnesses)
 	}
 	t.Logf("%s", strings.Join(why, "\n"))
 	left, _ := filepath.Glob(filepath.Join(tmp, "stasis-run-*"))

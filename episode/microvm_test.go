@@ -81,53 +81,20 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	id := "vm-hold"
-	g := r.gate(id, 3)
-	defer g.Open()
 	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini")}
-	e, crash := r.startToGate(t, ctx, spec, g)
-	snap, err := e.PauseAndSnapshot(ctx, 1, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mp.DeleteSnapshot(context.Background(), snap.ID)
+	snap := r.heldSnapshot(t, ctx, mp, spec, 3)
 	st := snap.State
-	if st.PauseMode != supervisor.ModeHold || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != 2 {
-		t.Fatalf("pause state: %+v", st)
-	}
-	// The crash: the source VM is gone; its held call dies with it.
-	crash()
-
 	// Let time pass outside the saved guest, so that the two clock
 	// policies give clocks seconds apart (a deliberate gap, not a wait for
 	// anything).
 	if d := time.Until(time.Unix(0, int64(st.PauseWall*1e9)).Add(5 * time.Second)); d > 0 {
 		time.Sleep(d)
 	}
-	forks, err := mp.Fork(ctx, snap.ID, 2, episode.ForkSpec(spec))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The copy under the host clock policy.
+	hostEnv := *r.env
+	hostEnv.ClockPolicy = episode.ClockHost
 	copyID := id + "-copy"
-	var eps []*episode.Episode
-	for i, f := range forks {
-		var e2 *episode.Episode
-		if i == 0 {
-			e2, err = episode.ResumeInPlace(ctx, r.env, spec, f.ID, st)
-		} else {
-			// The copy under the host clock policy.
-			hostEnv := *r.env
-			hostEnv.ClockPolicy = episode.ClockHost
-			e2, err = episode.ResumeCopy(ctx, &hostEnv, spec, f.ID, st, copyID)
-		}
-		if err != nil {
-			for _, f := range forks {
-				_ = mp.Delete(context.Background(), f.ID)
-			}
-			t.Fatalf("fork %d: %v", i, err)
-		}
-		eps = append(eps, e2)
-		defer e2.Close(context.Background())
-	}
+	eps := r.resumeTwo(t, ctx, mp, spec, snap, copyID, &hostEnv)
 	for i, e2 := range eps {
 		cf := e2.Clock()
 		in, err := mp.GuestInfo(ctx, e2.SandboxID())
@@ -153,38 +120,97 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 		}
 	}
 	for _, e2 := range eps {
-		if v := r.finish(t, ctx, e2); v.Reward != 1 {
-			t.Fatalf("%s: reward %d: %v %v\n%s", e2.ID(), v.Reward, v.FailToPass, v.PassToPass, v.Output)
-		}
-		if e2.Attempt() < 1 {
-			t.Fatalf("%s: attempt %d after a restore", e2.ID(), e2.Attempt())
-		}
-		hist, err := ledger.Read(r.gw.LedgerDir(), e2.ID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(hist.Entries) < 3 {
-			t.Fatalf("%s: %d ledger entries", e2.ID(), len(hist.Entries))
-		}
-		// Entries 1 and 2 are the original's; entry 3 is the held call,
-		// made once, under the new attempt.
-		for i, en := range hist.Entries {
-			if want := 0; i < 2 && en.Attempt != want {
-				t.Fatalf("%s: entry %d attempt %d, want %d", e2.ID(), i+1, en.Attempt, want)
-			}
-			if i >= 2 && en.Attempt < 1 {
-				t.Fatalf("%s: entry %d attempt %d after the restore", e2.ID(), i+1, en.Attempt)
-			}
-			if en.Boundary {
-				t.Fatalf("%s: entry %d marks a relaunch boundary, but the episode resumed in place", e2.ID(), i+1)
-			}
-		}
+		r.finishResumed(t, ctx, e2, 2)
 	}
 	// The two ledgers are separate files.
 	a, _ := ledger.Path(r.gw.LedgerDir(), id)
 	b, _ := ledger.Path(r.gw.LedgerDir(), copyID)
 	if filepath.Clean(a) == filepath.Clean(b) {
 		t.Fatal("one ledger for both copies")
+	}
+}
+
+// heldSnapshot starts spec's episode, hold-pauses it while its call-th
+// model call is held at the gateway, snapshots it with its processes,
+// checks what the pause recorded (hold, processes kept, call-1 calls
+// delivered), and crashes it: its VM is gone, its held call dies with it.
+// The snapshot is deleted when the test ends.
+func (r *rig) heldSnapshot(t *testing.T, ctx context.Context, mp *microvm.Provider, spec episode.Spec, call int) episode.Snapshot {
+	t.Helper()
+	g := r.gate(spec.ID, call)
+	t.Cleanup(g.Open)
+	e, crash := r.startToGate(t, ctx, spec, g)
+	snap, err := e.PauseAndSnapshot(ctx, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mp.DeleteSnapshot(context.Background(), snap.ID) })
+	st := snap.State
+	if st.PauseMode != supervisor.ModeHold || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != int64(call-1) {
+		t.Fatalf("pause state: %+v", st)
+	}
+	crash()
+	return snap
+}
+
+// resumeTwo forks snap twice: spec's episode resumes in place in the
+// first fork, and a copy named copyID, under copyEnv, in the second. Both
+// are closed when the test ends.
+func (r *rig) resumeTwo(t *testing.T, ctx context.Context, mp *microvm.Provider, spec episode.Spec, snap episode.Snapshot, copyID string, copyEnv *episode.Env) []*episode.Episode {
+	t.Helper()
+	forks, err := mp.Fork(ctx, snap.ID, 2, episode.ForkSpec(spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eps []*episode.Episode
+	for i, f := range forks {
+		var e2 *episode.Episode
+		if i == 0 {
+			e2, err = episode.ResumeInPlace(ctx, r.env, spec, f.ID, snap.State)
+		} else {
+			e2, err = episode.ResumeCopy(ctx, copyEnv, spec, f.ID, snap.State, copyID)
+		}
+		if err != nil {
+			for _, f := range forks[i:] {
+				_ = mp.Delete(context.Background(), f.ID)
+			}
+			t.Fatalf("fork %d: %v", i, err)
+		}
+		eps = append(eps, e2)
+		t.Cleanup(func() { _ = e2.Close(context.Background()) })
+	}
+	return eps
+}
+
+// finishResumed runs an episode resumed in place to reward 1 and checks
+// its ledger: its first delivered entries are the original's (attempt 0),
+// the held call and those after it were made under a later attempt, and
+// no entry marks a relaunch boundary.
+func (r *rig) finishResumed(t *testing.T, ctx context.Context, e *episode.Episode, delivered int) {
+	t.Helper()
+	if v := r.finish(t, ctx, e); v.Reward != 1 {
+		t.Fatalf("%s: reward %d: %v %v\n%s", e.ID(), v.Reward, v.FailToPass, v.PassToPass, v.Output)
+	}
+	if e.Attempt() < 1 {
+		t.Fatalf("%s: attempt %d after a restore", e.ID(), e.Attempt())
+	}
+	hist, err := ledger.Read(r.gw.LedgerDir(), e.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist.Entries) <= delivered {
+		t.Fatalf("%s: %d ledger entries", e.ID(), len(hist.Entries))
+	}
+	for i, en := range hist.Entries {
+		if i < delivered && en.Attempt != 0 {
+			t.Fatalf("%s: entry %d attempt %d, want the original's 0", e.ID(), i+1, en.Attempt)
+		}
+		if i >= delivered && en.Attempt < 1 {
+			t.Fatalf("%s: entry %d attempt %d after the restore", e.ID(), i+1, en.Attempt)
+		}
+		if en.Boundary {
+			t.Fatalf("%s: entry %d marks a relaunch boundary, but the episode resumed in place", e.ID(), i+1)
+		}
 	}
 }
 
@@ -296,65 +322,10 @@ func TestMicroVMOpenCodeForkOfTwoResumesInPlace(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	id := "oc-vm"
-	g := r.gate(id, 3)
-	defer g.Open()
-	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "opencode")}
-	e, crash := r.startToGate(t, ctx, spec, g)
-	snap, err := e.PauseAndSnapshot(ctx, 1, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mp.DeleteSnapshot(context.Background(), snap.ID)
-	st := snap.State
-	if st.PauseMode != supervisor.ModeHold || !st.KeepsProcesses || st.RelayDelivered == nil || *st.RelayDelivered != 2 {
-		t.Fatalf("pause state: %+v", st)
-	}
-	crash()
-	forks, err := mp.Fork(ctx, snap.ID, 2, episode.ForkSpec(spec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	copyID := id + "-b1"
-	var eps []*episode.Episode
-	for i, f := range forks {
-		var e2 *episode.Episode
-		if i == 0 {
-			e2, err = episode.ResumeInPlace(ctx, r.env, spec, f.ID, st)
-		} else {
-			e2, err = episode.ResumeCopy(ctx, r.env, spec, f.ID, st, copyID)
-		}
-		if err != nil {
-			for _, f := range forks {
-				_ = mp.Delete(context.Background(), f.ID)
-			}
-			t.Fatalf("fork %d: %v", i, err)
-		}
-		eps = append(eps, e2)
-		defer e2.Close(context.Background())
-	}
-	for _, e2 := range eps {
-		if v := r.finish(t, ctx, e2); v.Reward != 1 {
-			t.Fatalf("%s: reward %d: %v %v\n%s", e2.ID(), v.Reward, v.FailToPass, v.PassToPass, v.Output)
-		}
-		hist, err := ledger.Read(r.gw.LedgerDir(), e2.ID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(hist.Entries) < 3 {
-			t.Fatalf("%s: %d ledger entries", e2.ID(), len(hist.Entries))
-		}
-		for i, en := range hist.Entries {
-			if i < 2 && en.Attempt != 0 {
-				t.Fatalf("%s: entry %d attempt %d, want the original's 0", e2.ID(), i+1, en.Attempt)
-			}
-			if i >= 2 && en.Attempt < 1 {
-				t.Fatalf("%s: entry %d attempt %d after the restore", e2.ID(), i+1, en.Attempt)
-			}
-			if en.Boundary {
-				t.Fatalf("%s: entry %d marks a relaunch boundary, but the episode resumed in place", e2.ID(), i+1)
-			}
-		}
+	spec := episode.Spec{ID: "oc-vm", Task: tk, Harness: adapter(t, "opencode")}
+	snap := r.heldSnapshot(t, ctx, mp, spec, 3)
+	for _, e2 := range r.resumeTwo(t, ctx, mp, spec, snap, spec.ID+"-b1", r.env) {
+		r.finishResumed(t, ctx, e2, 2)
 	}
 }
 

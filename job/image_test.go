@@ -75,6 +75,11 @@ func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 		if e.Resume == "relaunch" {
 			t.Errorf("%s relaunched on the microVM provider: %s", e.ID, e.ResumeWhy)
 		}
+		// In place under the continuous policy, the guest's clock did not
+		// jump: the step stasis made is under a second.
+		if e.Resume == "in_place" && (e.ClockStep == nil || *e.ClockStep > 1 || *e.ClockStep < -1) {
+			t.Errorf("%s: clock step %v s after an in-place resume, want under 1 s", e.ID, e.ClockStep)
+		}
 	}
 	if len(rep.Episodes) != 4 || rep.Resolved != 4 || rep.Restore == nil {
 		t.Fatalf("resolved %d of %d:\n%s", rep.Resolved, len(rep.Episodes), strings.Join(why, "\n"))

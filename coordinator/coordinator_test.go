@@ -386,59 +386,74 @@ func (c claimsProcesses) Capabilities() sandbox.Capabilities {
 // resumed in place, and the restore says why; the episode still reaches
 // reward 1 with a ledger that verifies.
 func TestNotTheRecordedLaunchRelaunches(t *testing.T) {
+	w := newWorld(t)
+	w.env.Provider = claimsProcesses{w.local}
+	w.env.Verifier.Provider = w.env.Provider
+	w.restoreRelaunches("ep-x", "not the recorded launch", nil)
+}
+
+// restoreRelaunches checkpoints episode ep (held at its third model call;
+// its record must say it restores in place), deletes its sandbox, and
+// restores the checkpoint with a new coordinator (prepare, given the
+// record, runs first): the episode must be relaunched, for a reason that
+// says why, and still reach reward 1 with a ledger that verifies.
+func (w *world) restoreRelaunches(ep, why string, prepare func(store.Record)) {
+	t := w.t
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	w := newWorld(t)
-	w.env.Provider = claimsProcesses{w.env.Provider.(*local.Provider)}
-	w.env.Verifier.Provider = w.env.Provider
+	ck := "ckpt-" + ep
 	c := w.coordinator(ctx)
-	a, r := w.holdCall("ep-x", 3)
+	a, r := w.holdCall(ep, 3)
 	released := false
 	defer func() {
 		if !released {
 			close(r)
 		}
 	}()
-	if _, err := c.Start(ctx, "ep-x", "sh-renext-spaces", "mini"); err != nil {
+	if _, err := c.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
 		t.Fatal(err)
 	}
-	waitClosed(t, ctx, a, "call 3 of ep-x")
-	if _, err := c.Prepare(ctx, "ckpt-x"); err != nil {
+	waitClosed(t, ctx, a, "call 3 of "+ep)
+	if _, err := c.Prepare(ctx, ck); err != nil {
 		t.Fatal(err)
 	}
-	_, recs, err := w.st.Get(ctx, "ckpt-x")
+	_, recs, err := w.st.Get(ctx, ck)
 	if err != nil || len(recs) != 1 || !recs[0].RestoresInPlace() || recs[0].PauseMode != "hold" {
 		t.Fatalf("record: %+v %v", recs, err)
 	}
-	row, _ := w.st.GetEpisode(ctx, "ep-x")
-	if err := w.env.Provider.Delete(ctx, row.Sandbox); err != nil {
+	if prepare != nil {
+		prepare(recs[0])
+	}
+	row, _ := w.st.GetEpisode(ctx, ep)
+	if err := w.local.Delete(ctx, row.Sandbox); err != nil {
 		t.Fatal(err)
 	}
 	close(r)
 	released = true
 	c.Close()
 	c = w.coordinator(ctx)
-	res, err := c.Restore(ctx, "ckpt-x")
+	res, err := c.Restore(ctx, ck)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Episodes) != 1 || res.Episodes[0].Resume != "relaunch" || !strings.Contains(res.Episodes[0].ResumeWhy, "not the recorded launch") {
+	if len(res.Episodes) != 1 || res.Episodes[0].Resume != "relaunch" || !strings.Contains(res.Episodes[0].ResumeWhy, why) {
 		t.Fatalf("restore: %+v", res.Episodes)
 	}
-	if _, err := c.Wait(ctx, "ep-x"); err != nil {
+	if _, err := c.Wait(ctx, ep); err != nil {
 		t.Fatal(err)
 	}
-	v, _, err := c.Verify(ctx, "ep-x")
+	v, _, err := c.Verify(ctx, ep)
 	if err != nil || v.Reward != 1 {
 		t.Fatalf("reward %d %v\n%s", v.Reward, err, v.Output)
 	}
-	if rep, err := ledger.Verify(w.gw.LedgerDir(), "ep-x"); err != nil || !rep.OK || rep.Broken {
+	if rep, err := ledger.Verify(w.gw.LedgerDir(), ep); err != nil || !rep.OK || rep.Broken {
 		t.Fatalf("ledger %+v %v", rep, err)
 	}
-	if err := c.Retire(ctx, "ep-x"); err != nil {
+	if err := c.Retire(ctx, ep); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.DeleteCheckpoint(ctx, "ckpt-x"); err != nil {
+	if _, err := c.DeleteCheckpoint(ctx, ck); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -486,63 +501,11 @@ func (h harnessEndsInFork) Fork(ctx context.Context, snap string, n int, spec sa
 // failed with it, and it still reaches reward 1 with a ledger that
 // verifies.
 func TestHarnessEndedInForkRelaunches(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
 	w := newWorld(t)
-	hp := &harnessEndsInFork{claimsProcesses: claimsProcesses{w.env.Provider.(*local.Provider)}, episode: "ep-y"}
+	hp := &harnessEndsInFork{claimsProcesses: claimsProcesses{w.local}, episode: "ep-y"}
 	w.env.Provider = hp
 	w.env.Verifier.Provider = hp
-	c := w.coordinator(ctx)
-	a, r := w.holdCall("ep-y", 3)
-	released := false
-	defer func() {
-		if !released {
-			close(r)
-		}
-	}()
-	if _, err := c.Start(ctx, "ep-y", "sh-renext-spaces", "mini"); err != nil {
-		t.Fatal(err)
-	}
-	waitClosed(t, ctx, a, "call 3 of ep-y")
-	if _, err := c.Prepare(ctx, "ckpt-y"); err != nil {
-		t.Fatal(err)
-	}
-	_, recs, err := w.st.Get(ctx, "ckpt-y")
-	if err != nil || len(recs) != 1 || !recs[0].RestoresInPlace() {
-		t.Fatalf("record: %+v %v", recs, err)
-	}
-	hp.identity = *recs[0].Identity
-	row, _ := w.st.GetEpisode(ctx, "ep-y")
-	if err := w.local.Delete(ctx, row.Sandbox); err != nil {
-		t.Fatal(err)
-	}
-	close(r)
-	released = true
-	c.Close()
-	c = w.coordinator(ctx)
-	res, err := c.Restore(ctx, "ckpt-y")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Episodes) != 1 || res.Episodes[0].Resume != "relaunch" || !strings.Contains(res.Episodes[0].ResumeWhy, "harness ended in the fork") || !strings.Contains(res.Episodes[0].ResumeWhy, "has exited") {
-		t.Fatalf("restore: %+v", res.Episodes)
-	}
-	if _, err := c.Wait(ctx, "ep-y"); err != nil {
-		t.Fatal(err)
-	}
-	v, _, err := c.Verify(ctx, "ep-y")
-	if err != nil || v.Reward != 1 {
-		t.Fatalf("reward %d %v\n%s", v.Reward, err, v.Output)
-	}
-	if rep, err := ledger.Verify(w.gw.LedgerDir(), "ep-y"); err != nil || !rep.OK || rep.Broken {
-		t.Fatalf("ledger %+v %v", rep, err)
-	}
-	if err := c.Retire(ctx, "ep-y"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.DeleteCheckpoint(ctx, "ckpt-y"); err != nil {
-		t.Fatal(err)
-	}
+	w.restoreRelaunches("ep-y", "harness ended in the fork before the continue", func(r store.Record) { hp.identity = *r.Identity })
 }
 
 // A verdict belongs to one run. An episode ends and is verified (reward

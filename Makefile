@@ -15,7 +15,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/cli/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit fuzz bench clean
+.PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit python-client fuzz bench clean
 
 all: build
 
@@ -212,8 +212,14 @@ staticcheck: $(STATICCHECK)
 unit:
 	$(GO) test -race -count=1 -timeout 30m ./...
 
-## test: vet, staticcheck and the whole suite under the race detector.
-test: deps-test vet staticcheck unit
+## python-client: the Python client's tests (clients/python) and the
+## rollout-loop example, against real `stasis serve` processes of bin/stasis.
+python-client: build
+	STASIS_BIN=$(CURDIR)/$(BIN) python3 -m unittest discover -s clients/python/tests
+
+## test: vet, staticcheck, the whole Go suite under the race detector, and
+## the Python client's tests.
+test: deps-test vet staticcheck unit python-client
 
 ## fuzz: run each fuzzer for FUZZTIME (default 30s); new finds land in testdata/fuzz.
 FUZZTIME ?= 30s

@@ -235,8 +235,25 @@ func (r *rig) dump(t testing.TB, e *episode.Episode) {
 	}
 }
 
-// One episode per built-in task and harness, on the local provider with
-// the scripted model, runs to reward 1.
+// onePerLanguage is the first built-in task of each language.
+func onePerLanguage(ts []*task.Task) []*task.Task {
+	seen := map[string]bool{}
+	var out []*task.Task
+	for _, tk := range ts {
+		if !seen[tk.Language] {
+			seen[tk.Language] = true
+			out = append(out, tk)
+		}
+	}
+	return out
+}
+
+// Every built-in task runs to reward 1 with the mini harness, and one task
+// of each language with OpenCode, on the local provider with the scripted
+// model. (Mini shows that every task's script solves it; OpenCode that its
+// tools work in every toolchain. OpenCode on all twelve took about eleven
+// minutes of the suite, most of it compiling Go's standard library for
+// tests again in each fresh sandbox.)
 func TestEveryBuiltinTaskSolves(t *testing.T) {
 	for _, h := range []string{"mini", "opencode"} {
 		t.Run(h, func(t *testing.T) {
@@ -248,7 +265,11 @@ func TestEveryBuiltinTaskSolves(t *testing.T) {
 			}
 			sem := make(chan struct{}, par)
 			var wg sync.WaitGroup
-			for _, tk := range r.tasks {
+			tasks := r.tasks
+			if h == "opencode" {
+				tasks = onePerLanguage(r.tasks)
+			}
+			for _, tk := range tasks {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()

@@ -1,0 +1,110 @@
+"""A Python client of the stasis environment server (``stasis serve``).
+
+    import stasis
+
+    c = stasis.Client("unix:/var/lib/stasis/api.sock", state_dir="/var/lib/stasis")
+    ep = c.start_episode("py-ini-value-with-equals", "mini")
+    ck = c.create_checkpoint()
+    ...
+    c.wait_episodes([ep.id])
+    reward = c.verify_episode(ep.id).verdict.reward
+    for e in c.ledger(ep.id).entries:
+        e.tokens.completion_token_ids, e.tokens.logprobs
+
+Standard library only; Python 3.10 or later. ``stasis.aio.AsyncClient`` is
+the same client for asyncio; ``stasis.local.LocalServer`` runs a server on
+this machine (development, tests, the examples).
+"""
+
+from .aio import AsyncClient
+from .client import OPERATIONS, STATE_ENV, TOKEN_ENV, URL_ENV, Client, Operation
+from .errors import (
+    ERROR_TYPES,
+    APIError,
+    Conflict,
+    Forbidden,
+    InternalError,
+    InvalidRequest,
+    LedgerError,
+    Misdirected,
+    NotFound,
+    StasisError,
+    TooLarge,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+    UnsupportedMediaType,
+)
+from .ledger import Ledger, LedgerEntry, LedgerEvent, LedgerNotFound, LedgerProblem, LedgerReport, Tokens, read_ledger, verify_ledger
+from .models import (
+    BranchRequest,
+    Checkpoint,
+    CheckpointDetail,
+    CheckpointRecord,
+    CheckpointRequest,
+    CheckpointResult,
+    ClockFix,
+    Episode,
+    EpisodeFigures,
+    FreedSnapshot,
+    Identity,
+    Limits,
+    Receipt,
+    StartRequest,
+    SupervisorStatus,
+    Verdict,
+    VerifyResult,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Operation",
+    "OPERATIONS",
+    "STATE_ENV",
+    "TOKEN_ENV",
+    "URL_ENV",
+    "ERROR_TYPES",
+    "APIError",
+    "Conflict",
+    "Forbidden",
+    "InternalError",
+    "InvalidRequest",
+    "LedgerError",
+    "LedgerNotFound",
+    "Misdirected",
+    "NotFound",
+    "StasisError",
+    "TooLarge",
+    "TransportError",
+    "Unauthorized",
+    "Unavailable",
+    "UnsupportedMediaType",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerEvent",
+    "LedgerProblem",
+    "LedgerReport",
+    "Tokens",
+    "read_ledger",
+    "verify_ledger",
+    "BranchRequest",
+    "Checkpoint",
+    "CheckpointDetail",
+    "CheckpointRecord",
+    "CheckpointRequest",
+    "CheckpointResult",
+    "ClockFix",
+    "Episode",
+    "EpisodeFigures",
+    "FreedSnapshot",
+    "Identity",
+    "Limits",
+    "Receipt",
+    "StartRequest",
+    "SupervisorStatus",
+    "Verdict",
+    "VerifyResult",
+]

@@ -55,7 +55,7 @@ func TestRunOnE2BFakeMemorySnapshots(t *testing.T) {
 	for k, v := range map[string]string{e2b.EnvAPIKey: "test-key", e2b.EnvDomain: "", e2b.EnvAPIURL: srv.URL, e2b.EnvSandboxURL: srv.URL} {
 		t.Setenv(k, v)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	t.Setenv("TMPDIR", t.TempDir())
 	// Mini and OpenCode alternating; STASIS_TEST_E2B_HARNESS=mini or

@@ -2,9 +2,11 @@ package local_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -172,23 +174,24 @@ func TestGCReapsSandboxWhoseKeeperDied(t *testing.T) {
 	if len(pids) == 0 {
 		t.Fatal("no keeper found")
 	}
-	// Kill the keeper only: bubblewrap and the sandbox go with it.
+	// Kill the keeper only: bubblewrap and the sandbox go with it. (Its
+	// PID is read from keeper.json as a number: matching the file's text
+	// would also take a PID that is a prefix of another one recorded.)
 	b, _ := os.ReadFile(filepath.Join(dir, "keeper.json"))
-	var keeperPID int
-	for _, pid := range pids {
-		s, _ := proc.ReadStat(pid)
-		if s.Comm != "bwrap" && strings.Contains(string(b), `"pid": `+strconv.Itoa(pid)) {
-			keeperPID = pid
-		}
+	var kj struct {
+		Keeper proc.Identity `json:"keeper"`
 	}
-	if keeperPID == 0 {
-		t.Fatalf("keeper pid not among %v (%s)", pids, b)
+	if err := json.Unmarshal(b, &kj); err != nil || !slices.Contains(pids, kj.Keeper.PID) {
+		t.Fatalf("keeper pid not among %v (%s): %v", pids, b, err)
 	}
+	keeperPID := kj.Keeper.PID
 	if err := syscall.Kill(keeperPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	// Gone means dead or a zombie: a process being killed loses its command
+	// line before it has exited.
 	deadline := time.Now().Add(10 * time.Second)
-	for len(hostProcesses(dir)) > 0 {
+	for len(hostProcesses(dir)) > 0 || proc.Alive(kj.Keeper) {
 		if time.Now().After(deadline) {
 			t.Fatalf("processes outlived their keeper: %v", hostProcesses(dir))
 		}
@@ -199,7 +202,9 @@ func TestGCReapsSandboxWhoseKeeperDied(t *testing.T) {
 	}
 	reaped, err := p.GC(ctx)
 	if err != nil || len(reaped) != 1 || reaped[0] != info.ID {
-		t.Fatalf("gc reaped %v, %v", reaped, err)
+		st, serr := proc.ReadStat(keeperPID)
+		kb, _ := os.ReadFile(filepath.Join(dir, "keeper.json"))
+		t.Fatalf("gc reaped %v, %v (killed keeper %d: %+v %v; keeper.json now %s)", reaped, err, keeperPID, st, serr, kb)
 	}
 	if _, err := p.Get(ctx, info.ID); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("get after gc: %v", err)

@@ -54,6 +54,7 @@ func newServeCmd() *cobra.Command {
   POST   /v1/checkpoints                pause, snapshot and record every live episode, commit (201)
   GET    /v1/checkpoints[/ID]           list, or one with its records
   POST   /v1/checkpoints/ID/restore     fork, resume in place or relaunch; all or nothing
+  POST   /v1/checkpoints/ID/branch      {"episode", "copies"?: N}: one episode as N new ones (201)
   DELETE /v1/checkpoints/ID             delete it and the snapshots no other one names
   GET    /metrics (the server's and the gateway's), /healthz, /openapi.json
 

@@ -57,7 +57,7 @@ func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	rep, err := job.Run(ctx, job.Options{
-		Tasks: "builtin", N: 4, Harness: "mixed", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
+		Tasks: "builtin", N: 3, Harness: "mixed", Provider: "microvm", CheckpointAt: 0.4, Crash: true, Image: stasistest.TestImage(t),
 		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GuestBinary: stasistest.StaticBinary(t), TokenDelay: 3 * time.Millisecond,
 	})
 	if err != nil {
@@ -81,7 +81,7 @@ func TestRunWithCrashOnImageMicroVM(t *testing.T) {
 			t.Errorf("%s: clock step %v s after an in-place resume, want under 1 s", e.ID, e.ClockStep)
 		}
 	}
-	if len(rep.Episodes) != 4 || rep.Resolved != 4 || rep.Restore == nil {
+	if len(rep.Episodes) != 3 || rep.Resolved != 3 || rep.Restore == nil {
 		t.Fatalf("resolved %d of %d:\n%s", rep.Resolved, len(rep.Episodes), strings.Join(why, "\n"))
 	}
 	if len(langs) < 2 {

@@ -276,7 +276,10 @@ func TestEveryBuiltinTaskSolves(t *testing.T) {
 					sem <- struct{}{}
 					defer func() { <-sem }()
 					t.Run(tk.ID, func(t *testing.T) {
-						ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+						// Generous: a Go task compiles the standard library's
+						// test dependencies in each fresh sandbox, minutes under
+						// a loaded two-core CI.
+						ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 						defer cancel()
 						start := time.Now()
 						e, err := episode.Start(ctx, r.env, episode.Spec{ID: h + "-" + tk.ID, Task: tk, Harness: a})

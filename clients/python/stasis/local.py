@@ -32,6 +32,21 @@ from typing import Iterable, Optional, Sequence
 
 from .client import Client
 
+
+def _poll(proc: subprocess.Popen, deadline: float, what: str, ready, tail=lambda: "") -> object:
+    """Call ready() every 50 ms until it returns something other than None,
+    and return that; fail when proc exits first or the deadline passes.
+    what names the wait in the error, tail adds to it (a log's end)."""
+    while True:
+        v = ready()
+        if v is not None:
+            return v
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with {proc.returncode}{tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within the deadline{tail()}")
+        time.sleep(0.05)  # poll interval, bounded by the deadline
+
 __all__ = ["LocalServer", "ScriptedModel", "ProcessIdentity", "BIN_ENV", "find_binary", "gateway_socket_dir"]
 
 BIN_ENV = "STASIS_BIN"
@@ -155,32 +170,24 @@ class LocalServer:
         deadline = time.monotonic() + self.start_timeout
         try:
             # Once serving, serve prints its address: one line on stdout.
-            addr = None
-            while addr is None:
+            def printed():
                 with open(out_path, "rb") as f:
                     first = f.read()
-                if b"\n" in first:
-                    addr = first.split(b"\n", 1)[0].decode().strip()
-                    break
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"stasis serve exited with {self.proc.returncode} before serving; its log:\n{self.log_tail()}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"stasis serve printed no address within {self.start_timeout}s; its log:\n{self.log_tail()}")
-                time.sleep(0.05)  # poll interval, bounded by the deadline
+                return first.split(b"\n", 1)[0].decode().strip() if b"\n" in first else None
+
+            tail = lambda: "; its log:\n" + self.log_tail()
+            addr = _poll(self.proc, deadline, "stasis serve printed no address", printed, tail)
             self.address = addr
             # Then it answers /healthz.
             c = Client(addr, retries=0, timeout=5.0)
-            while True:
+
+            def healthy():
                 try:
-                    if c.healthz():
-                        break
+                    return True if c.healthz() else None
                 except Exception:
-                    pass
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"stasis serve exited with {self.proc.returncode}; its log:\n{self.log_tail()}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"stasis serve did not answer /healthz within {self.start_timeout}s; its log:\n{self.log_tail()}")
-                time.sleep(0.05)  # poll interval, bounded by the deadline
+                    return None
+
+            _poll(self.proc, deadline, "stasis serve did not answer /healthz", healthy, tail)
         except BaseException:
             self.kill()
             raise
@@ -346,24 +353,22 @@ class ScriptedModel:
         self.identity = identity_of(self.proc.pid)
         deadline = time.monotonic() + self.start_timeout
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            while True:
+
+        def serving():
+            if self.url is None:
                 out.seek(0)
                 first = out.read()
-                if b"\n" in first and self.url is None:
-                    self.url = "http://" + first.split(b"\n", 1)[0].decode().strip()
-                if self.url is not None:
-                    try:
-                        with opener.open(self.url + "/healthz", timeout=5) as r:
-                            if r.status == 200:
-                                return self.url
-                    except OSError:
-                        pass
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"stasis model exited with {self.proc.returncode} before serving")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"stasis model did not serve within {self.start_timeout}s")
-                time.sleep(0.05)  # poll interval, bounded by the deadline
+                if b"\n" not in first:
+                    return None
+                self.url = "http://" + first.split(b"\n", 1)[0].decode().strip()
+            try:
+                with opener.open(self.url + "/healthz", timeout=5) as r:
+                    return self.url if r.status == 200 else None
+            except OSError:
+                return None
+
+        try:
+            return _poll(self.proc, deadline, "stasis model did not serve", serving)
         except BaseException:
             self.close()
             raise

@@ -319,7 +319,7 @@ func (c *Coordinator) Verify(ctx context.Context, id string) (task.Verdict, bool
 	if e, ok := c.Live(id); ok {
 		v, rec, err := e.Verify(ctx)
 		if err == nil {
-			c.markEnded(ctx, id)
+			c.MarkEnded(ctx, id)
 		}
 		return v, rec, err
 	}
@@ -337,7 +337,9 @@ func (c *Coordinator) Verify(ctx context.Context, id string) (task.Verdict, bool
 	return v, true, nil
 }
 
-func (c *Coordinator) markEnded(ctx context.Context, id string) {
+// MarkEnded records that a running episode's harness has ended (its
+// sandbox stays, for verify). Other states are left as they are.
+func (c *Coordinator) MarkEnded(ctx context.Context, id string) {
 	row, err := c.o.Store.GetEpisode(ctx, id)
 	if err == nil && row.State == store.EpisodeRunning {
 		row.State = store.EpisodeEnded
@@ -608,7 +610,7 @@ func (c *Coordinator) finishedRecord(ctx context.Context, e *episode.Episode, ro
 	if err != nil {
 		return store.Record{}, err
 	}
-	c.markEnded(ctx, row.ID)
+	c.MarkEnded(ctx, row.ID)
 	doc, err := json.Marshal(v)
 	if err != nil {
 		return store.Record{}, err

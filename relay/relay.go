@@ -272,6 +272,19 @@ func (r *Relay) Hold() (supervisor.Held, error) {
 	return h, nil
 }
 
+// Flush waits for a delivery under way to be settled, then has the gateway
+// record every settlement not yet recorded (those riding on calls in
+// flight too), retrying until ctx ends.
+func (r *Relay) Flush(ctx context.Context) error {
+	r.mu.Lock()
+	settled := r.waitLocked(ctx.Done(), func() bool { return r.delivering == 0 })
+	r.mu.Unlock()
+	if !settled {
+		return fmt.Errorf("a delivery to the harness did not finish: %w", ctx.Err())
+	}
+	return r.flushSettlements(ctx, true)
+}
+
 // Release lets calls proceed. It re-reads the token file first: a raised
 // attempt means the sandbox was restored from a snapshot that kept its
 // processes, so every call not yet delivered is issued again under the new

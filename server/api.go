@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net/http"
 	"path"
@@ -51,7 +52,53 @@ func (s *Server) Handler() http.Handler {
 	if a == nil {
 		a = LoopbackAccess()
 	}
-	return s.instrument(a.Guard(m))
+	return s.instrument(a.Guard(jsonMisses(m)))
+}
+
+// jsonMisses answers a path no route serves (404), or a method its route
+// does not take (405, with Allow), as the API's JSON error rather than
+// the mux's plain text.
+func jsonMisses(m *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		h, pattern := m.Handler(q)
+		if pattern != "" {
+			m.ServeHTTP(w, q)
+			return
+		}
+		rec := &recorder{header: http.Header{}}
+		h.ServeHTTP(rec, q)
+		switch rec.code {
+		case http.StatusNotFound:
+			writeError(w, rec.code, errNotFound, fmt.Sprintf("no such operation: %s %s (GET /openapi.json lists them)", q.Method, q.URL.Path))
+		case http.StatusMethodNotAllowed:
+			w.Header().Set("Allow", rec.header.Get("Allow"))
+			writeError(w, rec.code, errMethod, fmt.Sprintf("%s %s: this path takes %s", q.Method, q.URL.Path, rec.header.Get("Allow")))
+		default: // a redirect to the cleaned path
+			for k, v := range rec.header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.code)
+			_, _ = w.Write(rec.body.Bytes())
+		}
+	})
+}
+
+// recorder keeps what the mux's own handlers write.
+type recorder struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+}
+func (r *recorder) Write(b []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(b)
 }
 
 // Routes lists the operations the handler serves ("METHOD /path"), sorted;
@@ -69,17 +116,20 @@ func (s *Server) Routes() []string {
 func (s *Server) routes() map[string]http.Handler {
 	doc := openapi.Raw(openapi.Server)
 	return map[string]http.Handler{
-		"POST /v1/episodes":                 http.HandlerFunc(s.startEpisode),
-		"GET /v1/episodes":                  http.HandlerFunc(s.listEpisodes),
-		"GET /v1/episodes/{id}":             http.HandlerFunc(s.getEpisode),
-		"POST /v1/episodes/{id}/verify":     http.HandlerFunc(s.verifyEpisode),
-		"POST /v1/episodes/{id}/retire":     http.HandlerFunc(s.retireEpisode),
-		"POST /v1/checkpoints":              http.HandlerFunc(s.createCheckpoint),
-		"GET /v1/checkpoints":               http.HandlerFunc(s.listCheckpoints),
-		"GET /v1/checkpoints/{id}":          http.HandlerFunc(s.getCheckpoint),
-		"POST /v1/checkpoints/{id}/restore": http.HandlerFunc(s.restoreCheckpoint),
-		"POST /v1/checkpoints/{id}/branch":  http.HandlerFunc(s.branchCheckpoint),
-		"DELETE /v1/checkpoints/{id}":       http.HandlerFunc(s.deleteCheckpoint),
+		"POST /v1/episodes":                   http.HandlerFunc(s.startEpisode),
+		"GET /v1/episodes":                    http.HandlerFunc(s.listEpisodes),
+		"GET /v1/episodes/{id}":               http.HandlerFunc(s.getEpisode),
+		"POST /v1/episodes/{id}/verify":       http.HandlerFunc(s.verifyEpisode),
+		"POST /v1/episodes/{id}/retire":       http.HandlerFunc(s.retireEpisode),
+		"GET /v1/episodes/{id}/ledger":        http.HandlerFunc(s.getLedger),
+		"GET /v1/episodes/{id}/ledger/verify": http.HandlerFunc(s.verifyLedger),
+		"GET /v1/tasks":                       http.HandlerFunc(s.listTasks),
+		"POST /v1/checkpoints":                http.HandlerFunc(s.createCheckpoint),
+		"GET /v1/checkpoints":                 http.HandlerFunc(s.listCheckpoints),
+		"GET /v1/checkpoints/{id}":            http.HandlerFunc(s.getCheckpoint),
+		"POST /v1/checkpoints/{id}/restore":   http.HandlerFunc(s.restoreCheckpoint),
+		"POST /v1/checkpoints/{id}/branch":    http.HandlerFunc(s.branchCheckpoint),
+		"DELETE /v1/checkpoints/{id}":         http.HandlerFunc(s.deleteCheckpoint),
 
 		"GET /metrics": s.m.handler(s.gw.Metrics()),
 		"GET /healthz": http.HandlerFunc(s.healthz),
@@ -92,12 +142,13 @@ func (s *Server) routes() map[string]http.Handler {
 
 // Error types, with their status codes.
 const (
-	errInvalid     = "invalid_request" // 400
-	errNotFound    = "not_found"       // 404
-	errConflict    = "conflict"        // 409
-	errTooLarge    = "too_large"       // 413
-	errInternal    = "internal"        // 500
-	errUnavailable = "unavailable"     // 503 (shutting down)
+	errInvalid     = "invalid_request"    // 400
+	errNotFound    = "not_found"          // 404
+	errMethod      = "method_not_allowed" // 405
+	errConflict    = "conflict"           // 409
+	errTooLarge    = "too_large"          // 413
+	errInternal    = "internal"           // 500
+	errUnavailable = "unavailable"        // 503 (shutting down)
 )
 
 // apiError is an error with the status and type to answer it with.
@@ -229,6 +280,11 @@ func (s *Server) view(ctx context.Context, row store.Episode) EpisodeView {
 			v.StatusError = err.Error()
 		} else {
 			v.Status = st
+			if st.State == supervisor.StateExited && row.State == store.EpisodeRunning {
+				// Its harness has ended: so says the store from now on.
+				s.coord.MarkEnded(ctx, row.ID)
+				v.State = store.EpisodeEnded
+			}
 		}
 	}
 	if rep, err := ledger.Verify(s.gw.LedgerDir(), row.ID); err == nil {
@@ -375,7 +431,7 @@ func (s *Server) checkStart(req *StartRequest) error {
 		}
 		return bad("pause mode %q: use %s", req.PauseMode, supervisor.ModeStop)
 	}
-	if req.DeadlineS != nil && (*req.DeadlineS < 0 || *req.DeadlineS > 7*24*3600 || math.IsNaN(*req.DeadlineS)) {
+	if req.DeadlineS != nil && (*req.DeadlineS <= 0 || *req.DeadlineS > 7*24*3600 || math.IsNaN(*req.DeadlineS)) {
 		return bad("deadline_s %v: give the harness's time budget in seconds, more than 0 and at most a week (leave it out for the task's budget)", *req.DeadlineS)
 	}
 	if req.Image != "" {
@@ -408,7 +464,13 @@ func (s *Server) listEpisodes(w http.ResponseWriter, q *http.Request) {
 		s.fail(w, q, bad("state %q: use running, ended, retired or lost", state))
 		return
 	}
-	rows, err := s.store.ListEpisodes(q.Context(), state)
+	// A running row whose harness has ended becomes ended when viewed, so
+	// both are read for either, and filtered after.
+	from := state
+	if state == store.EpisodeRunning || state == store.EpisodeEnded {
+		from = ""
+	}
+	rows, err := s.store.ListEpisodes(q.Context(), from)
 	if err != nil {
 		s.fail(w, q, err)
 		return
@@ -416,11 +478,21 @@ func (s *Server) listEpisodes(w http.ResponseWriter, q *http.Request) {
 	taskID, h := qs.Get("task"), qs.Get("harness")
 	kept := rows[:0]
 	for _, r := range rows {
-		if (taskID == "" || r.Task == taskID) && (h == "" || r.Harness == h) {
+		if (taskID == "" || r.Task == taskID) && (h == "" || r.Harness == h) && (from == state || r.State == store.EpisodeRunning || r.State == state) {
 			kept = append(kept, r)
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"episodes": s.views(q.Context(), kept)})
+	views := s.views(q.Context(), kept)
+	if from != state {
+		out := views[:0]
+		for _, v := range views {
+			if v.State == state {
+				out = append(out, v)
+			}
+		}
+		views = out
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"episodes": views})
 }
 
 func (s *Server) getEpisode(w http.ResponseWriter, q *http.Request) {
@@ -476,6 +548,146 @@ func (s *Server) retireEpisode(w http.ResponseWriter, q *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.view(ctx, row))
+}
+
+// LedgerResponse is the answer to GET /v1/episodes/{id}/ledger: the
+// episode's ledger as `stasis ledger show --json` prints it, its entries
+// limited to the page asked for.
+type LedgerResponse struct {
+	ledger.History
+	// Live is the logical ledger's whole length; More says entries past
+	// this page remain (ask again with after = the last seq given).
+	Live int64 `json:"live"`
+	More bool  `json:"more"`
+}
+
+// MaxLedgerPage bounds the entries of one ledger page.
+const MaxLedgerPage = 10000
+
+// episodeLedgerID checks that the path's episode is known to the store and
+// names a ledger.
+func (s *Server) episodeLedgerID(q *http.Request) (string, error) {
+	id := q.PathValue("id")
+	if _, err := s.store.GetEpisode(q.Context(), id); err != nil {
+		return "", err
+	}
+	if _, err := ledger.Path(s.gw.LedgerDir(), id); err != nil {
+		return "", bad("%v", err)
+	}
+	return id, nil
+}
+
+// getLedger answers an episode's logical ledger (every model call its
+// harness acted on, with token ids and logprobs when the model server gave
+// them), the entries cuts dropped and the cuts and broken marks. An
+// episode that has made no model call has an empty ledger. Query: after
+// (entries with a greater seq only), limit (at most that many; at most
+// MaxLedgerPage, the default), bodies=false (leave out each entry's
+// request and response: the tokens, usage and hashes stay).
+func (s *Server) getLedger(w http.ResponseWriter, q *http.Request) {
+	id, err := s.episodeLedgerID(q)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	qs := q.URL.Query()
+	after, limit, bodies := int64(0), int64(MaxLedgerPage), true
+	if v := qs.Get("after"); v != "" {
+		if after, err = strconv.ParseInt(v, 10, 64); err != nil || after < 0 {
+			s.fail(w, q, bad("after %q: give the seq of the last entry you have, 0 for the start", v))
+			return
+		}
+	}
+	if v := qs.Get("limit"); v != "" {
+		if limit, err = strconv.ParseInt(v, 10, 64); err != nil || limit < 1 || limit > MaxLedgerPage {
+			s.fail(w, q, bad("limit %q: give a number of entries from 1 to %d", v, MaxLedgerPage))
+			return
+		}
+	}
+	if v := qs.Get("bodies"); v != "" {
+		if bodies, err = strconv.ParseBool(v); err != nil {
+			s.fail(w, q, bad("bodies %q: give true or false", v))
+			return
+		}
+	}
+	h, err := ledger.Read(s.gw.LedgerDir(), id)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		p, _ := ledger.Path(s.gw.LedgerDir(), id)
+		h = ledger.History{Path: p, Episode: id, Entries: []ledger.Entry{}, Dropped: []ledger.Entry{}, Events: []ledger.Event{}}
+	case errors.Is(err, ledger.ErrCorrupt):
+		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("%v (GET /v1/episodes/%s/ledger/verify says where)", err, id)})
+		return
+	case err != nil:
+		s.fail(w, q, err)
+		return
+	}
+	resp := LedgerResponse{Live: int64(len(h.Entries))}
+	page := []ledger.Entry{}
+	for _, e := range h.Entries {
+		if e.Seq <= after {
+			continue
+		}
+		if int64(len(page)) == limit {
+			resp.More = true
+			break
+		}
+		page = append(page, e)
+	}
+	h.Entries = page
+	if !bodies {
+		for _, es := range [][]ledger.Entry{h.Entries, h.Dropped} {
+			for i := range es {
+				es[i].Request, es[i].Response = nil, nil
+			}
+		}
+	}
+	resp.History = h
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// verifyLedger walks an episode's whole ledger file (ledger.Verify): ok
+// false names the first bad record. An episode that has made no model
+// call has an empty ledger, which verifies.
+func (s *Server) verifyLedger(w http.ResponseWriter, q *http.Request) {
+	id, err := s.episodeLedgerID(q)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	rep, err := ledger.Verify(s.gw.LedgerDir(), id)
+	if errors.Is(err, fs.ErrNotExist) {
+		p, _ := ledger.Path(s.gw.LedgerDir(), id)
+		rep, err = ledger.Report{Path: p, Episode: id, OK: true}, nil
+	}
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// TaskSummary is a task as GET /v1/tasks lists it.
+type TaskSummary struct {
+	ID       string `json:"id"`
+	Language string `json:"language,omitempty"`
+	Title    string `json:"title,omitempty"`
+	// Image is the task's own image reference, if it has one.
+	Image string `json:"image,omitempty"`
+	// BudgetS is the harness's time budget in seconds.
+	BudgetS float64 `json:"budget_s"`
+	// FailToPass and PassToPass count the tests verify grades by.
+	FailToPass int `json:"fail_to_pass"`
+	PassToPass int `json:"pass_to_pass"`
+}
+
+// listTasks answers the tasks this server starts episodes on.
+func (s *Server) listTasks(w http.ResponseWriter, _ *http.Request) {
+	out := make([]TaskSummary, len(s.tasks))
+	for i, t := range s.tasks {
+		out[i] = TaskSummary{ID: t.ID, Language: t.Language, Title: t.Title, Image: t.Image, BudgetS: t.Budget().Seconds(), FailToPass: len(t.FailToPass), PassToPass: len(t.PassToPass)}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tasks": out})
 }
 
 // CheckpointRequest is the body of POST /v1/checkpoints.

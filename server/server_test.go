@@ -332,21 +332,29 @@ func TestAPI(t *testing.T) {
 	lap("three episodes started")
 	api.refuse("POST", "/v1/episodes", map[string]any{"id": "ep-a", "task": "sh-renext-spaces", "harness": "mini"}, 409, "conflict", "already exists")
 
-	// Lists and filters.
-	if l := api.list("?state=running"); len(l) != 3 {
-		t.Errorf("state=running: %d episodes", len(l))
+	var tl struct {
+		Tasks []server.TaskSummary `json:"tasks"`
 	}
+	api.call("GET", "/v1/tasks", nil, 200, &tl)
+	found := false
+	for _, tk := range tl.Tasks {
+		if tk.ID == "sh-renext-spaces" {
+			found = tk.BudgetS > 0 && tk.FailToPass > 0 && tk.Language != ""
+		}
+	}
+	if len(tl.Tasks) < 3 || !found {
+		t.Errorf("GET /v1/tasks: %+v", tl.Tasks)
+	}
+
+	// Lists and filters (by state below, once ep-a and ep-b have ended).
 	if l := api.list("?task=py-ini-value-with-equals"); len(l) != 1 || l[0].ID != "ep-a" {
 		t.Errorf("task filter: %+v", l)
 	}
-	if l := api.list("?harness=mini&state=running&task=sh-renext-spaces"); len(l) != 1 || l[0].ID != "ep-b" {
-		t.Errorf("three filters: %+v", l)
+	if l := api.list("?harness=mini&task=sh-renext-spaces"); len(l) != 1 || l[0].ID != "ep-b" {
+		t.Errorf("two filters: %+v", l)
 	}
 	if l := api.list("?harness=opencode"); len(l) != 0 {
 		t.Errorf("harness=opencode: %+v", l)
-	}
-	if l := api.list("?state=ended"); len(l) != 0 {
-		t.Errorf("state=ended before any verify: %+v", l)
 	}
 	api.refuse("GET", "/v1/episodes?state=sleeping", nil, 400, "invalid_request", "state")
 
@@ -363,6 +371,14 @@ func TestAPI(t *testing.T) {
 		api.waitExited(ctx, id)
 	}
 	lap("ep-a and ep-b exited")
+	// An episode whose harness has ended is ended before any verify; ep-c
+	// still runs (held).
+	if l := api.list("?state=running"); len(l) != 1 || l[0].ID != "ep-c" {
+		t.Errorf("state=running: %+v", l)
+	}
+	if l := api.list("?harness=mini&state=ended&task=sh-renext-spaces"); len(l) != 1 || l[0].ID != "ep-b" || l[0].State != store.EpisodeEnded {
+		t.Errorf("three filters: %+v", l)
+	}
 	for _, id := range []string{"ep-a", "ep-b"} {
 		first := api.verify(id, false)
 		second := api.verify(id, true)
@@ -558,6 +574,7 @@ func TestAPI(t *testing.T) {
 		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "pause_mode": "freeze"}, 400, "invalid_request", "pause mode"},
 		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "provider": "modal"}, 400, "invalid_request", "local provider only"},
 		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "deadline_s": -5}, 400, "invalid_request", "deadline_s"},
+		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "deadline_s": 0}, 400, "invalid_request", "deadline_s"},
 		{"POST", "/v1/episodes", map[string]any{"id": "../x", "task": "sh-renext-spaces", "harness": "mini"}, 400, "invalid_request", "episode id"},
 		{"POST", "/v1/episodes", big, 413, "too_large", "over"},
 		{"POST", "/v1/episodes", map[string]any{"task": "sh-renext-spaces", "harness": "mini", "limits": map[string]any{"pids": 3}}, 400, "invalid_request", "pids limit 3"},
@@ -691,8 +708,12 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		q := httptest.NewRequest(method, path, nil)
 		q.Host = "localhost"
 		h.ServeHTTP(w, q)
-		if w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed {
-			t.Errorf("undeclared %s answered %d", op, w.Code)
+		var e apiErr
+		if w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed || json.Unmarshal(w.Body.Bytes(), &e) != nil || e.Error.Message == "" {
+			t.Errorf("undeclared %s answered %d %s; want a JSON 404 or 405", op, w.Code, w.Body)
+		}
+		if w.Code == http.StatusMethodNotAllowed && (e.Error.Type != "method_not_allowed" || w.Header().Get("Allow") == "") {
+			t.Errorf("%s: 405 %s with Allow %q", op, w.Body, w.Header().Get("Allow"))
 		}
 	}
 	// Every operation says what it answers, and each schema it names exists.
@@ -955,4 +976,144 @@ func TestBranch(t *testing.T) {
 		api.call("POST", "/v1/episodes/"+id+"/retire", nil, 200, nil)
 	}
 	api.call("DELETE", "/v1/checkpoints/ckpt-b", nil, 200, nil)
+}
+
+// ledgerPage is the part of GET /v1/episodes/{id}/ledger the tests read.
+type ledgerPage struct {
+	ledger.History
+	Live int64 `json:"live"`
+	More bool  `json:"more"`
+}
+
+// TestLedgerRoutes: an episode's ledger over the API, whole and in pages,
+// with and without bodies, its verify, an empty ledger before any model
+// call, bad queries, unknown episodes, and a damaged file: refused by the
+// read (409) and named by the verify, with nothing changed.
+func TestLedgerRoutes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	state := t.TempDir()
+	cleanState(t, state)
+	g := newGate("ep-wait", 1)
+	defer g.Open()
+	r := startServer(t, ctx, state, g.middleware)
+	defer r.Close()
+	api := r.api
+	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-l", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
+	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-wait", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		t.Fatal("ep-wait's first model call never came")
+	}
+	// Before its first call is answered, ep-wait's ledger is empty, and
+	// verifies.
+	var empty ledgerPage
+	api.call("GET", "/v1/episodes/ep-wait/ledger", nil, 200, &empty)
+	if empty.Episode != "ep-wait" || len(empty.Entries) != 0 || empty.Live != 0 || empty.More || empty.Entries == nil {
+		t.Errorf("ep-wait before any answer: %+v", empty)
+	}
+	var rep ledger.Report
+	api.call("GET", "/v1/episodes/ep-wait/ledger/verify", nil, 200, &rep)
+	if !rep.OK || rep.Live != 0 {
+		t.Errorf("ep-wait's verify before any answer: %+v", rep)
+	}
+	g.Open()
+	v := api.waitExited(ctx, "ep-l")
+	api.verify("ep-l", false)
+
+	var whole ledgerPage
+	api.call("GET", "/v1/episodes/ep-l/ledger", nil, 200, &whole)
+	n := int64(len(whole.Entries))
+	if n < 2 || n != whole.Live || n != v.ModelCalls || whole.More || whole.Broken {
+		t.Fatalf("ep-l's ledger: %d entries, live %d, more %v, broken %v; the episode made %d calls", n, whole.Live, whole.More, whole.Broken, v.ModelCalls)
+	}
+	for i, e := range whole.Entries {
+		if e.Seq != int64(i+1) || e.Tokens == nil || len(e.Tokens.CompletionIDs) == 0 || len(e.Tokens.Logprobs) != len(e.Tokens.CompletionIDs) || len(e.Request) == 0 || len(e.Response) == 0 {
+			t.Errorf("entry %d: seq %d tokens %+v request %d bytes", i, e.Seq, e.Tokens, len(e.Request))
+		}
+		if e.Disposition != ledger.Delivered {
+			t.Errorf("entry %d of an ended episode: %s, want delivered", e.Seq, e.Disposition)
+		}
+	}
+	// The same as the file says (stasis ledger show --json).
+	file, err := ledger.Read(filepath.Join(state, "gateway", "ledgers"), "ep-l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := mustJSON(t, file.Entries), mustJSON(t, whole.Entries); a != b {
+		t.Errorf("the API's entries differ from the file's:\n%s\n%s", b, a)
+	}
+	// Pages of one, without bodies.
+	var got []ledger.Entry
+	after := int64(0)
+	for {
+		var p ledgerPage
+		api.call("GET", "/v1/episodes/ep-l/ledger?limit=1&bodies=false&after="+strconv.FormatInt(after, 10), nil, 200, &p)
+		if len(p.Entries) != 1 || p.Live != n {
+			t.Fatalf("page after %d: %+v", after, p)
+		}
+		e := p.Entries[0]
+		if string(e.Request) != "null" && e.Request != nil || e.Tokens == nil || e.Hash != whole.Entries[e.Seq-1].Hash {
+			t.Errorf("page entry %d without bodies: request %s tokens %v", e.Seq, e.Request, e.Tokens)
+		}
+		got = append(got, e)
+		after = e.Seq
+		if !p.More {
+			break
+		}
+	}
+	if int64(len(got)) != n {
+		t.Errorf("paging gave %d entries, want %d", len(got), n)
+	}
+	api.call("GET", "/v1/episodes/ep-l/ledger/verify", nil, 200, &rep)
+	if !rep.OK || rep.Live != n || rep.Delivered != n || rep.Pending != 0 || rep.Head == "" {
+		t.Errorf("ep-l's verify: %+v", rep)
+	}
+
+	for _, c := range []struct{ path, says string }{
+		{"?after=-1", "after"}, {"?after=x", "after"}, {"?limit=0", "limit"}, {"?limit=10001", "limit"}, {"?bodies=maybe", "bodies"},
+	} {
+		api.refuse("GET", "/v1/episodes/ep-l/ledger"+c.path, nil, 400, "invalid_request", c.says)
+	}
+	api.refuse("GET", "/v1/episodes/ep-nope/ledger", nil, 404, "not_found", "ep-nope")
+	api.refuse("GET", "/v1/episodes/ep-nope/ledger/verify", nil, 404, "not_found", "ep-nope")
+	api.refuse("GET", "/v1/episodes/..%2Fx/ledger", nil, 404, "not_found", "")
+
+	// A damaged file: one byte of the first entry changed.
+	path := filepath.Join(state, "gateway", "ledgers", "ep-l.ledger")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	lines[1] = bytes.Replace(lines[1], []byte(`"call_id":"ep-l/1"`), []byte(`"call_id":"ep-l/9"`), 1)
+	bad := bytes.Join(lines, nil)
+	if bytes.Equal(bad, b) {
+		t.Fatal("the test could not damage the ledger")
+	}
+	if err := os.WriteFile(path, bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api.refuse("GET", "/v1/episodes/ep-l/ledger", nil, 409, "conflict", "damaged")
+	api.call("GET", "/v1/episodes/ep-l/ledger/verify", nil, 200, &rep)
+	if rep.OK || rep.Bad == nil || rep.Bad.Line != 2 {
+		t.Errorf("verify of a damaged ledger: %+v", rep)
+	}
+	if after, err := os.ReadFile(path); err != nil || !bytes.Equal(after, bad) {
+		t.Errorf("reading a damaged ledger changed it (%v)", err)
+	}
+	api.waitExited(ctx, "ep-wait")
+	for _, id := range []string{"ep-l", "ep-wait"} {
+		api.call("POST", "/v1/episodes/"+id+"/retire", nil, 200, nil)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

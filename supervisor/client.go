@@ -96,7 +96,7 @@ func fromReceipt(dir string, req Request, cause error) (*Response, error) {
 		}
 		return nil, err
 	}
-	st := Status{State: StateExited, Identity: rc.Identity, Relaunches: rc.Relaunches, PausedTotal: rc.PausedTotal, Receipt: rc}
+	st := Status{State: StateExited, Mode: rc.Mode, Seq: rc.Seq, Identity: rc.Identity, Relaunches: rc.Relaunches, PausedTotal: rc.PausedTotal, Receipt: rc}
 	switch req.Op {
 	case OpStatus:
 		return &Response{OK: true, Status: &st}, nil

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -37,9 +38,13 @@ type Process interface {
 // Gate is the seam through which a pause holds the model relay. Hold returns
 // once no delivery to the harness is under way and none will start, with
 // what the relay has handed over so far; Release lets calls proceed again.
+// Flush has the gateway record what became of every response so far (the
+// supervisor calls it when the harness has ended, before its receipt, so
+// an ended episode's ledger has no response left pending).
 type Gate interface {
 	Hold() (Held, error)
 	Release() error
+	Flush(ctx context.Context) error
 }
 
 // Held is what a relay reports when a pause holds it.
@@ -505,6 +510,8 @@ func (m *Machine) finish(code *int, errMsg string, leftover []int, cleanupErr er
 	m.state = stExited
 	m.receipt = &Receipt{
 		Identity:         m.id,
+		Mode:             m.cfg.Mode,
+		Seq:              m.lastPause,
 		CleanupConfirmed: len(leftover) == 0 && cleanupErr == nil,
 		ReturnCode:       code,
 		TimedOut:         m.stopReason == "deadline",

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -77,6 +78,10 @@ func (g *fakeGate) Hold() (Held, error) {
 	return Held{Delivered: g.delivered, Position: g.delivered + 1}, nil
 }
 func (g *fakeGate) Release() error { g.held = false; g.log = append(g.log, "release"); return nil }
+func (g *fakeGate) Flush(context.Context) error {
+	g.log = append(g.log, "flush")
+	return nil
+}
 
 func newTestMachine(t *testing.T, cfg Config) (*Machine, *fakeProc, *fakeClock) {
 	t.Helper()

@@ -167,8 +167,12 @@ type Status struct {
 
 // Receipt is written to DIR/receipt.json when the supervisor ends.
 type Receipt struct {
-	Identity         proc.Identity `json:"identity"`
-	CleanupConfirmed bool          `json:"cleanup_confirmed"`
+	Identity proc.Identity `json:"identity"`
+	// Mode and Seq are the launch's pause mode and its last pause number
+	// (absent from receipts written before they were recorded).
+	Mode             Mode  `json:"mode,omitempty"`
+	Seq              int64 `json:"seq,omitempty"`
+	CleanupConfirmed bool  `json:"cleanup_confirmed"`
 	// ReturnCode is the harness's exit code, or minus the signal number when
 	// a signal ended it; null when the harness never ran.
 	ReturnCode  *int    `json:"return_code"`

@@ -266,6 +266,17 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 			timer.Stop()
 		}
 	}
+	if o.Gate != nil {
+		// The harness has ended: before the receipt says so, the gateway
+		// records what became of its last responses (otherwise they would
+		// stay pending in the ledger, their settlements lost with this
+		// process).
+		fctx, cancel := context.WithTimeout(context.Background(), gateFlushTimeout)
+		if err := o.Gate.Flush(fctx); err != nil {
+			log.Warn("the gateway did not record the last settlements: their ledger entries stay pending", "err", err)
+		}
+		cancel()
+	}
 	s.mu.Lock()
 	s.flushLocked()
 	rc := s.m.Receipt()
@@ -284,6 +295,10 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 	log.Info("supervisor done", "cleanup_confirmed", rc.CleanupConfirmed, "timed_out", rc.TimedOut, "relaunches", rc.Relaunches)
 	return rc, werr
 }
+
+// gateFlushTimeout bounds the wait, at the harness's end, for the gateway
+// to record the relay's last settlements.
+const gateFlushTimeout = 10 * time.Second
 
 // checkClosed refuses a session directory, acknowledgements directory,
 // control socket or other file of closed that the harness user could

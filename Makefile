@@ -256,6 +256,7 @@ fuzz: deps
 	$(GO) test ./sandbox/microvm/vmstate -run '^$$' -fuzz FuzzSplitter -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/copyout -run '^$$' -fuzz FuzzExtract -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./image -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/fileop -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME)
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build deps-microvm

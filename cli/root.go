@@ -15,6 +15,7 @@ import (
 
 	"stasis/cli/sandboxcli"
 	"stasis/internal/enter"
+	"stasis/internal/fileop"
 	"stasis/supervisor"
 )
 
@@ -69,7 +70,7 @@ func newVersionCmd() *cobra.Command {
 // Main runs the stasis command line with args (without the program name) and
 // returns the process exit code.
 func Main(args []string) int {
-	if len(args) > 0 && (args[0] == supervisor.ShimArg || args[0] == enter.Arg || args[0] == enter.HoldArg) {
+	if len(args) > 0 && (args[0] == supervisor.ShimArg || args[0] == enter.Arg || args[0] == enter.HoldArg || args[0] == fileop.Arg) {
 		return sandboxcli.Main(args)
 	}
 	root := newRoot()

@@ -111,3 +111,66 @@ func buildBusybox() (string, error) {
 	}
 	return "oci:" + layout + ":busybox", nil
 }
+
+var (
+	bareOnce sync.Once
+	bareRef  string
+	bareErr  error
+)
+
+// BareImage makes, once per test process, an OCI image layout with no
+// program at all: /etc/passwd, /etc/os-release (BareText) and empty /work,
+// /home/agent and /tmp. No sh, cat or tar: whatever a provider does in a
+// sandbox on it, the in-sandbox binary must do.
+func BareImage(tb testing.TB) string {
+	tb.Helper()
+	bareOnce.Do(func() { bareRef, bareErr = buildBare() })
+	if bareErr != nil {
+		tb.Fatal(bareErr)
+	}
+	return bareRef
+}
+
+// BareText is what /etc/os-release holds in BareImage.
+const BareText = "ID=stasis-bare"
+
+func buildBare() (string, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mt := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	var err error
+	add := func(h *tar.Header, body []byte) {
+		h.ModTime, h.Size = mt, int64(len(body))
+		if err == nil {
+			err = tw.WriteHeader(h)
+		}
+		if err == nil && len(body) > 0 {
+			_, err = tw.Write(body)
+		}
+	}
+	for _, d := range []string{"etc", "home", "home/agent"} {
+		add(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+	}
+	add(&tar.Header{Name: "etc/os-release", Typeflag: tar.TypeReg, Mode: 0o644}, []byte(BareText+"\n"))
+	add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/nonexistent\nagent:x:1000:1000:agent:/home/agent:/nonexistent\n"))
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		return "", fmt.Errorf("the bare test image: %w", err)
+	}
+	dir, err := os.MkdirTemp(tmpRoot, "stasis-bare-image-")
+	if err != nil {
+		return "", err
+	}
+	cleanups = append(cleanups, func() { os.RemoveAll(dir) })
+	tarPath := filepath.Join(dir, "rootfs.tar")
+	if err := os.WriteFile(tarPath, buf.Bytes(), 0o644); err != nil {
+		return "", err
+	}
+	layout := filepath.Join(dir, "layout")
+	if _, err := image.Import(tarPath, layout, "bare", image.ImportConfig{}); err != nil {
+		return "", err
+	}
+	return "oci:" + layout + ":bare", nil
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/internal/enter"
+	"stasis/internal/fileop"
 	"stasis/supervisor"
 )
 
@@ -123,6 +124,9 @@ func Main(args []string) int {
 	}
 	if len(args) > 0 && args[0] == enter.HoldArg {
 		return enter.Hold()
+	}
+	if len(args) > 0 && args[0] == fileop.Arg {
+		return fileop.Main(args, os.Stdin, os.Stdout, os.Stderr)
 	}
 	if len(args) > 0 && args[0] == supervisor.ShimArg {
 		args = args[1:]

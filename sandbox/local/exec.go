@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/internal/fileop"
 	"stasis/proc"
 	"stasis/sandbox"
 )
@@ -249,7 +250,7 @@ func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error
 		// A symlink leading out of the place: read it as the sandbox sees it.
 	}
 	var out, errb bytes.Buffer
-	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"cat", "--", name}, Stdout: &out, Stderr: &errb})
+	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: m.fileArgv([]string{"cat", "--", name}, fileop.OpCat, name), Stdout: &out, Stderr: &errb})
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +312,7 @@ func (p *Provider) WriteFile(ctx context.Context, id, name string, data []byte, 
 	if err != nil {
 		// A symlink leading out of the place (or another surprise): write
 		// it from inside, where the sandbox's own view and limits apply.
-		return p.writeInside(ctx, id, name, data, mode)
+		return p.writeInside(ctx, m, id, name, data, mode)
 	}
 	if _, err := f.Write(data); err != nil {
 		f.Close()
@@ -324,10 +325,12 @@ func (p *Provider) WriteFile(ctx context.Context, id, name string, data []byte, 
 	return f.Close()
 }
 
-func (p *Provider) writeInside(ctx context.Context, id, name string, data []byte, mode fs.FileMode) error {
+func (p *Provider) writeInside(ctx context.Context, m meta, id, name string, data []byte, mode fs.FileMode) error {
 	var errb bytes.Buffer
+	perm := strconv.FormatUint(uint64(mode.Perm()), 8)
 	res, err := p.Exec(ctx, id, sandbox.ExecRequest{
-		Argv:  []string{"/bin/sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" -- "$1"`, "write", name, strconv.FormatUint(uint64(mode.Perm()), 8)},
+		Argv: m.fileArgv([]string{"/bin/sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" -- "$1"`, "write", name, perm},
+			fileop.OpWrite, name, perm),
 		Stdin: bytes.NewReader(data), Stderr: &errb,
 	})
 	if err != nil {
@@ -339,32 +342,53 @@ func (p *Provider) writeInside(ctx context.Context, id, name string, data []byte
 	return nil
 }
 
-// Upload extracts a tar stream into dir inside the sandbox (tar runs inside,
-// so it sees exactly what the sandbox sees and can write nowhere else).
+// fileArgv is the command of a file operation inside the sandbox: on an
+// image, the in-sandbox binary's (package fileop: an image need not have
+// sh, cat or tar, and its own are the image's); on the host's userland,
+// host is run as it is.
+func (m meta) fileArgv(host []string, op string, args ...string) []string {
+	if m.Image == "" {
+		return host
+	}
+	return append([]string{EnterBinary}, fileop.Args(op, args...)...)
+}
+
+// Upload extracts a tar stream into dir inside the sandbox (the unpack runs
+// inside, so it sees exactly what the sandbox sees and can write nowhere
+// else).
 func (p *Provider) Upload(ctx context.Context, id, dir string, tr io.Reader) error {
+	m, _, err := p.live("upload", id)
+	if err != nil {
+		return err
+	}
 	var errb bytes.Buffer
 	res, err := p.Exec(ctx, id, sandbox.ExecRequest{
-		Argv:  []string{"/bin/sh", "-c", `mkdir -p -- "$1" && exec tar -x --no-same-owner -C "$1" -f -`, "upload", dir},
+		Argv: m.fileArgv([]string{"/bin/sh", "-c", `mkdir -p -- "$1" && exec tar -x --no-same-owner -C "$1" -f -`, "upload", dir},
+			fileop.OpUnpack, dir),
 		Stdin: tr, Stderr: &errb,
 	})
 	if err != nil {
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrInvalid, "upload", what(id), "into %s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(sandbox.ErrInvalid, "upload", what(id), "into %s: the unpack exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
 	}
 	return nil
 }
 
 // Download writes dir inside the sandbox as a tar stream.
 func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) error {
+	m, _, err := p.live("download", id)
+	if err != nil {
+		return err
+	}
 	var errb bytes.Buffer
-	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"tar", "-c", "-C", dir, "-f", "-", "."}, Stdout: w, Stderr: &errb})
+	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: m.fileArgv([]string{"tar", "-c", "-C", dir, "-f", "-", "."}, fileop.OpPack, dir), Stdout: w, Stderr: &errb})
 	if err != nil {
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrNotFound, "download", what(id), "%s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(sandbox.ErrNotFound, "download", what(id), "%s: the pack exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
 	}
 	return nil
 }

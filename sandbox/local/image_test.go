@@ -1,8 +1,12 @@
 package local_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -132,5 +136,89 @@ func TestMissingImageSaysSo(t *testing.T) {
 	}
 	if l, _ := p.List(context.Background(), nil); len(l) != 0 {
 		t.Errorf("a refused create left %v", l)
+	}
+}
+
+// TestFilesOnABareImage: on an image with no program at all (no sh, cat or
+// tar), files still go in and out: an upload and a download round-trip a
+// tree with a link, and a read and a write through a link that leaves
+// /work (so they run inside the sandbox) work; an upload whose names
+// leave the directory is refused and writes nothing outside it.
+func TestFilesOnABareImage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p, _ := newImageProvider(t, nil)
+	info, err := p.Create(ctx, sandbox.Spec{Image: stasistest.BareImage(t), Expiry: time.Now().Add(5 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(ctx, info.ID)
+	var in bytes.Buffer
+	tw := tar.NewWriter(&in)
+	for _, f := range []struct {
+		name, body, link string
+		mode             int64
+	}{
+		{name: "./"}, {name: "./src/"}, {name: "./src/main.go", body: "package main\n", mode: 0o644},
+		{name: "./run.sh", body: "#!/bin/sh\n", mode: 0o755}, {name: "./tmp-link", link: "/tmp/target"},
+	} {
+		h := &tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.body)), Typeflag: tar.TypeReg}
+		switch {
+		case strings.HasSuffix(f.name, "/"):
+			h.Typeflag, h.Mode = tar.TypeDir, 0o755
+		case f.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, f.link
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(f.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tw.Close()
+	if err := p.Upload(ctx, info.ID, "/work/tree", &in); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := p.Download(ctx, info.ID, "/work/tree", &out); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	tr := tar.NewReader(&out)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		b, _ := io.ReadAll(tr)
+		got[h.Name] = fmt.Sprintf("%c %o %s%s", h.Typeflag, h.Mode&0o777, b, h.Linkname)
+	}
+	want := map[string]string{"./": "5 755 ", "./src/": "5 755 ", "./src/main.go": "0 644 package main\n", "./run.sh": "0 755 #!/bin/sh\n", "./tmp-link": "2 777 /tmp/target"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("download:\n%v\nwant\n%v", got, want)
+	}
+	// Through the link, which leaves /work for /tmp: done inside.
+	if err := p.WriteFile(ctx, info.ID, "/work/tree/tmp-link", []byte("through\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := p.ReadFile(ctx, info.ID, "/work/tree/tmp-link"); err != nil || string(b) != "through\n" {
+		t.Errorf("read through the link: %q %v", b, err)
+	}
+	if b, err := p.ReadFile(ctx, info.ID, "/tmp/target"); err != nil || string(b) != "through\n" {
+		t.Errorf("the link's target: %q %v", b, err)
+	}
+	// A hostile archive: a link out, then a file through it.
+	in.Reset()
+	tw = tar.NewWriter(&in)
+	_ = tw.WriteHeader(&tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: "/tmp"})
+	_ = tw.WriteHeader(&tar.Header{Name: "out/escaped", Typeflag: tar.TypeReg, Mode: 0o644, Size: 2})
+	_, _ = tw.Write([]byte("x\n"))
+	tw.Close()
+	if err := p.Upload(ctx, info.ID, "/work/hostile", &in); err == nil || !strings.Contains(err.Error(), "out/escaped") {
+		t.Errorf("an upload through a link out of its directory: %v", err)
+	}
+	if _, err := p.ReadFile(ctx, info.ID, "/tmp/escaped"); err == nil {
+		t.Error("the hostile upload wrote /tmp/escaped")
 	}
 }

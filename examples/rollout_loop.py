@@ -9,8 +9,9 @@
      sandbox, start a new server on the same state directory, restore the
      latest committed checkpoint, and go on;
   4. once every episode has ended, verify each (its reward) and read its
-     token ids and logprobs from its ledger, as a trainer batches them;
-     print every episode's reward and token count.
+     token ids and logprobs from its ledger (GET /v1/episodes/ID/ledger,
+     page by page: Client.ledger), as a trainer batches them; print every
+     episode's reward and token count.
 
     STASIS_BIN=./bin/stasis python3 examples/rollout_loop.py --episodes 3 --checkpoint-every 4
 
@@ -100,7 +101,7 @@ def rollout(server: LocalServer, n: int, k: int, tasks: list[str], deadline: flo
     batch = []
     for id in ids:
         verdict = c.verify_episode(id).verdict
-        ledger = c.ledger(id)
+        ledger = c.ledger(id, bodies=False)  # the whole logical ledger, through the API; tokens, not the bodies
         turns = [
             {
                 "prompt_token_ids": e.tokens.prompt_token_ids,

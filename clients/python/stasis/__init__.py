@@ -2,13 +2,13 @@
 
     import stasis
 
-    c = stasis.Client("unix:/var/lib/stasis/api.sock", state_dir="/var/lib/stasis")
+    c = stasis.Client("unix:/var/lib/stasis/api.sock")
     ep = c.start_episode("py-ini-value-with-equals", "mini")
     ck = c.create_checkpoint()
     ...
     c.wait_episodes([ep.id])
     reward = c.verify_episode(ep.id).verdict.reward
-    for e in c.ledger(ep.id).entries:
+    for e in c.ledger(ep.id).entries:   # the whole logical ledger, paged
         e.tokens.completion_token_ids, e.tokens.logprobs
 
 Standard library only; Python 3.10 or later. ``stasis.aio.AsyncClient`` is
@@ -17,7 +17,7 @@ this machine (development, tests, the examples).
 """
 
 from .aio import AsyncClient
-from .client import OPERATIONS, STATE_ENV, TOKEN_ENV, URL_ENV, Client, Operation
+from .client import OPERATIONS, TOKEN_ENV, URL_ENV, Client, Operation
 from .errors import (
     ERROR_TYPES,
     APIError,
@@ -25,7 +25,7 @@ from .errors import (
     Forbidden,
     InternalError,
     InvalidRequest,
-    LedgerError,
+    MethodNotAllowed,
     Misdirected,
     NotFound,
     StasisError,
@@ -35,7 +35,6 @@ from .errors import (
     Unavailable,
     UnsupportedMediaType,
 )
-from .ledger import Ledger, LedgerEntry, LedgerEvent, LedgerNotFound, LedgerProblem, LedgerReport, Tokens, read_ledger, verify_ledger
 from .models import (
     BranchRequest,
     Checkpoint,
@@ -48,10 +47,17 @@ from .models import (
     EpisodeFigures,
     FreedSnapshot,
     Identity,
+    Ledger,
+    LedgerEntry,
+    LedgerEvent,
+    LedgerProblem,
+    LedgerReport,
     Limits,
     Receipt,
     StartRequest,
     SupervisorStatus,
+    TaskSummary,
+    Tokens,
     Verdict,
     VerifyResult,
 )
@@ -63,7 +69,6 @@ __all__ = [
     "Client",
     "Operation",
     "OPERATIONS",
-    "STATE_ENV",
     "TOKEN_ENV",
     "URL_ENV",
     "ERROR_TYPES",
@@ -72,8 +77,7 @@ __all__ = [
     "Forbidden",
     "InternalError",
     "InvalidRequest",
-    "LedgerError",
-    "LedgerNotFound",
+    "MethodNotAllowed",
     "Misdirected",
     "NotFound",
     "StasisError",
@@ -88,8 +92,7 @@ __all__ = [
     "LedgerProblem",
     "LedgerReport",
     "Tokens",
-    "read_ledger",
-    "verify_ledger",
+    "TaskSummary",
     "BranchRequest",
     "Checkpoint",
     "CheckpointDetail",

@@ -14,8 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 from .client import Client
-from .ledger import Ledger, LedgerReport
-from .models import Checkpoint, CheckpointDetail, CheckpointResult, Episode, FreedSnapshot, Limits, VerifyResult
+from .models import Checkpoint, CheckpointDetail, CheckpointResult, Episode, FreedSnapshot, Ledger, LedgerReport, Limits, TaskSummary, VerifyResult
 
 __all__ = ["AsyncClient"]
 
@@ -60,6 +59,12 @@ class AsyncClient:
     async def retire_episode(self, id: str) -> Episode:
         return await self._run(self.client.retire_episode, id)
 
+    async def get_ledger(self, id: str, *, after: Optional[int] = None, limit: Optional[int] = None, bodies: Optional[bool] = None) -> Ledger:
+        return await self._run(self.client.get_ledger, id, after=after, limit=limit, bodies=bodies)
+
+    async def verify_ledger(self, id: str) -> LedgerReport:
+        return await self._run(self.client.verify_ledger, id)
+
     async def create_checkpoint(self, *, id: Optional[str] = None, stragglers: Optional[str] = None) -> CheckpointResult:
         return await self._run(self.client.create_checkpoint, id=id, stragglers=stragglers)
 
@@ -78,6 +83,9 @@ class AsyncClient:
     async def branch_checkpoint(self, id: str, episode: str, *, copies: Optional[int] = None, ids: Optional[Sequence[str]] = None) -> CheckpointResult:
         return await self._run(self.client.branch_checkpoint, id, episode, copies=copies, ids=ids)
 
+    async def list_tasks(self) -> list[TaskSummary]:
+        return await self._run(self.client.list_tasks)
+
     async def metrics(self) -> str:
         return await self._run(self.client.metrics)
 
@@ -95,8 +103,5 @@ class AsyncClient:
     async def wait_episodes(self, ids: Optional[Iterable[str]] = None, *, timeout: float = 600.0, poll: float = 0.5) -> list[Episode]:
         return await self._run(self.client.wait_episodes, list(ids) if ids is not None else None, timeout=timeout, poll=poll)
 
-    async def ledger(self, episode: str) -> Ledger:
-        return await self._run(self.client.ledger, episode)
-
-    async def verify_ledger(self, episode: str) -> LedgerReport:
-        return await self._run(self.client.verify_ledger, episode)
+    async def ledger(self, id: str, *, bodies: bool = True) -> Ledger:
+        return await self._run(self.client.ledger, id, bodies=bodies)

@@ -19,10 +19,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence
 
-from . import ledger as _ledger
-from .errors import APIError, TransportError, error_for
+from .errors import APIError, StasisError, TransportError, error_for
 from .models import (
     BranchRequest,
     Checkpoint,
@@ -31,14 +30,17 @@ from .models import (
     CheckpointResult,
     Episode,
     FreedSnapshot,
+    Ledger,
+    LedgerReport,
     Limits,
     StartRequest,
+    TaskSummary,
     VerifyResult,
     decode,
     encode,
 )
 
-__all__ = ["Client", "Operation", "OPERATIONS", "TOKEN_ENV", "URL_ENV", "STATE_ENV"]
+__all__ = ["Client", "Operation", "OPERATIONS", "TOKEN_ENV", "URL_ENV"]
 
 TOKEN_ENV = "STASIS_API_TOKEN"
 """The environment variable the bearer token is read from when no token is
@@ -47,10 +49,6 @@ given."""
 URL_ENV = "STASIS_URL"
 """The environment variable the server's address is read from when no url is
 given."""
-
-STATE_ENV = "STASIS_STATE"
-"""The environment variable naming the server's state directory, where the
-ledgers are read from (see Client.ledger)."""
 
 
 @dataclass(frozen=True)
@@ -82,12 +80,15 @@ OPERATIONS: dict[str, Operation] = {
         # and retire deletes the sandbox once: both may be sent again.
         Operation("verifyEpisode", "POST", "/v1/episodes/{id}/verify", 200, "verify_episode", idempotent=True, response=VerifyResult, slow=True),
         Operation("retireEpisode", "POST", "/v1/episodes/{id}/retire", 200, "retire_episode", idempotent=True, response=Episode, slow=True),
+        Operation("getLedger", "GET", "/v1/episodes/{id}/ledger", 200, "get_ledger", idempotent=True, query=("after", "limit", "bodies"), response=Ledger),
+        Operation("verifyLedger", "GET", "/v1/episodes/{id}/ledger/verify", 200, "verify_ledger", idempotent=True, response=LedgerReport),
         Operation("createCheckpoint", "POST", "/v1/checkpoints", 201, "create_checkpoint", body=CheckpointRequest, response=CheckpointResult, slow=True),
         Operation("listCheckpoints", "GET", "/v1/checkpoints", 200, "list_checkpoints", idempotent=True, query=("state", "limit"), response=Checkpoint, unwrap="checkpoints"),
         Operation("getCheckpoint", "GET", "/v1/checkpoints/{id}", 200, "get_checkpoint", idempotent=True, response=CheckpointDetail),
         Operation("deleteCheckpoint", "DELETE", "/v1/checkpoints/{id}", 200, "delete_checkpoint", response=FreedSnapshot, unwrap="freed", slow=True),
         Operation("restoreCheckpoint", "POST", "/v1/checkpoints/{id}/restore", 200, "restore_checkpoint", response=CheckpointResult, slow=True),
         Operation("branchCheckpoint", "POST", "/v1/checkpoints/{id}/branch", 201, "branch_checkpoint", body=BranchRequest, body_required=True, response=CheckpointResult, slow=True),
+        Operation("listTasks", "GET", "/v1/tasks", 200, "list_tasks", idempotent=True, response=TaskSummary, unwrap="tasks"),
         Operation("metrics", "GET", "/metrics", 200, "metrics", idempotent=True, response=str),
         Operation("healthz", "GET", "/healthz", 200, "healthz", idempotent=True, auth=False, response=str),
         Operation("openapi", "GET", "/openapi.json", 200, "openapi", idempotent=True, response=dict),
@@ -145,6 +146,13 @@ def _parse_address(url: str) -> tuple[str, Optional[str]]:
     return url.rstrip("/"), None
 
 
+def _query_value(v: Any) -> str:
+    """A query parameter as the server parses it (a bool as true/false)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
 def _loopback(base: str) -> bool:
     host = urllib.parse.urlsplit(base).hostname or ""
     return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
@@ -164,8 +172,6 @@ class Client:
     gets no answer or a 429/502/503/504 is sent again up to ``retries``
     times, with exponential backoff from ``backoff`` seconds; the others
     are sent once. ``ssl_context`` is for TLS (a CA, a client certificate).
-    ``state_dir`` is the server's state directory when this process can read
-    it (by default ``$STASIS_STATE``): the ledgers are read from there.
     """
 
     def __init__(
@@ -178,7 +184,6 @@ class Client:
         retries: int = 3,
         backoff: float = 0.2,
         ssl_context: Optional[ssl.SSLContext] = None,
-        state_dir: Optional[Union[str, os.PathLike]] = None,
         user_agent: str = "stasis-python/0.1",
     ):
         if url is None:
@@ -193,8 +198,6 @@ class Client:
         self.timeout, self.slow_timeout = timeout, slow_timeout
         self.retries, self.backoff = retries, backoff
         self.user_agent = user_agent
-        sd = state_dir if state_dir is not None else os.environ.get(STATE_ENV)
-        self.state_dir: Optional[str] = os.fspath(sd) if sd else None
         handlers: list[Any] = []
         if self.socket_path is not None:
             handlers.append(_UnixHandler(self.socket_path))
@@ -224,7 +227,7 @@ class Client:
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{op.python}: {k} must be a non-empty string, got {v!r}")
             path = path.replace("{" + k + "}", urllib.parse.quote(v, safe=""))
-        q = {k: str(v) for k, v in (query or {}).items() if v is not None}
+        q = {k: _query_value(v) for k, v in (query or {}).items() if v is not None}
         unknown = set(q) - set(op.query)
         if unknown:
             raise ValueError(f"{op.python}: unknown query parameters {sorted(unknown)}")
@@ -332,6 +335,26 @@ class Client:
         snapshots stay while a checkpoint names them."""
         return self._call("retireEpisode", params={"id": id})
 
+    # --- ledgers -------------------------------------------------------------------
+
+    def get_ledger(self, id: str, *, after: Optional[int] = None, limit: Optional[int] = None, bodies: Optional[bool] = None) -> Ledger:
+        """One page of an episode's ledger (GET /v1/episodes/{id}/ledger):
+        the entries whose seq is over after (default 0), at most limit of
+        them (1 to 10000, the default); bodies=False leaves out each
+        entry's request and response (tokens, usage and hashes stay).
+        ``more`` says entries remain: ask again with after = the last seq
+        (``ledger`` does). An episode with no model call yet has an empty
+        ledger; a damaged ledger file is a Conflict (``verify_ledger`` says
+        where)."""
+        return self._call("getLedger", params={"id": id}, query={"after": after, "limit": limit, "bodies": bodies})
+
+    def verify_ledger(self, id: str) -> LedgerReport:
+        """Walk an episode's whole ledger file on the server (GET
+        /v1/episodes/{id}/ledger/verify): every hash, parent link and
+        sequence number. A damaged file is not an error: ``ok`` is False
+        and ``bad`` names its first bad record."""
+        return self._call("verifyLedger", params={"id": id})
+
     # --- checkpoints -------------------------------------------------------------
 
     def create_checkpoint(self, *, id: Optional[str] = None, stragglers: Optional[str] = None) -> CheckpointResult:
@@ -367,6 +390,12 @@ class Client:
         result.episodes names the copies."""
         body = BranchRequest(episode=episode, copies=copies, ids=list(ids) if ids is not None else None)
         return self._call("branchCheckpoint", params={"id": id}, body=body)
+
+    # --- tasks ----------------------------------------------------------------------------
+
+    def list_tasks(self) -> list[TaskSummary]:
+        """The tasks this server starts episodes on (GET /v1/tasks)."""
+        return self._call("listTasks")
 
     # --- the server ------------------------------------------------------------------
 
@@ -409,24 +438,26 @@ class Client:
                 raise TimeoutError(f"episodes still running after {timeout}s: {running}")
             time.sleep(poll)
 
-    # --- ledgers (read from the state directory: the API has no route for them) ---
-
-    @property
-    def ledger_dir(self) -> str:
-        """Where the server's gateway keeps the ledgers: STATE/gateway/ledgers."""
-        if not self.state_dir:
-            raise ValueError(
-                "the API serves no ledgers: give Client(state_dir=...) (or set "
-                f"${STATE_ENV}) to read them from the server's state directory"
-            )
-        return os.path.join(self.state_dir, "gateway", "ledgers")
-
-    def ledger(self, episode: str) -> _ledger.Ledger:
-        """An episode's logical ledger, each model call with its token ids
-        and logprobs, read from the server's state directory."""
-        return _ledger.read_ledger(self.ledger_dir, episode)
-
-    def verify_ledger(self, episode: str) -> _ledger.LedgerReport:
-        """Walk an episode's ledger: every hash, parent link and sequence
-        number (as ``stasis ledger verify``)."""
-        return _ledger.verify_ledger(self.ledger_dir, episode)
+    def ledger(self, id: str, *, bodies: bool = True) -> Ledger:
+        """An episode's whole logical ledger in one Ledger: every model call
+        its harness acted on, in order, with its token ids and logprobs,
+        read page by page (get_ledger with after, while ``more``).
+        bodies=False leaves out each entry's request and response. Should a
+        cut change the ledger between two pages, it is read again from the
+        start."""
+        for _ in range(5):
+            page = self.get_ledger(id, bodies=bodies)
+            entries = list(page.entries)
+            while page.more:
+                if not page.entries:
+                    raise StasisError(f"GET /v1/episodes/{id}/ledger: more entries remain, says the server, yet its page is empty")
+                nxt = self.get_ledger(id, after=entries[-1].seq, bodies=bodies)
+                if len(nxt.events) != len(page.events):
+                    break  # a cut (or broken mark) since the last page
+                page = nxt
+                entries += page.entries
+            else:
+                if [e.seq for e in entries] == list(range(1, len(entries) + 1)):
+                    page.entries, page.more = entries, False
+                    return page
+        raise StasisError(f"GET /v1/episodes/{id}/ledger: the ledger was cut between its pages five times over: try again")

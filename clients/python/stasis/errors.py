@@ -19,13 +19,13 @@ __all__ = [
     "Unauthorized",
     "Forbidden",
     "NotFound",
+    "MethodNotAllowed",
     "Conflict",
     "TooLarge",
     "UnsupportedMediaType",
     "Misdirected",
     "InternalError",
     "Unavailable",
-    "LedgerError",
     "ERROR_TYPES",
     "error_for",
 ]
@@ -74,12 +74,19 @@ class Forbidden(APIError):
 
 
 class NotFound(APIError):
-    """404: an unknown episode or checkpoint."""
+    """404: an unknown episode or checkpoint, or a path no operation
+    serves."""
+
+
+class MethodNotAllowed(APIError):
+    """405: a method the path does not serve (the server's Allow header
+    names those it does)."""
 
 
 class Conflict(APIError):
     """409: the id exists, or the episode or checkpoint is in the wrong
-    state for the operation (nothing was changed)."""
+    state for the operation (nothing was changed), or an episode's ledger
+    file is damaged (``verify_ledger`` says where)."""
 
 
 class TooLarge(APIError):
@@ -103,16 +110,13 @@ class Unavailable(APIError):
     unreachable."""
 
 
-class LedgerError(StasisError):
-    """A ledger could not be read: no such file, or a damaged one."""
-
-
 # The error types of the API (the Error schema) and their statuses.
 ERROR_TYPES: dict[str, tuple[int, type[APIError]]] = {
     "invalid_request": (400, InvalidRequest),
     "unauthorized": (401, Unauthorized),
     "forbidden": (403, Forbidden),
     "not_found": (404, NotFound),
+    "method_not_allowed": (405, MethodNotAllowed),
     "conflict": (409, Conflict),
     "too_large": (413, TooLarge),
     "unsupported_media_type": (415, UnsupportedMediaType),

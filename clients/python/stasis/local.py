@@ -194,11 +194,9 @@ class LocalServer:
         return addr
 
     def client(self, **kw) -> Client:
-        """A Client of this server, which reads the ledgers from its state
-        directory."""
+        """A Client of this server (kw: Client's arguments)."""
         if self.address is None:
             raise RuntimeError("the server has not started")
-        kw.setdefault("state_dir", self.state_dir)
         return Client(self.address, **kw)
 
     @property

@@ -1,9 +1,12 @@
 """Typed views of what the stasis server sends and takes.
 
 Each dataclass mirrors one schema of ``openapi/server.json`` (named in its
-``__schema__``): one field per property, with the property's JSON name. A
+``__schema__``): one field per property, with the property's JSON name (or,
+where that is a Python keyword, a field whose ``metadata={"json": NAME}``
+gives it: ``LedgerEvent.from_`` is ``"from"``). A
 property the schema requires is a field without a default; a nullable one is
-``X | None``; an enum is a ``Literal``; a ``date-time`` is a ``datetime``.
+``X | None``; an enum is a ``Literal``; a ``date-time`` is a ``datetime``; a
+property of any JSON value (no type) is ``Any``.
 What the server sends beyond the schema is kept, undecoded, in ``extra``, so
 a newer server never breaks an older client. A test
 (``tests/test_openapi.py``) holds these classes to the document.
@@ -37,6 +40,14 @@ __all__ = [
     "StartRequest",
     "CheckpointRequest",
     "BranchRequest",
+    "Tokens",
+    "LedgerEntry",
+    "LedgerEvent",
+    "Ledger",
+    "LedgerProblem",
+    "LedgerReport",
+    "TaskSummary",
+    "json_name",
     "decode",
     "encode",
     "parse_time",
@@ -51,6 +62,8 @@ Harness = Literal["mini", "opencode"]
 Provider = Literal["local", "microvm", "e2b", "opensandbox"]
 Stragglers = Literal["exclude", "fail"]
 ClockPolicy = Literal["continuous", "host"]
+Disposition = Literal["delivered", "abandoned", "pending", "undelivered"]
+LedgerEventKind = Literal["cut", "broken"]
 
 
 def _extra() -> Any:
@@ -76,6 +89,8 @@ class Receipt:
 
     __schema__: ClassVar[str] = "Receipt"
     identity: Optional[Identity] = None
+    mode: Optional[PauseMode] = None  # the launch's pause mode
+    seq: int = 0  # the launch's last pause number
     cleanup_confirmed: bool = False
     return_code: Optional[int] = None
     timed_out: bool = False
@@ -133,8 +148,11 @@ class Episode:
     ledger_ok: bool
     reward: Optional[int]
     origin: str = ""
+    deadline_s: Optional[float] = None  # when the start gave one (None: the task's budget)
+    limits: Optional[Limits] = None  # when the start gave some
     resume: Optional[Literal["in_place", "relaunch"]] = None
     image: str = ""
+    environment: str = ""  # host, venv:KEY or image:DIGEST
     status_error: str = ""
     verdict: Optional[VerdictStatus] = None
     token_path: str = ""
@@ -143,7 +161,8 @@ class Episode:
     @property
     def harness_ended(self) -> bool:
         """The harness has ended: the episode can be verified. (``state``
-        stays ``running`` until the first verify marks it ``ended``.)"""
+        is ``ended`` once the server has seen the harness exit; a live
+        status that says ``exited`` counts too, for the moment before.)"""
         return self.state == "ended" or (self.status is not None and self.status.state == "exited")
 
 
@@ -282,11 +301,14 @@ class CheckpointRecord:
     pause_wall: float = 0.0
     pause_uptime: float = 0.0
     relay_delivered: int = 0
+    relay_position: Optional[int] = None  # the in-place cut; None in older records
     harness_session: str = ""
     attempt: int = 0
     deadline_left_s: float = 0.0
     finished: bool = False
     result: Optional[Verdict] = None
+    image: str = ""  # the digest of the image the sandbox ran on
+    image_ref: str = ""  # the reference it was pulled as
     extra: dict[str, Any] = _extra()
 
 
@@ -307,6 +329,154 @@ class FreedSnapshot:
     __schema__: ClassVar[str] = "Freed.freed"
     provider: str
     snapshot_id: str
+    extra: dict[str, Any] = _extra()
+
+
+# --- ledgers ------------------------------------------------------------------
+
+
+@dataclass
+class Tokens:
+    """The token ids and logprobs of one call, as the model server gave
+    them (vLLM's and SGLang's extensions)."""
+
+    __schema__: ClassVar[str] = "Tokens"
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # one per completion token
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class LedgerEntry:
+    """One model call of a ledger."""
+
+    __schema__: ClassVar[str] = "LedgerEntry"
+    seq: int  # 1-based position in the logical ledger
+    call_id: str  # "EPISODE/N", the same when the call is issued again
+    attempt: int  # the episode's attempt that made it
+    parent: str  # the hash of the record before it in the file
+    request: Optional[Any]  # the request body as the model server got it (None with bodies=False)
+    response: Optional[Any]  # the whole response (None with bodies=False)
+    started: datetime
+    finished: datetime
+    hash: str
+    usage: Any = None  # the response's usage, when it had one
+    tokens: Optional[Tokens] = None  # when the model server gave them
+    boundary: bool = False  # the first entry after a relaunch match: training masks it
+    # delivered, abandoned, pending or (dropped by a cut before it was
+    # settled) undelivered
+    disposition: Optional[Disposition] = None
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class LedgerEvent:
+    """A cut or a broken mark, with the file's line that holds it."""
+
+    __schema__: ClassVar[str] = "LedgerEvent"
+    line: int
+    kind: LedgerEventKind
+    to: int  # cut: the new logical length; broken: the length then
+    from_: int = field(metadata={"json": "from"})  # the logical length before
+    reason: str
+    at: datetime
+    boundary: bool = False  # a cut by a relaunch match: the next entry is a boundary
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class Ledger:
+    """An episode's ledger (GET /v1/episodes/{id}/ledger; ``stasis ledger
+    show --json``): the logical ledger, what a trainer batches, is
+    ``entries`` (one page of it, or the whole of it from Client.ledger)."""
+
+    __schema__: ClassVar[str] = "Ledger"
+    path: str  # the ledger file on the server
+    episode: str
+    format: int  # the file's format (0: no file yet)
+    entries: list[LedgerEntry]  # this page of the logical ledger
+    dropped: list[LedgerEntry]  # the entries cuts dropped, in file order
+    events: list[LedgerEvent]  # cuts and broken marks, in file order
+    total: int  # entry records in the file, cut ones included
+    broken: bool  # the history cannot be trusted: do not train on it
+    live: int  # the logical ledger's whole length
+    more: bool  # entries remain past this page: ask again with after = the last seq
+    reason: str = ""  # why it is broken
+    torn_bytes: int = 0  # an unfinished last append, ignored
+    extra: dict[str, Any] = _extra()
+
+    @property
+    def token_count(self) -> int:
+        """Completion tokens over the entries."""
+        return sum(len(e.tokens.completion_token_ids) for e in self.entries if e.tokens)
+
+    def completion_token_ids(self) -> list[int]:
+        """The completion token ids of every entry, in order."""
+        return [t for e in self.entries if e.tokens for t in e.tokens.completion_token_ids]
+
+    def logprobs(self) -> list[float]:
+        """The completion logprobs of every entry, in order."""
+        return [x for e in self.entries if e.tokens for x in e.tokens.logprobs]
+
+
+@dataclass
+class LedgerProblem:
+    """The first bad record of a ledger file."""
+
+    __schema__: ClassVar[str] = "LedgerProblem"
+    line: int
+    what: str
+    seq: int = 0  # the entry's seq, when the line is an entry that parsed
+    kind: str = ""  # the record's kind, when it parsed
+    extra: dict[str, Any] = _extra()
+
+    def __str__(self) -> str:
+        where = f" (seq {self.seq})" if self.seq > 0 else (f" ({self.kind})" if self.kind else "")
+        return f"line {self.line}{where}: {self.what}"
+
+
+@dataclass
+class LedgerReport:
+    """What a walk of a whole ledger file found (GET
+    /v1/episodes/{id}/ledger/verify; ``stasis ledger verify --json``)."""
+
+    __schema__: ClassVar[str] = "LedgerReport"
+    path: str
+    episode: str
+    format: int
+    ok: bool  # every record is intact
+    records: int  # lines, the header included (up to bad)
+    entries: int  # entry records, cut ones included
+    live: int  # the logical length
+    cuts: int
+    broken: bool
+    head: str  # the last good record's hash
+    delivered: int
+    abandoned: int
+    pending: int
+    undelivered: int  # dropped by a cut before being settled
+    bad: Optional[LedgerProblem] = None  # the first bad record, when not ok
+    broken_reason: str = ""
+    torn_bytes: int = 0
+    extra: dict[str, Any] = _extra()
+
+
+# --- tasks ---------------------------------------------------------------------
+
+
+@dataclass
+class TaskSummary:
+    """A task the server starts episodes on (GET /v1/tasks)."""
+
+    __schema__: ClassVar[str] = "TaskSummary"
+    id: str  # what a start's task names
+    budget_s: float  # the harness's time budget in seconds
+    fail_to_pass: int  # how many tests must go from failing to passing
+    pass_to_pass: int  # how many tests must keep passing
+    language: str = ""
+    title: str = ""
+    image: str = ""  # the task's own image reference, if it has one
     extra: dict[str, Any] = _extra()
 
 
@@ -385,6 +555,12 @@ def type_hints(cls: type) -> dict[str, Any]:
     return h
 
 
+def json_name(f: dataclasses.Field) -> str:
+    """The JSON property a dataclass field stands for: its name, unless its
+    metadata gives another (``metadata={"json": "from"}``)."""
+    return f.metadata.get("json", f.name)
+
+
 def _is_union(tp: Any) -> bool:
     origin = typing.get_origin(tp)
     if origin is Union:
@@ -423,10 +599,11 @@ def decode(tp: Any, value: Any) -> Any:
         hints = type_hints(tp)
         kw: dict[str, Any] = {}
         extra: dict[str, Any] = {}
-        names = {f.name for f in dataclasses.fields(tp) if not f.metadata.get("extra")}
+        names = {json_name(f): f.name for f in dataclasses.fields(tp) if not f.metadata.get("extra")}
         for k, v in value.items():
-            if k in names:
-                kw[k] = decode(hints[k], v)
+            name = names.get(k)
+            if name is not None:
+                kw[name] = decode(hints[name], v)
             else:
                 extra[k] = v
         for f in dataclasses.fields(tp):
@@ -467,7 +644,7 @@ def encode(value: Any) -> Any:
                 continue
             if v is None:
                 continue
-            out[f.name] = encode(v)
+            out[json_name(f)] = encode(v)
         return out
     if isinstance(value, (list, tuple)):
         return [encode(v) for v in value]

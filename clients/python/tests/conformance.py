@@ -5,8 +5,11 @@ document: an operation it lacks or has too many, a method, path, status,
 body, query parameter or answer that differs, a dataclass field that a
 schema lacks or the other way round, a type, an enum, a required or
 nullable property that the dataclass does not follow, a schema no
-dataclass mirrors, an error type the errors module lacks. An empty list is
-conformance; the tests also feed it altered documents to see it complain.
+dataclass mirrors, an error type the errors module lacks. A field stands
+for the property of its JSON name (models.json_name: its own name, or
+metadata={"json": ...}); a property of any JSON value (no type) is Any. An
+empty list is conformance; the tests also feed it altered documents to see
+it complain.
 
 ``undeclared(spec, schema, value)`` lists the keys of a JSON answer its
 schema does not declare, for the live tests.
@@ -78,6 +81,12 @@ def check_type(tp: Any, prop: dict, where: str, owner: str) -> list[str]:
     """Whether annotation tp (without Optional) speaks schema prop."""
     out: list[str] = []
     t = target(prop)
+    if t is None and "type" not in prop and "enum" not in prop:
+        # Any JSON value (no type): Any, or Optional[Any] when nullable
+        # (split_optional took the None off).
+        if tp is not Any:
+            out.append(f"{where}: any JSON value in the schema (no type), {tp!r} in the client (want Any)")
+        return out
     if t is not None:
         if not (isinstance(tp, type) and dataclasses.is_dataclass(tp) and getattr(tp, "__schema__", None) == t):
             out.append(f"{where}: the schema refers to {t}, the client has {tp!r}")
@@ -134,7 +143,8 @@ def model_problems(spec: dict, cls: type) -> list[str]:
     out: list[str] = []
     props: dict = schema.get("properties", {})
     required = set(schema.get("required", []))
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    # Fields by the JSON name they stand for (models.json_name).
+    fields = {models.json_name(f): f for f in dataclasses.fields(cls)}
     extra = [f for f in fields.values() if f.metadata.get("extra")]
     plain = {n: f for n, f in fields.items() if not f.metadata.get("extra")}
     for n in sorted(set(props) - set(plain)):
@@ -155,7 +165,7 @@ def model_problems(spec: dict, cls: type) -> list[str]:
             out.append(f"{where}: required in the document, has a default in {cls.__name__}")
         if n not in required and not has_default:
             out.append(f"{where}: optional in the document, required in {cls.__name__}")
-        base, optional = split_optional(hints[n])
+        base, optional = split_optional(hints[f.name])
         nullable = bool(prop.get("nullable"))
         if nullable and not optional:
             out.append(f"{where}: nullable in the document, not Optional in {cls.__name__}")
@@ -269,7 +279,8 @@ def operation_problems(spec: dict) -> list[str]:
 def error_problems(spec: dict) -> list[str]:
     out: list[str] = []
     desc = (schema_at(spec, "Error.error") or {}).get("properties", {}).get("type", {}).get("description", "")
-    listed = {t: int(s) for t, s in re.findall(r"(\w+) \((\d{3})\)", desc)}
+    # "not_found (404)", or with a note: "not_found (404: also ...)".
+    listed = {t: int(s) for t, s in re.findall(r"(\w+) \((\d{3})[):]", desc)}
     mine = {t: s for t, (s, _) in ERROR_TYPES.items()}
     if listed != mine:
         out.append(f"error types: the document lists {listed}, the client knows {mine}")

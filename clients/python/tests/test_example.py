@@ -1,6 +1,6 @@
 """examples/rollout_loop.py, run as a trainer would run it, and its output
 checked against what the state directory holds (read by `stasis ledger`,
-and by a new server's recorded verdicts)."""
+and by a new server: its recorded verdicts and its ledgers)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ class RolloutLoopTest(unittest.TestCase):
             code, ver = go_json("ledger", "verify", ep, "--dir", ledgers)
             self.assertEqual((code, ver["ok"]), (0, True))
 
-        # The rewards are the verdicts the server recorded.
+        # The rewards are the verdicts the server recorded, the tokens its
+        # ledgers'.
         srv = LocalServer(self.state, binary=support.stasis_bin())
         try:
             srv.start()
@@ -105,6 +106,8 @@ class RolloutLoopTest(unittest.TestCase):
                 self.assertTrue(v.recorded)
                 self.assertEqual(v.verdict.reward, r["reward"])
                 self.assertEqual(c.get_episode(ep).state, "retired")
+                led = c.ledger(ep)
+                self.assertEqual((len(led.entries), led.token_count, len(led.logprobs())), (r["calls"], r["tokens"], r["logprobs"]))
         finally:
             srv.close()
         self.assertEqual(srv.leftovers(), [])

@@ -38,7 +38,7 @@ class DocumentTest(unittest.TestCase):
             if m in conformance.METHODS
         }
         self.assertEqual(ops, set(OPERATIONS))
-        self.assertGreaterEqual(len(ops), 14)
+        self.assertGreaterEqual(len(ops), 17)
 
     def _changed(self, change, want: str):
         """After change(spec), the check must complain, naming want."""
@@ -57,8 +57,8 @@ class DocumentTest(unittest.TestCase):
 
     def test_a_new_operation_fails(self):
         self._changed(
-            lambda m: m["paths"].update({"/v1/episodes/{id}/ledger": {"get": {"operationId": "getLedger", "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}], "responses": {"200": {"description": "x"}}}}}),
-            "getLedger",
+            lambda m: m["paths"].update({"/v1/episodes/{id}/logs": {"get": {"operationId": "getLogs", "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}], "responses": {"200": {"description": "x"}}}}}),
+            "getLogs",
         )
 
     def test_a_removed_operation_fails(self):
@@ -76,12 +76,30 @@ class DocumentTest(unittest.TestCase):
 
     def test_a_new_query_parameter_fails(self):
         self._changed(lambda m: m["paths"]["/v1/episodes"]["get"]["parameters"].append({"name": "limit", "in": "query", "schema": {"type": "integer"}}), "listEpisodes")
+        self._changed(lambda m: m["paths"]["/v1/episodes/{id}/ledger"]["get"]["parameters"].pop(), "getLedger")
 
     def test_a_changed_enum_fails(self):
         self._changed(lambda m: m["components"]["schemas"]["Checkpoint"]["properties"]["state"]["enum"].append("archived"), "Checkpoint.state")
 
     def test_a_changed_type_fails(self):
         self._changed(lambda m: m["components"]["schemas"]["Episode"]["properties"].update(attempt={"type": "string"}), "Episode.attempt")
+        # A property of any JSON value (no type) is Any in the client, and
+        # the other way round.
+        self._changed(lambda m: m["components"]["schemas"]["LedgerEntry"]["properties"].update(usage={"type": "object"}), "LedgerEntry.usage")
+        self._changed(lambda m: m["components"]["schemas"]["LedgerEntry"]["properties"].update(seq={"description": "any"}), "LedgerEntry.seq")
+        self._changed(lambda m: m["components"]["schemas"]["LedgerEntry"]["properties"]["request"].pop("nullable"), "LedgerEntry.request")
+
+    def test_json_names(self):
+        """A field whose JSON name differs (LedgerEvent.from_ is "from") is
+        held to the property of that name."""
+        self._changed(lambda m: m["components"]["schemas"]["LedgerEvent"]["properties"].update({"from": {"type": "string"}}), "LedgerEvent.from")
+        self._changed(lambda m: m["components"]["schemas"]["LedgerEvent"]["required"].remove("from"), "LedgerEvent.from")
+
+        def renamed(m):
+            ev = m["components"]["schemas"]["LedgerEvent"]
+            ev["properties"]["from_"] = ev["properties"].pop("from")
+
+        self._changed(renamed, "LedgerEvent.from")
 
     def test_required_and_nullable_fail(self):
         self._changed(lambda m: m["components"]["schemas"]["CheckpointResult"]["required"].append("continue_error"), "CheckpointResult.continue_error")
@@ -95,7 +113,7 @@ class DocumentTest(unittest.TestCase):
         self._changed(change, "error types")
 
     def test_a_new_schema_fails(self):
-        self._changed(lambda m: m["components"]["schemas"].update(LedgerEntry={"type": "object", "properties": {"seq": {"type": "integer"}}}), "LedgerEntry")
+        self._changed(lambda m: m["components"]["schemas"].update(Quota={"type": "object", "properties": {"gpus": {"type": "integer"}}}), "Quota")
 
     def test_an_auth_change_fails(self):
         self._changed(lambda m: m["paths"]["/healthz"]["get"].pop("security"), "healthz")
@@ -138,9 +156,9 @@ class WireTest(unittest.TestCase):
                 args.append(v)
             elif pname in params and params[pname]["in"] == "query":
                 s = params[pname]["schema"]
-                v = s["enum"][0] if "enum" in s else (5 if s["type"] == "integer" else "v")
+                v = s["enum"][0] if "enum" in s else {"integer": 5, "boolean": False}.get(s["type"], "v")
                 kw[pname] = v
-                query[pname] = str(v)
+                query[pname] = str(v).lower() if isinstance(v, bool) else str(v)
             else:
                 bs = conformance.schema_at(self.spec, op.body.__schema__)["properties"][pname]
                 raw = conformance.sample(self.spec, bs)
@@ -173,8 +191,9 @@ class WireTest(unittest.TestCase):
                 if f.metadata.get("extra"):
                     self.assertEqual(v, {}, f"{where}: every sample field is declared, yet extra has {v}")
                     continue
-                self.assertIn(f.name, raw, where)
-                self.assertMatches(v, raw[f.name], f"{where}.{f.name}")
+                name = models.json_name(f)
+                self.assertIn(name, raw, where)
+                self.assertMatches(v, raw[name], f"{where}.{name}")
         elif isinstance(value, list):
             self.assertEqual(len(value), len(raw), where)
             for i, (a, b) in enumerate(zip(value, raw)):
@@ -248,11 +267,75 @@ class WireTest(unittest.TestCase):
 
     def test_unknown_fields_are_kept(self):
         raw = conformance.sample(self.spec, "Episode")
-        raw["environment"] = "host"
+        raw["colour"] = "red"
         raw["status"]["new_thing"] = [1, 2]
         ep = models.decode(stasis.Episode, raw)
-        self.assertEqual(ep.extra, {"environment": "host"})
+        self.assertEqual(ep.extra, {"colour": "red"})
         self.assertEqual(ep.status.extra, {"new_thing": [1, 2]})
+
+    def test_json_name_decode_encode(self):
+        raw = {"line": 4, "kind": "cut", "to": 2, "from": 5, "reason": "relaunch", "boundary": True, "at": "2026-01-02T03:04:05Z"}
+        ev = models.decode(stasis.LedgerEvent, raw)
+        self.assertEqual((ev.from_, ev.to, ev.extra), (5, 2, {}))
+        out = models.encode(ev)
+        self.assertEqual(out["from"], 5)
+        self.assertNotIn("from_", out)
+        # A field's own name is not its JSON name: it is kept as unknown.
+        self.assertEqual(models.decode(stasis.LedgerEvent, dict(raw, from_=9)).extra, {"from_": 9})
+
+    def test_ledger_pages(self):
+        """Client.ledger reads page after page (after = the last seq) until
+        more is false, and gives them as one Ledger."""
+
+        def entry(seq):
+            e = conformance.sample(self.spec, "LedgerEntry")
+            e.update(seq=seq, call_id=f"ep/{seq}", tokens={"prompt_token_ids": [1], "completion_token_ids": [seq, seq], "logprobs": [-0.5, -0.25]})
+            return e
+
+        def page(entries, more, events=0):
+            p = conformance.sample(self.spec, "Ledger")
+            ev = conformance.sample(self.spec, "LedgerEvent")
+            p.update(entries=entries, more=more, live=5, events=[ev] * events, dropped=[])
+            return p
+
+        pages = {0: page([entry(1), entry(2)], True), 2: page([entry(3), entry(4)], True), 4: page([entry(5)], False)}
+        c = Client("http://127.0.0.1:9", retries=0)
+        sent = []
+
+        def fake(method, url, data, headers, timeout):
+            q = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
+            sent.append(q)
+            return 200, "application/json", json.dumps(pages[int(q.get("after", 0))]).encode()
+
+        c._send = fake  # type: ignore[method-assign]
+        led = c.ledger("ep", bodies=False)
+        self.assertEqual([q.get("after") for q in sent], [None, "2", "4"])
+        self.assertTrue(all(q["bodies"] == "false" for q in sent))
+        self.assertEqual([e.seq for e in led.entries], [1, 2, 3, 4, 5])
+        self.assertFalse(led.more)
+        self.assertEqual(led.token_count, 10)
+        self.assertEqual(led.completion_token_ids(), [1, 1, 2, 2, 3, 3, 4, 4, 5, 5])
+        self.assertEqual(len(led.logprobs()), 10)
+
+        # A cut between two pages (a new event): read again from the start.
+        sent.clear()
+        calls = {"n": 0}
+        first, cut = pages[0], page([entry(1), entry(2)], True, events=1)
+
+        def fake_cut(method, url, data, headers, timeout):
+            q = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
+            calls["n"] += 1
+            sent.append(q)
+            if calls["n"] == 1:
+                return 200, "application/json", json.dumps(first).encode()
+            after = int(q.get("after", 0))
+            body = cut if after == 0 else page([entry(3)], False, events=1)
+            return 200, "application/json", json.dumps(body).encode()
+
+        c._send = fake_cut  # type: ignore[method-assign]
+        led = c.ledger("ep")
+        self.assertEqual([q.get("after") for q in sent], [None, "2", None, "2"])
+        self.assertEqual([e.seq for e in led.entries], [1, 2, 3])
 
     def test_go_enum_zero_value_is_none(self):
         raw = conformance.sample(self.spec, "SupervisorStatus")

@@ -2,6 +2,9 @@
 # installing twice changes nothing.
 
 GO          ?= go
+## PYTHON runs the Python client's tests: Debian's, whose pip, setuptools
+## and wheel (deps-python) install the client offline.
+PYTHON      ?= /usr/bin/python3
 BIN         := bin/stasis
 ## Tools built or downloaded for the build and the tests live in a cache
 ## outside the work tree, one directory per version, so a fresh clone on the
@@ -214,8 +217,8 @@ unit:
 
 ## python-client: the Python client's tests (clients/python) and the
 ## rollout-loop example, against real `stasis serve` processes of bin/stasis.
-python-client: build
-	STASIS_BIN=$(CURDIR)/$(BIN) python3 -m unittest discover -s clients/python/tests
+python-client: build deps-python
+	STASIS_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m unittest discover -s clients/python/tests
 
 ## test: vet, staticcheck, the whole Go suite under the race detector, and
 ## the Python client's tests.

@@ -229,8 +229,12 @@ func (s *Session) placeBinary(ctx context.Context) error {
 // and only the harness's directory is the agent's.
 func (s *Session) users() bool { return s.p.Capabilities().Users }
 
+// AgentHome is HOME in the agent's commands in the sandbox ("" when the
+// provider sets none).
+func (s *Session) AgentHome(ctx context.Context) (string, error) { return s.agentHome(ctx) }
+
 // agentHome is HOME in the agent's commands in the sandbox ("" when the
-// provider sets none), asked once.
+// provider sets none).
 func (s *Session) agentHome(ctx context.Context) (string, error) {
 	var out, errb bytes.Buffer
 	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{

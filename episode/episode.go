@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"time"
@@ -342,6 +343,15 @@ func (e *Episode) boot(ctx context.Context, cred relay.Credentials) error {
 	// The session directory is stasis's own; the harness gets harness/.
 	if err := e.sess.PrepareDirs(ctx, path.Base(e.launch.Dir)); err != nil {
 		return fmt.Errorf("episode %s: %w", e.spec.ID, err)
+	}
+	if seed := e.env.Verifier.ReadySeed(ctx, e.spec.Task); seed != "" {
+		// A Go task whose verify made a seed: the agent's cache starts
+		// from a copy (its default GOCACHE, under its home).
+		if home, err := e.sess.AgentHome(ctx); err == nil && home != "" {
+			if err := task.UploadSeed(ctx, p, id, path.Join(home, ".cache", "go-build"), seed); err != nil {
+				slog.Warn("the agent's Go build cache was not seeded", "episode", e.spec.ID, "err", err)
+			}
+		}
 	}
 	if err := e.spec.Harness.Install(ctx, p, id); err != nil {
 		return fmt.Errorf("episode %s: install %s: %w", e.spec.ID, e.spec.Harness.Name(), err)

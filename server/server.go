@@ -432,7 +432,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	}
 	s.env = &episode.Env{
 		Provider: s.provider, Gateway: s.gw, GatewayURL: gatewayURL, Model: o.Model,
-		Verifier: &task.Verifier{Store: s.store, Provider: s.provider},
+		Verifier: &task.Verifier{Store: s.store, Provider: s.provider, SeedDir: filepath.Join(state, "verify-seeds")},
 		Binary:   bin, BinaryEnv: o.BinaryEnv, BinaryInSandbox: inSandbox, ClockPolicy: o.ClockPolicy,
 		Image: o.Image,
 	}

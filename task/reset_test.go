@@ -10,6 +10,7 @@ import (
 
 	"stasis/sandbox"
 	"stasis/stasistest"
+	"stasis/store"
 	"stasis/task"
 )
 
@@ -150,5 +151,86 @@ func TestTestFilesValidated(t *testing.T) {
 	}
 	if _, err := task.ParseDefinition([]byte(strings.Replace(base, "%s", `"tests/test_a.py","lib_test.go"`, 1))); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An agent that leaves the tools' settings and caches in its home to turn
+// failures into passes earns nothing: verify runs with a home of its own.
+// Each hack is first shown to work when the tests run with the agent's
+// home, so the test fails if a hack stops being one.
+func TestAgentHomeIsNotReadAtVerify(t *testing.T) {
+	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
+	ts, err := task.Builtin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := newProvider(t)
+	for _, c := range []struct {
+		id, hack string
+	}{
+		// Python's user site: usercustomize runs at every start and turns
+		// every assertion into a no-op.
+		{"py-money-negative-cents", `site=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p "$site" && cat > "$site/usercustomize.py" <<'PY'
+import unittest
+for n in dir(unittest.TestCase):
+    if n.startswith("assert") and not n.startswith("assertRaises"):
+        setattr(unittest.TestCase, n, lambda *a, **k: None)
+PY`},
+		// Go's env file: GOROOT set to a copy of the toolchain whose
+		// testing package never records a failure.
+		{"go-lru-get-recency", `G=$(go env GOROOT) && F=$HOME/.goroot && mkdir -p "$F/src" &&
+for e in "$G"/*; do [ "${e##*/}" = src ] || ln -s "$e" "$F/"; done &&
+for e in "$G"/src/*; do [ "${e##*/}" = testing ] || ln -s "$e" "$F/src/"; done &&
+cp -r "$G/src/testing" "$F/src/testing" && chmod -R u+w "$F/src/testing" &&
+sed -i 's/^func (c \*common) Fail() {$/func (c *common) Fail() { return/' "$F/src/testing/testing.go" &&
+grep -q 'Fail() { return' "$F/src/testing/testing.go" && go env -w GOROOT="$F"`},
+	} {
+		t.Run(c.id, func(t *testing.T) {
+			tk, err := task.Lookup(ts, c.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := sandboxFor(t, p, tk)
+			execIn(t, p, id, c.hack)
+			// With the agent's home, the hack passes the failing tests.
+			var out strings.Builder
+			if _, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"/bin/sh", "-c", tk.TestCmd}, Cwd: task.WorkDir, Env: tk.EnvMap(), Stdout: &out, Stderr: &out, Timeout: tk.Budget()}); err != nil {
+				t.Fatal(err)
+			}
+			if reward, f2p, _ := tk.Evaluate(out.String()); reward != 1 {
+				t.Fatalf("the hack does not work with the agent's home (%v): the test no longer tests anything\n%s", f2p, out.String())
+			}
+			// A verifier that keeps Go build cache seeds: the Go task's
+			// first verify makes one from the unchanged work tree.
+			st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "store.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			vf := &task.Verifier{Store: st, Provider: p, SeedDir: t.TempDir()}
+			v, _, err := vf.Verify(ctx, "ep-hack", 0, id, tk, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Reward != 0 || v.Status != task.StatusUnresolved {
+				t.Fatalf("an agent that hacked its home: reward %d, status %s (%s)\n%s", v.Reward, v.Status, v.Reason, v.Output)
+			}
+			seed := vf.ReadySeed(ctx, tk)
+			if c.id == "go-lru-get-recency" && seed == "" {
+				t.Error("no Go build cache seed after a Go task's verify")
+			}
+			if c.id != "go-lru-get-recency" && seed != "" {
+				t.Errorf("a Go build cache seed for a Python task: %s", seed)
+			}
+			// The solution, in the same sandbox (its hacked home and all),
+			// verified as another episode: it earns the reward.
+			applySolution(t, p, id, tk)
+			fixed, _, err := vf.Verify(ctx, "ep-fix", 0, id, tk, nil)
+			if err != nil || fixed.Reward != 1 {
+				t.Fatalf("with the solution: %+v %v", fixed, err)
+			}
+			t.Logf("verify took %.1f s with the hack (seed made first), %.1f s with the solution", v.DurationS, fixed.DurationS)
+		})
 	}
 }

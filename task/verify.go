@@ -3,9 +3,12 @@ package task
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"regexp"
@@ -152,6 +155,20 @@ func (t *Task) judge(v *Verdict, output string) {
 // runs its test command there and judges the result. An error means the
 // tests could not be run (the sandbox is gone, say), not that they failed.
 func RunTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task) (Verdict, error) {
+	return runTests(ctx, p, sandboxID, t, runOptions{})
+}
+
+// runOptions are what a Verifier adds to a test run.
+type runOptions struct {
+	// seed is a tar stream file of a Go build cache made by a trusted run
+	// (goSeed), unpacked into the run's fresh GOCACHE before the tests.
+	seed string
+	// capture, when set, is where the run's GOCACHE is written as a tar
+	// stream after the tests.
+	capture io.Writer
+}
+
+func runTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task, o runOptions) (Verdict, error) {
 	env, err := t.Environment(ctx)
 	if err != nil {
 		return Verdict{}, err
@@ -165,11 +182,29 @@ func RunTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task
 	v.TestsRestored, v.TestsRemoved, v.TestsReverted = r.Restored, r.Removed, r.Reverted
 	var out bytes.Buffer
 	w := &syncWriter{w: &out}
+	venv, home := t.VerifyEnv()
+	// The run's home is made afresh: mkdir fails on anything already there.
+	var mk bytes.Buffer
+	if res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"mkdir", "-m", "700", "--", home}, Stdout: &mk, Stderr: &mk}); err != nil || res.ExitCode != 0 {
+		return Verdict{}, fmt.Errorf("task %s: make the test run's home %s in sandbox %s: %v (exit %d) %s", t.ID, home, sandboxID, err, res.ExitCode, strings.TrimSpace(mk.String()))
+	}
+	cache, ownCache := venv["GOCACHE"], t.Env["GOCACHE"] == ""
+	if o.seed != "" && ownCache {
+		if err := uploadFile(ctx, p, sandboxID, cache, o.seed); err != nil {
+			// Slower, not wrong: the tests build what the seed had.
+			slog.Warn("the Go build cache seed could not be unpacked; the tests build without it", "task", t.ID, "sandbox", sandboxID, "err", err)
+		}
+	}
 	res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{
-		Argv: []string{"/bin/sh", "-c", t.TestCmd}, Cwd: WorkDir, Env: t.EnvMap(),
+		Argv: []string{"/bin/sh", "-c", t.TestCmd}, Cwd: WorkDir, Env: venv,
 		Stdout: w, Stderr: w, Timeout: t.Budget(),
 	})
 	v.DurationS = time.Since(start).Seconds()
+	if err == nil && o.capture != nil && ownCache {
+		if derr := p.Download(ctx, sandboxID, cache, o.capture); derr != nil {
+			return Verdict{}, fmt.Errorf("task %s: keep the Go build cache of sandbox %s: %w", t.ID, sandboxID, derr)
+		}
+	}
 	switch {
 	case errors.Is(err, sandbox.ErrTimeout):
 		v.TimedOut, v.ExitCode = true, -9
@@ -178,15 +213,47 @@ func RunTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task
 	default:
 		v.ExitCode = res.ExitCode
 	}
-	o := out.String()
-	v.OutputBytes = len(o)
-	if len(o) > OutputLimit {
-		o = o[len(o)-OutputLimit:]
+	text := out.String()
+	v.OutputBytes = len(text)
+	if len(text) > OutputLimit {
+		text = text[len(text)-OutputLimit:]
 	}
-	v.Output = o
+	v.Output = text
 	v.Reward, v.FailToPass, v.PassToPass = t.Evaluate(out.String())
 	t.judge(&v, out.String())
 	return v, nil
+}
+
+// VerifyEnv is the environment the tests run with at verify: the task's
+// (EnvMap), with a home of the run's own (returned; it must not exist yet)
+// in place of the agent's, where the tools keep their caches and settings.
+// The agent may have written anything into its home and the work tree: a
+// Go build cache whose entries compile to other code than their sources,
+// a go env file, Python's user site or byte code beside the sources. None
+// of that is read: Go builds in a fresh GOCACHE with GOENV off, Python
+// reads no user site and keeps byte code under the run's home
+// (PYTHONPYCACHEPREFIX), and XDG's places are the run's. What the task
+// itself sets is kept.
+func (t *Task) VerifyEnv() (map[string]string, string) {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	home := "/tmp/.stasis-verify-" + hex.EncodeToString(b)
+	env := t.EnvMap()
+	for k, v := range map[string]string{
+		"HOME":                home,
+		"GOCACHE":             home + "/go-build",
+		"GOENV":               "off",
+		"PYTHONNOUSERSITE":    "1",
+		"PYTHONPYCACHEPREFIX": home + "/pycache",
+		"XDG_CACHE_HOME":      home + "/.cache",
+		"XDG_CONFIG_HOME":     home + "/.config",
+		"XDG_DATA_HOME":       home + "/.local/share",
+	} {
+		if _, set := t.Env[k]; !set {
+			env[k] = v
+		}
+	}
+	return env, home
 }
 
 type syncWriter struct {
@@ -216,11 +283,15 @@ type VerdictStore interface {
 type Verifier struct {
 	Store    VerdictStore
 	Provider sandbox.Provider
+	// SeedDir, when set, keeps the Go build cache seeds of Go tasks (see
+	// goSeed); empty: every Go verify builds from an empty cache.
+	SeedDir string
 
 	mu        sync.Mutex
 	locks     map[string]*sync.Mutex
 	baselines map[*Task]*baseline
 	baseMu    sync.Mutex // one baseline run at a time
+	seedMu    sync.Mutex // one seed built at a time
 }
 
 // ErrNotEnded refuses a verify while the harness may still change the work
@@ -363,7 +434,7 @@ func (v *Verifier) Verify(ctx context.Context, episode string, attempt int, sand
 			return Verdict{}, false, fmt.Errorf("episode %s: verify: %w: %v", episode, ErrNotEnded, err)
 		}
 	}
-	vd, err := RunTests(ctx, v.Provider, sandboxID, t)
+	vd, err := runTests(ctx, v.Provider, sandboxID, t, runOptions{seed: v.goSeed(ctx, t)})
 	if err != nil {
 		return Verdict{}, false, fmt.Errorf("episode %s: verify: %w", episode, err)
 	}

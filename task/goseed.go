@@ -1,0 +1,153 @@
+package task
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"stasis/sandbox"
+)
+
+// A Go task's verify runs its tests with a fresh GOCACHE (VerifyEnv): the
+// agent's cache is never read, since its entries could compile to other
+// code than their sources. Built from nothing, the standard library's
+// test dependencies take tens of seconds per verify; so a Verifier with a
+// SeedDir keeps, per task and environment, the cache of one trusted run:
+// the task's own test command on its unchanged work tree, in a sandbox of
+// its own, where no agent ever ran. Each verify of that task starts from a
+// copy of it and builds only what the agent changed. The cache is
+// content-addressed by Go (an entry is found by the hash of its inputs),
+// so a seed that no longer matches (a new toolchain, an edited task) only
+// makes the build slower, never different.
+
+// isGoTask says whether t's tests are Go's.
+func isGoTask(t *Task) bool {
+	return t.Language == "go" || strings.Contains(t.TestCmd, "go test")
+}
+
+// seedPath is where t's seed for environment env is kept in dir.
+func seedPath(dir string, t *Task, env string) string {
+	h := sha256.Sum256([]byte(t.ID + "\x00" + env + "\x00" + t.TestCmd))
+	return filepath.Join(dir, "go-build-"+hex.EncodeToString(h[:12])+".tar")
+}
+
+// goSeed returns the file of t's Go build cache seed, making it first if
+// need be; "" when t is not a Go task, the Verifier keeps no seeds, or the
+// seed could not be made (logged: the verify is then slower, not wrong).
+func (v *Verifier) goSeed(ctx context.Context, t *Task) string {
+	if v.SeedDir == "" || !isGoTask(t) || t.Env["GOCACHE"] != "" {
+		return ""
+	}
+	env, err := t.Environment(ctx)
+	if err != nil {
+		return ""
+	}
+	path := seedPath(v.SeedDir, t, env.String())
+	v.seedMu.Lock()
+	defer v.seedMu.Unlock()
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
+		return path
+	}
+	start := time.Now()
+	if err := v.makeSeed(ctx, t, path); err != nil {
+		slog.Warn("no Go build cache seed for the task; its verifies build from an empty cache", "task", t.ID, "err", err)
+		return ""
+	}
+	slog.Info("Go build cache seed made", "task", t.ID, "file", path, "seconds", time.Since(start).Seconds())
+	return path
+}
+
+// ReadySeed returns t's Go build cache seed if one is made already (by an
+// earlier verify), and "" otherwise; it builds nothing. An episode's
+// sandbox starts with a copy of it in the agent's own cache: the agent
+// builds faster, and what it does to its copy is never read by a verify.
+func (v *Verifier) ReadySeed(ctx context.Context, t *Task) string {
+	if v == nil || v.SeedDir == "" || !isGoTask(t) || t.Env["GOCACHE"] != "" {
+		return ""
+	}
+	env, err := t.Environment(ctx)
+	if err != nil {
+		return ""
+	}
+	path := seedPath(v.SeedDir, t, env.String())
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
+		return path
+	}
+	return ""
+}
+
+// UploadSeed unpacks seed (a ReadySeed file) into dir in a sandbox.
+func UploadSeed(ctx context.Context, p sandbox.Provider, id, dir, seed string) error {
+	return uploadFile(ctx, p, id, dir, seed)
+}
+
+// makeSeed runs t's tests on its unchanged work tree in a sandbox of its
+// own and keeps the run's GOCACHE at path (written whole, then renamed).
+func (v *Verifier) makeSeed(ctx context.Context, t *Task, path string) error {
+	if err := os.MkdirAll(v.SeedDir, 0o700); err != nil {
+		return err
+	}
+	tree, err := os.MkdirTemp("", "stasis-goseed-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tree)
+	if err := t.Materialize(tree); err != nil {
+		return err
+	}
+	info, err := v.Provider.Create(ctx, sandbox.Spec{
+		Root: tree, Env: t.EnvMap(), Expiry: time.Now().Add(2*t.Budget() + 5*time.Minute),
+		Labels: map[string]string{"stasis.task": t.ID, "stasis.role": "go-seed"},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := v.Provider.Delete(dctx, info.ID); err != nil {
+			slog.Warn("the Go seed run's sandbox could not be deleted", "task", t.ID, "sandbox", info.ID, "err", err)
+		}
+	}()
+	f, err := os.CreateTemp(v.SeedDir, ".go-build-*.tar")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // after the rename, nothing
+	if _, err := runTests(ctx, v.Provider, info.ID, t, runOptions{capture: f}); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if fi.Size() == 0 {
+		return fmt.Errorf("the seed run's GOCACHE was empty")
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// uploadFile unpacks the tar stream file into dir inside the sandbox.
+func uploadFile(ctx context.Context, p sandbox.Provider, id, dir, file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return p.Upload(ctx, id, dir, f)
+}

@@ -144,7 +144,7 @@ func newRigOn(t testing.TB, mk func(gwDir, sock string, sockets local.GatewaySer
 	t.Cleanup(func() { _ = st.Close() })
 	r.env = &episode.Env{
 		Provider: p, Gateway: gw, GatewayURL: gwURL, Model: model.DefaultName,
-		Verifier: &task.Verifier{Store: st, Provider: p},
+		Verifier: &task.Verifier{Store: st, Provider: p, SeedDir: stasistest.SeedDir(t)},
 		Binary:   stasistest.Exe(), BinaryEnv: stasistest.EnvMap, BinaryInSandbox: inSandbox,
 	}
 	return r
@@ -276,12 +276,18 @@ func TestEveryBuiltinTaskSolves(t *testing.T) {
 					sem <- struct{}{}
 					defer func() { <-sem }()
 					t.Run(tk.ID, func(t *testing.T) {
-						// Generous: a Go task compiles the standard library's
-						// test dependencies in each fresh sandbox, minutes under
-						// a loaded two-core CI.
+						// Generous: a Go task's seed compiles the standard
+						// library's test dependencies, minutes under a loaded
+						// two-core CI.
 						ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 						defer cancel()
 						start := time.Now()
+						// A Go task's build cache seed first (made once for
+						// the package's tests): the agent's builds and the
+						// verify's start from it.
+						if tk.Language == "go" && r.env.Verifier.Seed(ctx, tk) == "" {
+							t.Fatal("no Go build cache seed")
+						}
 						e, err := episode.Start(ctx, r.env, episode.Spec{ID: h + "-" + tk.ID, Task: tk, Harness: a})
 						if err != nil {
 							t.Fatal(err)

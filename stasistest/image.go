@@ -100,7 +100,7 @@ func buildBusybox() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cleanups = append(cleanups, func() { os.RemoveAll(dir) })
+	addCleanup(func() { os.RemoveAll(dir) })
 	tarPath := filepath.Join(dir, "rootfs.tar")
 	if err := os.WriteFile(tarPath, buf.Bytes(), 0o644); err != nil {
 		return "", err
@@ -163,7 +163,7 @@ func buildBare() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cleanups = append(cleanups, func() { os.RemoveAll(dir) })
+	addCleanup(func() { os.RemoveAll(dir) })
 	tarPath := filepath.Join(dir, "rootfs.tar")
 	if err := os.WriteFile(tarPath, buf.Bytes(), 0o644); err != nil {
 		return "", err

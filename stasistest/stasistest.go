@@ -41,7 +41,40 @@ var EnvMap = func() map[string]string {
 }()
 
 // cleanups run after the tests (what the helpers made once per process).
-var cleanups []func()
+var (
+	cleanupsMu sync.Mutex
+	cleanups   []func()
+)
+
+// addCleanup has f run after the tests.
+func addCleanup(f func()) {
+	cleanupsMu.Lock()
+	defer cleanupsMu.Unlock()
+	cleanups = append(cleanups, f)
+}
+
+var seedDir struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// SeedDir is a directory for task.Verifier.SeedDir shared by the tests of
+// one process (removed after them), so a Go task's build cache seed is
+// made once per package's run.
+func SeedDir(tb testing.TB) string {
+	tb.Helper()
+	seedDir.once.Do(func() {
+		seedDir.dir, seedDir.err = os.MkdirTemp(tmpRoot, "stasis-test-seeds-")
+		if seedDir.err == nil {
+			addCleanup(func() { os.RemoveAll(seedDir.dir) })
+		}
+	})
+	if seedDir.err != nil {
+		tb.Fatal(seedDir.err)
+	}
+	return seedDir.dir
+}
 
 // Main is TestMain for packages whose tests start stasis processes: with
 // STASIS_TEST_AS_CLI set the binary runs the real command line (so the
@@ -58,9 +91,11 @@ func Main(m *testing.M) {
 	if staticDir != "" {
 		_ = os.RemoveAll(staticDir)
 	}
+	cleanupsMu.Lock()
 	for _, c := range cleanups {
 		c()
 	}
+	cleanupsMu.Unlock()
 	if code == 0 {
 		if left := childrenLeft(10 * time.Second); len(left) > 0 {
 			fmt.Fprintf(os.Stderr, "FAIL: processes left behind by the tests: %+v\n", left)

@@ -11,6 +11,7 @@ import (
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/stasistest"
+	"stasis/store"
 	"stasis/task"
 	"stasis/task/pyenv"
 	"stasis/task/tasktest"
@@ -111,4 +112,57 @@ func BenchmarkEnvBuild(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkGoVerify times one verify of a built-in Go task: "empty", each
+// from an empty build cache (what every Go verify would cost without a
+// seed), against "seeded", each from a copy of the task's seed (made once,
+// before the timer). Both in one local sandbox made once.
+//
+//	go test -run '^$' -bench BenchmarkGoVerify -benchtime 3x ./task
+func BenchmarkGoVerify(b *testing.B) {
+	ctx := context.Background()
+	ts, err := task.Builtin()
+	if err != nil {
+		b.Fatal(err)
+	}
+	tk, err := task.Lookup(ts, "go-lru-get-recency")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := local.New(local.Options{Home: b.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := store.OpenSQLite(filepath.Join(b.TempDir(), "store.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	tree := b.TempDir()
+	if err := tk.Materialize(tree); err != nil {
+		b.Fatal(err)
+	}
+	info, err := p.Create(ctx, sandbox.Spec{Root: tree, Env: tk.EnvMap(), Expiry: time.Now().Add(time.Hour)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = p.Delete(ctx, info.ID) }()
+	seeds := b.TempDir()
+	if (&task.Verifier{Store: st, Provider: p, SeedDir: seeds}).Seed(ctx, tk) == "" {
+		b.Fatal("no seed")
+	}
+	n := 0
+	for _, c := range []struct{ name, seeds string }{{"empty", ""}, {"seeded", seeds}} {
+		b.Run(c.name, func(b *testing.B) {
+			v := &task.Verifier{Store: st, Provider: p, SeedDir: c.seeds}
+			for i := 0; i < b.N; i++ {
+				n++
+				vd, _, err := v.Verify(ctx, fmt.Sprintf("bench-%d", n), 0, info.ID, tk, nil)
+				if err != nil || vd.Status != task.StatusUnresolved {
+					b.Fatalf("%+v %v", vd, err)
+				}
+			}
+		})
+	}
 }

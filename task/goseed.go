@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"stasis/sandbox"
@@ -37,9 +38,15 @@ func seedPath(dir string, t *Task, env string) string {
 	return filepath.Join(dir, "go-build-"+hex.EncodeToString(h[:12])+".tar")
 }
 
-// goSeed returns the file of t's Go build cache seed, making it first if
-// need be; "" when t is not a Go task, the Verifier keeps no seeds, or the
-// seed could not be made (logged: the verify is then slower, not wrong).
+// Seed returns the file of t's Go build cache seed, making it first if
+// need be (one run of t's tests on its unchanged work tree); "" when t is
+// not a Go task, the Verifier keeps no seeds, or the seed could not be
+// made (logged: its verifies are then slower, not wrong). Verify calls it;
+// calling it before a task's episodes start gives them a seeded cache.
+// Seeds of different tasks are made at once; one task's, once.
+func (v *Verifier) Seed(ctx context.Context, t *Task) string { return v.goSeed(ctx, t) }
+
+// goSeed is Seed.
 func (v *Verifier) goSeed(ctx context.Context, t *Task) string {
 	if v.SeedDir == "" || !isGoTask(t) || t.Env["GOCACHE"] != "" {
 		return ""
@@ -49,8 +56,9 @@ func (v *Verifier) goSeed(ctx context.Context, t *Task) string {
 		return ""
 	}
 	path := seedPath(v.SeedDir, t, env.String())
-	v.seedMu.Lock()
-	defer v.seedMu.Unlock()
+	l := v.seedLock(path)
+	l.Lock()
+	defer l.Unlock()
 	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
 		return path
 	}
@@ -61,6 +69,21 @@ func (v *Verifier) goSeed(ctx context.Context, t *Task) string {
 	}
 	slog.Info("Go build cache seed made", "task", t.ID, "file", path, "seconds", time.Since(start).Seconds())
 	return path
+}
+
+// seedLock is the lock of one seed file.
+func (v *Verifier) seedLock(path string) *sync.Mutex {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.seedLocks == nil {
+		v.seedLocks = map[string]*sync.Mutex{}
+	}
+	l, ok := v.seedLocks[path]
+	if !ok {
+		l = &sync.Mutex{}
+		v.seedLocks[path] = l
+	}
+	return l
 }
 
 // ReadySeed returns t's Go build cache seed if one is made already (by an

@@ -290,8 +290,8 @@ type Verifier struct {
 	mu        sync.Mutex
 	locks     map[string]*sync.Mutex
 	baselines map[*Task]*baseline
-	baseMu    sync.Mutex // one baseline run at a time
-	seedMu    sync.Mutex // one seed built at a time
+	baseMu    sync.Mutex             // one baseline run at a time
+	seedLocks map[string]*sync.Mutex // one per seed file
 }
 
 // ErrNotEnded refuses a verify while the harness may still change the work

@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"stasis/home"
 	"stasis/image"
 	"stasis/internal/copyout"
+	"stasis/internal/fileop"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b"
 	"stasis/sandbox/local"
@@ -324,22 +324,7 @@ func tarFile(w io.Writer, src, name string, fi fs.FileInfo) error {
 	return tw.Close()
 }
 
-func tarDir(w io.Writer, src string) error {
-	c := exec.Command("tar", "-c", "-C", src, "-f", "-", ".")
-	c.Stdout = w
-	out, err := c.StderrPipe()
-	if err != nil {
-		return err
-	}
-	if err := c.Start(); err != nil {
-		return err
-	}
-	msg, _ := io.ReadAll(out)
-	if err := c.Wait(); err != nil {
-		return fmt.Errorf("tar %s: %v: %s", src, err, strings.TrimSpace(string(msg)))
-	}
-	return nil
-}
+func tarDir(w io.Writer, src string) error { return fileop.Pack(src, w) }
 
 // copyOut copies a sandbox path to the host with internal/copyout, which
 // every provider's copy-out goes through: what the sandbox made arrives

@@ -5,11 +5,12 @@
 // are its own; these run the same everywhere, as whichever user the exec
 // made them (the agent, for a local sandbox's files).
 //
+// Pack and Unpack are also the microVM guest agent's download and upload.
 // Unpacking never leaves its directory: every path is resolved through an
 // os.Root, so neither "..", an absolute name, nor a link (one in the
 // archive or one already on disk) leads out of it. Owners are not kept;
-// device nodes and fifos are refused; modes keep their permission bits
-// only. Packing records links as links and never follows them.
+// device nodes and fifos are left out. Packing records links as links and
+// never follows them.
 package fileop
 
 import (
@@ -23,6 +24,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // Arg is the first argument that selects these operations in the
@@ -63,7 +66,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case op == OpPack && len(rest) == 1:
 		err = Pack(rest[0], stdout)
 	case op == OpUnpack && len(rest) == 1:
-		err = Unpack(rest[0], stdin)
+		err = Unpack(rest[0], stdin, func(h *tar.Header) {
+			fmt.Fprintf(stderr, "stasis file: unpack: %s left out (type %q)\n", h.Name, string(h.Typeflag))
+		})
 	default:
 		fmt.Fprintf(stderr, "stasis file: %q with %d arguments: use cat FILE, write FILE MODE, pack DIR or unpack DIR\n", op, len(rest))
 		return 2
@@ -111,55 +116,78 @@ func write(name string, mode fs.FileMode, r io.Reader) error {
 	return f.Close()
 }
 
-// Pack writes dir as a tar stream: directories, regular files and symbolic
-// links (as links), names relative to dir ("./" first). Other kinds of
-// file are left out.
+// specialBits are the mode bits beyond the permissions that an unpacked
+// entry keeps.
+const specialBits = fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
+
+// Pack writes dir as a tar stream: "./" and then "./name" for everything
+// under it (PAX headers, no access or change times), symbolic links as
+// links, never followed, hard links kept as links. Sockets and other kinds
+// tar cannot hold are left out, and so is what vanishes during the walk.
 func Pack(dir string, w io.Writer) error {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
 	tw := tar.NewWriter(w)
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && p != dir {
+				return nil // gone since the directory was listed
+			}
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
 		if err != nil {
 			return err
 		}
+		name := "./"
+		if rel != "." {
+			name += filepath.ToSlash(rel)
+		}
 		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
 		link := ""
-		switch t := fi.Mode().Type(); {
-		case t == fs.ModeSymlink:
-			if link, err = root.Readlink(p); err != nil {
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
 				return err
 			}
-		case t != 0 && t != fs.ModeDir:
-			return nil // a device, fifo or socket: not packed
 		}
 		h, err := tar.FileInfoHeader(fi, link)
 		if err != nil {
-			return err
+			return nil // a socket or another kind tar cannot hold
 		}
-		h.Name = "./" + p
-		if p == "." {
-			h.Name = "./"
-		} else if fi.IsDir() {
+		h.Name, h.Format = name, tar.FormatPAX
+		h.AccessTime, h.ChangeTime = time.Time{}, time.Time{}
+		h.Uname, h.Gname = "", ""
+		if fi.IsDir() && rel != "." {
 			h.Name += "/"
 		}
-		h.Uid, h.Gid, h.Uname, h.Gname = 0, 0, "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
+			key := inode{uint64(st.Dev), st.Ino}
+			if first, ok := seen[key]; ok {
+				h.Typeflag, h.Linkname, h.Size = tar.TypeLink, first, 0
+			} else {
+				seen[key] = name
+			}
 		}
-		if !fi.Mode().IsRegular() {
+		if h.Typeflag != tar.TypeReg {
+			return tw.WriteHeader(h)
+		}
+		f, err := os.Open(p)
+		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
-		f, err := root.Open(p)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
 		if _, err := io.CopyN(tw, f, h.Size); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
@@ -171,11 +199,14 @@ func Pack(dir string, w io.Writer) error {
 	return tw.Close()
 }
 
-// Unpack extracts a tar stream into dir (made if missing) without leaving
-// it: directories, regular files, symbolic and hard links. A name that
-// would leave dir, a link that would be followed out of it, a device node
-// or fifo fails the unpack, naming the entry.
-func Unpack(dir string, r io.Reader) error {
+// Unpack extracts a tar stream into dir (made if missing) through an
+// os.Root, so no entry leads out of dir: not by "..", an absolute name, a
+// link in the archive or one already on disk. Directories, regular files,
+// symbolic and hard links are unpacked, with their permission and special
+// bits and modification times (a directory's set last); owners are not
+// kept. Other kinds (devices, fifos) are passed to skipped, if not nil,
+// and left out.
+func Unpack(dir string, r io.Reader, skipped func(h *tar.Header)) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -184,106 +215,139 @@ func Unpack(dir string, r io.Reader) error {
 		return err
 	}
 	defer root.Close()
+	var dirs []dirTimes
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			return nil
+			break
 		}
 		if err != nil {
-			return fmt.Errorf("the tar stream: %w", err)
+			return fmt.Errorf("bad tar stream: %w", err)
 		}
-		name, err := clean(h.Name)
-		if err != nil {
+		if err := unpackEntry(root, tr, h, &dirs, skipped); err != nil {
+			if strings.Contains(err.Error(), "path escapes") { // os.Root's error
+				return fmt.Errorf("entry %q leads out of the directory through a symlink (%v)", h.Name, err)
+			}
+			return fmt.Errorf("entry %q: %w", h.Name, err)
+		}
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		d := dirs[i]
+		if err := root.Chmod(d.name, d.mode); err != nil {
 			return err
 		}
-		if err := unpackOne(root, name, h, tr); err != nil {
-			return fmt.Errorf("%s: %w", h.Name, err)
+		if err := root.Chtimes(d.name, d.mtime, d.mtime); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
-// clean turns an archive's name into a relative, slash-free-at-ends path
-// inside the directory ("." for the directory itself).
-func clean(name string) (string, error) {
+// entryName checks a tar entry's name (or a hard link's target) and
+// returns it clean and relative to the extraction directory ("." for the
+// directory itself).
+func entryName(name string) (string, error) {
+	if name == "" {
+		return "", errors.New("empty name")
+	}
 	if strings.HasPrefix(name, "/") {
-		return "", fmt.Errorf("%s: an absolute name in the archive", name)
+		return "", errors.New("absolute path")
 	}
-	c := path.Clean(name)
-	if c == ".." || strings.HasPrefix(c, "../") {
-		return "", fmt.Errorf("%s: a name that leaves the directory", name)
+	for _, el := range strings.Split(name, "/") {
+		if el == ".." {
+			return "", errors.New(`".." in the path`)
+		}
 	}
-	return c, nil
+	return path.Clean(name), nil
 }
 
-func unpackOne(root *os.Root, name string, h *tar.Header, r io.Reader) error {
-	perm := fs.FileMode(h.Mode).Perm()
-	if name != "." {
-		if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
+// dirTimes is a directory whose mode and time are set after every entry is
+// in (an entry written into it would change its time again).
+type dirTimes struct {
+	name  string
+	mode  fs.FileMode
+	mtime time.Time
+}
+
+func unpackEntry(root *os.Root, tr *tar.Reader, h *tar.Header, dirs *[]dirTimes, skipped func(*tar.Header)) error {
+	name, err := entryName(h.Name)
+	if err != nil {
+		return err
+	}
+	mode := h.FileInfo().Mode() & (fs.ModePerm | specialBits)
+	if parent := path.Dir(name); parent != "." {
+		if err := root.MkdirAll(parent, 0o755); err != nil {
 			return err
 		}
 	}
 	switch h.Typeflag {
 	case tar.TypeDir:
-		if name == "." {
-			return nil
-		}
-		err := root.Mkdir(name, perm|0o700)
-		if errors.Is(err, fs.ErrExist) {
-			if fi, serr := root.Lstat(name); serr == nil && fi.IsDir() {
-				err = nil
+		if fi, err := root.Lstat(name); err == nil && !fi.IsDir() {
+			if err := root.Remove(name); err != nil {
+				return err
 			}
 		}
-		if err != nil {
+		if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
 		}
-		return root.Chmod(name, perm)
+		*dirs = append(*dirs, dirTimes{name, mode, h.ModTime})
+		return nil
 	case tar.TypeReg:
-		if err := removeNonDir(root, name); err != nil {
+		if err := replaceable(root, name); err != nil {
 			return err
 		}
-		f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			return err
 		}
-		if _, err := io.Copy(f, r); err != nil {
-			f.Close()
+		_, err = io.Copy(f, tr)
+		if err == nil {
+			err = f.Chmod(mode)
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
 			return err
 		}
-		if err := f.Chmod(perm); err != nil {
-			f.Close()
-			return err
-		}
-		return f.Close()
+		return root.Chtimes(name, h.ModTime, h.ModTime)
 	case tar.TypeSymlink:
-		if err := removeNonDir(root, name); err != nil {
+		if err := replaceable(root, name); err != nil {
 			return err
 		}
 		return root.Symlink(h.Linkname, name)
 	case tar.TypeLink:
-		target, err := clean(h.Linkname)
+		target, err := entryName(h.Linkname)
 		if err != nil {
-			return err
+			return fmt.Errorf("link target %q: %v", h.Linkname, err)
 		}
-		if err := removeNonDir(root, name); err != nil {
+		if target == name {
+			return nil // a link to itself: the file is already there
+		}
+		if err := replaceable(root, name); err != nil {
 			return err
 		}
 		return root.Link(target, name)
-	case tar.TypeXGlobalHeader:
-		return nil
 	}
-	return fmt.Errorf("entry type %q: only directories, regular files and links are unpacked", string(h.Typeflag))
+	if skipped != nil {
+		skipped(h)
+	}
+	return nil
 }
 
-// removeNonDir removes what is at name unless it is missing or a
-// directory (which the create then fails on, as tar does).
-func removeNonDir(root *os.Root, name string) error {
+// replaceable removes what is at name unless it is a directory (which
+// stays, and makes the entry fail).
+func replaceable(root *os.Root, name string) error {
 	fi, err := root.Lstat(name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if err != nil || fi.IsDir() {
+	if err != nil {
 		return err
+	}
+	if fi.IsDir() {
+		return errors.New("a directory is in the way")
 	}
 	return root.Remove(name)
 }

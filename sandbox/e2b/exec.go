@@ -1,7 +1,6 @@
 package e2b
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -10,15 +9,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"stasis/internal/fileop"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
@@ -332,57 +330,8 @@ func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) er
 // stream: modes, symlinks and modification times kept.
 func (p *Provider) uploadDir(ctx context.Context, id, host, dir string) error {
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTar(pw, host)) }()
+	go func() { pw.CloseWithError(fileop.Pack(host, pw)) }()
 	err := p.Upload(ctx, id, dir, pr)
 	pr.CloseWithError(errors.New("upload ended"))
 	return err
-}
-
-func writeTar(w io.Writer, root string) error {
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(root, func(file string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, file)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(file); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		h.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			h.Name += "/"
-		}
-		h.Uname, h.Gname = "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			return nil
-		}
-		f, err := os.Open(file)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }

@@ -1,7 +1,6 @@
 package opensandbox
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -16,7 +15,6 @@ import (
 	"net/url"
 	"os"
 	"path"
-	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -24,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"stasis/internal/fileop"
 	"stasis/sandbox"
 )
 
@@ -682,57 +681,7 @@ func tarDir(root string) (func() (io.ReadCloser, error), error) {
 	}
 	return func() (io.ReadCloser, error) {
 		pr, pw := io.Pipe()
-		go func() {
-			tw := tar.NewWriter(pw)
-			err := filepath.WalkDir(root, func(name string, d fs.DirEntry, err error) error {
-				if err != nil {
-					return err
-				}
-				rel, err := filepath.Rel(root, name)
-				if err != nil || rel == "." {
-					return err
-				}
-				info, err := d.Info()
-				if err != nil {
-					return err
-				}
-				link := ""
-				switch {
-				case info.Mode()&fs.ModeSymlink != 0:
-					if link, err = os.Readlink(name); err != nil {
-						return err
-					}
-				case info.IsDir(), info.Mode().IsRegular():
-				default:
-					return nil // devices, sockets, fifos: not part of a work tree
-				}
-				h, err := tar.FileInfoHeader(info, link)
-				if err != nil {
-					return err
-				}
-				h.Name = filepath.ToSlash(rel)
-				if info.IsDir() {
-					h.Name += "/"
-				}
-				if err := tw.WriteHeader(h); err != nil {
-					return err
-				}
-				if !info.Mode().IsRegular() {
-					return nil
-				}
-				f, err := os.Open(name)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				_, err = io.Copy(tw, f)
-				return err
-			})
-			if err == nil {
-				err = tw.Close()
-			}
-			pw.CloseWithError(err)
-		}()
+		go func() { pw.CloseWithError(fileop.Pack(root, pw)) }()
 		return pr, nil
 	}, nil
 }

@@ -8,18 +8,14 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
-	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
+	"stasis/internal/fileop"
 	"stasis/sandbox"
 )
-
-// specialBits are the mode bits beyond the permissions that a mode may set.
-const specialBits = fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
 
 // unixMode turns a FileMode's permission and special bits into the octal
 // number the wire carries, and fileMode turns it back.
@@ -200,153 +196,16 @@ func (s *server) upload(w http.ResponseWriter, r *http.Request) {
 	writeError(w, err)
 }
 
-// entryName checks a tar entry's name (or a hard link's target) and
-// returns it clean and relative to the extraction directory ("." for the
-// directory itself).
-func entryName(name string) (string, error) {
-	if name == "" {
-		return "", errors.New("empty name")
-	}
-	if strings.HasPrefix(name, "/") {
-		return "", errors.New("absolute path")
-	}
-	for _, el := range strings.Split(name, "/") {
-		if el == ".." {
-			return "", errors.New(`".." in the path`)
-		}
-	}
-	return path.Clean(name), nil
-}
-
-// dirTimes is a directory whose mode and time are set after every entry is
-// in (an entry written into it would change its time again).
-type dirTimes struct {
-	name  string
-	mode  fs.FileMode
-	mtime time.Time
-}
-
-// extract reads a tar stream into dir through an os.Root, which refuses any
-// path that would lead out of dir, symlinks included.
+// extract reads a tar stream into dir (fileop.Unpack: through an os.Root,
+// which refuses any path that would lead out of dir, symlinks included).
 func (s *server) extract(dir string, body io.Reader) error {
-	invalid := func(format string, args ...any) error {
-		return sandbox.Errorf(sandbox.ErrInvalid, "upload", "", format, args...)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return invalid("into %s: %v", dir, err)
-	}
-	root, err := os.OpenRoot(dir)
+	err := fileop.Unpack(dir, body, func(h *tar.Header) {
+		s.log.Debug("upload: entry skipped", "name", h.Name, "type", string(h.Typeflag))
+	})
 	if err != nil {
-		return invalid("into %s: %v", dir, err)
-	}
-	defer root.Close()
-	var dirs []dirTimes
-	tr := tar.NewReader(body)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return invalid("into %s: bad tar stream: %v", dir, err)
-		}
-		if err := s.extractEntry(root, tr, h, &dirs); err != nil {
-			if strings.Contains(err.Error(), "path escapes") { // os.Root's error
-				return invalid("into %s: entry %q leads out of the directory through a symlink (%v)", dir, h.Name, err)
-			}
-			return invalid("into %s: entry %q: %v", dir, h.Name, err)
-		}
-	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		d := dirs[i]
-		if err := root.Chmod(d.name, d.mode); err != nil {
-			return invalid("into %s: %v", dir, err)
-		}
-		if err := root.Chtimes(d.name, d.mtime, d.mtime); err != nil {
-			return invalid("into %s: %v", dir, err)
-		}
+		return sandbox.Errorf(sandbox.ErrInvalid, "upload", "", "into %s: %v", dir, err)
 	}
 	return nil
-}
-
-func (s *server) extractEntry(root *os.Root, tr *tar.Reader, h *tar.Header, dirs *[]dirTimes) error {
-	name, err := entryName(h.Name)
-	if err != nil {
-		return err
-	}
-	mode := h.FileInfo().Mode() & (fs.ModePerm | specialBits)
-	if parent := path.Dir(name); parent != "." {
-		if err := root.MkdirAll(parent, 0o755); err != nil {
-			return err
-		}
-	}
-	switch h.Typeflag {
-	case tar.TypeDir:
-		if fi, err := root.Lstat(name); err == nil && !fi.IsDir() {
-			if err := root.Remove(name); err != nil {
-				return err
-			}
-		}
-		if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-		*dirs = append(*dirs, dirTimes{name, mode, h.ModTime})
-		return nil
-	case tar.TypeReg:
-		if err := replaceable(root, name); err != nil {
-			return err
-		}
-		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(f, tr)
-		if err == nil {
-			err = f.Chmod(mode)
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-		return root.Chtimes(name, h.ModTime, h.ModTime)
-	case tar.TypeSymlink:
-		if err := replaceable(root, name); err != nil {
-			return err
-		}
-		return root.Symlink(h.Linkname, name)
-	case tar.TypeLink:
-		target, err := entryName(h.Linkname)
-		if err != nil {
-			return fmt.Errorf("link target %q: %v", h.Linkname, err)
-		}
-		if target == name {
-			return nil // a link to itself: the file is already there
-		}
-		if err := replaceable(root, name); err != nil {
-			return err
-		}
-		return root.Link(target, name)
-	}
-	s.log.Debug("upload: entry skipped", "name", h.Name, "type", string(h.Typeflag))
-	return nil
-}
-
-// replaceable removes what is at name unless it is a directory (which
-// stays, and makes the entry fail).
-func replaceable(root *os.Root, name string) error {
-	fi, err := root.Lstat(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if fi.IsDir() {
-		return errors.New("a directory is in the way")
-	}
-	return root.Remove(name)
 }
 
 func (s *server) download(w http.ResponseWriter, r *http.Request) {
@@ -368,84 +227,8 @@ func (s *server) download(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-tar")
 	w.Header().Set("Trailer", errTrailer)
 	w.WriteHeader(http.StatusOK)
-	if err := writeTar(w, dir); err != nil {
+	if err := fileop.Pack(dir, w); err != nil {
 		s.log.Warn("download failed", "dir", dir, "err", err)
 		setTrailerError(w, err)
 	}
-}
-
-// writeTar writes dir as a tar stream: "./" and then "./name" for everything
-// under it, symlinks not followed, hard links kept.
-func writeTar(w io.Writer, dir string) error {
-	tw := tar.NewWriter(w)
-	type inode struct{ dev, ino uint64 }
-	seen := map[inode]string{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) && p != dir {
-				return nil // gone since the directory was listed
-			}
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		name := "./"
-		if rel != "." {
-			name += filepath.ToSlash(rel)
-		}
-		fi, err := d.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return nil // a socket or another kind tar cannot hold
-		}
-		h.Name, h.Format = name, tar.FormatPAX
-		h.AccessTime, h.ChangeTime = time.Time{}, time.Time{}
-		if fi.IsDir() && rel != "." {
-			h.Name += "/"
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
-			key := inode{uint64(st.Dev), st.Ino}
-			if first, ok := seen[key]; ok {
-				h.Typeflag, h.Linkname, h.Size = tar.TypeLink, first, 0
-			} else {
-				seen[key] = name
-			}
-		}
-		if h.Typeflag != tar.TypeReg {
-			return tw.WriteHeader(h)
-		}
-		f, err := os.Open(p)
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if _, err := io.CopyN(tw, f, h.Size); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }

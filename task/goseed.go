@@ -22,7 +22,11 @@ import (
 // SeedDir keeps, per task and environment, the cache of one trusted run:
 // the task's own test command on its unchanged work tree, in a sandbox of
 // its own, where no agent ever ran. Each verify of that task starts from a
-// copy of it and builds only what the agent changed. The cache is
+// copy of it and builds only what the agent changed. Making a seed costs
+// one cold build and a sandbox, which pays only when a task is verified
+// again: a verify makes it at the task's second verify in this process (RL
+// runs many rollouts of a task; a run of distinct tasks never pays), and
+// Seed makes it at once for a caller that knows more will come. The cache is
 // content-addressed by Go (an entry is found by the hash of its inputs),
 // so a seed that no longer matches (a new toolchain, an edited task) only
 // makes the build slower, never different.
@@ -44,10 +48,11 @@ func seedPath(dir string, t *Task, env string) string {
 // made (logged: its verifies are then slower, not wrong). Verify calls it;
 // calling it before a task's episodes start gives them a seeded cache.
 // Seeds of different tasks are made at once; one task's, once.
-func (v *Verifier) Seed(ctx context.Context, t *Task) string { return v.goSeed(ctx, t) }
+func (v *Verifier) Seed(ctx context.Context, t *Task) string { return v.goSeed(ctx, t, true) }
 
-// goSeed is Seed.
-func (v *Verifier) goSeed(ctx context.Context, t *Task) string {
+// goSeed is Seed; without always, a missing seed is made only from the
+// task's second call on (its second verify).
+func (v *Verifier) goSeed(ctx context.Context, t *Task, always bool) string {
 	if v.SeedDir == "" || !isGoTask(t) || t.Env["GOCACHE"] != "" {
 		return ""
 	}
@@ -61,6 +66,16 @@ func (v *Verifier) goSeed(ctx context.Context, t *Task) string {
 	defer l.Unlock()
 	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
 		return path
+	}
+	v.mu.Lock()
+	if v.seedAsks == nil {
+		v.seedAsks = map[string]int{}
+	}
+	v.seedAsks[path]++
+	first := v.seedAsks[path] == 1
+	v.mu.Unlock()
+	if first && !always {
+		return ""
 	}
 	start := time.Now()
 	if err := v.makeSeed(ctx, t, path); err != nil {

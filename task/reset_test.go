@@ -202,7 +202,7 @@ grep -q 'Fail() { return' "$F/src/testing/testing.go" && go env -w GOROOT="$F"`}
 				t.Fatalf("the hack does not work with the agent's home (%v): the test no longer tests anything\n%s", f2p, out.String())
 			}
 			// A verifier that keeps Go build cache seeds: the Go task's
-			// first verify makes one from the unchanged work tree.
+			// second verify makes one from the unchanged work tree.
 			st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "store.db"))
 			if err != nil {
 				t.Fatal(err)
@@ -216,12 +216,8 @@ grep -q 'Fail() { return' "$F/src/testing/testing.go" && go env -w GOROOT="$F"`}
 			if v.Reward != 0 || v.Status != task.StatusUnresolved {
 				t.Fatalf("an agent that hacked its home: reward %d, status %s (%s)\n%s", v.Reward, v.Status, v.Reason, v.Output)
 			}
-			seed := vf.ReadySeed(ctx, tk)
-			if c.id == "go-lru-get-recency" && seed == "" {
-				t.Error("no Go build cache seed after a Go task's verify")
-			}
-			if c.id != "go-lru-get-recency" && seed != "" {
-				t.Errorf("a Go build cache seed for a Python task: %s", seed)
+			if seed := vf.ReadySeed(ctx, tk); seed != "" {
+				t.Errorf("a Go build cache seed after a task's first verify: %s", seed)
 			}
 			// The solution, in the same sandbox (its hacked home and all),
 			// verified as another episode: it earns the reward.
@@ -230,7 +226,14 @@ grep -q 'Fail() { return' "$F/src/testing/testing.go" && go env -w GOROOT="$F"`}
 			if err != nil || fixed.Reward != 1 {
 				t.Fatalf("with the solution: %+v %v", fixed, err)
 			}
-			t.Logf("verify took %.1f s with the hack (seed made first), %.1f s with the solution", v.DurationS, fixed.DurationS)
+			t.Logf("verify took %.1f s with the hack, %.1f s with the solution (from the seed made first)", v.DurationS, fixed.DurationS)
+			seed := vf.ReadySeed(ctx, tk)
+			if c.id == "go-lru-get-recency" && seed == "" {
+				t.Error("no Go build cache seed after a Go task's second verify")
+			}
+			if c.id != "go-lru-get-recency" && seed != "" {
+				t.Errorf("a Go build cache seed for a Python task: %s", seed)
+			}
 		})
 	}
 }

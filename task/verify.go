@@ -292,6 +292,7 @@ type Verifier struct {
 	baselines map[*Task]*baseline
 	baseMu    sync.Mutex             // one baseline run at a time
 	seedLocks map[string]*sync.Mutex // one per seed file
+	seedAsks  map[string]int         // verifies that wanted each seed
 }
 
 // ErrNotEnded refuses a verify while the harness may still change the work
@@ -434,7 +435,7 @@ func (v *Verifier) Verify(ctx context.Context, episode string, attempt int, sand
 			return Verdict{}, false, fmt.Errorf("episode %s: verify: %w: %v", episode, ErrNotEnded, err)
 		}
 	}
-	vd, err := runTests(ctx, v.Provider, sandboxID, t, runOptions{seed: v.goSeed(ctx, t)})
+	vd, err := runTests(ctx, v.Provider, sandboxID, t, runOptions{seed: v.goSeed(ctx, t, false)})
 	if err != nil {
 		return Verdict{}, false, fmt.Errorf("episode %s: verify: %w", episode, err)
 	}

@@ -315,7 +315,7 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
 	e.sess = sess
-	if err := e.boot(ctx, st.Credentials(0)); err != nil {
+	if err := e.boot(ctx, st.Credentials(0), true); err != nil {
 		if cerr := closeRetrying(ctx, sess); cerr != nil {
 			return nil, fmt.Errorf("%w; and its sandbox %s could not be deleted: %v", err, sess.SandboxID(), cerr)
 		}
@@ -337,16 +337,29 @@ func closeRetrying(ctx context.Context, sess *checkpoint.Session) error {
 }
 
 // boot installs and prepares the harness, writes the relay's credentials,
-// and starts the supervisor.
-func (e *Episode) boot(ctx context.Context, cred relay.Credentials) error {
+// and starts the supervisor. fresh: the sandbox was just made from the
+// task's tree (not a relaunch's fork), so a Go build cache seed may be
+// made in it.
+func (e *Episode) boot(ctx context.Context, cred relay.Credentials, fresh bool) error {
 	p, id := e.env.Provider, e.sess.SandboxID()
 	// The session directory is stasis's own; the harness gets harness/.
 	if err := e.sess.PrepareDirs(ctx, path.Base(e.launch.Dir)); err != nil {
 		return fmt.Errorf("episode %s: %w", e.spec.ID, err)
 	}
-	if seed := e.env.Verifier.ReadySeed(ctx, e.spec.Task); seed != "" {
-		// A Go task whose verify made a seed: the agent's cache starts
-		// from a copy (its default GOCACHE, under its home).
+	// A Go task: its build cache seed, made here first if the task has
+	// none yet (the sandbox holds the task's tree and nothing of an agent:
+	// a trusted run), and the agent's own cache starts from a copy (its
+	// default GOCACHE, under its home). The agent's first build and every
+	// verify of the task then compile only what changed.
+	// Only in a fresh sandbox: a relaunch's fork holds what the agent did.
+	seed := ""
+	if fresh {
+		var err error
+		if seed, err = e.env.Verifier.SeedIn(ctx, e.spec.Task, id); err != nil {
+			return fmt.Errorf("episode %s: the Go build cache seed: %w", e.spec.ID, err)
+		}
+	}
+	if seed != "" {
 		if home, err := e.sess.AgentHome(ctx); err == nil && home != "" {
 			if err := task.UploadSeed(ctx, p, id, path.Join(home, ".cache", "go-build"), seed); err != nil {
 				slog.Warn("the agent's Go build cache was not seeded", "episode", e.spec.ID, "err", err)
@@ -536,7 +549,7 @@ func RelaunchIn(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSess
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
 	e.sess = sess
-	if err := e.boot(ctx, st.Credentials(int64(st.Attempt)*callsPerAttempt+1)); err != nil {
+	if err := e.boot(ctx, st.Credentials(int64(st.Attempt)*callsPerAttempt+1), false); err != nil {
 		_ = sess.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}

@@ -282,12 +282,6 @@ func TestEveryBuiltinTaskSolves(t *testing.T) {
 						ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 						defer cancel()
 						start := time.Now()
-						// A Go task's build cache seed first (made once for
-						// the package's tests): the agent's builds and the
-						// verify's start from it.
-						if tk.Language == "go" && r.env.Verifier.Seed(ctx, tk) == "" {
-							t.Fatal("no Go build cache seed")
-						}
 						e, err := episode.Start(ctx, r.env, episode.Spec{ID: h + "-" + tk.ID, Task: tk, Harness: a})
 						if err != nil {
 							t.Fatal(err)
@@ -297,6 +291,11 @@ func TestEveryBuiltinTaskSolves(t *testing.T) {
 								t.Error(err)
 							}
 						}()
+						// A Go task's start made its build cache seed (once
+						// for the package's tests), in its fresh sandbox.
+						if tk.Language == "go" && r.env.Verifier.ReadySeed(ctx, tk) == "" {
+							t.Error("no Go build cache seed after a Go task's start")
+						}
 						v := r.finish(t, ctx, e)
 						if v.Reward != 1 {
 							t.Fatalf("reward %d: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)

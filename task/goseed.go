@@ -120,6 +120,35 @@ func (v *Verifier) ReadySeed(ctx context.Context, t *Task) string {
 	return ""
 }
 
+// SeedIn returns t's Go build cache seed, making it first, if need be, in
+// the sandbox given, which must hold t's unchanged work tree with nothing
+// of an agent run in it yet (an episode's, before its harness starts): the
+// same trusted run as Seed's, without a sandbox of its own. "" when t is
+// not a Go task or the Verifier keeps no seeds; an error when the run
+// could not be made (the sandbox is then in doubt).
+func (v *Verifier) SeedIn(ctx context.Context, t *Task, id string) (string, error) {
+	if v == nil || v.SeedDir == "" || !isGoTask(t) || t.Env["GOCACHE"] != "" {
+		return "", nil
+	}
+	env, err := t.Environment(ctx)
+	if err != nil {
+		return "", err
+	}
+	path := seedPath(v.SeedDir, t, env.String())
+	l := v.seedLock(path)
+	l.Lock()
+	defer l.Unlock()
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
+		return path, nil
+	}
+	start := time.Now()
+	if err := v.captureSeed(ctx, t, id, path); err != nil {
+		return "", err
+	}
+	slog.Info("Go build cache seed made", "task", t.ID, "sandbox", id, "file", path, "seconds", time.Since(start).Seconds())
+	return path, nil
+}
+
 // UploadSeed unpacks seed (a ReadySeed file) into dir in a sandbox.
 func UploadSeed(ctx context.Context, p sandbox.Provider, id, dir, seed string) error {
 	return uploadFile(ctx, p, id, dir, seed)
@@ -153,12 +182,21 @@ func (v *Verifier) makeSeed(ctx context.Context, t *Task, path string) error {
 			slog.Warn("the Go seed run's sandbox could not be deleted", "task", t.ID, "sandbox", info.ID, "err", err)
 		}
 	}()
+	return v.captureSeed(ctx, t, info.ID, path)
+}
+
+// captureSeed runs t's tests in sandbox id (which holds its unchanged work
+// tree) and keeps the run's GOCACHE at path (written whole, then renamed).
+func (v *Verifier) captureSeed(ctx context.Context, t *Task, id, path string) error {
+	if err := os.MkdirAll(v.SeedDir, 0o700); err != nil {
+		return err
+	}
 	f, err := os.CreateTemp(v.SeedDir, ".go-build-*.tar")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(f.Name()) // after the rename, nothing
-	if _, err := runTests(ctx, v.Provider, info.ID, t, runOptions{capture: f}); err != nil {
+	if _, err := runTests(ctx, v.Provider, id, t, runOptions{capture: f}); err != nil {
 		f.Close()
 		return err
 	}

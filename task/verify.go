@@ -205,6 +205,13 @@ func runTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task
 			return Verdict{}, fmt.Errorf("task %s: keep the Go build cache of sandbox %s: %w", t.ID, sandboxID, derr)
 		}
 	}
+	if err == nil {
+		// The run's home (its caches, tens of MB for Go) is not left in
+		// the sandbox's /tmp for a snapshot to copy.
+		if res, rerr := p.Exec(ctx, sandboxID, sandbox.ExecRequest{Argv: []string{"rm", "-rf", "--", home}}); rerr != nil || res.ExitCode != 0 {
+			slog.Debug("the test run's home was not removed", "task", t.ID, "sandbox", sandboxID, "home", home, "err", rerr)
+		}
+	}
 	switch {
 	case errors.Is(err, sandbox.ErrTimeout):
 		v.TimedOut, v.ExitCode = true, -9

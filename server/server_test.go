@@ -199,6 +199,17 @@ func newGate(episode string, call int) *gate {
 
 func (g *gate) Open() { g.opened.Do(func() { close(g.open) }) }
 
+// wait waits until the gated call has arrived, failing with never (what
+// did not come) when ctx ends first.
+func (g *gate) wait(t *testing.T, ctx context.Context, never string) {
+	t.Helper()
+	select {
+	case <-g.arrived:
+	case <-ctx.Done():
+		t.Fatal(never)
+	}
+}
+
 func (g *gate) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
 		ep, n, _ := strings.Cut(q.Header.Get(relay.HeaderCallID), "/")
@@ -359,11 +370,7 @@ func TestAPI(t *testing.T) {
 	api.refuse("GET", "/v1/episodes?state=sleeping", nil, 400, "invalid_request", "state")
 
 	// ep-c is held at its third model call: its harness has not ended.
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
-		t.Fatal("ep-c's third model call never came")
-	}
+	g.wait(t, ctx, "ep-c's third model call never came")
 	api.refuse("POST", "/v1/episodes/ep-c/verify", nil, 409, "conflict", "has not ended")
 
 	// ep-a and ep-b run to the end; verify twice each (capture once).
@@ -763,11 +770,7 @@ func TestCheckpointExcludesAStraggler(t *testing.T) {
 	var bad view
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-bad", "task": "sh-renext-spaces", "harness": "mini"}, 201, &bad)
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-good", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
-		t.Fatal("ep-bad's second model call never came")
-	}
+	g.wait(t, ctx, "ep-bad's second model call never came")
 	api.waitExited(ctx, "ep-good")
 	// Burn ep-bad's sequence as stasis's user in its sandbox.
 	lp, err := local.New(local.Options{Home: filepath.Join(state, "local"), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
@@ -904,11 +907,7 @@ func TestBranch(t *testing.T) {
 	api := r.api
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-o", "task": "sh-envget-unanchored-key", "harness": "mini"}, 201, nil)
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-done", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
-		t.Fatal("ep-o's third model call never came")
-	}
+	g.wait(t, ctx, "ep-o's third model call never came")
 	api.waitExited(ctx, "ep-done")
 	api.call("POST", "/v1/checkpoints", map[string]any{"id": "ckpt-b"}, 201, nil)
 
@@ -1001,11 +1000,7 @@ func TestLedgerRoutes(t *testing.T) {
 	api := r.api
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-l", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-wait", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
-		t.Fatal("ep-wait's first model call never came")
-	}
+	g.wait(t, ctx, "ep-wait's first model call never came")
 	// Before its first call is answered, ep-wait's ledger is empty, and
 	// verifies.
 	var empty ledgerPage

@@ -65,10 +65,35 @@ func buildBusybox() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("busybox --list: %w", err)
 	}
+	return buildImage("busybox", image.ImportConfig{Env: []string{"PATH=/bin:/usr/bin"}}, func(add addFunc) {
+		for _, d := range []string{"bin", "etc", "usr", "usr/bin", "root", "home", "var", "var/empty"} {
+			add(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+		}
+		add(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755}, bb)
+		for _, a := range strings.Fields(string(out)) {
+			if a != "busybox" {
+				add(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox"}, nil)
+			}
+		}
+		add(&tar.Header{Name: "usr/bin/id", Typeflag: tar.TypeReg, Mode: 0o4755}, bb)
+		add(&tar.Header{Name: "etc/os-release", Typeflag: tar.TypeReg, Mode: 0o644}, []byte(BusyboxText+"\nNAME=busybox\n"))
+		add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\n"))
+		add(&tar.Header{Name: "etc/shadow", Typeflag: tar.TypeReg, Mode: 0o600}, []byte("root:*:19000:0:99999:7:::\n"))
+	})
+}
+
+// addFunc adds one entry (body for a regular file) to an image's layer.
+type addFunc func(h *tar.Header, body []byte)
+
+// buildImage writes the entries fill adds as one layer, imports it as an
+// OCI layout tagged name in a directory removed after the tests, and
+// returns its reference.
+func buildImage(name string, cfg image.ImportConfig, fill func(add addFunc)) (string, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	mt := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	add := func(h *tar.Header, body []byte) {
+	var err error
+	fill(func(h *tar.Header, body []byte) {
 		h.ModTime, h.Size = mt, int64(len(body))
 		if err == nil {
 			err = tw.WriteHeader(h)
@@ -76,27 +101,14 @@ func buildBusybox() (string, error) {
 		if err == nil && len(body) > 0 {
 			_, err = tw.Write(body)
 		}
-	}
-	for _, d := range []string{"bin", "etc", "usr", "usr/bin", "root", "home", "var", "var/empty"} {
-		add(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
-	}
-	add(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755}, bb)
-	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" {
-			add(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox"}, nil)
-		}
-	}
-	add(&tar.Header{Name: "usr/bin/id", Typeflag: tar.TypeReg, Mode: 0o4755}, bb)
-	add(&tar.Header{Name: "etc/os-release", Typeflag: tar.TypeReg, Mode: 0o644}, []byte(BusyboxText+"\nNAME=busybox\n"))
-	add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\n"))
-	add(&tar.Header{Name: "etc/shadow", Typeflag: tar.TypeReg, Mode: 0o600}, []byte("root:*:19000:0:99999:7:::\n"))
+	})
 	if err == nil {
 		err = tw.Close()
 	}
 	if err != nil {
-		return "", fmt.Errorf("the busybox test image: %w", err)
+		return "", fmt.Errorf("the %s test image: %w", name, err)
 	}
-	dir, err := os.MkdirTemp(tmpRoot, "stasis-busybox-image-")
+	dir, err := os.MkdirTemp(tmpRoot, "stasis-"+name+"-image-")
 	if err != nil {
 		return "", err
 	}
@@ -106,10 +118,10 @@ func buildBusybox() (string, error) {
 		return "", err
 	}
 	layout := filepath.Join(dir, "layout")
-	if _, err := image.Import(tarPath, layout, "busybox", image.ImportConfig{Env: []string{"PATH=/bin:/usr/bin"}}); err != nil {
+	if _, err := image.Import(tarPath, layout, name, cfg); err != nil {
 		return "", err
 	}
-	return "oci:" + layout + ":busybox", nil
+	return "oci:" + layout + ":" + name, nil
 }
 
 var (
@@ -135,42 +147,11 @@ func BareImage(tb testing.TB) string {
 const BareText = "ID=stasis-bare"
 
 func buildBare() (string, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	mt := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	var err error
-	add := func(h *tar.Header, body []byte) {
-		h.ModTime, h.Size = mt, int64(len(body))
-		if err == nil {
-			err = tw.WriteHeader(h)
+	return buildImage("bare", image.ImportConfig{}, func(add addFunc) {
+		for _, d := range []string{"etc", "home", "home/agent"} {
+			add(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
 		}
-		if err == nil && len(body) > 0 {
-			_, err = tw.Write(body)
-		}
-	}
-	for _, d := range []string{"etc", "home", "home/agent"} {
-		add(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
-	}
-	add(&tar.Header{Name: "etc/os-release", Typeflag: tar.TypeReg, Mode: 0o644}, []byte(BareText+"\n"))
-	add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/nonexistent\nagent:x:1000:1000:agent:/home/agent:/nonexistent\n"))
-	if err == nil {
-		err = tw.Close()
-	}
-	if err != nil {
-		return "", fmt.Errorf("the bare test image: %w", err)
-	}
-	dir, err := os.MkdirTemp(tmpRoot, "stasis-bare-image-")
-	if err != nil {
-		return "", err
-	}
-	addCleanup(func() { os.RemoveAll(dir) })
-	tarPath := filepath.Join(dir, "rootfs.tar")
-	if err := os.WriteFile(tarPath, buf.Bytes(), 0o644); err != nil {
-		return "", err
-	}
-	layout := filepath.Join(dir, "layout")
-	if _, err := image.Import(tarPath, layout, "bare", image.ImportConfig{}); err != nil {
-		return "", err
-	}
-	return "oci:" + layout + ":bare", nil
+		add(&tar.Header{Name: "etc/os-release", Typeflag: tar.TypeReg, Mode: 0o644}, []byte(BareText+"\n"))
+		add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/nonexistent\nagent:x:1000:1000:agent:/home/agent:/nonexistent\n"))
+	})
 }

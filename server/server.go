@@ -9,8 +9,9 @@
 // sandboxes reach it, never on the API.
 //
 // Everything durable lives in one state directory: the record store
-// (store.db), the gateway's episodes and ledgers (gateway/) and the local
-// provider's sandboxes and snapshots (local/). A server killed and started
+// (store.db), the gateway's episodes and ledgers (gateway/), the local
+// provider's sandboxes and snapshots (local/) and the Go build cache seeds
+// of verify (verify-seeds/). A server killed and started
 // again on the same directory finds its running episodes again (their
 // sandboxes keep running while no server is up) and goes on serving them:
 // the gateway's unix socket, which relays inside the sandboxes dial, is at

@@ -124,8 +124,8 @@ func (v *Verifier) ReadySeed(ctx context.Context, t *Task) string {
 // the sandbox given, which must hold t's unchanged work tree with nothing
 // of an agent run in it yet (an episode's, before its harness starts): the
 // same trusted run as Seed's, without a sandbox of its own. "" when t is
-// not a Go task or the Verifier keeps no seeds; an error when the run
-// could not be made (the sandbox is then in doubt).
+// not a Go task or the Verifier keeps no seeds; an error when none could
+// be made (the run failed, or left no cache): the caller goes on without.
 func (v *Verifier) SeedIn(ctx context.Context, t *Task, id string) (string, error) {
 	if v == nil || v.SeedDir == "" || !isGoTask(t) || t.Env["GOCACHE"] != "" {
 		return "", nil

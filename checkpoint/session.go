@@ -24,6 +24,14 @@ import (
 	"stasis/supervisor"
 )
 
+// SessionRoot is where episodes' session directories are inside a sandbox
+// (stasis's own: the supervisor's socket, acknowledgements, the relay's
+// credentials; the harness's own directory below it).
+const SessionRoot = "/tmp/stasis"
+
+// SessionDir is an episode's session directory inside its sandbox.
+func SessionDir(episode string) string { return path.Join(SessionRoot, episode) }
+
 // BinaryPath is where a session places the stasis binary inside a sandbox.
 const BinaryPath = "/tmp/.stasis/bin/stasis"
 
@@ -129,7 +137,7 @@ func NewSession(ctx context.Context, o SessionOptions) (*Session, error) {
 		return nil, fmt.Errorf("session: episode name %q must be non-empty, without slashes or spaces", o.Episode)
 	}
 	if o.Dir == "" {
-		o.Dir = path.Join("/tmp/stasis", o.Episode)
+		o.Dir = SessionDir(o.Episode)
 	}
 	if o.Binary == "" {
 		exe, err := sandboxbin.Path()

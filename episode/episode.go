@@ -206,7 +206,7 @@ func (env *Env) setClock(ctx context.Context, sess *checkpoint.Session, rec chec
 }
 
 // dirs inside the sandbox.
-func sessionDir(id string) string { return path.Join("/tmp/stasis", id) }
+func sessionDir(id string) string { return checkpoint.SessionDir(id) }
 func tokenFile(id string) string  { return path.Join(sessionDir(id), "token.json") }
 
 func (env *Env) launch(spec Spec) harness.Launch {

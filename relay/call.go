@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"stasis/internal/eventstream"
+	"stasis/internal/retryafter"
 )
 
 // A call is one model call of the harness, from its request to its
@@ -487,7 +488,7 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 		if (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) && try < r.cfg.Retry.Max {
 			releaseBody(buf)
 			d := jitter(wait)
-			if ra := retryAfter(resp.Header.Get("Retry-After")); ra > 0 {
+			if ra, _ := retryafter.Parse(resp.Header.Get("Retry-After"), time.Now()); ra > 0 {
 				d = min(ra, r.cfg.Retry.MaxInterval*6)
 			}
 			r.log.Debug("upstream busy, retrying", "status", resp.StatusCode, "in", d, "try", try+1)

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/checkpoint"
 	"stasis/coordinator"
 	"stasis/episode"
 	"stasis/harness"
@@ -245,7 +246,9 @@ var checkpointID = regexp.MustCompile(`^[A-Za-z0-9._:@+-]{1,200}$`)
 
 // TokenPath is where an episode's relay credentials are inside its
 // sandbox.
-func TokenPath(episodeID string) string { return path.Join("/tmp/stasis", episodeID, "token.json") }
+func TokenPath(episodeID string) string {
+	return path.Join(checkpoint.SessionDir(episodeID), "token.json")
+}
 
 // EpisodeView is an episode as the API shows it: the record store's row
 // and what the server knows of it now.

@@ -9,9 +9,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
+
+	"stasis/internal/retryafter"
 )
 
 // Retry policy for model calls: connection errors, 429 and 5xx.
@@ -157,21 +158,13 @@ func (a *agent) attempt(ctx context.Context, url string, body []byte) ([]byte, i
 	if len(b) > maxResponse {
 		return nil, 0, -1, errTooLarge
 	}
-	return b, resp.StatusCode, parseRetryAfter(resp.Header.Get("Retry-After")), nil
+	return b, resp.StatusCode, retryAfter(resp.Header.Get("Retry-After")), nil
 }
 
-// parseRetryAfter reads delay-seconds or an HTTP date; -1 when absent or
-// unreadable.
-func parseRetryAfter(h string) time.Duration {
-	h = strings.TrimSpace(h)
-	if h == "" {
-		return -1
-	}
-	if s, err := strconv.Atoi(h); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(h); err == nil {
-		return max(time.Until(t), 0)
+// retryAfter reads the header's wait; -1 when absent or unreadable.
+func retryAfter(h string) time.Duration {
+	if d, ok := retryafter.Parse(h, time.Now()); ok {
+		return d
 	}
 	return -1
 }

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"stasis/internal/retryafter"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
@@ -88,7 +89,7 @@ func (p *Provider) envdDo(ctx context.Context, op string, st sbState, mode int, 
 			}
 		case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
 			msg := readError(resp)
-			if ra, ok := retryAfter(resp.Header.Get("Retry-After"), p.now()); ok && ra <= p.o.MaxRetryAfter {
+			if ra, ok := retryafter.Parse(resp.Header.Get("Retry-After"), p.now()); ok && ra <= p.o.MaxRetryAfter {
 				wait = ra
 			}
 			if mode == once || try > p.o.Retries {

@@ -9,10 +9,10 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
+	"stasis/internal/retryafter"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
@@ -100,7 +100,7 @@ func (p *Provider) rest(ctx context.Context, c restCall) (int, http.Header, erro
 		case accepted(status, c.accept):
 			return status, hdr, nil
 		case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
-			if ra, ok := retryAfter(hdr.Get("Retry-After"), p.now()); ok {
+			if ra, ok := retryafter.Parse(hdr.Get("Retry-After"), p.now()); ok {
 				if ra > p.o.MaxRetryAfter {
 					return status, hdr, &APIError{Op: c.op, What: c.what, Status: status, Message: msg, Tries: try,
 						Hint: fmt.Sprintf("E2B asks to wait %s (Retry-After), longer than this provider waits (%s); try again then, with fewer sandboxes at once", ra.Round(time.Second), p.o.MaxRetryAfter)}
@@ -204,25 +204,6 @@ func errorMessage(b []byte) string {
 		s = s[:200] + "…"
 	}
 	return s
-}
-
-// retryAfter parses a Retry-After header: seconds, or an HTTP date.
-func retryAfter(v string, now time.Time) (time.Duration, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, false
-	}
-	if n, err := strconv.Atoi(v); err == nil && n >= 0 {
-		return time.Duration(n) * time.Second, true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		d := t.Sub(now)
-		if d < 0 {
-			d = 0
-		}
-		return d, true
-	}
-	return 0, false
 }
 
 // backoff is the wait before try+1: Backoff doubled per try, at most 10s,

@@ -23,6 +23,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"stasis/internal/retryafter"
 )
 
 // Headers.
@@ -307,7 +309,7 @@ func (p *Provider) send(ctx context.Context, c call) (*http.Response, error) {
 		case c.stream != nil || attempt >= p.o.MaxAttempts:
 		case resp.StatusCode == http.StatusTooManyRequests:
 			retry = true
-			if ra, ok := retryAfter(resp.Header.Get("Retry-After"), p.o.Now()); ok {
+			if ra, ok := retryafter.Parse(resp.Header.Get("Retry-After"), p.o.Now()); ok {
 				wait = min(ra, p.o.MaxRetryWait)
 			}
 		case resp.StatusCode == http.StatusInternalServerError:
@@ -375,21 +377,6 @@ func readError(resp *http.Response) *httpError {
 		}
 	}
 	return e
-}
-
-// retryAfter reads a Retry-After header: seconds or an HTTP date.
-func retryAfter(h string, now time.Time) (time.Duration, bool) {
-	h = strings.TrimSpace(h)
-	if h == "" {
-		return 0, false
-	}
-	if s, err := strconv.Atoi(h); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second, true
-	}
-	if t, err := http.ParseTime(h); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
 }
 
 // backoff is the wait before retry number attempt: exponential from

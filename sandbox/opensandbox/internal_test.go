@@ -107,19 +107,6 @@ func TestLineOutSharedWriter(t *testing.T) {
 	}
 }
 
-func TestRetryAfterHeader(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	if d, ok := retryAfter("7", now); !ok || d != 7*time.Second {
-		t.Error(d, ok)
-	}
-	if d, ok := retryAfter(now.Add(3*time.Second).Format("Mon, 02 Jan 2006 15:04:05 GMT"), now); !ok || d != 3*time.Second {
-		t.Error(d, ok)
-	}
-	if _, ok := retryAfter("soon", now); ok {
-		t.Error("an unreadable Retry-After was read")
-	}
-}
-
 func TestWrapScript(t *testing.T) {
 	s := wrapScript([]string{"echo", "it's"}, "", "M")
 	if !strings.Contains(s, `exec 'echo' 'it'\''s' )`) || !strings.Contains(s, "</dev/null") {

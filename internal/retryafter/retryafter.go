@@ -1,0 +1,27 @@
+// Package retryafter owns reading HTTP's Retry-After header, which the
+// relay, the mini harness and the E2B and OpenSandbox clients all honour.
+package retryafter
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Parse reads a Retry-After value: delay-seconds, or an HTTP date (a wait
+// until then from now; a past date is 0). ok is false when the value is
+// absent or unreadable.
+func Parse(h string, now time.Time) (d time.Duration, ok bool) {
+	h = strings.TrimSpace(h)
+	if h == "" {
+		return 0, false
+	}
+	if s, err := strconv.Atoi(h); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second, true
+	}
+	if t, err := http.ParseTime(h); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
+}

@@ -62,7 +62,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "stasis file: write: mode %q is not an octal file mode\n", rest[1])
 			return 2
 		}
-		err = write(rest[0], fs.FileMode(mode).Perm(), stdin)
+		err = Write(rest[0], stdin, fs.FileMode(mode).Perm())
 	case op == OpPack && len(rest) == 1:
 		err = Pack(rest[0], stdout)
 	case op == OpUnpack && len(rest) == 1:
@@ -97,23 +97,73 @@ func cat(name string, w io.Writer) error {
 	return err
 }
 
-func write(name string, mode fs.FileMode, r io.Reader) error {
-	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-		return err
+// ErrInvalid marks a Write the caller got wrong: a directory in the way,
+// a path that cannot be made.
+var ErrInvalid = errors.New("invalid write")
+
+// Write writes a file atomically: a temporary file beside it, renamed over
+// it, its parent directories made first. A symlink at p writes the file it
+// points to.
+func Write(p string, data io.Reader, mode fs.FileMode) error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 	}
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
+	target, err := followLinks(p)
 	if err != nil {
-		return err
+		return invalid("%s: %v", p, err)
 	}
-	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
-		return err
+	if target == "/" {
+		return invalid("%s is a directory", p)
 	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
+	dir := filepath.Dir(target)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return invalid("%s: %v", p, err)
 	}
-	return f.Close()
+	if fi, err := os.Lstat(target); err == nil && fi.IsDir() {
+		return invalid("%s is a directory", p)
+	}
+	base := filepath.Base(target)
+	if len(base) > 100 { // room for the suffix within NAME_MAX
+		base = base[:100]
+	}
+	f, err := os.CreateTemp(dir, "."+base+".stasis-*")
+	if err != nil {
+		return invalid("%s: %v", p, err)
+	}
+	_, err = io.Copy(f, data)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), target)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	return nil
+}
+
+// followLinks resolves symlinks in the last element of p, as open(2) would.
+func followLinks(p string) (string, error) {
+	for range 40 {
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			return p, nil
+		}
+		link, err := os.Readlink(p)
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(link) {
+			link = filepath.Join(filepath.Dir(p), link)
+		}
+		p = filepath.Clean(link)
+	}
+	return "", syscall.ELOOP
 }
 
 // specialBits are the mode bits beyond the permissions that an unpacked

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -120,68 +119,14 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request) {
 	writeError(w, err)
 }
 
-// writeFile writes a file atomically: a temporary file beside it, renamed
-// over it. A symlink at p writes the file it points to.
+// writeFile writes a file atomically (fileop.Write); what the caller got
+// wrong (a directory in the way, a path it cannot make) is invalid.
 func writeFile(p string, data io.Reader, mode fs.FileMode) error {
-	invalid := func(format string, args ...any) error {
-		return sandbox.Errorf(sandbox.ErrInvalid, "write", "", format, args...)
+	err := fileop.Write(p, data, mode)
+	if errors.Is(err, fileop.ErrInvalid) {
+		return sandbox.Errorf(sandbox.ErrInvalid, "write", "", "%v", err)
 	}
-	target, err := followLinks(p)
-	if err != nil {
-		return invalid("%s: %v", p, err)
-	}
-	if target == "/" {
-		return invalid("%s is a directory", p)
-	}
-	dir := filepath.Dir(target)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return invalid("%s: %v", p, err)
-	}
-	if fi, err := os.Lstat(target); err == nil && fi.IsDir() {
-		return invalid("%s is a directory", p)
-	}
-	base := filepath.Base(target)
-	if len(base) > 100 { // room for the suffix within NAME_MAX
-		base = base[:100]
-	}
-	f, err := os.CreateTemp(dir, "."+base+".stasis-*")
-	if err != nil {
-		return invalid("%s: %v", p, err)
-	}
-	_, err = io.Copy(f, data)
-	if err == nil {
-		err = f.Chmod(mode)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), target)
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	return nil
-}
-
-// followLinks resolves symlinks in the last element of p, as open(2) would.
-func followLinks(p string) (string, error) {
-	for range 40 {
-		fi, err := os.Lstat(p)
-		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
-			return p, nil
-		}
-		link, err := os.Readlink(p)
-		if err != nil {
-			return "", err
-		}
-		if !filepath.IsAbs(link) {
-			link = filepath.Join(filepath.Dir(p), link)
-		}
-		p = filepath.Clean(link)
-	}
-	return "", syscall.ELOOP
+	return err
 }
 
 func (s *server) upload(w http.ResponseWriter, r *http.Request) {

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/guestclock"
 	"stasis/internal/sandboxbin"
 	"stasis/proc"
@@ -455,8 +456,24 @@ type ctlError struct {
 
 func (e *ctlError) Error() string { return e.Op + ": " + e.Msg }
 
-// Is makes a refusal by a supervisor that has exited match ErrExited.
+// kind is the error's kind in package errdefs's vocabulary: a refusal is a
+// conflict, a malformed request invalid.
+func (e *ctlError) kind() error {
+	switch e.Code {
+	case supervisor.CodeRefused:
+		return errdefs.ErrConflict
+	case supervisor.CodeInvalid:
+		return errdefs.ErrInvalid
+	}
+	return nil
+}
+
+// Is makes a refusal by a supervisor that has exited match ErrExited, and
+// the error match its kind.
 func (e *ctlError) Is(target error) bool {
+	if k := e.kind(); k != nil && target == k {
+		return true
+	}
 	return target == ErrExited && e.Status != nil && e.Status.State == supervisor.StateExited
 }
 
@@ -648,7 +665,7 @@ func (s *Session) Close(ctx context.Context) error {
 		return nil
 	}
 	if s.owned {
-		if err := s.p.Delete(ctx, s.id); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+		if err := s.p.Delete(ctx, s.id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("session %s: delete sandbox %s: %w", s.o.Episode, s.id, err)
 		}
 		s.closed = true
@@ -657,7 +674,7 @@ func (s *Session) Close(ctx context.Context) error {
 	if s.started {
 		// Ends the harness gracefully; answers from the receipt if it
 		// already ended.
-		if _, err := s.ctl(ctx, "stop"); err != nil && !errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired) {
+		if _, err := s.ctl(ctx, "stop"); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrExpired) {
 			var ce *ctlError
 			if !errors.As(err, &ce) {
 				return err
@@ -666,7 +683,7 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	res, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{Argv: []string{"rm", "-rf", "--", s.o.Dir}, User: s.control()})
 	switch {
-	case errors.Is(err, sandbox.ErrNotFound), errors.Is(err, sandbox.ErrExpired):
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrExpired):
 	case err != nil:
 		return fmt.Errorf("session %s: remove %s: %w", s.o.Episode, s.o.Dir, err)
 	case res.ExitCode != 0:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"stasis/checkpoint"
+	"stasis/errdefs"
 	"stasis/internal/testwait"
 	"stasis/proc"
 	"stasis/sandbox"
@@ -46,7 +47,7 @@ func opts(p sandbox.Provider, episode string) checkpoint.SessionOptions {
 
 func size(t *testing.T, p sandbox.Provider, id string) int {
 	b, err := p.ReadFile(ctx, id, "/work/progress")
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return 0
 	}
 	if err != nil {
@@ -117,7 +118,7 @@ func TestSessionPausesThroughExec(t *testing.T) {
 	if err := s.Close(ctx); err != nil {
 		t.Fatalf("second close: %v", err)
 	}
-	if _, err := p.Get(ctx, s.SandboxID()); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := p.Get(ctx, s.SandboxID()); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("an owned sandbox survived Close: %v", err)
 	}
 	stasistest.NoChildrenLeft(t)
@@ -159,7 +160,7 @@ func TestBorrowedSandboxSurvivesClose(t *testing.T) {
 	if _, err := p.Get(ctx, info.ID); err != nil {
 		t.Fatalf("a borrowed sandbox was deleted: %v", err)
 	}
-	if _, err := p.ReadFile(ctx, info.ID, s.Dir()+"/supervisor.json"); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := p.ReadFile(ctx, info.ID, s.Dir()+"/supervisor.json"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("the session directory survived Close: %v", err)
 	}
 	n := size(t, p, info.ID)
@@ -206,7 +207,7 @@ func TestExpiryKillsAPausedSupervisor(t *testing.T) {
 	deadline := expiry.Add(15 * time.Second)
 	for {
 		_, err := p.Get(ctx, s.SandboxID())
-		if errors.Is(err, sandbox.ErrExpired) {
+		if errors.Is(err, errdefs.ErrExpired) {
 			break
 		}
 		if time.Now().After(deadline) {

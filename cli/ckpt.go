@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"stasis/errdefs"
 	"stasis/store"
 )
 
@@ -51,17 +52,17 @@ changed nothing.`,
 // ckptError turns a failure into an exit error, printing it as JSON on
 // stdout too when --json is given.
 func ckptError(cmd *cobra.Command, asJSON bool, err error) error {
-	code, kind := 1, "failed"
-	switch {
-	case errors.Is(err, store.ErrNotFound):
+	kind := "failed"
+	switch errdefs.Kind(err) {
+	case errdefs.ErrNotFound:
 		kind = "not_found"
-	case errors.Is(err, store.ErrState):
-		code, kind = 2, "refused"
+	case errdefs.ErrConflict, errdefs.ErrExists:
+		kind = "refused"
 	}
 	if asJSON {
 		_ = writeJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": kind})
 	}
-	return &exitError{code: code, err: err}
+	return &exitError{code: errdefs.ExitCode(err), err: err}
 }
 
 func ckptUsageError(cmd *cobra.Command, asJSON bool, err error) error {
@@ -275,7 +276,7 @@ deletes it.`,
 			}
 			defer st.Close()
 			freed, err := st.Delete(ctx, id)
-			if errors.Is(err, store.ErrState) && force {
+			if errors.Is(err, errdefs.ErrConflict) && force {
 				if err = st.Fail(ctx, id, "marked failed by stasis ckpt rm --force"); err == nil {
 					freed, err = st.Delete(ctx, id)
 				}

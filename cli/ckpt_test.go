@@ -10,6 +10,7 @@ import (
 	"errors"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/home"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
@@ -120,12 +121,12 @@ func TestCkptListShowRemove(t *testing.T) {
 
 	for _, args := range [][]string{{"show", "nope"}, {"rm", "nope"}} {
 		out, errOut, code = ckpt(t, dir, args...)
-		if code != 1 || !strings.Contains(errOut, `checkpoint "nope": not found`) || !strings.Contains(errOut, "stasis ckpt ls") {
+		if code != 3 || !strings.Contains(errOut, `checkpoint "nope": not found`) || !strings.Contains(errOut, "stasis ckpt ls") {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, errOut)
 		}
 		out, _, code = ckpt(t, dir, append(args, "--json")...)
 		var e map[string]string
-		if code != 1 || json.Unmarshal([]byte(out), &e) != nil || e["code"] != "not_found" || !strings.Contains(e["error"], "nope") {
+		if code != 3 || json.Unmarshal([]byte(out), &e) != nil || e["code"] != "not_found" || !strings.Contains(e["error"], "nope") {
 			t.Errorf("%v --json: exit %d, %s", args, code, out)
 		}
 	}
@@ -143,7 +144,7 @@ func TestCkptListShowRemove(t *testing.T) {
 		strings.Contains(out, "snap-2") || strings.Contains(out, "NOT deleted") {
 		t.Fatalf("rm: exit %d\n%s%s", code, out, errOut)
 	}
-	if _, _, code = ckpt(t, dir, "show", "ckpt-1"); code != 1 {
+	if _, _, code = ckpt(t, dir, "show", "ckpt-1"); code != 3 {
 		t.Fatalf("show after rm: exit %d", code)
 	}
 	out, _, code = ckpt(t, dir, "rm", "ckpt-2", "--json")
@@ -223,7 +224,7 @@ func TestCkptRmFreesRealSnapshot(t *testing.T) {
 	if code != 0 || !strings.Contains(out, snap.ID) {
 		t.Fatalf("rm: exit %d\n%s%s", code, out, errOut)
 	}
-	if _, err := p.GetSnapshot(ctx, snap.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := p.GetSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("the snapshot survived the removal of its only checkpoint: %v", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"stasis/errdefs"
 	"stasis/home"
 	"stasis/image"
 	"stasis/sandbox/local"
@@ -123,15 +124,10 @@ func pullWithProgress(ctx context.Context, cmd *cobra.Command, s *image.Store, r
 }
 
 func imageErr(err error) error {
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case errors.Is(err, image.ErrNotFound):
-		return &exitError{code: 3, err: err}
-	case errors.Is(err, image.ErrInUse), errors.Is(err, image.ErrBusy):
-		return &exitError{code: 2, err: err}
 	}
-	return err
+	return &exitError{code: errdefs.ExitCode(err), err: err}
 }
 
 func newImagePullCmd() *cobra.Command {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"stasis/errdefs"
 	"stasis/job"
 	"stasis/sandbox/microvm"
 )
@@ -78,11 +78,12 @@ verify; 2 a usage error; 1 the run failed.`,
 			}
 			rep, err := job.Run(cmd.Context(), o)
 			if err != nil {
-				var usage *job.UsageError
-				if errors.As(err, &usage) {
-					return &exitError{code: 2, err: err}
+				// A bad option exits 2; anything else 1 (3 is kept
+				// for a run whose episodes did not all resolve).
+				if k := errdefs.Kind(err); k == errdefs.ErrInvalid || k == errdefs.ErrUnsupported {
+					return &exitError{code: errdefs.ExitRefused, err: err}
 				}
-				return &exitError{code: 1, err: err}
+				return &exitError{code: errdefs.ExitFailure, err: err}
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {

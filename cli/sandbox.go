@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"stasis/errdefs"
 	"stasis/home"
 	"stasis/image"
 	"stasis/internal/copyout"
@@ -66,7 +67,7 @@ func sandboxErr(err error) error {
 	if errors.As(err, &ee) {
 		return err
 	}
-	return &exitError{code: sandbox.ExitCode(err), err: err}
+	return &exitError{code: errdefs.ExitCode(err), err: err}
 }
 
 func parseLabels(kvs []string, flag string) (map[string]string, error) {

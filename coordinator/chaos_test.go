@@ -5,7 +5,7 @@ package coordinator_test
 // A chaos provider wraps the local one and fails Create, Exec, Snapshot,
 // Fork, Delete and DeleteSnapshot at a configured rate (0, 10% and 25%),
 // deterministically from a seed (a PCG stream per operation and episode).
-// Its errors look like a provider's own (sandbox.ErrUnsupported, or a plain
+// Its errors look like a provider's own (errdefs.ErrUnsupported, or a plain
 // connection error); a failed Create, Snapshot, Fork or Delete did nothing,
 // a failed Exec either did not run or ran and lost its answer. The faults
 // are transient: one operation on one target fails at most 3 times in a
@@ -78,6 +78,7 @@ import (
 	"time"
 
 	"stasis/coordinator"
+	"stasis/errdefs"
 	"stasis/ledger"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
@@ -165,7 +166,7 @@ func (p *chaosProvider) fault(op, ep, target string) (after bool, err error) {
 	if plain {
 		return late, fmt.Errorf("%s %s: connection reset by peer (injected fault %d, chaos seed %d)", op, target, n, p.seed)
 	}
-	return late, sandbox.Errorf(sandbox.ErrUnsupported, op, target, "the service is unavailable (injected fault %d, chaos seed %d)", n, p.seed)
+	return late, sandbox.Errorf(errdefs.ErrUnsupported, op, target, "the service is unavailable (injected fault %d, chaos seed %d)", n, p.seed)
 }
 
 func (p *chaosProvider) episodeOf(id string) string {
@@ -297,7 +298,7 @@ func sessionFile(ep string) string { return path.Join(harnessDir(ep), "mini-sess
 
 func readOptional(ctx context.Context, p sandbox.Provider, id, file string) ([]byte, error) {
 	b, err := p.ReadFile(ctx, id, file)
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, nil
 	}
 	return b, err
@@ -319,7 +320,7 @@ type fileEntry struct {
 func downloadTree(ctx context.Context, p sandbox.Provider, id, dir string) (map[string]fileEntry, error) {
 	var buf bytes.Buffer
 	if err := p.Download(ctx, id, dir, &buf); err != nil {
-		if errors.Is(err, sandbox.ErrNotFound) && strings.Contains(err.Error(), "No such file") {
+		if errors.Is(err, errdefs.ErrNotFound) && strings.Contains(err.Error(), "No such file") {
 			return nil, nil
 		}
 		return nil, err
@@ -688,7 +689,7 @@ func (r *chaosRun) startOne() bool {
 		if _, live := r.c.Live(id); live {
 			r.failf("a failed start left %s live", id)
 		}
-		if _, err := r.w.st.GetEpisode(r.ctx, id); !errors.Is(err, store.ErrNotFound) {
+		if _, err := r.w.st.GetEpisode(r.ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
 			r.failf("a failed start left %s in the store: %v", id, err)
 		}
 		r.checkInvariants()
@@ -821,7 +822,7 @@ func (r *chaosRun) prepareOne() bool {
 			r.failf("prepare %s failed but the checkpoint is %s", ck, hdr.State)
 		}
 		for _, s := range made {
-			if _, err := r.inner.GetSnapshot(r.ctx, s); !errors.Is(err, sandbox.ErrNotFound) {
+			if _, err := r.inner.GetSnapshot(r.ctx, s); !errors.Is(err, errdefs.ErrNotFound) {
 				r.failf("prepare %s failed but its snapshot %s is left (%v)", ck, s, err)
 			}
 		}
@@ -916,7 +917,7 @@ func (r *chaosRun) stepRetire() {
 		return
 	}
 	r.unhold(id)
-	if _, err := r.inner.Get(r.ctx, sb); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := r.inner.Get(r.ctx, sb); !errors.Is(err, errdefs.ErrNotFound) {
 		r.failf("retired %s, but its sandbox %s is there (%v)", id, sb, err)
 	}
 	row, _ := r.w.st.GetEpisode(r.ctx, id)
@@ -1284,7 +1285,7 @@ func (r *chaosRun) stepDeleteCheckpoint() {
 	ck := r.ckOrder[i]
 	freed, err := r.c.DeleteCheckpoint(r.ctx, ck)
 	r.logf("delete checkpoint %s: freed %d snapshots: %v", ck, len(freed), err)
-	if _, _, gerr := r.w.st.Get(r.ctx, ck); errors.Is(gerr, store.ErrNotFound) {
+	if _, _, gerr := r.w.st.Get(r.ctx, ck); errors.Is(gerr, errdefs.ErrNotFound) {
 		delete(r.committed, ck)
 		r.ckOrder = append(r.ckOrder[:i:i], r.ckOrder[i+1:]...)
 	} else if err == nil {
@@ -1372,7 +1373,7 @@ func (r *chaosRun) checkInvariants() {
 		switch {
 		case isNamed && err != nil:
 			r.failf("snapshot %s of committed checkpoint %s: %v", s, ck, err)
-		case !isNamed && !errors.Is(err, sandbox.ErrNotFound):
+		case !isNamed && !errors.Is(err, errdefs.ErrNotFound):
 			r.failf("snapshot %s leaked: no committed checkpoint names it (%v)", s, err)
 		}
 	}

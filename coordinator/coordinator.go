@@ -24,6 +24,7 @@ import (
 
 	"stasis/checkpoint"
 	"stasis/episode"
+	"stasis/errdefs"
 	"stasis/harness"
 	"stasis/image"
 	"stasis/relay"
@@ -77,19 +78,21 @@ const (
 // ErrStraggler is in the error of a checkpoint that failed because an
 // episode could not be checkpointed (StragglersFail, or every episode
 // straggled); the message names the episode and why.
-var ErrStraggler = errors.New("an episode could not be checkpointed")
+var ErrStraggler = errdefs.Errorf(errdefs.ErrConflict, "an episode could not be checkpointed")
 
 // ErrRefused is in the error of a restore or a branch that its validation
 // refused before it touched anything (a missing snapshot or image, a live
-// episode, a copy's name taken): nothing was changed.
-var ErrRefused = errors.New("refused; nothing was changed")
+// episode, a copy's name taken): nothing was changed. It is a conflict.
+var ErrRefused = errdefs.Errorf(errdefs.ErrConflict, "refused; nothing was changed")
 
 // refused is a validation's error: its message as written, matching
-// ErrRefused.
+// ErrRefused and errdefs.ErrConflict.
 type refused struct{ msg string }
 
-func (e refused) Error() string        { return e.msg }
-func (e refused) Is(target error) bool { return target == ErrRefused }
+func (e refused) Error() string { return e.msg }
+func (e refused) Is(target error) bool {
+	return target == ErrRefused || target == errdefs.ErrConflict
+}
 
 // CheckStragglers refuses an unknown straggler policy ("" is the default).
 func CheckStragglers(policy string) error {
@@ -97,7 +100,7 @@ func CheckStragglers(policy string) error {
 	case "", StragglersExclude, StragglersFail:
 		return nil
 	}
-	return fmt.Errorf("stragglers %q: use %s (commit without the episodes that cannot be checkpointed, naming them) or %s (fail the checkpoint)", policy, StragglersExclude, StragglersFail)
+	return errdefs.Errorf(errdefs.ErrInvalid, "stragglers %q: use %s (commit without the episodes that cannot be checkpointed, naming them) or %s (fail the checkpoint)", policy, StragglersExclude, StragglersFail)
 }
 
 // PrepareOptions are one checkpoint's choices.
@@ -160,11 +163,11 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 			c.live[r.ID] = e
 			continue
 		}
-		if !errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrExpired) && !errors.Is(err, sandbox.ErrWrongState) {
+		if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrExpired) && !errors.Is(err, errdefs.ErrConflict) {
 			return nil, err
 		}
 		c.log.Warn("episode lost: its sandbox is gone", "episode", r.ID, "sandbox", r.Sandbox, "err", err)
-		gone := errors.Is(err, sandbox.ErrNotFound)
+		gone := errors.Is(err, errdefs.ErrNotFound)
 		if !gone {
 			// Expired, or its keeper died: delete what is left of it. If
 			// that fails, the row keeps naming it and Retire deletes it.
@@ -199,7 +202,7 @@ var retry = episode.Retry
 func (c *Coordinator) deleteSandbox(ctx context.Context, id string) error {
 	ctx = context.WithoutCancel(ctx)
 	return retry(func() error {
-		if _, err := c.o.Env.Provider.Get(ctx, id); errors.Is(err, sandbox.ErrNotFound) {
+		if _, err := c.o.Env.Provider.Get(ctx, id); errors.Is(err, errdefs.ErrNotFound) {
 			return nil
 		}
 		return c.o.Env.Provider.Delete(ctx, id)
@@ -267,7 +270,7 @@ type StartOptions struct {
 func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName string, o StartOptions) (store.Episode, error) {
 	deadline := o.Deadline
 	if deadline < 0 {
-		return store.Episode{}, fmt.Errorf("episode %s: the deadline %s is negative", id, deadline)
+		return store.Episode{}, errdefs.Errorf(errdefs.ErrInvalid, "episode %s: the deadline %s is negative", id, deadline)
 	}
 	if err := o.Limits.Check(); err != nil {
 		return store.Episode{}, fmt.Errorf("episode %s: %w", id, err)
@@ -277,7 +280,7 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 		return store.Episode{}, err
 	}
 	if _, err := c.o.Store.GetEpisode(ctx, id); err == nil {
-		return store.Episode{}, fmt.Errorf("episode %s: %w", id, store.ErrExists)
+		return store.Episode{}, fmt.Errorf("episode %s: %w", id, errdefs.ErrExists)
 	}
 	e, err := episode.Start(ctx, c.o.Env, spec)
 	if err != nil {
@@ -332,7 +335,7 @@ func (c *Coordinator) Verify(ctx context.Context, id string) (task.Verdict, bool
 		return task.Verdict{}, false, err
 	}
 	if !ok {
-		return task.Verdict{}, false, fmt.Errorf("episode %s (attempt %d) is not live and was never verified: restore it first", id, row.Attempt)
+		return task.Verdict{}, false, errdefs.Errorf(errdefs.ErrConflict, "episode %s (attempt %d) is not live and was never verified: restore it first", id, row.Attempt)
 	}
 	return v, true, nil
 }
@@ -545,7 +548,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 	f.Episode = eid
 	e, ok := c.Live(eid)
 	if !ok {
-		return f, 0, rec, fmt.Errorf("episode %s is not live", eid)
+		return f, 0, rec, errdefs.Errorf(errdefs.ErrConflict, "episode %s is not live", eid)
 	}
 	row, err := c.o.Store.GetEpisode(ctx, eid)
 	if err != nil {
@@ -835,7 +838,7 @@ func (c *Coordinator) committed(ctx context.Context, id, verb string) ([]store.R
 		return nil, err
 	}
 	if ck.State != store.StateCommitted {
-		return nil, fmt.Errorf("checkpoint %s is %s: only a committed checkpoint %s", id, ck.State, verb)
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "checkpoint %s is %s: only a committed checkpoint %s", id, ck.State, verb)
 	}
 	return recs, nil
 }
@@ -935,7 +938,7 @@ func (c *Coordinator) Branch(ctx context.Context, id, episodeID string, copies [
 		}
 	}
 	if r == nil {
-		return res, fmt.Errorf("checkpoint %s has no record of episode %s: %w", id, episodeID, store.ErrNotFound)
+		return res, fmt.Errorf("checkpoint %s has no record of episode %s: %w", id, episodeID, errdefs.ErrNotFound)
 	}
 	var problems []string
 	if len(copies) == 0 {
@@ -959,7 +962,7 @@ func (c *Coordinator) Branch(ctx context.Context, id, episodeID string, copies [
 		default:
 			if _, err := c.o.Store.GetEpisode(ctx, name); err == nil {
 				problems = append(problems, fmt.Sprintf("copy %s: an episode of that name exists", name))
-			} else if !errors.Is(err, store.ErrNotFound) {
+			} else if !errors.Is(err, errdefs.ErrNotFound) {
 				problems = append(problems, fmt.Sprintf("copy %s: %v", name, err))
 			} else if _, err := c.o.Env.Gateway.Episode(name); err == nil {
 				// Left by an interrupted branch: the undo below removes only
@@ -1086,7 +1089,7 @@ func (c *Coordinator) Retire(ctx context.Context, id string) error {
 			return err
 		}
 	} else if row.Sandbox != "" {
-		if err := c.o.Env.Provider.Delete(ctx, row.Sandbox); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+		if err := c.o.Env.Provider.Delete(ctx, row.Sandbox); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
 	}
@@ -1121,7 +1124,7 @@ func (c *Coordinator) DeleteCheckpoint(ctx context.Context, id string) ([]store.
 func (c *Coordinator) Wait(ctx context.Context, id string) (*supervisor.Receipt, error) {
 	e, ok := c.Live(id)
 	if !ok {
-		return nil, fmt.Errorf("episode %s is not live", id)
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "episode %s is not live", id)
 	}
 	return e.Wait(ctx)
 }

@@ -12,12 +12,12 @@ package image
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"stasis/errdefs"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -223,4 +223,4 @@ func pickPlatform(r Ref, idx v1.ImageIndex) (v1.Image, error) {
 }
 
 // errNotPulled is wrapped when an image is not in the store.
-var errNotPulled = errors.New("image not pulled")
+var errNotPulled = errdefs.Errorf(errdefs.ErrNotFound, "image not pulled")

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"stasis/atomicfile"
+	"stasis/errdefs"
 	"stasis/internal/flock"
 )
 
@@ -57,9 +58,9 @@ var (
 	// ErrNotFound: no image of that digest is in the store.
 	ErrNotFound = errNotPulled
 	// ErrInUse: a sandbox or a checkpoint's record uses the image.
-	ErrInUse = errors.New("in use")
+	ErrInUse = errdefs.Errorf(errdefs.ErrConflict, "in use")
 	// ErrBusy: the image is being pulled.
-	ErrBusy = errors.New("being pulled")
+	ErrBusy = errdefs.Errorf(errdefs.ErrConflict, "being pulled")
 )
 
 // Store is the directory of unpacked images, $STASIS_HOME/images:

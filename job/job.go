@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"stasis/coordinator"
+	"stasis/errdefs"
 	"stasis/harness/opencode"
 	"stasis/model"
 	"stasis/sandbox"
@@ -191,7 +192,7 @@ type Excluded struct {
 func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	start := time.Now()
 	if err := o.defaults(); err != nil {
-		return nil, &UsageError{err}
+		return nil, errdefs.Errorf(errdefs.ErrInvalid, "%w", err)
 	}
 	if o.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -474,12 +475,6 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	rep.Seconds = time.Since(start).Seconds()
 	return rep, nil
 }
-
-// UsageError is a bad option.
-type UsageError struct{ Err error }
-
-func (e *UsageError) Error() string { return e.Err.Error() }
-func (e *UsageError) Unwrap() error { return e.Err }
 
 // interleave orders tasks so that languages take turns (go, javascript,
 // python, shell, go, ...), each language's tasks in id order: a short run

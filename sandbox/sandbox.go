@@ -92,7 +92,7 @@ type Spec struct {
 	// oci:, docker-archive:, docker:// or sha256: forms) on the local and
 	// microvm providers, the service's template or image name on a hosted
 	// one. Empty: the provider's default. Providers that have no images
-	// refuse a non-empty Image with ErrUnsupported.
+	// refuse a non-empty Image with errdefs.ErrUnsupported.
 	Image string `json:"image,omitempty"`
 	// Files are written into the sandbox after it is made: absolute path
 	// inside the sandbox → content.
@@ -198,7 +198,7 @@ type ExecRequest struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	// Timeout bounds a foreground command: it is killed when it passes and
-	// Exec returns an error wrapping ErrTimeout.
+	// Exec returns an error wrapping errdefs.ErrTimeout.
 	Timeout time.Duration
 	// Background: start the command and return at once; it runs until it
 	// ends or the sandbox goes. Stdin, Stdout and Stderr are then ignored;
@@ -232,7 +232,7 @@ type ForkSpec struct {
 // Provider creates, snapshots, forks and deletes sandboxes of one kind.
 //
 // Every method that names a sandbox or a snapshot returns an error matching
-// ErrNotFound for one that does not exist or was deleted, and ErrExpired for
+// errdefs.ErrNotFound for one that does not exist or was deleted, and errdefs.ErrExpired for
 // a sandbox past its expiry.
 type Provider interface {
 	Name() string

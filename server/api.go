@@ -23,6 +23,7 @@ import (
 	"stasis/checkpoint"
 	"stasis/coordinator"
 	"stasis/episode"
+	"stasis/errdefs"
 	"stasis/harness"
 	"stasis/image"
 	"stasis/ledger"
@@ -141,18 +142,18 @@ func (s *Server) routes() map[string]http.Handler {
 	}
 }
 
-// Error types, with their status codes.
+// Error types of the server's own, with their status codes; the others
+// are package errdefs's (errdefs.Code), with its statuses.
 const (
-	errInvalid     = "invalid_request"    // 400
 	errNotFound    = "not_found"          // 404
 	errMethod      = "method_not_allowed" // 405
-	errConflict    = "conflict"           // 409
 	errTooLarge    = "too_large"          // 413
-	errInternal    = "internal"           // 500
 	errUnavailable = "unavailable"        // 503 (shutting down)
 )
 
-// apiError is an error with the status and type to answer it with.
+// apiError is an error with the status and type to answer it with, for
+// the statuses that are HTTP's own (a body too large) rather than a kind
+// of package errdefs's.
 type apiError struct {
 	status int
 	typ    string
@@ -161,14 +162,20 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.msg }
 
-func bad(format string, args ...any) *apiError {
-	return &apiError{http.StatusBadRequest, errInvalid, fmt.Sprintf(format, args...)}
+// bad is a request the server refuses as invalid (400).
+func bad(format string, args ...any) error {
+	return errdefs.Errorf(errdefs.ErrInvalid, format, args...)
+}
+
+// conflict is a request the present state refuses (409).
+func conflict(format string, args ...any) error {
+	return errdefs.Errorf(errdefs.ErrConflict, format, args...)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, errInternal, err.Error())
+		writeError(w, http.StatusInternalServerError, errdefs.CodeInternal, err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -183,23 +190,20 @@ func writeError(w http.ResponseWriter, status int, typ, msg string) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-// fail answers err: an *apiError as it says, a store's not-found 404, its
-// exists and wrong-state 409, a verify before the harness ended 409, a
-// checkpoint failed by a straggler 409, a restore or branch its
-// validation refused 409, and anything else 500.
+// fail answers err: an *apiError as it says, an error of one of package
+// errdefs's kinds with that kind's status and type (no error is classified
+// by its text), and anything else 500, logged.
 func (s *Server) fail(w http.ResponseWriter, q *http.Request, err error) {
 	var ae *apiError
-	switch {
-	case errors.As(err, &ae):
-	case errors.Is(err, store.ErrNotFound):
-		ae = &apiError{http.StatusNotFound, errNotFound, err.Error()}
-	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrState), errors.Is(err, task.ErrNotEnded), errors.Is(err, coordinator.ErrStraggler), errors.Is(err, coordinator.ErrRefused):
-		ae = &apiError{http.StatusConflict, errConflict, err.Error()}
-	default:
-		ae = &apiError{http.StatusInternalServerError, errInternal, err.Error()}
+	if errors.As(err, &ae) {
+		writeError(w, ae.status, ae.typ, ae.msg)
+		return
+	}
+	status := errdefs.HTTPStatus(err)
+	if status == http.StatusInternalServerError {
 		s.log.Error("request failed", "method", q.Method, "path", q.URL.Path, "err", err)
 	}
-	writeError(w, ae.status, ae.typ, ae.msg)
+	writeError(w, status, errdefs.Code(err), err.Error())
 }
 
 // decode reads a JSON object of at most MaxBody bytes into dst, refusing
@@ -349,13 +353,13 @@ func (s *Server) startEpisode(w http.ResponseWriter, q *http.Request) {
 	}
 	ctx := context.WithoutCancel(q.Context()) // a client that goes away does not leave a half-started episode
 	if _, err := s.store.GetEpisode(ctx, req.ID); err == nil {
-		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("episode %s already exists", req.ID)})
+		s.fail(w, q, conflict("episode %s already exists", req.ID))
 		return
 	}
 	s.startMu.Lock()
 	if s.starting[req.ID] {
 		s.startMu.Unlock()
-		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("episode %s is being started", req.ID)})
+		s.fail(w, q, conflict("episode %s is being started", req.ID))
 		return
 	}
 	s.starting[req.ID] = true
@@ -524,9 +528,9 @@ func (s *Server) verifyEpisode(w http.ResponseWriter, q *http.Request) {
 	_, live := s.coord.Live(id)
 	v, rec, err := s.coord.Verify(ctx, id)
 	if err != nil {
-		if !live && !errors.Is(err, store.ErrNotFound) {
+		if !live && !errors.Is(err, errdefs.ErrNotFound) {
 			// Neither live nor verified: nothing to run the tests in.
-			err = &apiError{http.StatusConflict, errConflict, err.Error()}
+			err = errdefs.Errorf(errdefs.ErrConflict, "%w", err)
 		}
 		s.fail(w, q, err)
 		return
@@ -588,13 +592,10 @@ func (s *Server) episodeLedgerID(q *http.Request) (string, error) {
 // MaxLedgerPage, the default), bodies=false (leave out each entry's
 // request and response: the tokens, usage and hashes stay).
 func (s *Server) getLedger(w http.ResponseWriter, q *http.Request) {
-	id, err := s.episodeLedgerID(q)
-	if err != nil {
-		s.fail(w, q, err)
-		return
-	}
+	// The query first: a bad one is refused whatever the episode.
 	qs := q.URL.Query()
 	after, limit, bodies := int64(0), int64(MaxLedgerPage), true
+	var err error
 	if v := qs.Get("after"); v != "" {
 		if after, err = strconv.ParseInt(v, 10, 64); err != nil || after < 0 {
 			s.fail(w, q, bad("after %q: give the seq of the last entry you have, 0 for the start", v))
@@ -613,13 +614,18 @@ func (s *Server) getLedger(w http.ResponseWriter, q *http.Request) {
 			return
 		}
 	}
+	id, err := s.episodeLedgerID(q)
+	if err != nil {
+		s.fail(w, q, err)
+		return
+	}
 	h, err := ledger.Read(s.gw.LedgerDir(), id)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		p, _ := ledger.Path(s.gw.LedgerDir(), id)
 		h = ledger.History{Path: p, Episode: id, Entries: []ledger.Entry{}, Dropped: []ledger.Entry{}, Events: []ledger.Event{}}
 	case errors.Is(err, ledger.ErrCorrupt):
-		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("%v (GET /v1/episodes/%s/ledger/verify says where)", err, id)})
+		s.fail(w, q, conflict("%v (GET /v1/episodes/%s/ledger/verify says where)", err, id))
 		return
 	case err != nil:
 		s.fail(w, q, err)
@@ -731,7 +737,7 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, q *http.Request) {
 	start := time.Now()
 	res, err := s.coord.PrepareWith(ctx, req.ID, coordinator.PrepareOptions{Stragglers: req.Stragglers})
 	if err != nil {
-		if errors.Is(err, store.ErrExists) {
+		if errors.Is(err, errdefs.ErrExists) {
 			s.fail(w, q, err)
 			return
 		}
@@ -802,7 +808,7 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 		return
 	}
 	if ck.State != store.StateCommitted {
-		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("checkpoint %s is %s: only a committed checkpoint restores", id, ck.State)})
+		s.fail(w, q, conflict("checkpoint %s is %s: only a committed checkpoint restores", id, ck.State))
 		return
 	}
 	var live []string
@@ -812,7 +818,7 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 		}
 	}
 	if len(live) > 0 {
-		s.fail(w, q, &apiError{http.StatusConflict, errConflict, fmt.Sprintf("checkpoint %s names live episodes (%s): retire them before restoring them; nothing was changed", id, strings.Join(live, ", "))})
+		s.fail(w, q, conflict("checkpoint %s names live episodes (%s): retire them before restoring them; nothing was changed", id, strings.Join(live, ", ")))
 		return
 	}
 	start := time.Now()
@@ -872,18 +878,16 @@ func (s *Server) branchCheckpoint(w http.ResponseWriter, q *http.Request) {
 			return
 		}
 	}
+	// Whether the checkpoint is committed and has the episode is the
+	// coordinator's to say (Branch), before it touches anything.
 	ctx := context.WithoutCancel(q.Context())
-	if _, err := s.store.GetEpisode(ctx, req.Episode); err != nil {
-		s.fail(w, q, err)
-		return
-	}
 	if len(req.IDs) == 0 {
 		for k := 1; len(req.IDs) < req.Copies && k <= 100000; k++ {
 			n := fmt.Sprintf("%s-b%d", req.Episode, k)
 			if len(n) > 128 {
 				break
 			}
-			if _, err := s.store.GetEpisode(ctx, n); errors.Is(err, store.ErrNotFound) {
+			if _, err := s.store.GetEpisode(ctx, n); errors.Is(err, errdefs.ErrNotFound) {
 				req.IDs = append(req.IDs, n)
 			}
 		}

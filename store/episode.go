@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"stasis/errdefs"
 	"stasis/sandbox"
 	"time"
 )
@@ -103,12 +104,12 @@ func (s *sqlStore) PutEpisodes(ctx context.Context, es []Episode) error {
 	})
 }
 
-// GetEpisode returns an episode (ErrNotFound if there is none).
+// GetEpisode returns an episode (errdefs.ErrNotFound if there is none).
 func (s *sqlStore) GetEpisode(ctx context.Context, id string) (Episode, error) {
 	var doc string
 	err := s.db.QueryRowContext(ctx, s.q(`SELECT doc FROM episodes WHERE id = ?`), id).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Episode{}, fmt.Errorf("episode %q: %w", id, ErrNotFound)
+		return Episode{}, fmt.Errorf("episode %q: %w", id, errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return Episode{}, s.wrap(err)

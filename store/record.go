@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"stasis/errdefs"
 	"stasis/proc"
 )
 
@@ -155,8 +156,9 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	return append(out, '}'), nil
 }
 
-// ErrRecord marks a record document that is malformed or fails validation.
-var ErrRecord = errors.New("invalid record")
+// ErrRecord marks a record document that is malformed or fails validation;
+// it is invalid input.
+var ErrRecord = errdefs.Errorf(errdefs.ErrInvalid, "invalid record")
 
 // DecodeRecord reads and validates one record document. It refuses malformed
 // JSON, a schema newer than RecordSchema, and records that a restore could

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"stasis/errdefs"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,7 +212,7 @@ func (s *sqlStore) state(ctx context.Context, tx *sql.Tx, id string) (State, err
 }
 
 func notFound(id string) error {
-	return fmt.Errorf("checkpoint %q: %w; list the checkpoints with: stasis ckpt ls", id, ErrNotFound)
+	return fmt.Errorf("checkpoint %q: %w; list the checkpoints with: stasis ckpt ls", id, errdefs.ErrNotFound)
 }
 
 // Begin implements Store.
@@ -228,7 +229,7 @@ func (s *sqlStore) Begin(ctx context.Context, id string, manifest json.RawMessag
 			return s.wrap(err)
 		}
 		if n > 0 {
-			return fmt.Errorf("begin checkpoint %q: %w; choose a new id (ids are never reused, even after stasis ckpt rm)", id, ErrExists)
+			return fmt.Errorf("begin checkpoint %q: %w; choose a new id (ids are never reused, even after stasis ckpt rm)", id, errdefs.ErrExists)
 		}
 		// Creation times are strictly increasing, so that "newest first"
 		// is the order checkpoints were begun in.
@@ -261,7 +262,7 @@ func (s *sqlStore) Put(ctx context.Context, id string, rec Record) error {
 			return err
 		}
 		if st != StatePending {
-			return fmt.Errorf("put record of episode %q into checkpoint %q: %w: it is %s, and records go only into a pending checkpoint; begin a new checkpoint", rec.Episode, id, ErrState, st)
+			return fmt.Errorf("put record of episode %q into checkpoint %q: %w: it is %s, and records go only into a pending checkpoint; begin a new checkpoint", rec.Episode, id, errdefs.ErrConflict, st)
 		}
 		var old SnapshotRef
 		err = tx.QueryRowContext(ctx, s.q(`SELECT provider, snapshot_id FROM records WHERE checkpoint_id = ? AND episode = ?`), id, rec.Episode).
@@ -335,7 +336,7 @@ func (s *sqlStore) Commit(ctx context.Context, id string, expectEpisodes int) er
 			return err
 		}
 		if st != StatePending {
-			return fmt.Errorf("commit checkpoint %q: %w: it is %s, and only a pending checkpoint can be committed", id, ErrState, st)
+			return fmt.Errorf("commit checkpoint %q: %w: it is %s, and only a pending checkpoint can be committed", id, errdefs.ErrConflict, st)
 		}
 		reason, err = s.checkRecords(ctx, tx, id, expectEpisodes)
 		if err != nil {
@@ -406,7 +407,7 @@ func (s *sqlStore) Fail(ctx context.Context, id, reason string) error {
 		case StateFailed:
 			return nil
 		case StateCommitted:
-			return fmt.Errorf("fail checkpoint %q: %w: it is committed, and a committed checkpoint is never changed; delete it with: stasis ckpt rm %s", id, ErrState, id)
+			return fmt.Errorf("fail checkpoint %q: %w: it is committed, and a committed checkpoint is never changed; delete it with: stasis ckpt rm %s", id, errdefs.ErrConflict, id)
 		}
 		_, err = tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, error = ? WHERE id = ?`), string(StateFailed), reason, id)
 		return s.wrap(err)
@@ -526,7 +527,7 @@ func (s *sqlStore) Latest(ctx context.Context) (Checkpoint, error) {
 		return Checkpoint{}, err
 	}
 	if len(cs) == 0 {
-		return Checkpoint{}, fmt.Errorf("latest checkpoint: %w: no checkpoint has been committed in %s", ErrNotFound, s.where)
+		return Checkpoint{}, fmt.Errorf("latest checkpoint: %w: no checkpoint has been committed in %s", errdefs.ErrNotFound, s.where)
 	}
 	return cs[0], nil
 }
@@ -540,7 +541,7 @@ func (s *sqlStore) Delete(ctx context.Context, id string) ([]SnapshotRef, error)
 			return err
 		}
 		if st == StatePending {
-			return fmt.Errorf("delete checkpoint %q: %w: it is pending, so a save may still be writing it; once no save is running, mark it failed (stasis ckpt rm --force) and delete it", id, ErrState)
+			return fmt.Errorf("delete checkpoint %q: %w: it is pending, so a save may still be writing it; once no save is running, mark it failed (stasis ckpt rm --force) and delete it", id, errdefs.ErrConflict)
 		}
 		rows, err := tx.QueryContext(ctx, s.q(`SELECT provider, snapshot_id FROM snapshot_refs WHERE checkpoint_id = ?`), id)
 		if err != nil {
@@ -681,7 +682,7 @@ func (s *sqlStore) GetVerdict(ctx context.Context, episode string, attempt int) 
 	var doc string
 	err := s.db.QueryRowContext(ctx, s.q(`SELECT doc FROM verdicts WHERE episode = ? AND attempt = ?`), episode, attempt).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("verdict of episode %q, attempt %d: %w", episode, attempt, ErrNotFound)
+		return nil, fmt.Errorf("verdict of episode %q, attempt %d: %w", episode, attempt, errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return nil, s.wrap(err)

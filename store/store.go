@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/home"
 )
 
@@ -67,10 +68,10 @@ type ListOptions struct {
 // is by creation: List is newest first and Latest is the newest committed.
 type Store interface {
 	// Begin creates a pending checkpoint; an id already used is refused
-	// with ErrExists. manifest, if not empty, must be valid JSON.
+	// with errdefs.ErrExists. manifest, if not empty, must be valid JSON.
 	Begin(ctx context.Context, id string, manifest json.RawMessage) error
 	// Put stores the record of one episode into a pending checkpoint
-	// (ErrState otherwise); a second Put for the same episode replaces it.
+	// (errdefs.ErrConflict otherwise); a second Put for the same episode replaces it.
 	// The record is validated as DecodeRecord validates it.
 	Put(ctx context.Context, id string, rec Record) error
 	// Commit checks that exactly expectEpisodes valid records are there and
@@ -78,17 +79,17 @@ type Store interface {
 	// the checkpoint failed and returns the reason (ErrIncomplete).
 	Commit(ctx context.Context, id string, expectEpisodes int) error
 	// Fail marks a pending checkpoint failed with reason; a failed one
-	// stays as it is, a committed one is refused with ErrState.
+	// stays as it is, a committed one is refused with errdefs.ErrConflict.
 	Fail(ctx context.Context, id, reason string) error
 	// Get returns a checkpoint and its records, sorted by episode.
 	Get(ctx context.Context, id string) (Checkpoint, []Record, error)
 	// List returns checkpoints, newest first.
 	List(ctx context.Context, opts ListOptions) ([]Checkpoint, error)
-	// Latest returns the newest committed checkpoint (ErrNotFound if none).
+	// Latest returns the newest committed checkpoint (errdefs.ErrNotFound if none).
 	Latest(ctx context.Context) (Checkpoint, error)
 	// Delete removes a committed or failed checkpoint and its records and
 	// returns the snapshots that no remaining checkpoint references, which
-	// the caller should now delete. A pending one is refused with ErrState:
+	// the caller should now delete. A pending one is refused with errdefs.ErrConflict:
 	// a save may still be writing it; Fail it first.
 	Delete(ctx context.Context, id string) (freed []SnapshotRef, err error)
 	// RecoverPending marks failed every checkpoint still pending that began
@@ -102,10 +103,10 @@ type Store interface {
 	// nothing. A restore starts a new attempt, whose verdict is its own.
 	PutVerdict(ctx context.Context, episode string, attempt int, doc json.RawMessage) (stored json.RawMessage, created bool, err error)
 	// GetVerdict returns the recorded verify result of an episode's
-	// attempt, or an error matching ErrNotFound when none is recorded.
+	// attempt, or an error matching errdefs.ErrNotFound when none is recorded.
 	GetVerdict(ctx context.Context, episode string, attempt int) (json.RawMessage, error)
 	// PutEpisode creates or replaces an episode; GetEpisode finds one
-	// (ErrNotFound); ListEpisodes lists those in a state ("" for all),
+	// (errdefs.ErrNotFound); ListEpisodes lists those in a state ("" for all),
 	// oldest first.
 	PutEpisode(ctx context.Context, e Episode) error
 	// PutEpisodes is PutEpisode for many, in one transaction.
@@ -116,14 +117,15 @@ type Store interface {
 	Close() error
 }
 
-// The errors of a Store, wrapped in messages that name the checkpoint; test
-// for them with errors.Is.
-var (
-	ErrNotFound   = errors.New("not found")
-	ErrExists     = errors.New("already exists")
-	ErrState      = errors.New("wrong state")
-	ErrIncomplete = errors.New("records missing or invalid")
-)
+// The errors of a Store are of package errdefs's kinds, wrapped in
+// messages that name the checkpoint or episode: errdefs.ErrNotFound,
+// errdefs.ErrExists (an id used before), errdefs.ErrConflict (the row's
+// state forbids the change), and ErrIncomplete. Test for them with
+// errors.Is.
+
+// ErrIncomplete refuses a commit whose records are missing or invalid; it
+// is a conflict.
+var ErrIncomplete = errdefs.Errorf(errdefs.ErrConflict, "records missing or invalid")
 
 // FileName is the record store's file in the state directory.
 const FileName = "store.db"

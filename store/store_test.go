@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"stasis/errdefs"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,11 +59,11 @@ func save(t *testing.T, s Store, id string, snapshots ...string) {
 func TestSaveAndRead(t *testing.T) {
 	ctx := context.Background()
 	s, path := openTemp(t)
-	if _, err := s.Latest(ctx); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Latest(ctx); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Latest of an empty store: %v", err)
 	}
 	save(t, s, "A", "snap-1", "snap-2")
-	if err := s.Begin(ctx, "A", nil); !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), `"A"`) {
+	if err := s.Begin(ctx, "A", nil); !errors.Is(err, errdefs.ErrExists) || !strings.Contains(err.Error(), `"A"`) {
 		t.Fatalf("Begin of an existing id: %v", err)
 	}
 	for _, bad := range []string{"", "has space", "a/b"} {
@@ -86,7 +87,7 @@ func TestSaveAndRead(t *testing.T) {
 	if !recordsEqual(recs[0], mustDecode(t, rec("ep-0", "snap-1"))) {
 		t.Fatalf("stored record differs: %+v", recs[0])
 	}
-	if _, _, err := s.Get(ctx, "nope"); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `"nope"`) {
+	if _, _, err := s.Get(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), `"nope"`) {
 		t.Fatalf("Get of an unknown id: %v", err)
 	}
 
@@ -184,20 +185,20 @@ func TestCommitIsAllOrNothing(t *testing.T) {
 
 	// Nothing changes a committed or failed checkpoint's records.
 	for _, id := range []string{"A", "B"} {
-		if err := s.Put(ctx, id, rec("ep-9", "snap-9")); !errors.Is(err, ErrState) || !strings.Contains(err.Error(), "pending") {
+		if err := s.Put(ctx, id, rec("ep-9", "snap-9")); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "pending") {
 			t.Errorf("Put into %s: %v", id, err)
 		}
-		if err := s.Commit(ctx, id, 2); !errors.Is(err, ErrState) {
+		if err := s.Commit(ctx, id, 2); !errors.Is(err, errdefs.ErrConflict) {
 			t.Errorf("Commit of %s again: %v", id, err)
 		}
 	}
-	if err := s.Fail(ctx, "A", "no"); !errors.Is(err, ErrState) {
+	if err := s.Fail(ctx, "A", "no"); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("Fail of a committed checkpoint: %v", err)
 	}
 	if err := s.Fail(ctx, "B", "again"); err != nil {
 		t.Errorf("Fail of a failed checkpoint: %v", err)
 	}
-	if err := s.Put(ctx, "nope", rec("ep-0", "s")); !errors.Is(err, ErrNotFound) {
+	if err := s.Put(ctx, "nope", rec("ep-0", "s")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Put into an unknown checkpoint: %v", err)
 	}
 
@@ -304,10 +305,10 @@ func TestDeleteFreesOnlyUnreferencedSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := s.Delete(ctx, "C"); !errors.Is(err, ErrState) || !strings.Contains(err.Error(), "pending") {
+	if _, err := s.Delete(ctx, "C"); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "pending") {
 		t.Fatalf("Delete of a pending checkpoint: %v", err)
 	}
-	if _, err := s.Delete(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Delete(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Delete of an unknown checkpoint: %v", err)
 	}
 	local := func(ids ...string) []SnapshotRef {
@@ -323,7 +324,7 @@ func TestDeleteFreesOnlyUnreferencedSnapshots(t *testing.T) {
 		if err != nil || !reflect.DeepEqual(freed, want) {
 			t.Fatalf("Delete(%s) freed %v (%v), want %v", id, freed, err, want)
 		}
-		if _, _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+		if _, _, err := s.Get(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("%s still there: %v", id, err)
 		}
 	}
@@ -513,7 +514,7 @@ wait:
 	if err != nil || b.State != StateFailed || !strings.Contains(b.Error, "interrupted save") {
 		t.Fatalf("B after recovery: %+v %v", b, err)
 	}
-	if err := s2.Commit(ctx, "B", len(recs)); !errors.Is(err, ErrState) {
+	if err := s2.Commit(ctx, "B", len(recs)); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("commit of a recovered save: %v", err)
 	}
 	if l, err := s2.Latest(ctx); err != nil || l.ID != "A" {
@@ -570,7 +571,7 @@ func TestSQLIsPortable(t *testing.T) {
 func TestVerdictOnce(t *testing.T) {
 	ctx := context.Background()
 	s, path := openTemp(t)
-	if _, err := s.GetVerdict(ctx, "ep-1", 0); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetVerdict(ctx, "ep-1", 0); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("GetVerdict before any: %v", err)
 	}
 	if _, _, err := s.PutVerdict(ctx, "ep-1", 0, json.RawMessage(`{"reward":`)); err == nil {
@@ -621,7 +622,7 @@ func TestVerdictOnce(t *testing.T) {
 		t.Fatalf("GetVerdict: %s %v", g, err)
 	}
 	// The next attempt (after a restore) has a verdict of its own.
-	if _, err := s2.GetVerdict(ctx, "ep-1", 1); !errors.Is(err, ErrNotFound) {
+	if _, err := s2.GetVerdict(ctx, "ep-1", 1); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("GetVerdict of attempt 1 before any: %v", err)
 	}
 	if got, created, err := s2.PutVerdict(ctx, "ep-1", 1, json.RawMessage(`{"reward":0}`)); err != nil || !created || string(got) != `{"reward":0}` {
@@ -658,7 +659,7 @@ func TestMigrateVerdictsToAttempts(t *testing.T) {
 	if g, err := s2.GetVerdict(ctx, "ep-old", 0); err != nil || string(g) != `{"reward":1}` {
 		t.Fatalf("the old verdict: %s %v", g, err)
 	}
-	if _, err := s2.GetVerdict(ctx, "ep-old", 1); !errors.Is(err, ErrNotFound) {
+	if _, err := s2.GetVerdict(ctx, "ep-old", 1); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("attempt 1: %v", err)
 	}
 }
@@ -694,7 +695,7 @@ func TestMigrateFromSchema1(t *testing.T) {
 func TestEpisodes(t *testing.T) {
 	ctx := context.Background()
 	s, path := openTemp(t)
-	if _, err := s.GetEpisode(ctx, "ep-1"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetEpisode(ctx, "ep-1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("GetEpisode of none: %v", err)
 	}
 	if err := s.PutEpisode(ctx, Episode{ID: "ep-1", State: "paused"}); err == nil {

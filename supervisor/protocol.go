@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"stasis/errdefs"
 	"stasis/proc"
 )
 
@@ -211,3 +212,6 @@ type RefusedError struct {
 }
 
 func (e *RefusedError) Error() string { return e.Msg }
+
+// Is makes a refusal a conflict in package errdefs's vocabulary.
+func (e *RefusedError) Is(target error) bool { return target == errdefs.ErrConflict }

@@ -17,8 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
-	"stasis/store"
 )
 
 // Verdict statuses.
@@ -213,7 +213,7 @@ func runTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task
 		}
 	}
 	switch {
-	case errors.Is(err, sandbox.ErrTimeout):
+	case errors.Is(err, errdefs.ErrTimeout):
 		v.TimedOut, v.ExitCode = true, -9
 	case err != nil:
 		return Verdict{}, fmt.Errorf("task %s: run the tests in sandbox %s: %w", t.ID, sandboxID, err)
@@ -303,8 +303,8 @@ type Verifier struct {
 }
 
 // ErrNotEnded refuses a verify while the harness may still change the work
-// tree.
-var ErrNotEnded = errors.New("the harness has not ended")
+// tree. It is a conflict.
+var ErrNotEnded = errdefs.Errorf(errdefs.ErrConflict, "the harness has not ended")
 
 func (v *Verifier) lock(episode string, attempt int) *sync.Mutex {
 	v.mu.Lock()
@@ -326,7 +326,7 @@ func (v *Verifier) lock(episode string, attempt int) *sync.Mutex {
 func (v *Verifier) Recorded(ctx context.Context, episode string, attempt int) (Verdict, bool, error) {
 	doc, err := v.Store.GetVerdict(ctx, episode, attempt)
 	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return Verdict{}, false, nil
 		}
 		return Verdict{}, false, err

@@ -46,6 +46,7 @@ import (
 	"syscall"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 )
 
@@ -119,7 +120,7 @@ func Copy(ctx context.Context, p sandbox.Provider, id, src, dst string, o Option
 	if err != nil && errors.Is(serr, fs.ErrNotExist) {
 		_ = os.Remove(dst) // only if still empty
 	}
-	if err != nil && errors.Is(rerr, sandbox.ErrInvalid) {
+	if err != nil && errors.Is(rerr, errdefs.ErrInvalid) {
 		return res, rerr // the provider's word on what src is says more than tar's
 	}
 	return res, err

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/copyout"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b"
@@ -125,7 +126,7 @@ func TestLocalSetuidCopiedOut(t *testing.T) {
 	fctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	fifo := filepath.Join(base, "fifo")
-	if _, err := copyout.Copy(fctx, p, id, "/work/out/fifo", fifo, copyout.Options{}); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "not a regular file") {
+	if _, err := copyout.Copy(fctx, p, id, "/work/out/fifo", fifo, copyout.Options{}); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("copying out a fifo: %v", err)
 	}
 	if _, err := os.Lstat(fifo); !errors.Is(err, fs.ErrNotExist) {

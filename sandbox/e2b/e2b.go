@@ -45,7 +45,7 @@
 //
 // stasis deletes a sandbox at its expiry even when the service has not: any
 // call on a sandbox past its expiry deletes it and returns an error matching
-// sandbox.ErrExpired, and the reaper that New starts (stopped by Close)
+// errdefs.ErrExpired, and the reaper that New starts (stopped by Close)
 // deletes this provider's sandboxes past their expiry.
 package e2b
 
@@ -63,6 +63,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
@@ -378,10 +379,10 @@ func checkLabels(op, what string, labels map[string]string) error {
 	for k := range labels {
 		switch k {
 		case MetaProvider, MetaExpiry, MetaSource, MetaScope:
-			return sandbox.Errorf(sandbox.ErrInvalid, op, what, "label %q is reserved for the provider's own metadata; use another key", k)
+			return sandbox.Errorf(errdefs.ErrInvalid, op, what, "label %q is reserved for the provider's own metadata; use another key", k)
 		}
 		if k == "" {
-			return sandbox.Errorf(sandbox.ErrInvalid, op, what, "a label has an empty key")
+			return sandbox.Errorf(errdefs.ErrInvalid, op, what, "a label has an empty key")
 		}
 	}
 	return nil
@@ -459,14 +460,14 @@ func (p *Provider) info(st sbState) sandbox.Info {
 }
 
 func expiredErr(op string, st sbState) error {
-	return sandbox.Errorf(sandbox.ErrExpired, op, what(st.id), "its lease ended at %s and stasis deleted it; fork a snapshot for a new sandbox", st.expiry.UTC().Format(time.RFC3339))
+	return sandbox.Errorf(errdefs.ErrExpired, op, what(st.id), "its lease ended at %s and stasis deleted it; fork a snapshot for a new sandbox", st.expiry.UTC().Format(time.RFC3339))
 }
 
 // expire deletes a sandbox past its expiry and returns the error matching
 // ErrExpired that the call reports.
 func (p *Provider) expire(ctx context.Context, op string, st sbState) (sbState, error) {
 	if err := p.retireExpired(ctx, st); err != nil {
-		return st, sandbox.Errorf(sandbox.ErrExpired, op, what(st.id), "its lease ended at %s, but deleting it failed (%v); the reaper tries again, or run `stasis sandbox rm %s`", st.expiry.UTC().Format(time.RFC3339), err, st.id)
+		return st, sandbox.Errorf(errdefs.ErrExpired, op, what(st.id), "its lease ended at %s, but deleting it failed (%v); the reaper tries again, or run `stasis sandbox rm %s`", st.expiry.UTC().Format(time.RFC3339), err, st.id)
 	}
 	st.expired = true
 	return st, expiredErr(op, st)
@@ -499,14 +500,14 @@ func (p *Provider) sandbox(ctx context.Context, op, id string, fresh bool) (sbSt
 	}
 	var d wire.SandboxDetail
 	_, _, err := p.rest(ctx, restCall{op: op, what: what(id), method: http.MethodGet, path: "/sandboxes/" + url.PathEscape(id), out: &d, idempotent: true})
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		if have {
 			p.forget(id)
 			if p.pastExpiry(cached) {
 				return cached, expiredErr(op, cached)
 			}
 			if !cached.expiry.IsZero() {
-				return cached, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "E2B no longer has it, though its lease ran to %s: the service lost or killed it early (or it was deleted elsewhere); restore from a snapshot", cached.expiry.UTC().Format(time.RFC3339))
+				return cached, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "E2B no longer has it, though its lease ran to %s: the service lost or killed it early (or it was deleted elsewhere); restore from a snapshot", cached.expiry.UTC().Format(time.RFC3339))
 			}
 		}
 		return sbState{}, err
@@ -529,7 +530,7 @@ func (p *Provider) running(ctx context.Context, op, id string) (sbState, error) 
 		return st, err
 	}
 	if st.state == wire.StatePaused {
-		return st, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "it is paused; resume it first (Resume, which also restores its timeout)")
+		return st, sandbox.Errorf(errdefs.ErrConflict, op, what(id), "it is paused; resume it first (Resume, which also restores its timeout)")
 	}
 	return st, nil
 }
@@ -539,14 +540,14 @@ func (p *Provider) running(ctx context.Context, op, id string) (sbState, error) 
 func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
 	secs, ok := p.timeoutFor(spec.Expiry)
 	if spec.Expiry.IsZero() || !ok {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
 	if err := checkLabels("create", "", spec.Labels); err != nil {
 		return sandbox.Info{}, err
 	}
 	if spec.Root != "" {
 		if fi, err := os.Stat(spec.Root); err != nil || !fi.IsDir() {
-			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
+			return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
 		}
 	}
 	template := spec.Image
@@ -560,8 +561,8 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 	}
 	var sb wire.Sandbox
 	_, _, err := p.rest(ctx, restCall{op: "create", what: "template " + template, method: http.MethodPost, path: "/sandboxes", body: body, out: &sb})
-	if errors.Is(err, sandbox.ErrNotFound) {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "template "+template, "E2B has no such template for this API key; build it, or name another (Spec.Image, Options.Template)")
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "template "+template, "E2B has no such template for this API key; build it, or name another (Spec.Image, Options.Template)")
 	}
 	if err != nil {
 		return sandbox.Info{}, err
@@ -625,7 +626,7 @@ func (p *Provider) setup(ctx context.Context, id string, spec sandbox.Spec) erro
 // matching ErrExpired.
 func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
 	st, err := p.sandbox(ctx, "get", id, true)
-	if errors.Is(err, sandbox.ErrExpired) {
+	if errors.Is(err, errdefs.ErrExpired) {
 		st.expired = true
 		return p.info(st), err
 	}
@@ -742,7 +743,7 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 // kill is DELETE /sandboxes/{id}, with a 404 counted as done.
 func (p *Provider) kill(ctx context.Context, op, id string) error {
 	_, _, err := p.rest(ctx, restCall{op: op, what: what(id), method: http.MethodDelete, path: "/sandboxes/" + url.PathEscape(id), idempotent: true})
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
 	return err
@@ -757,7 +758,7 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 	}
 	secs, ok := p.timeoutFor(t)
 	if !ok {
-		return sandbox.Errorf(sandbox.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
+		return sandbox.Errorf(errdefs.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
 	}
 	if err := p.setTimeout(ctx, "set-expiry", id, secs); err != nil {
 		return err
@@ -768,7 +769,7 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 
 func (p *Provider) setTimeout(ctx context.Context, op, id string, secs int32) error {
 	_, _, err := p.rest(ctx, restCall{op: op, what: what(id), method: http.MethodPost, path: "/sandboxes/" + url.PathEscape(id) + "/timeout", body: wire.Timeout{Timeout: secs}, idempotent: true})
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		p.forget(id)
 	}
 	return err
@@ -779,14 +780,14 @@ func (p *Provider) setTimeout(ctx context.Context, op, id string, secs int32) er
 // a paused sandbox returns nil.
 func (p *Provider) Pause(ctx context.Context, id string) error {
 	if _, err := p.running(ctx, "pause", id); err != nil {
-		if errors.Is(err, sandbox.ErrWrongState) {
+		if errors.Is(err, errdefs.ErrConflict) {
 			return nil
 		}
 		return err
 	}
 	yes := true
 	code, _, err := p.rest(ctx, restCall{op: "pause", what: what(id), method: http.MethodPost, path: "/sandboxes/" + url.PathEscape(id) + "/pause", body: wire.PauseRequest{Memory: &yes}, idempotent: true, accept: []int{http.StatusNoContent, http.StatusOK, http.StatusConflict}})
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		p.forget(id)
 	}
 	if err != nil {
@@ -807,7 +808,7 @@ func (p *Provider) Resume(ctx context.Context, id string) (sandbox.Info, error) 
 		return sandbox.Info{}, err
 	}
 	if st.expiry.IsZero() {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "resume", what(id), "it has no %s metadata, so stasis did not make it and knows no lease for it", MetaExpiry)
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "resume", what(id), "it has no %s metadata, so stasis did not make it and knows no lease for it", MetaExpiry)
 	}
 	secs, ok := p.timeoutFor(st.expiry)
 	if !ok {
@@ -816,7 +817,7 @@ func (p *Provider) Resume(ctx context.Context, id string) (sandbox.Info, error) 
 	}
 	var sb wire.Sandbox
 	code, _, err := p.rest(ctx, restCall{op: "resume", what: what(id), method: http.MethodPost, path: "/sandboxes/" + url.PathEscape(id) + "/connect", body: wire.Timeout{Timeout: secs}, out: &sb, idempotent: true})
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		p.forget(id)
 	}
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/proc"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b"
@@ -181,7 +182,7 @@ func TestRateLimitHonoursRetryAfter(t *testing.T) {
 	e.fake.Inject(e2bfake.Fault{Method: "GET", Path: "/sandboxes/nosuch", Status: http.StatusTooManyRequests, RetryAfter: time.Second, Times: 1})
 	t0 := time.Now()
 	_, err := e.p.Get(ctx, "nosuch")
-	if !errors.Is(err, sandbox.ErrNotFound) {
+	if !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("get after a 429: %v, want ErrNotFound from the retry", err)
 	}
 	reqs := requests(e.fake, "GET", "/sandboxes/nosuch")
@@ -228,7 +229,7 @@ func TestServerErrorRetriedThenSurfaced(t *testing.T) {
 	}
 	// Once the service recovers, a retry gets through.
 	e.fake.Inject(e2bfake.Fault{Method: "GET", Path: "/sandboxes/sbx2", Status: http.StatusBadGateway, Times: 2})
-	if _, err := e.p.Get(ctx, "sbx2"); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := e.p.Get(ctx, "sbx2"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("get after two 502s: %v", err)
 	}
 	// envd's plane: a 503 before a command starts is tried again.
@@ -300,7 +301,7 @@ func TestErrorsAreTyped(t *testing.T) {
 	_, checks["fork"] = e.p.Fork(ctx, "nosuch:default", 2, sandbox.ForkSpec{Expiry: time.Now().Add(time.Hour)})
 	_, checks["resume"] = e.p.Resume(ctx, "nosuch")
 	for op, err := range checks {
-		if !errors.Is(err, sandbox.ErrNotFound) || !strings.Contains(err.Error(), "nosuch") {
+		if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "nosuch") {
 			t.Errorf("%s of nothing: %v, want ErrNotFound naming it", op, err)
 		}
 	}
@@ -310,20 +311,20 @@ func TestErrorsAreTyped(t *testing.T) {
 	if err := e.p.DeleteSnapshot(ctx, "nosuch:default"); err != nil {
 		t.Errorf("delete-snapshot of nothing: %v", err)
 	}
-	if _, err := e.p.Create(ctx, sandbox.Spec{Image: "no-such-template", Expiry: time.Now().Add(time.Hour)}); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "no-such-template") {
+	if _, err := e.p.Create(ctx, sandbox.Spec{Image: "no-such-template", Expiry: time.Now().Add(time.Hour)}); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "no-such-template") {
 		t.Errorf("create from an unknown template: %v", err)
 	}
-	if _, err := e.p.Create(ctx, sandbox.Spec{Labels: map[string]string{e2b.MetaExpiry: "x"}, Expiry: time.Now().Add(time.Hour)}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := e.p.Create(ctx, sandbox.Spec{Labels: map[string]string{e2b.MetaExpiry: "x"}, Expiry: time.Now().Add(time.Hour)}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("create with a reserved label: %v", err)
 	}
 	// 409 is ErrWrongState, 400 ErrInvalid, both naming the sandbox.
 	info := e.create(t, e.p, sandbox.Spec{})
 	e.fake.Inject(e2bfake.Fault{Method: "POST", Path: "/sandboxes/" + info.ID + "/snapshots", Status: http.StatusConflict, Times: 1})
-	if _, err := e.p.Snapshot(ctx, info.ID, ""); !errors.Is(err, sandbox.ErrWrongState) || !strings.Contains(err.Error(), info.ID) {
+	if _, err := e.p.Snapshot(ctx, info.ID, ""); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), info.ID) {
 		t.Errorf("snapshot answered 409: %v", err)
 	}
 	e.fake.Inject(e2bfake.Fault{Method: "POST", Path: "/sandboxes/" + info.ID + "/timeout", Status: http.StatusBadRequest, Times: 1})
-	if err := e.p.SetExpiry(ctx, info.ID, time.Now().Add(time.Hour)); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), info.ID) {
+	if err := e.p.SetExpiry(ctx, info.ID, time.Now().Add(time.Hour)); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), info.ID) {
 		t.Errorf("set-expiry answered 400: %v", err)
 	}
 }
@@ -336,10 +337,10 @@ func TestVanishedSandbox(t *testing.T) {
 		t.Fatal("the fake had no such sandbox")
 	}
 	_, err := e.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}})
-	if !errors.Is(err, sandbox.ErrNotFound) || !strings.Contains(err.Error(), "early") || !strings.Contains(err.Error(), info.ID) {
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "early") || !strings.Contains(err.Error(), info.ID) {
 		t.Fatalf("exec in a vanished sandbox: %v", err)
 	}
-	if _, err := e.p.Get(ctx, info.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := e.p.Get(ctx, info.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("get of a vanished sandbox: %v", err)
 	}
 	if n := e.fake.Retired(info.ID); n != 0 {
@@ -388,10 +389,10 @@ func TestExpiryNeverShiftedByPauseOrFork(t *testing.T) {
 	if got, err := e.p.Get(ctx, info.ID); err != nil || got.State != e2b.StatePaused || !got.Expiry.Equal(expiry) {
 		t.Fatalf("get while paused: %+v %v", got, err)
 	}
-	if _, err := e.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrWrongState) {
+	if _, err := e.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("exec while paused: %v", err)
 	}
-	if err := e.p.SetExpiry(ctx, info.ID, expiry.Add(time.Hour)); !errors.Is(err, sandbox.ErrWrongState) {
+	if err := e.p.SetExpiry(ctx, info.ID, expiry.Add(time.Hour)); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("set-expiry while paused: %v", err)
 	}
 	c.advance(100 * time.Second)
@@ -522,7 +523,7 @@ func TestStasisDeletesAtExpiryEvenWhenTheServiceDoesNot(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := e.p.Exec(ctx, a.ID, sandbox.ExecRequest{Argv: []string{"true"}})
-		if errors.Is(err, sandbox.ErrExpired) {
+		if errors.Is(err, errdefs.ErrExpired) {
 			break
 		}
 		if err != nil || time.Now().After(deadline) {
@@ -533,7 +534,7 @@ func TestStasisDeletesAtExpiryEvenWhenTheServiceDoesNot(t *testing.T) {
 	if n := e.fake.Retired(a.ID); n != 1 || e.fake.State(a.ID) != "" {
 		t.Fatalf("sandbox past its expiry: deleted %d times, state %q", n, e.fake.State(a.ID))
 	}
-	if got, err := e.p.Get(ctx, a.ID); !errors.Is(err, sandbox.ErrExpired) || got.State != sandbox.StateExpired {
+	if got, err := e.p.Get(ctx, a.ID); !errors.Is(err, errdefs.ErrExpired) || got.State != sandbox.StateExpired {
 		t.Fatalf("get after the expiry: %+v %v", got, err)
 	}
 	// The reaper of another process, which knows b's expiry only from
@@ -613,7 +614,7 @@ func TestExecStreamsAndKills(t *testing.T) {
 		t.Fatalf("a command killed by SIGTERM: %+v %v", r, err)
 	}
 	// A working directory that does not exist is the caller's mistake.
-	if _, err := e.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := e.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("exec in a missing directory: %v", err)
 	}
 	// Background output goes to its log.

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"stasis/errdefs"
 	"stasis/internal/retryafter"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
@@ -117,7 +118,7 @@ func (p *Provider) stillRunning(ctx context.Context, op string, st sbState) erro
 		return err
 	}
 	if fresh.state == wire.StatePaused {
-		return sandbox.Errorf(sandbox.ErrWrongState, op, what(st.id), "it is paused; resume it first (Resume)")
+		return sandbox.Errorf(errdefs.ErrConflict, op, what(st.id), "it is paused; resume it first (Resume)")
 	}
 	return nil
 }
@@ -297,9 +298,9 @@ func fileError(op, id, path string, resp *http.Response) error {
 	msg := readError(resp)
 	switch resp.StatusCode {
 	case http.StatusNotFound:
-		return sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "no file %s (%s)", path, msg)
+		return sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "no file %s (%s)", path, msg)
 	case http.StatusBadRequest:
-		return sandbox.Errorf(sandbox.ErrInvalid, op, what(id), "%s: %s", path, msg)
+		return sandbox.Errorf(errdefs.ErrInvalid, op, what(id), "%s: %s", path, msg)
 	case http.StatusInsufficientStorage:
 		return fmt.Errorf("%s %s: %s: the sandbox's disk is full (%s); free space or use a template with a larger disk", op, what(id), path, msg)
 	}

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/fileop"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
@@ -33,7 +34,7 @@ const stdinChunk = 256 << 10
 // returns its PID at once.
 func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	if len(req.Argv) == 0 {
-		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", what(id), "no command")
+		return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "no command")
 	}
 	st, err := p.running(ctx, "exec", id)
 	if err != nil {
@@ -73,7 +74,7 @@ func (p *Provider) foreground(ctx context.Context, st sbState, req sandbox.ExecR
 	withStdin := req.Stdin != nil
 	start := wire.StartRequest{Process: p.config(req.Argv, req.Env, req.Cwd), Stdin: &withStdin}
 	timeoutErr := func() error {
-		return sandbox.Errorf(sandbox.ErrTimeout, "exec", what(id), "%q ran past its %s timeout and was killed", strings.Join(req.Argv, " "), req.Timeout)
+		return sandbox.Errorf(errdefs.ErrTimeout, "exec", what(id), "%q ran past its %s timeout and was killed", strings.Join(req.Argv, " "), req.Timeout)
 	}
 	stream, err := p.startProcess(runCtx, "exec", st, start, req.Timeout.Milliseconds())
 	if err != nil {
@@ -124,7 +125,7 @@ func (p *Provider) foreground(ctx context.Context, st sbState, req sandbox.ExecR
 					kill()
 					return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, timeoutErr()
 				case e.Code == "invalid_argument" || e.Code == "not_found":
-					return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", what(id), "envd cannot run %q: %s", req.Argv[0], e.Message)
+					return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "envd cannot run %q: %s", req.Argv[0], e.Message)
 				}
 				if serr := p.stillRunning(ctx, "exec", st); serr != nil {
 					return sandbox.ExecResult{}, serr
@@ -286,7 +287,7 @@ func (p *Provider) WriteFile(ctx context.Context, id, name string, data []byte, 
 	if err := p.postFile(ctx, "write", st, name, func() io.Reader { return bytes.NewReader(data) }, idempotent); err != nil {
 		return err
 	}
-	_, err = p.run(ctx, "write", id, sandbox.ErrInvalid, nil, "chmod", strconv.FormatUint(uint64(mode.Perm()), 8), "--", name)
+	_, err = p.run(ctx, "write", id, errdefs.ErrInvalid, nil, "chmod", strconv.FormatUint(uint64(mode.Perm()), 8), "--", name)
 	return err
 }
 
@@ -308,7 +309,7 @@ func (p *Provider) Upload(ctx context.Context, id, dir string, tr io.Reader) err
 	if err := p.postFile(ctx, "upload", st, tmp, func() io.Reader { return tr }, once); err != nil {
 		return err
 	}
-	_, err = p.run(ctx, "upload", id, sandbox.ErrInvalid, nil, "/bin/sh", "-c",
+	_, err = p.run(ctx, "upload", id, errdefs.ErrInvalid, nil, "/bin/sh", "-c",
 		`mkdir -p -- "$1" && tar -x --no-same-owner -C "$1" -f "$2"; rc=$?; rm -f -- "$2"; exit $rc`, "stasis-upload", p.abs(dir), tmp)
 	return err
 }
@@ -321,7 +322,7 @@ func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) er
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrNotFound, "download", what(id), "%s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(errdefs.ErrNotFound, "download", what(id), "%s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
 	}
 	return nil
 }

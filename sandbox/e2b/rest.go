@@ -12,14 +12,16 @@ import (
 	"strings"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/retryafter"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
 
-// APIError is a failure of E2B's API that is not one of sandbox's kinds: a
-// refused API key, rate limiting or a service failure that outlasted the
-// retries, or a service that could not be reached.
+// APIError is a failure of E2B's API that is not a sandbox.Error: a
+// refused API key (of no kind: the server's configuration is wrong), or
+// rate limiting, a service failure that outlasted the retries, or a
+// service that could not be reached (errdefs.ErrUnavailable).
 type APIError struct {
 	Op, What string
 	// Status is the last HTTP status (0: no answer).
@@ -30,6 +32,12 @@ type APIError struct {
 	Tries int
 	// Hint says what to do.
 	Hint string
+}
+
+// Is makes rate limiting, a failure of the service and no answer match
+// errdefs.ErrUnavailable.
+func (e *APIError) Is(target error) bool {
+	return target == errdefs.ErrUnavailable && (e.Status == 0 || e.Status == http.StatusTooManyRequests || e.Status >= 500)
 }
 
 func (e *APIError) Error() string {
@@ -126,11 +134,11 @@ func (p *Provider) rest(ctx context.Context, c restCall) (int, http.Header, erro
 			return status, hdr, &APIError{Op: c.op, What: c.what, Status: status, Message: msg, Tries: try,
 				Hint: fmt.Sprintf("E2B refused the API key: set %s (Options.APIKey) to a valid key of your team", EnvAPIKey)}
 		case status == http.StatusNotFound:
-			return status, hdr, sandbox.Errorf(sandbox.ErrNotFound, c.op, c.what, "E2B has no such thing for this API key (deleted, expired, or never made): %s", msg)
+			return status, hdr, sandbox.Errorf(errdefs.ErrNotFound, c.op, c.what, "E2B has no such thing for this API key (deleted, expired, or never made): %s", msg)
 		case status == http.StatusConflict:
-			return status, hdr, sandbox.Errorf(sandbox.ErrWrongState, c.op, c.what, "E2B refuses it in the current state (%s); check the state with Get and try again", msg)
+			return status, hdr, sandbox.Errorf(errdefs.ErrConflict, c.op, c.what, "E2B refuses it in the current state (%s); check the state with Get and try again", msg)
 		case status == http.StatusBadRequest || status == http.StatusUnprocessableEntity:
-			return status, hdr, sandbox.Errorf(sandbox.ErrInvalid, c.op, c.what, "E2B rejected the request: %s", msg)
+			return status, hdr, sandbox.Errorf(errdefs.ErrInvalid, c.op, c.what, "E2B rejected the request: %s", msg)
 		default:
 			return status, hdr, &APIError{Op: c.op, What: c.what, Status: status, Message: msg, Tries: try}
 		}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
@@ -25,7 +26,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	}
 	var si wire.SnapshotInfo
 	_, _, err := p.rest(ctx, restCall{op: "snapshot", what: what(id), method: http.MethodPost, path: "/sandboxes/" + url.PathEscape(id) + "/snapshots", body: wire.SnapshotRequest{}, out: &si})
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		p.forget(id)
 	}
 	if err != nil {
@@ -72,7 +73,7 @@ func (p *Provider) GetSnapshot(ctx context.Context, snap string) (sandbox.Snapsh
 	p.mu.Lock()
 	delete(p.snaps, snap)
 	p.mu.Unlock()
-	return sandbox.SnapshotInfo{}, sandbox.Errorf(sandbox.ErrNotFound, "get-snapshot", snapWhat(snap), "E2B has no such snapshot for this API key (deleted, or never made)")
+	return sandbox.SnapshotInfo{}, sandbox.Errorf(errdefs.ErrNotFound, "get-snapshot", snapWhat(snap), "E2B has no such snapshot for this API key (deleted, or never made)")
 }
 
 func sameSnapshot(it wire.SnapshotInfo, id string) bool {
@@ -93,10 +94,10 @@ func sameSnapshot(it wire.SnapshotInfo, id string) bool {
 // are started, those made are deleted, and the error says which failed.
 func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
 	if n < 1 {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", snapWhat(snap), "count %d: fork at least one", n)
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", snapWhat(snap), "count %d: fork at least one", n)
 	}
 	if _, ok := p.timeoutFor(spec.Expiry); spec.Expiry.IsZero() || !ok {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", snapWhat(snap), "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", snapWhat(snap), "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
 	if err := checkLabels("fork", snapWhat(snap), spec.Labels); err != nil {
 		return nil, err
@@ -170,7 +171,7 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 func (p *Provider) forkOne(ctx context.Context, snap string, spec sandbox.ForkSpec) (sbState, error) {
 	secs, ok := p.timeoutFor(spec.Expiry)
 	if !ok {
-		return sbState{}, sandbox.Errorf(sandbox.ErrExpired, "fork", snapWhat(snap), "the expiry %s passed while the fork ran", spec.Expiry.Format(time.RFC3339))
+		return sbState{}, sandbox.Errorf(errdefs.ErrExpired, "fork", snapWhat(snap), "the expiry %s passed while the fork ran", spec.Expiry.Format(time.RFC3339))
 	}
 	yes, no := true, false
 	body := wire.NewSandbox{TemplateID: snap, Timeout: &secs, AutoPause: &no, Secure: &yes, Metadata: p.metadata(spec.Labels, spec.Expiry, snap)}
@@ -222,7 +223,7 @@ func (p *Provider) undoFork(ctx context.Context, snap string, n, failed int, cau
 // here.
 func (p *Provider) ForkSandbox(ctx context.Context, id string, n int, spec sandbox.ForkSpec) (sandbox.SnapshotInfo, []sandbox.Info, error) {
 	if n < 1 {
-		return sandbox.SnapshotInfo{}, nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", what(id), "count %d: fork at least one", n)
+		return sandbox.SnapshotInfo{}, nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", what(id), "count %d: fork at least one", n)
 	}
 	snap, err := p.Snapshot(ctx, id, "")
 	if err != nil {
@@ -242,7 +243,7 @@ func (p *Provider) ForkSandbox(ctx context.Context, id string, n int, spec sandb
 // one already gone is no error. Sandboxes forked from it run on.
 func (p *Provider) DeleteSnapshot(ctx context.Context, snap string) error {
 	_, _, err := p.rest(ctx, restCall{op: "delete-snapshot", what: snapWhat(snap), method: http.MethodDelete, path: "/templates/" + url.PathEscape(snap), idempotent: true})
-	if err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
 	p.mu.Lock()

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/errdefs"
 	"stasis/internal/fileop"
 	"stasis/proc"
 	"stasis/sandbox"
@@ -102,7 +103,7 @@ exec "$@"`
 // Exec runs a command inside the sandbox.
 func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	if len(req.Argv) == 0 {
-		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", what(id), "no command")
+		return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "no command")
 	}
 	m, k, err := p.live("exec", id)
 	if err != nil {
@@ -137,7 +138,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest)
 		return result(id, cmd, err)
 	case <-timeout:
 		killCmd(cmd, done)
-		return sandbox.ExecResult{ExitCode: -int(unix.SIGKILL)}, sandbox.Errorf(sandbox.ErrTimeout, "exec", what(id), "%q ran past its %s timeout and was killed", strings.Join(req.Argv, " "), req.Timeout)
+		return sandbox.ExecResult{ExitCode: -int(unix.SIGKILL)}, sandbox.Errorf(errdefs.ErrTimeout, "exec", what(id), "%q ran past its %s timeout and was killed", strings.Join(req.Argv, " "), req.Timeout)
 	case <-ctx.Done():
 		killCmd(cmd, done)
 		return sandbox.ExecResult{}, ctx.Err()
@@ -239,11 +240,11 @@ func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error
 		b, kind, err := readRegular(r, rel)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", what(id), "no file %s", name)
+			return nil, sandbox.Errorf(errdefs.ErrNotFound, "read", what(id), "no file %s", name)
 		case err == nil && kind == fs.ModeDir:
-			return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", what(id), "%s is a directory", name)
+			return nil, sandbox.Errorf(errdefs.ErrNotFound, "read", what(id), "%s is a directory", name)
 		case err == nil && kind != 0:
-			return nil, sandbox.Errorf(sandbox.ErrInvalid, "read", what(id), "%s is not a regular file (%v): it is not read", name, kind)
+			return nil, sandbox.Errorf(errdefs.ErrInvalid, "read", what(id), "%s is not a regular file (%v): it is not read", name, kind)
 		case err == nil:
 			return b, nil
 		}
@@ -255,7 +256,7 @@ func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error
 		return nil, err
 	}
 	if res.ExitCode != 0 {
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", what(id), "%s: %s", name, strings.TrimSpace(errb.String()))
+		return nil, sandbox.Errorf(errdefs.ErrNotFound, "read", what(id), "%s: %s", name, strings.TrimSpace(errb.String()))
 	}
 	return out.Bytes(), nil
 }
@@ -290,7 +291,7 @@ func (p *Provider) WriteFile(ctx context.Context, id, name string, data []byte, 
 	}
 	root, rel, ok := p.hostPath(m, name)
 	if !ok || rel == "." {
-		return sandbox.Errorf(sandbox.ErrInvalid, "write", what(id), "%s is outside the writable places (/work, %s, /tmp)", name, m.Home)
+		return sandbox.Errorf(errdefs.ErrInvalid, "write", what(id), "%s is outside the writable places (/work, %s, /tmp)", name, m.Home)
 	}
 	r, err := os.OpenRoot(root)
 	if err != nil {
@@ -337,7 +338,7 @@ func (p *Provider) writeInside(ctx context.Context, m meta, id, name string, dat
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrInvalid, "write", what(id), "%s: %s", name, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(errdefs.ErrInvalid, "write", what(id), "%s: %s", name, strings.TrimSpace(errb.String()))
 	}
 	return nil
 }
@@ -371,7 +372,7 @@ func (p *Provider) Upload(ctx context.Context, id, dir string, tr io.Reader) err
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrInvalid, "upload", what(id), "into %s: the unpack exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(errdefs.ErrInvalid, "upload", what(id), "into %s: the unpack exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
 	}
 	return nil
 }
@@ -388,7 +389,7 @@ func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) er
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrNotFound, "download", what(id), "%s: the pack exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(errdefs.ErrNotFound, "download", what(id), "%s: the pack exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/sandbox/sandboxtest"
@@ -128,10 +129,10 @@ func TestMissingImageSaysSo(t *testing.T) {
 	t.Parallel()
 	p, _ := newImageProvider(t, nil)
 	_, err := p.Create(context.Background(), sandbox.Spec{Image: "sha256:" + strings.Repeat("ab", 32), Expiry: time.Now().Add(time.Minute)})
-	if !errors.Is(err, sandbox.ErrNotFound) || !strings.Contains(err.Error(), "stasis image pull") {
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "stasis image pull") {
 		t.Errorf("create on a missing image: %v", err)
 	}
-	if _, err := p.Create(context.Background(), sandbox.Spec{Image: "no-such-form", Expiry: time.Now().Add(time.Minute)}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := p.Create(context.Background(), sandbox.Spec{Image: "no-such-form", Expiry: time.Now().Add(time.Minute)}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("create on a bad reference: %v", err)
 	}
 	if l, _ := p.List(context.Background(), nil); len(l) != 0 {

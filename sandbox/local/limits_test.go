@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/stasistest"
@@ -63,7 +64,7 @@ func TestForkBombEndsOnlyItsSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	ended := waitEnded(t, p, bomb)
-	if !errors.Is(ended, sandbox.ErrWrongState) || !strings.Contains(ended.Error(), "pids") || !strings.Contains(ended.Error(), "64 processes") {
+	if !errors.Is(ended, errdefs.ErrConflict) || !strings.Contains(ended.Error(), "pids") || !strings.Contains(ended.Error(), "64 processes") {
 		t.Errorf("the bomb's sandbox: %v", ended)
 	}
 	neighbourWorks(t, p, neighbour)

@@ -37,6 +37,7 @@ import (
 	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
+	"stasis/errdefs"
 	"stasis/image"
 	"stasis/internal/sandboxbin"
 	"stasis/proc"
@@ -262,11 +263,11 @@ func what(id string) string { return "sandbox " + id }
 func (p *Provider) readMeta(op, id string) (meta, error) {
 	var m meta
 	if !hostkeep.ValidID(id, "sb-") {
-		return m, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "not a local sandbox id (sb- and 16 hex digits)")
+		return m, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "not a local sandbox id (sb- and 16 hex digits)")
 	}
 	b, err := os.ReadFile(filepath.Join(p.sbDir(id), metaFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return m, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "no such sandbox (deleted, or never made here); `stasis sandbox ls` lists them")
+		return m, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "no such sandbox (deleted, or never made here); `stasis sandbox ls` lists them")
 	}
 	if err != nil {
 		return m, err
@@ -310,14 +311,14 @@ func (p *Provider) live(op, id string) (meta, keeperInfo, error) {
 func (p *Provider) running(op string, m meta) (keeperInfo, error) {
 	id := m.ID
 	if _, err := os.Stat(filepath.Join(p.sbDir(id), expiredFile)); err == nil || !p.o.Now().Before(m.Expiry) {
-		return keeperInfo{}, sandbox.Errorf(sandbox.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc`", m.Expiry.Format(time.RFC3339))
+		return keeperInfo{}, sandbox.Errorf(errdefs.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc`", m.Expiry.Format(time.RFC3339))
 	}
 	if r, ended := p.endedByLimit(id); ended {
-		return keeperInfo{}, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "it was ended at %s for exceeding its %s limit: %s; delete it", r.At.Format(time.RFC3339), r.Limit, r.Reason)
+		return keeperInfo{}, sandbox.Errorf(errdefs.ErrConflict, op, what(id), "it was ended at %s for exceeding its %s limit: %s; delete it", r.At.Format(time.RFC3339), r.Limit, r.Reason)
 	}
 	k, ok := p.readKeeper(id)
 	if !ok || !proc.Alive(k.Keeper) || !proc.Alive(k.Init) {
-		return k, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "its keeper is not running (killed, or the host restarted); `stasis sandbox gc` removes it")
+		return k, sandbox.Errorf(errdefs.ErrConflict, op, what(id), "its keeper is not running (killed, or the host restarted); `stasis sandbox gc` removes it")
 	}
 	return k, nil
 }
@@ -325,15 +326,15 @@ func (p *Provider) running(op string, m meta) (keeperInfo, error) {
 // Create makes a sandbox and returns once it runs.
 func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
 	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
 	if spec.Root != "" {
 		if fi, err := os.Stat(spec.Root); err != nil || !fi.IsDir() {
-			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
+			return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
 		}
 	}
 	if err := checkLimits(spec.Limits); err != nil {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "%v", err)
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "%v", err)
 	}
 	m := p.newMeta(spec.Labels, spec.Expiry)
 	m.Env = spec.Env
@@ -388,9 +389,9 @@ func (p *Provider) useImage(ctx context.Context, m *meta, ref string) error {
 	im, err := p.images.Resolve(ctx, ref, nil)
 	if err != nil {
 		if errors.Is(err, image.ErrNotFound) {
-			return sandbox.Errorf(sandbox.ErrNotFound, "create", "", "%v", err)
+			return sandbox.Errorf(errdefs.ErrNotFound, "create", "", "%v", err)
 		}
-		return sandbox.Errorf(sandbox.ErrInvalid, "create", "", "%v", err)
+		return sandbox.Errorf(errdefs.ErrInvalid, "create", "", "%v", err)
 	}
 	bin := p.o.SandboxBinary
 	if bin == "" {
@@ -585,7 +586,7 @@ func nap(d time.Duration) {
 // Get finds a sandbox by id.
 func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
 	m, _, err := p.live("get", id)
-	if errors.Is(err, sandbox.ErrExpired) {
+	if errors.Is(err, errdefs.ErrExpired) {
 		return p.info(m, sandbox.StateExpired), err
 	}
 	if err != nil {
@@ -616,7 +617,7 @@ func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbo
 		state := sandbox.StateRunning
 		if _, err := p.running("list", m); err != nil {
 			state = sandbox.StateExpired
-			if errors.Is(err, sandbox.ErrWrongState) {
+			if errors.Is(err, errdefs.ErrConflict) {
 				state = "lost"
 			}
 		}
@@ -633,7 +634,7 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 		return err
 	}
 	if !t.After(p.o.Now()) {
-		return sandbox.Errorf(sandbox.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
+		return sandbox.Errorf(errdefs.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
 	}
 	m.Expiry = t.UTC()
 	if err := p.writeMeta(m); err != nil {
@@ -646,7 +647,7 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 // directory. Deleting a sandbox that is already gone returns nil.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	if !hostkeep.ValidID(id, "sb-") {
-		return sandbox.Errorf(sandbox.ErrNotFound, "delete", what(id), "not a local sandbox id")
+		return sandbox.Errorf(errdefs.ErrNotFound, "delete", what(id), "not a local sandbox id")
 	}
 	return p.retire(id)
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/proc"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
@@ -138,7 +139,7 @@ func TestIsolation(t *testing.T) {
 	}
 	// Neither ".." nor a symlink planted inside reaches the host's files
 	// through the file API: paths resolve as the sandbox sees them.
-	if err := p.WriteFile(ctx, info.ID, "/work/../../etc/pwned", []byte("x"), 0o644); !errors.Is(err, sandbox.ErrInvalid) {
+	if err := p.WriteFile(ctx, info.ID, "/work/../../etc/pwned", []byte("x"), 0o644); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("write through .. to the read-only root: %v", err)
 	}
 	_ = p.WriteFile(ctx, info.ID, "/work/../../../.."+home+"/pwned", []byte("x"), 0o644)
@@ -153,7 +154,7 @@ func TestIsolation(t *testing.T) {
 	if b, err := p.ReadFile(ctx, info.ID, "/tmp/through-link"); err != nil || string(b) != "x" {
 		t.Errorf("a write through a symlink to a writable place, as the sandbox sees it: %q %v", b, err)
 	}
-	if err := p.WriteFile(ctx, info.ID, "/etc/passwd", []byte("x"), 0o644); !errors.Is(err, sandbox.ErrInvalid) {
+	if err := p.WriteFile(ctx, info.ID, "/etc/passwd", []byte("x"), 0o644); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("write outside the writable places: %v", err)
 	}
 }
@@ -197,7 +198,7 @@ func TestGCReapsSandboxWhoseKeeperDied(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // poll interval, bounded by the deadline above
 	}
-	if _, err := p.Get(ctx, info.ID); !errors.Is(err, sandbox.ErrWrongState) {
+	if _, err := p.Get(ctx, info.ID); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("get of a sandbox whose keeper died: %v", err)
 	}
 	reaped, err := p.GC(ctx)
@@ -206,7 +207,7 @@ func TestGCReapsSandboxWhoseKeeperDied(t *testing.T) {
 		kb, _ := os.ReadFile(filepath.Join(dir, "keeper.json"))
 		t.Fatalf("gc reaped %v, %v (killed keeper %d: %+v %v; keeper.json now %s)", reaped, err, keeperPID, st, serr, kb)
 	}
-	if _, err := p.Get(ctx, info.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := p.Get(ctx, info.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("get after gc: %v", err)
 	}
 }

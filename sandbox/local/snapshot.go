@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"stasis/atomicfile"
+	"stasis/errdefs"
 	"stasis/internal/flock"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
@@ -41,11 +42,11 @@ func (s snapMeta) info() sandbox.SnapshotInfo {
 func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 	var s snapMeta
 	if !hostkeep.ValidID(id, "snap-") {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "not a local snapshot id (snap- and 16 hex digits)")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "not a local snapshot id (snap- and 16 hex digits)")
 	}
 	b, err := os.ReadFile(p.snapPath(id))
 	if errors.Is(err, os.ErrNotExist) {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "no such snapshot")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "no such snapshot")
 	}
 	if err != nil {
 		return s, err
@@ -54,7 +55,7 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 		return s, fmt.Errorf("%s snapshot %s: %w", op, id, err)
 	}
 	if s.Deleted {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "it was deleted")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "it was deleted")
 	}
 	return s, nil
 }
@@ -122,10 +123,10 @@ func (p *Provider) GetSnapshot(ctx context.Context, id string) (sandbox.Snapshot
 // Fork starts n sandboxes from a snapshot, all or nothing.
 func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
 	if n < 1 {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", "snapshot "+snap, "count %d: fork at least one", n)
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", "snapshot "+snap, "count %d: fork at least one", n)
 	}
 	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", "snapshot "+snap, "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", "snapshot "+snap, "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
 	s, err := p.readSnap("fork", snap)
 	if err != nil {
@@ -162,7 +163,7 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, spec sandbox.ForkSpe
 		m.Limits = withDefaults(m.Limits, src.Limits)
 	}
 	if err := checkLimits(spec.Limits); err != nil {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "fork", s.ID, "%v", err)
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "fork", s.ID, "%v", err)
 	}
 	m.Limits = withDefaults(m.Limits, p.o.Limits)
 	if s.Image != "" {
@@ -213,7 +214,7 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, spec sandbox.ForkSpe
 // nothing else references.
 func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
 	s, err := p.readSnap("delete", id)
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
 	if err != nil {

@@ -42,6 +42,7 @@ import (
 	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
+	"stasis/errdefs"
 	"stasis/image"
 	"stasis/internal/guestclock"
 	"stasis/internal/sandboxbin"
@@ -372,11 +373,11 @@ func readMetaAt(dir string) (meta, error) {
 
 func (p *Provider) readMeta(op, id string) (meta, error) {
 	if !hostkeep.ValidID(id, "vm-") {
-		return meta{}, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "not a microvm sandbox id (vm- and 16 hex digits)")
+		return meta{}, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "not a microvm sandbox id (vm- and 16 hex digits)")
 	}
 	m, err := readMetaAt(p.sbDir(id))
 	if errors.Is(err, os.ErrNotExist) {
-		return m, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "no such sandbox (deleted, or never made here); `stasis sandbox ls --provider microvm` lists them")
+		return m, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "no such sandbox (deleted, or never made here); `stasis sandbox ls --provider microvm` lists them")
 	}
 	if err != nil {
 		return m, fmt.Errorf("%s %s: %s: %w", op, what(id), metaFile, err)
@@ -407,11 +408,11 @@ func (p *Provider) info(m meta, state string) sandbox.Info {
 func (p *Provider) running(op string, m meta) (keeperInfo, error) {
 	id := m.ID
 	if _, err := os.Stat(filepath.Join(p.sbDir(id), expiredFile)); err == nil || !p.o.Now().Before(m.Expiry) {
-		return keeperInfo{}, sandbox.Errorf(sandbox.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc --provider microvm`", m.Expiry.Format(time.RFC3339))
+		return keeperInfo{}, sandbox.Errorf(errdefs.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc --provider microvm`", m.Expiry.Format(time.RFC3339))
 	}
 	k, ok := readKeeperAt(p.sbDir(id))
 	if !ok || !proc.Alive(k.Keeper) || !proc.Alive(k.QEMU) {
-		return k, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "its keeper or QEMU is not running (killed, or the host restarted); `stasis sandbox gc --provider microvm` removes it")
+		return k, sandbox.Errorf(errdefs.ErrConflict, op, what(id), "its keeper or QEMU is not running (killed, or the host restarted); `stasis sandbox gc --provider microvm` removes it")
 	}
 	return k, nil
 }
@@ -538,11 +539,11 @@ func (p *Provider) ServeGateways(ctx context.Context) error {
 // Create boots a microVM and returns once its agent answers.
 func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
 	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
 	if spec.Root != "" {
 		if fi, err := os.Stat(spec.Root); err != nil || !fi.IsDir() {
-			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
+			return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
 		}
 	}
 	if err := p.Prepare(ctx); err != nil {
@@ -559,10 +560,10 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 	if spec.Image != "" {
 		im, err := p.images.Resolve(ctx, spec.Image, nil)
 		if errors.Is(err, image.ErrNotFound) {
-			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrNotFound, "create", "", "%v", err)
+			return sandbox.Info{}, sandbox.Errorf(errdefs.ErrNotFound, "create", "", "%v", err)
 		}
 		if err != nil {
-			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "%v", err)
+			return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "%v", err)
 		}
 		if m.VM.Disk, err = RootImage(ctx, im, RootFS); err != nil {
 			return sandbox.Info{}, fmt.Errorf("create: %w", err)
@@ -788,7 +789,7 @@ func tail(path string, n int) string {
 // Get finds a sandbox by id.
 func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
 	m, _, err := p.live("get", id)
-	if errors.Is(err, sandbox.ErrExpired) {
+	if errors.Is(err, errdefs.ErrExpired) {
 		return p.info(m, sandbox.StateExpired), err
 	}
 	if err != nil {
@@ -819,7 +820,7 @@ func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbo
 		state := sandbox.StateRunning
 		if _, err := p.running("list", m); err != nil {
 			state = sandbox.StateExpired
-			if errors.Is(err, sandbox.ErrWrongState) {
+			if errors.Is(err, errdefs.ErrConflict) {
 				state = "lost"
 			}
 		}
@@ -838,7 +839,7 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 		return err
 	}
 	if !t.After(p.o.Now()) {
-		return sandbox.Errorf(sandbox.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
+		return sandbox.Errorf(errdefs.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
 	}
 	m.Expiry = t.UTC()
 	if err := p.writeMeta(m); err != nil {
@@ -851,7 +852,7 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 // Deleting a sandbox that is already gone returns nil.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	if !hostkeep.ValidID(id, "vm-") {
-		return sandbox.Errorf(sandbox.ErrNotFound, "delete", what(id), "not a microvm sandbox id")
+		return sandbox.Errorf(errdefs.ErrNotFound, "delete", what(id), "not a microvm sandbox id")
 	}
 	return p.retire(id)
 }
@@ -926,7 +927,7 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 // Exec runs a command in the guest through its agent.
 func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	if len(req.Argv) == 0 {
-		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", what(id), "no command")
+		return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "no command")
 	}
 	m, _, err := p.live("exec", id)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/guestclock"
 	"stasis/proc"
 	"stasis/relay"
@@ -374,7 +375,7 @@ func TestGCEndsQEMUOfADeadKeeper(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := p.Get(ctx, info.ID); errors.Is(err, sandbox.ErrWrongState) {
+		if _, err := p.Get(ctx, info.ID); errors.Is(err, errdefs.ErrConflict) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -497,13 +498,13 @@ func TestForkNeedsTheSameBlockImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := sandbox.ForkSpec{Expiry: time.Now().Add(5 * time.Minute)}
-	if _, err := p.Fork(ctx, snap.ID, 1, spec); !errors.Is(err, sandbox.ErrNotFound) || !strings.Contains(err.Error(), "missing") {
+	if _, err := p.Fork(ctx, snap.ID, 1, spec); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("fork without the block file: %v", err)
 	}
 	if _, err := microvm.RootImage(ctx, im, microvm.RootFS); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Fork(ctx, snap.ID, 1, spec); !errors.Is(err, sandbox.ErrWrongState) || !strings.Contains(err.Error(), "built again") {
+	if _, err := p.Fork(ctx, snap.ID, 1, spec); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "built again") {
 		t.Errorf("fork onto a block file built again: %v", err)
 	}
 	l, _ := p.List(ctx, nil)
@@ -577,7 +578,7 @@ func TestReadOnlyBinds(t *testing.T) {
 	if err := os.Remove(disks[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{Expiry: expiry}); !errors.Is(err, sandbox.ErrWrongState) || !strings.Contains(err.Error(), "missing") {
+	if _, err := p.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{Expiry: expiry}); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("fork without its bind disk: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"stasis/atomicfile"
 	"stasis/cas"
+	"stasis/errdefs"
 	"stasis/internal/flock"
 	"stasis/sandbox"
 	"stasis/sandbox/hostkeep"
@@ -54,11 +55,11 @@ func (s snapMeta) info() sandbox.SnapshotInfo {
 func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 	var s snapMeta
 	if !hostkeep.ValidID(id, "vms-") {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "not a microvm snapshot id (vms- and 16 hex digits)")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "not a microvm snapshot id (vms- and 16 hex digits)")
 	}
 	b, err := os.ReadFile(p.snapPath(id))
 	if errors.Is(err, os.ErrNotExist) {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "no such snapshot")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "no such snapshot")
 	}
 	if err != nil {
 		return s, err
@@ -67,7 +68,7 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 		return s, fmt.Errorf("%s snapshot %s: %w", op, id, err)
 	}
 	if s.Deleted {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, "snapshot "+id, "it was deleted")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "it was deleted")
 	}
 	return s, nil
 }
@@ -316,10 +317,10 @@ func (p *Provider) GetSnapshot(ctx context.Context, id string) (sandbox.Snapshot
 // store; the snapshot's processes continue in each.
 func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
 	if n < 1 {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", "snapshot "+snap, "count %d: fork at least one", n)
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", "snapshot "+snap, "count %d: fork at least one", n)
 	}
 	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", "snapshot "+snap, "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", "snapshot "+snap, "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
 	s, err := p.readSnap("fork", snap)
 	if err != nil {
@@ -330,14 +331,14 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 		// same file.
 		id, err := fileID(s.VM.Disk)
 		if err != nil {
-			return nil, sandbox.Errorf(sandbox.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?); the saved machine needs that very file, so this snapshot cannot be forked: %v", s.VM.Disk, s.VM.Image, err)
+			return nil, sandbox.Errorf(errdefs.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?); the saved machine needs that very file, so this snapshot cannot be forked: %v", s.VM.Disk, s.VM.Image, err)
 		}
 		if s.VM.DiskID != "" && id != s.VM.DiskID {
-			return nil, sandbox.Errorf(sandbox.ErrWrongState, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", s.VM.Disk, s.VM.Image)
+			return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", s.VM.Disk, s.VM.Image)
 		}
 	}
 	if err := checkBindDisks(s.VM.Binds); err != nil {
-		return nil, sandbox.Errorf(sandbox.ErrWrongState, "fork", "snapshot "+snap, "%v; the saved machine needs that very file, so this snapshot cannot be forked", err)
+		return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "%v; the saved machine needs that very file, so this snapshot cannot be forked", err)
 	}
 	// Each fork's QEMU streams the state out of the blob store (no file
 	// is written); the shared lock keeps a garbage collection from taking
@@ -406,7 +407,7 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, spec
 // nothing else references.
 func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
 	s, err := p.readSnap("delete", id)
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/fileop"
 	"stasis/sandbox"
 )
@@ -112,7 +113,7 @@ func (p *Provider) waitExecd(ctx context.Context, op, id string) (*endpoint, err
 			return nil, fmt.Errorf("%s %s: execd refused the endpoint's credentials (%v); check the server's secure-access settings", op, what(id), err)
 		}
 		if p.o.Now().After(deadline) {
-			return nil, sandbox.Errorf(sandbox.ErrTimeout, op, what(id), "its execd at %s did not answer within %s (%v); check the sandbox's image and the OpenSandbox server", ep.url, p.o.ReadyTimeout, err)
+			return nil, sandbox.Errorf(errdefs.ErrTimeout, op, what(id), "its execd at %s did not answer within %s (%v); check the sandbox's image and the OpenSandbox server", ep.url, p.o.ReadyTimeout, err)
 		}
 		if err := p.sleep(ctx, p.o.PollInterval); err != nil {
 			return nil, fmt.Errorf("%s %s: waiting for execd: %w", op, what(id), err)
@@ -410,7 +411,7 @@ func (p *Provider) interrupt(ep *endpoint, cmdID string) {
 // Exec runs a command in the sandbox through execd.
 func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	if len(req.Argv) == 0 {
-		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", what(id), "no command")
+		return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "no command")
 	}
 	ep, err := p.execd(ctx, "exec", id)
 	if err != nil {
@@ -464,7 +465,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest)
 	out.end()
 	errOut.end()
 	if timedOut || req.Timeout > 0 && time.Since(start) >= req.Timeout {
-		return sandbox.ExecResult{ExitCode: -9}, sandbox.Errorf(sandbox.ErrTimeout, "exec", what(id), "%q ran past its %s timeout and was killed", strings.Join(req.Argv, " "), req.Timeout)
+		return sandbox.ExecResult{ExitCode: -9}, sandbox.Errorf(errdefs.ErrTimeout, "exec", what(id), "%q ran past its %s timeout and was killed", strings.Join(req.Argv, " "), req.Timeout)
 	}
 	// The wrapper did not finish: the sandbox went, or something killed it.
 	if err := p.vanished(ctx, "exec", id, nil); err != nil {
@@ -580,7 +581,7 @@ func (p *Provider) download(ctx context.Context, op, id string, ep *endpoint, na
 	resp, err := p.send(ctx, p.execdCall(ep, call{method: http.MethodGet, url: "/files/download", query: url.Values{"path": {name}}, idempotent: true, long: true}))
 	var he *httpError
 	if errors.As(err, &he) && he.Status == http.StatusNotFound && he.Code == "FILE_NOT_FOUND" {
-		return sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "no file %s", name)
+		return sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "no file %s", name)
 	}
 	if err != nil {
 		return p.execdFail(ctx, op, id, err)
@@ -644,7 +645,7 @@ func (p *Provider) Upload(ctx context.Context, id, dir string, r io.Reader) erro
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrInvalid, "upload", what(id), "into %s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(errdefs.ErrInvalid, "upload", what(id), "into %s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
 	}
 	return nil
 }
@@ -664,7 +665,7 @@ func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) er
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrNotFound, "download", what(id), "%s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(errdefs.ErrNotFound, "download", what(id), "%s: tar exited %d: %s", dir, res.ExitCode, strings.TrimSpace(errb.String()))
 	}
 	return p.download(ctx, "download", id, ep, tmp, w)
 }

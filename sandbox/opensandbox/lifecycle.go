@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 )
 
@@ -30,16 +31,16 @@ func (p *Provider) serverTimeout(expiry time.Time) int {
 // made, Spec.Root uploaded into it and Spec.Files written.
 func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
 	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
 	md, err := encodeLabels(spec.Labels, spec.Expiry)
 	if err != nil {
-		return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "%v", err)
+		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "%v", err)
 	}
 	var rootTar func() (io.ReadCloser, error)
 	if spec.Root != "" {
 		if rootTar, err = tarDir(spec.Root); err != nil {
-			return sandbox.Info{}, sandbox.Errorf(sandbox.ErrInvalid, "create", "", "seed directory: %v", err)
+			return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "seed directory: %v", err)
 		}
 	}
 	image := spec.Image
@@ -115,7 +116,7 @@ func (p *Provider) createAndWait(ctx context.Context, op string, req createSandb
 	err := p.do(ctx, call{method: http.MethodPost, url: p.base + "/sandboxes", body: jsonBody(req), contentType: "application/json", apiKey: true}, &s)
 	if err != nil {
 		if req.SnapshotID != "" && isStatus(err, http.StatusNotFound) {
-			return s, sandbox.Errorf(sandbox.ErrNotFound, op, snapWhat(req.SnapshotID), "the OpenSandbox server has no such snapshot (deleted, or never made)")
+			return s, sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(req.SnapshotID), "the OpenSandbox server has no such snapshot (deleted, or never made)")
 		}
 		return s, p.fail(op, whatNew, err)
 	}
@@ -160,10 +161,10 @@ func (p *Provider) waitState(ctx context.Context, op, id, want string, passing .
 			if s.Status.Message != "" {
 				why += ": " + s.Status.Message
 			}
-			return s, sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "it went %s (%s) instead of %s", st, why, want)
+			return s, sandbox.Errorf(errdefs.ErrConflict, op, what(id), "it went %s (%s) instead of %s", st, why, want)
 		}
 		if p.o.Now().After(deadline) {
-			return s, sandbox.Errorf(sandbox.ErrTimeout, op, what(id), "still %s after %s, waiting for %s; check the OpenSandbox server", st, p.o.ReadyTimeout, want)
+			return s, sandbox.Errorf(errdefs.ErrTimeout, op, what(id), "still %s after %s, waiting for %s; check the OpenSandbox server", st, p.o.ReadyTimeout, want)
 		}
 		if err := p.sleep(ctx, p.o.PollInterval); err != nil {
 			return s, fmt.Errorf("%s %s: waiting for %s: %w", op, what(id), want, err)
@@ -195,11 +196,11 @@ func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
 	k := p.remember(s)
 	info := p.info(s)
 	if err := p.check(ctx, "get", s, k.expiry); err != nil {
-		if errors.Is(err, sandbox.ErrExpired) {
+		if errors.Is(err, errdefs.ErrExpired) {
 			info.State = sandbox.StateExpired
 			return info, err
 		}
-		if errors.Is(err, sandbox.ErrNotFound) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return sandbox.Info{}, err
 		}
 	}
@@ -213,7 +214,7 @@ func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
 func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbox.Info, error) {
 	md, err := encodeLabels(labels, time.Time{})
 	if err != nil {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "list", "", "%v", err)
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "list", "", "%v", err)
 	}
 	filter := url.Values{}
 	for k, v := range md {
@@ -281,7 +282,7 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 // Delete deletes a sandbox; one already gone is no error.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	if id == "" || strings.ContainsAny(id, "/?#") {
-		return sandbox.Errorf(sandbox.ErrNotFound, "delete", what(id), "not an OpenSandbox sandbox id")
+		return sandbox.Errorf(errdefs.ErrNotFound, "delete", what(id), "not an OpenSandbox sandbox id")
 	}
 	p.forget(id)
 	return p.deleteSandbox(ctx, id)
@@ -304,7 +305,7 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 		return err
 	}
 	if !t.After(p.o.Now()) {
-		return sandbox.Errorf(sandbox.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
+		return sandbox.Errorf(errdefs.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
 	}
 	serverExpiry := k.serverExpiry
 	if !serverExpiry.IsZero() && t.Add(serverMargin).After(serverExpiry) {
@@ -347,7 +348,7 @@ func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error 
 // allows (a paused sandbox's expiry can move).
 func (p *Provider) liveAny(ctx context.Context, op, id string) (known, error) {
 	k, err := p.live(ctx, op, id)
-	if errors.Is(err, sandbox.ErrWrongState) {
+	if errors.Is(err, errdefs.ErrConflict) {
 		return k, nil
 	}
 	return k, err
@@ -425,10 +426,10 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		case snapFailed:
 			return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s of %s: the server reports it Failed (%s: %s); delete it and retry", s.ID, what(id), s.Status.Reason, s.Status.Message)
 		case snapDeleting:
-			return sandbox.SnapshotInfo{}, sandbox.Errorf(sandbox.ErrNotFound, "snapshot", snapWhat(s.ID), "it is being deleted while it was being made")
+			return sandbox.SnapshotInfo{}, sandbox.Errorf(errdefs.ErrNotFound, "snapshot", snapWhat(s.ID), "it is being deleted while it was being made")
 		}
 		if p.o.Now().Sub(start) > p.o.SnapshotTimeout {
-			return sandbox.SnapshotInfo{}, sandbox.Errorf(sandbox.ErrTimeout, "snapshot", snapWhat(s.ID)+" of "+what(id),
+			return sandbox.SnapshotInfo{}, sandbox.Errorf(errdefs.ErrTimeout, "snapshot", snapWhat(s.ID)+" of "+what(id),
 				"still %s after %s (%s); the server has not finished it: check the OpenSandbox server, and delete the snapshot once it leaves Creating (the server refuses to delete one in Creating)", s.Status.State, p.o.SnapshotTimeout, s.Status.Reason)
 		}
 		if err := p.sleep(ctx, p.o.PollInterval); err != nil {
@@ -449,11 +450,11 @@ func (p *Provider) snapInfo(s apiSnapshot) sandbox.SnapshotInfo {
 func (p *Provider) getSnap(ctx context.Context, op, id string) (apiSnapshot, error) {
 	var s apiSnapshot
 	if id == "" || strings.ContainsAny(id, "/?#") {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, snapWhat(id), "not an OpenSandbox snapshot id")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(id), "not an OpenSandbox snapshot id")
 	}
 	err := p.do(ctx, call{method: http.MethodGet, url: p.base + "/snapshots/" + url.PathEscape(id), apiKey: true, idempotent: true, retry500: true}, &s)
 	if isStatus(err, http.StatusNotFound) {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, snapWhat(id), "the OpenSandbox server has no such snapshot (deleted, or never made)")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(id), "the OpenSandbox server has no such snapshot (deleted, or never made)")
 	}
 	if err != nil {
 		return s, p.fail(op, snapWhat(id), err)
@@ -476,23 +477,23 @@ func (p *Provider) snapReady(op string, s apiSnapshot) error {
 	case snapReady:
 		return nil
 	case snapDeleting:
-		return sandbox.Errorf(sandbox.ErrNotFound, op, snapWhat(s.ID), "it is being deleted")
+		return sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(s.ID), "it is being deleted")
 	}
-	return sandbox.Errorf(sandbox.ErrWrongState, op, snapWhat(s.ID), "it is %s (%s %s), not Ready", s.Status.State, s.Status.Reason, s.Status.Message)
+	return sandbox.Errorf(errdefs.ErrConflict, op, snapWhat(s.ID), "it is %s (%s %s), not Ready", s.Status.State, s.Status.Reason, s.Status.Message)
 }
 
 // DeleteSnapshot deletes a snapshot; one already gone is no error, one
 // still in Creating is an ErrWrongState error.
 func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
 	if id == "" || strings.ContainsAny(id, "/?#") {
-		return sandbox.Errorf(sandbox.ErrNotFound, "delete-snapshot", snapWhat(id), "not an OpenSandbox snapshot id")
+		return sandbox.Errorf(errdefs.ErrNotFound, "delete-snapshot", snapWhat(id), "not an OpenSandbox snapshot id")
 	}
 	err := p.do(ctx, call{method: http.MethodDelete, url: p.base + "/snapshots/" + url.PathEscape(id), apiKey: true, idempotent: true, retry500: true}, nil)
 	if err == nil || isStatus(err, http.StatusNotFound) {
 		return nil
 	}
 	if isStatus(err, http.StatusConflict) {
-		return sandbox.Errorf(sandbox.ErrWrongState, "delete-snapshot", snapWhat(id), "the server refuses while it is still being made (Creating); retry once it is Ready or Failed")
+		return sandbox.Errorf(errdefs.ErrConflict, "delete-snapshot", snapWhat(id), "the server refuses while it is still being made (Creating); retry once it is Ready or Failed")
 	}
 	return p.fail("delete-snapshot", snapWhat(id), err)
 }
@@ -502,14 +503,14 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
 // the error names the one that failed.
 func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
 	if n < 1 {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", snapWhat(snap), "asked for %d sandboxes; at least 1", n)
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", snapWhat(snap), "asked for %d sandboxes; at least 1", n)
 	}
 	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", snapWhat(snap), "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", snapWhat(snap), "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
 	}
 	md, err := encodeLabels(spec.Labels, spec.Expiry)
 	if err != nil {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "fork", snapWhat(snap), "%v", err)
+		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", snapWhat(snap), "%v", err)
 	}
 	s, err := p.getSnap(ctx, "fork", snap)
 	if err != nil {

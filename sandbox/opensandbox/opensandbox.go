@@ -22,7 +22,7 @@
 //     absolute times) only ever later, to the stasis expiry plus a margin;
 //     stasis deletes a sandbox itself once past its expiry — any call on it
 //     does, and a timer per sandbox this process knows — and every call on
-//     it then fails with sandbox.ErrExpired (or ErrNotFound from another
+//     it then fails with errdefs.ErrExpired (or ErrNotFound from another
 //     process).
 //   - Labels are metadata, encoded to fit Kubernetes label rules (see
 //     labels.go).
@@ -50,6 +50,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 )
 
@@ -287,18 +288,18 @@ func (p *Provider) fail(op, what string, err error) error {
 	case http.StatusForbidden:
 		return fmt.Errorf("%s %s: %w: the OpenSandbox server at %s forbids this (%s); check the permissions of the key in OPENSANDBOX_API_KEY", op, what, ErrUnauthorized, p.o.URL, d)
 	case http.StatusNotFound:
-		return sandbox.Errorf(sandbox.ErrNotFound, op, what, "the server has no such thing: deleted, expired, or never made (%s)", d)
+		return sandbox.Errorf(errdefs.ErrNotFound, op, what, "the server has no such thing: deleted, expired, or never made (%s)", d)
 	case http.StatusConflict:
-		return sandbox.Errorf(sandbox.ErrWrongState, op, what, "the server refused it in the current state (%s)", d)
+		return sandbox.Errorf(errdefs.ErrConflict, op, what, "the server refused it in the current state (%s)", d)
 	case http.StatusBadRequest, http.StatusUnprocessableEntity:
-		return sandbox.Errorf(sandbox.ErrInvalid, op, what, "the server refused the request (%s)", d)
+		return sandbox.Errorf(errdefs.ErrInvalid, op, what, "the server refused the request (%s)", d)
 	case http.StatusNotImplemented:
-		return sandbox.Errorf(sandbox.ErrUnsupported, op, what, "this OpenSandbox server does not support it (%s)", d)
+		return sandbox.Errorf(errdefs.ErrUnsupported, op, what, "this OpenSandbox server does not support it (%s)", d)
 	case http.StatusTooManyRequests:
-		return fmt.Errorf("%s %s: the OpenSandbox server kept answering %s after %d attempts (Retry-After honoured); lower stasis's concurrency or raise the server's rate limit, then retry", op, what, d, he.Attempts)
+		return sandbox.Errorf(errdefs.ErrUnavailable, op, what, "the OpenSandbox server kept answering %s after %d attempts (Retry-After honoured); lower stasis's concurrency or raise the server's rate limit, then retry", d, he.Attempts)
 	}
 	if he.Status >= 500 {
-		return fmt.Errorf("%s %s: the OpenSandbox server failed: %s (after %d attempt(s)); check the server's logs, then retry", op, what, d, he.Attempts)
+		return sandbox.Errorf(errdefs.ErrUnavailable, op, what, "the OpenSandbox server failed: %s (after %d attempt(s)); check the server's logs, then retry", d, he.Attempts)
 	}
 	return fmt.Errorf("%s %s: unexpected answer from the OpenSandbox server: %s", op, what, d)
 }
@@ -399,14 +400,14 @@ func (p *Provider) expire(ctx context.Context, op, id string, expiry time.Time) 
 }
 
 func (p *Provider) expiredErr(op, id string, expiry time.Time) error {
-	return sandbox.Errorf(sandbox.ErrExpired, op, what(id), "it expired at %s and stasis deleted it; make a new one (or fork a snapshot)", expiry.Format(time.RFC3339))
+	return sandbox.Errorf(errdefs.ErrExpired, op, what(id), "it expired at %s and stasis deleted it; make a new one (or fork a snapshot)", expiry.Format(time.RFC3339))
 }
 
 // getSandbox reads a sandbox from the server.
 func (p *Provider) getSandbox(ctx context.Context, op, id string) (apiSandbox, error) {
 	var s apiSandbox
 	if id == "" || strings.ContainsAny(id, "/?#") {
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "not an OpenSandbox sandbox id")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "not an OpenSandbox sandbox id")
 	}
 	err := p.do(ctx, call{method: http.MethodGet, url: p.base + "/sandboxes/" + url.PathEscape(id), apiKey: true, idempotent: true, retry500: true}, &s)
 	if isStatus(err, http.StatusNotFound) {
@@ -417,7 +418,7 @@ func (p *Provider) getSandbox(ctx context.Context, op, id string) (apiSandbox, e
 		if ok {
 			return s, p.expiredErr(op, id, exp)
 		}
-		return s, sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "the OpenSandbox server has no such sandbox: deleted, expired, or never made; `stasis sandbox ls --provider opensandbox` lists them")
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "the OpenSandbox server has no such sandbox: deleted, expired, or never made; `stasis sandbox ls --provider opensandbox` lists them")
 	}
 	if err != nil {
 		return s, p.fail(op, what(id), err)
@@ -463,18 +464,18 @@ func (p *Provider) check(ctx context.Context, op string, s apiSandbox, expiry ti
 	case stateRunning:
 		return nil
 	case statePaused, statePausing:
-		return sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "it is %s; resume it first", st.State)
+		return sandbox.Errorf(errdefs.ErrConflict, op, what(id), "it is %s; resume it first", st.State)
 	case statePending, stateResuming:
-		return sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "it is %s (not running yet); retry shortly", st.State)
+		return sandbox.Errorf(errdefs.ErrConflict, op, what(id), "it is %s (not running yet); retry shortly", st.State)
 	case stateStopping, stateTerminated:
 		if st.Reason == "ttl_expiry" {
-			return sandbox.Errorf(sandbox.ErrExpired, op, what(id), "the server ended it at its expiry (%s)", why)
+			return sandbox.Errorf(errdefs.ErrExpired, op, what(id), "the server ended it at its expiry (%s)", why)
 		}
-		return sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "it is %s (%s)", st.State, why)
+		return sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "it is %s (%s)", st.State, why)
 	case stateFailed:
-		return sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "the server reports it Failed (%s); delete it", why)
+		return sandbox.Errorf(errdefs.ErrConflict, op, what(id), "the server reports it Failed (%s); delete it", why)
 	}
-	return sandbox.Errorf(sandbox.ErrWrongState, op, what(id), "it is in state %q (%s), not Running", st.State, why)
+	return sandbox.Errorf(errdefs.ErrConflict, op, what(id), "it is in state %q (%s), not Running", st.State, why)
 }
 
 // vanished classifies an error of execd: when the sandbox itself is gone
@@ -488,8 +489,8 @@ func (p *Provider) vanished(ctx context.Context, op, id string, orig error) erro
 	p.mu.Unlock()
 	p.forget(id)
 	s, err := p.getSandbox(ctx, op, id)
-	if errors.Is(err, sandbox.ErrNotFound) && !expiry.IsZero() && p.o.Now().Before(expiry) {
-		return sandbox.Errorf(sandbox.ErrNotFound, op, what(id), "it disappeared from the OpenSandbox server before its expiry %s (deleted outside stasis, or lost by the server); its work is gone: restore it from a snapshot", expiry.Format(time.RFC3339))
+	if errors.Is(err, errdefs.ErrNotFound) && !expiry.IsZero() && p.o.Now().Before(expiry) {
+		return sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "it disappeared from the OpenSandbox server before its expiry %s (deleted outside stasis, or lost by the server); its work is gone: restore it from a snapshot", expiry.Format(time.RFC3339))
 	}
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/sandbox/opensandbox"
@@ -229,7 +230,7 @@ func TestExecOutput(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // poll interval, bounded by the deadline above
 	}
 	_, err = e.p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sleep", "30"}, Timeout: 200 * time.Millisecond})
-	if !errors.Is(err, sandbox.ErrTimeout) || !strings.Contains(err.Error(), id) {
+	if !errors.Is(err, errdefs.ErrTimeout) || !strings.Contains(err.Error(), id) {
 		t.Errorf("timeout: %v", err)
 	}
 	// Files: a mode of 0, a relative path (to the work directory).
@@ -388,7 +389,7 @@ func TestNotFoundTyped(t *testing.T) {
 	_, checks["fork"] = e.p.Fork(ctx, "no-such", 1, sandbox.ForkSpec{Expiry: time.Now().Add(time.Hour)})
 	checks["set-expiry"] = e.p.SetExpiry(ctx, "no-such", time.Now().Add(time.Hour))
 	for op, err := range checks {
-		if !errors.Is(err, sandbox.ErrNotFound) || !strings.Contains(err.Error(), "no-such") {
+		if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "no-such") {
 			t.Errorf("%s: %v", op, err)
 		}
 	}
@@ -407,15 +408,15 @@ func TestStuckSnapshot(t *testing.T) {
 	undo := e.f.StickSnapshots(id)
 	_, err := e.p.Snapshot(ctx, id, "stuck")
 	var se *sandbox.Error
-	if !errors.Is(err, sandbox.ErrTimeout) || !errors.As(err, &se) || !strings.Contains(err.Error(), "Creating") || !strings.HasPrefix(se.What, "snapshot ") {
+	if !errors.Is(err, errdefs.ErrTimeout) || !errors.As(err, &se) || !strings.Contains(err.Error(), "Creating") || !strings.HasPrefix(se.What, "snapshot ") {
 		undo()
 		t.Fatalf("stuck snapshot: %v", err)
 	}
 	snap := strings.Fields(se.What)[1]
-	if err := e.p.DeleteSnapshot(ctx, snap); !errors.Is(err, sandbox.ErrWrongState) {
+	if err := e.p.DeleteSnapshot(ctx, snap); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("delete while Creating: %v", err)
 	}
-	if _, err := e.p.GetSnapshot(ctx, snap); !errors.Is(err, sandbox.ErrWrongState) {
+	if _, err := e.p.GetSnapshot(ctx, snap); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("get while Creating: %v", err)
 	}
 	undo()
@@ -439,10 +440,10 @@ func TestVanishedSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}})
-	if !errors.Is(err, sandbox.ErrNotFound) || !strings.Contains(err.Error(), "before its expiry") || !strings.Contains(err.Error(), info.ID) {
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "before its expiry") || !strings.Contains(err.Error(), info.ID) {
 		t.Fatalf("exec in a vanished sandbox: %v", err)
 	}
-	if _, err := e.p.Get(ctx, info.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := e.p.Get(ctx, info.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("get: %v", err)
 	}
 	if err := e.p.Delete(ctx, info.ID); err != nil {
@@ -482,7 +483,7 @@ func TestPauseResume(t *testing.T) {
 	if st := procState(); st != "T" {
 		t.Fatalf("a process in the paused sandbox is %q, not stopped", st)
 	}
-	if _, err := e.p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrWrongState) || !strings.Contains(err.Error(), "resume") {
+	if _, err := e.p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "resume") {
 		t.Fatalf("exec while paused: %v", err)
 	}
 	if err := e.p.Pause(ctx, id); err != nil {
@@ -651,7 +652,7 @@ func TestGC(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // poll interval, bounded by the deadline above
 	}
-	if _, err := p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrExpired) {
+	if _, err := p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrExpired) {
 		t.Fatalf("exec after gc: %v", err)
 	}
 	if e.f.Retired(info.ID) != 1 {

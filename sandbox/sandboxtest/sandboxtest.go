@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 )
 
@@ -159,7 +160,7 @@ func (s *suite) run(t *testing.T, id, script string) (string, int, string) {
 func (s *suite) read(t *testing.T, id, path string) (string, bool) {
 	t.Helper()
 	b, err := s.p.ReadFile(ctx, id, path)
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return "", false
 	}
 	if err != nil {
@@ -193,7 +194,7 @@ func (s *suite) createExecFiles(t *testing.T) {
 	// A foreground timeout kills the command.
 	t0 := time.Now()
 	_, err = s.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"sleep", "30"}, Timeout: 300 * time.Millisecond})
-	if !errors.Is(err, sandbox.ErrTimeout) || time.Since(t0) > 20*time.Second {
+	if !errors.Is(err, errdefs.ErrTimeout) || time.Since(t0) > 20*time.Second {
 		t.Fatalf("timeout: %v after %s", err, time.Since(t0))
 	}
 	// Files.
@@ -354,7 +355,7 @@ func (s *suite) staleHandles(t *testing.T) {
 	_, checks["snapshot"] = s.p.Snapshot(ctx, info.ID, "")
 	checks["set-expiry"] = s.p.SetExpiry(ctx, info.ID, time.Now().Add(time.Hour))
 	for op, err := range checks {
-		if !errors.Is(err, sandbox.ErrNotFound) {
+		if !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("%s on a deleted sandbox: %v, want ErrNotFound", op, err)
 		}
 	}
@@ -364,10 +365,10 @@ func (s *suite) staleHandles(t *testing.T) {
 	if err := s.p.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatalf("a second snapshot delete must succeed: %v", err)
 	}
-	if _, err := s.p.GetSnapshot(ctx, snap.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := s.p.GetSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("get of a deleted snapshot: %v", err)
 	}
-	if _, err := s.p.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{Expiry: time.Now().Add(time.Hour)}); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := s.p.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{Expiry: time.Now().Add(time.Hour)}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("fork of a deleted snapshot: %v", err)
 	}
 }
@@ -401,7 +402,7 @@ func (s *suite) waitExpired(t *testing.T, id string, by time.Time) {
 	t.Helper()
 	for {
 		_, err := s.p.Get(ctx, id)
-		if errors.Is(err, sandbox.ErrExpired) || errors.Is(err, sandbox.ErrNotFound) {
+		if errors.Is(err, errdefs.ErrExpired) || errors.Is(err, errdefs.ErrNotFound) {
 			return
 		}
 		if err != nil {
@@ -443,7 +444,7 @@ func (s *suite) expiry(t *testing.T) {
 	if time.Now().Before(expiry) {
 		t.Fatalf("expired before its expiry %s", expiry)
 	}
-	if _, err := s.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrExpired) && !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := s.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrExpired) && !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("exec after expiry: %v", err)
 	}
 	if s.h.HostProcesses != nil {
@@ -475,7 +476,7 @@ func (s *suite) setExpiry(t *testing.T) {
 	if got, err := s.p.Get(ctx, ext.ID); err != nil || got.State != sandbox.StateRunning {
 		t.Fatalf("extended sandbox after its first expiry: %+v %v", got, err)
 	}
-	if err := s.p.SetExpiry(ctx, ext.ID, time.Now().Add(-time.Second)); !errors.Is(err, sandbox.ErrInvalid) {
+	if err := s.p.SetExpiry(ctx, ext.ID, time.Now().Add(-time.Second)); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("an expiry in the past: %v, want ErrInvalid", err)
 	}
 }
@@ -507,21 +508,21 @@ func (s *suite) snapshotIDs(t *testing.T) {
 
 func (s *suite) typedErrors(t *testing.T) {
 	t.Parallel()
-	if _, err := s.p.Get(ctx, "no-such-sandbox"); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := s.p.Get(ctx, "no-such-sandbox"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("get unknown: %v", err)
 	}
-	if _, err := s.p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(-time.Minute)}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := s.p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(-time.Minute)}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("create with a past expiry: %v", err)
 	}
-	if _, err := s.p.GetSnapshot(ctx, "no-such-snapshot"); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := s.p.GetSnapshot(ctx, "no-such-snapshot"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("get unknown snapshot: %v", err)
 	}
 	info := s.create(t, sandbox.Spec{})
 	snap := s.snapshot(t, info.ID)
-	if _, err := s.p.Fork(ctx, snap.ID, 0, sandbox.ForkSpec{Expiry: time.Now().Add(time.Hour)}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := s.p.Fork(ctx, snap.ID, 0, sandbox.ForkSpec{Expiry: time.Now().Add(time.Hour)}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("fork of 0: %v", err)
 	}
-	if _, err := s.p.Exec(ctx, info.ID, sandbox.ExecRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := s.p.Exec(ctx, info.ID, sandbox.ExecRequest{}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("exec of nothing: %v", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
@@ -135,7 +136,7 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 	} else {
 		info, err = f.b.Create(r.Context(), sandbox.Spec{Labels: labels, Expiry: lease, Image: f.o.Image})
 	}
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", body.TemplateID))
 		return
 	}
@@ -509,7 +510,7 @@ func (f *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Unlock()
 	snap, err := f.b.Snapshot(r.Context(), backend, "")
-	if errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, sandbox.ErrExpired) {
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrExpired) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("sandbox \"%s\" doesn't exist or you don't have access to it", id))
 		return
 	}

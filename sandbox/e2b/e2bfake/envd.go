@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 	"stasis/sandbox/e2b/internal/wire"
 )
@@ -156,7 +157,7 @@ func (f *Server) getFile(w http.ResponseWriter, r *http.Request) {
 		b, err = f.b.ReadFile(r.Context(), t.backend, p)
 	}
 	switch {
-	case errors.Is(err, sandbox.ErrNotFound):
+	case errors.Is(err, errdefs.ErrNotFound):
 		fileError(w, http.StatusNotFound, fmt.Sprintf("path '%s' does not exist", p))
 	case err != nil:
 		fileError(w, http.StatusInternalServerError, fmt.Sprintf("error reading file '%s': %v", p, err))
@@ -192,7 +193,7 @@ func (f *Server) postFile(w http.ResponseWriter, r *http.Request) {
 		write = f.rootWrite
 	}
 	switch err := write(r.Context(), t.backend, p, b, 0o644); {
-	case errors.Is(err, sandbox.ErrInvalid):
+	case errors.Is(err, errdefs.ErrInvalid):
 		fileError(w, http.StatusBadRequest, fmt.Sprintf("error writing file '%s': %v", p, err))
 	case err != nil:
 		fileError(w, http.StatusInternalServerError, fmt.Sprintf("error writing file '%s': %v", p, err))
@@ -273,7 +274,7 @@ func (o *procOut) finish(cmd string, res sandbox.ExecResult, err error, killed b
 	}
 	closeWith := func(e *wire.ConnectError) { o.msgs <- outMsg{end: &wire.EndStream{Error: e}} }
 	if !o.started {
-		if err != nil && !errors.Is(err, sandbox.ErrTimeout) {
+		if err != nil && !errors.Is(err, errdefs.ErrTimeout) {
 			closeWith(&wire.ConnectError{Code: "unavailable", Message: "the sandbox stopped: " + err.Error()})
 			return
 		}
@@ -282,7 +283,7 @@ func (o *procOut) finish(cmd string, res sandbox.ExecResult, err error, killed b
 		return
 	}
 	switch {
-	case errors.Is(err, sandbox.ErrTimeout):
+	case errors.Is(err, errdefs.ErrTimeout):
 		end(-1, false, "signal: killed")
 		closeWith(&wire.ConnectError{Code: "deadline_exceeded", Message: "the process ran past the call's deadline and was killed"})
 	case killed:
@@ -525,7 +526,7 @@ func (f *Server) rootWrite(ctx context.Context, backend, name string, data []byt
 		return err
 	}
 	if res.ExitCode != 0 {
-		return sandbox.Errorf(sandbox.ErrInvalid, "write", backend, "%s: %s", name, strings.TrimSpace(errb.String()))
+		return sandbox.Errorf(errdefs.ErrInvalid, "write", backend, "%s: %s", name, strings.TrimSpace(errb.String()))
 	}
 	return nil
 }
@@ -541,7 +542,7 @@ func (f *Server) rootRead(ctx context.Context, backend, name string) ([]byte, er
 	case err != nil:
 		return nil, err
 	case res.ExitCode == 44:
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", backend, "%s does not exist", name)
+		return nil, sandbox.Errorf(errdefs.ErrNotFound, "read", backend, "%s does not exist", name)
 	case res.ExitCode != 0:
 		return nil, fmt.Errorf("read %s: %s", name, strings.TrimSpace(errb.String()))
 	}

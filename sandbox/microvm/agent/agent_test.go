@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/errdefs"
 	"stasis/internal/testwait"
 	"stasis/proc"
 	"stasis/sandbox"
@@ -185,10 +186,10 @@ func TestExitCodesAndStderr(t *testing.T) {
 		}
 	}
 	// No command is invalid, before and at the agent.
-	if _, err := c.Exec(ctx, sandbox.ExecRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := c.Exec(ctx, sandbox.ExecRequest{}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("exec of nothing: %v", err)
 	}
-	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}, Env: map[string]string{"A=B": "x"}, Cwd: dir}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}, Env: map[string]string{"A=B": "x"}, Cwd: dir}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("exec with a bad variable name: %v", err)
 	}
 }
@@ -209,7 +210,7 @@ func TestTimeoutKillsTheProcessGroup(t *testing.T) {
 	for _, pid := range got {
 		killIfOurs(t, pid)
 	}
-	if !errors.Is(err, sandbox.ErrTimeout) || res.ExitCode != -int(unix.SIGKILL) {
+	if !errors.Is(err, errdefs.ErrTimeout) || res.ExitCode != -int(unix.SIGKILL) {
 		t.Fatalf("exec past its timeout: %+v %v", res, err)
 	}
 	if took < req.Timeout || took > req.Timeout+10*time.Second {
@@ -372,7 +373,7 @@ func TestBackground(t *testing.T) {
 		_, err := proc.ReadStat(res.PID)
 		return errors.Is(err, proc.ErrNoProcess)
 	})
-	if _, err := c.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"no-such-command-anywhere"}, Cwd: dir, Background: true}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := c.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"no-such-command-anywhere"}, Cwd: dir, Background: true}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("background exec of a missing command: %v", err)
 	}
 }
@@ -483,12 +484,12 @@ func TestFiles(t *testing.T) {
 	// Missing files and directories are not found; writing over a
 	// directory or under a file is invalid.
 	for _, missing := range []string{filepath.Join(dir, "none"), filepath.Join(p, "under-a-file"), dir} {
-		if _, err := c.ReadFile(ctx, missing); !errors.Is(err, sandbox.ErrNotFound) {
+		if _, err := c.ReadFile(ctx, missing); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("read %s: %v, want ErrNotFound", missing, err)
 		}
 	}
 	for _, bad := range []string{dir, filepath.Join(p, "under-a-file")} {
-		if err := c.WriteFile(ctx, bad, []byte("x"), 0o644); !errors.Is(err, sandbox.ErrInvalid) {
+		if err := c.WriteFile(ctx, bad, []byte("x"), 0o644); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("write %s: %v, want ErrInvalid", bad, err)
 		}
 	}
@@ -610,10 +611,10 @@ func TestTarRoundTrip(t *testing.T) {
 		t.Errorf("second upload: %d entries, want %d", len(got), len(want))
 	}
 
-	if err := c.Download(ctx, filepath.Join(src, "none"), io.Discard); !errors.Is(err, sandbox.ErrNotFound) {
+	if err := c.Download(ctx, filepath.Join(src, "none"), io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("download of a missing directory: %v", err)
 	}
-	if err := c.Download(ctx, filepath.Join(src, "secret"), io.Discard); !errors.Is(err, sandbox.ErrNotFound) {
+	if err := c.Download(ctx, filepath.Join(src, "secret"), io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("download of a file: %v", err)
 	}
 }
@@ -682,7 +683,7 @@ func TestUploadRefusesEscapes(t *testing.T) {
 	}
 	for name, b := range cases {
 		err := c.Upload(ctx, dst, bytes.NewReader(b))
-		if !errors.Is(err, sandbox.ErrInvalid) {
+		if !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("%s: upload %v, want ErrInvalid", name, err)
 		} else if !strings.Contains(err.Error(), "upload") {
 			t.Errorf("%s: unclear error %q", name, err)
@@ -701,7 +702,7 @@ func TestUploadRefusesEscapes(t *testing.T) {
 		t.Fatalf("base holds %v", names)
 	}
 	// Uploading into a file is invalid.
-	if err := c.Upload(ctx, filepath.Join(outside, "target"), bytes.NewReader(tarOf(t, reg("x")))); !errors.Is(err, sandbox.ErrInvalid) {
+	if err := c.Upload(ctx, filepath.Join(outside, "target"), bytes.NewReader(tarOf(t, reg("x")))); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("upload into a file: %v", err)
 	}
 }
@@ -801,7 +802,7 @@ func TestUsersSplit(t *testing.T) {
 	if got, code := run(sandbox.UserAgent, "cat "+token); code == 0 {
 		t.Errorf("the agent read stasis's token: %q", got)
 	}
-	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}, User: "root"}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}, User: "root"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("an unknown user: %v, want ErrInvalid", err)
 	}
 
@@ -860,7 +861,7 @@ func TestUsersSplit(t *testing.T) {
 	if err := os.Symlink(token, filepath.Join(work, "log-link")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"echo", "appended"}, Background: true, LogPath: filepath.Join(work, "log-link")}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := c.Exec(ctx, sandbox.ExecRequest{Argv: []string{"echo", "appended"}, Background: true, LogPath: filepath.Join(work, "log-link")}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("a background command's log through the agent's symlink to stasis's token: %v, want ErrInvalid", err)
 	}
 	if b, err := os.ReadFile(token); err != nil || string(b) != "stasis's" {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/guestclock"
 	"stasis/sandbox"
 )
@@ -94,7 +95,7 @@ func (c *Client) statusError(op string, resp *http.Response) error {
 	var we wireError
 	if json.Unmarshal(b, &we) != nil || we.Kind == "" {
 		if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
-			return sandbox.Errorf(sandbox.ErrUnsupported, op, c.What, "the agent does not serve %s %s (an older agent?)", resp.Request.Method, resp.Request.URL.Path)
+			return sandbox.Errorf(errdefs.ErrUnsupported, op, c.What, "the agent does not serve %s %s (an older agent?)", resp.Request.Method, resp.Request.URL.Path)
 		}
 		we = wireError{Message: fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b)))}
 	}
@@ -115,7 +116,7 @@ func discard(resp *http.Response) {
 // the command and Exec returns ctx.Err().
 func (c *Client) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", c.What, "no command")
+		return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", c.What, "no command")
 	}
 	h := execHeader{Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, Background: req.Background, User: string(req.User)}
 	if req.Background {
@@ -128,7 +129,7 @@ func (c *Client) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Exe
 	}
 	line, err := json.Marshal(h)
 	if err != nil {
-		return sandbox.ExecResult{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", c.What, "%v", err)
+		return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", c.What, "%v", err)
 	}
 	var body io.Reader = bytes.NewReader(append(line, '\n'))
 	if req.Stdin != nil && !req.Background {
@@ -175,7 +176,7 @@ func (c *Client) execCtxError(ctx context.Context, err error) error {
 		return err
 	}
 	if cause := context.Cause(ctx); cause == errAgentLate {
-		return sandbox.Errorf(sandbox.ErrTimeout, "exec", c.What, "%v", cause)
+		return sandbox.Errorf(errdefs.ErrTimeout, "exec", c.What, "%v", cause)
 	}
 	return ctx.Err()
 }

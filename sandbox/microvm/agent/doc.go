@@ -15,11 +15,11 @@
 // # Wire protocol (version 1)
 //
 // Every path starts with /v1. A request that fails before any output
-// answers with the status sandbox.HTTPStatus gives its error and a JSON
+// answers with the status errdefs.HTTPStatus gives its error and a JSON
 // body {"kind": K, "error": "message"}, where K is one of not_found,
 // invalid, timeout, unsupported or internal. The client turns the kind back
-// into sandbox.ErrNotFound, sandbox.ErrInvalid, sandbox.ErrTimeout or
-// sandbox.ErrUnsupported (a 404 or 405 without a kind, from an agent too old
+// into errdefs.ErrNotFound, errdefs.ErrInvalid, errdefs.ErrTimeout or
+// errdefs.ErrUnsupported (a 404 or 405 without a kind, from an agent too old
 // to know the path, is ErrUnsupported).
 //
 //	GET  /v1/health             200 {"ok":true}; cheap, for polling after boot and restore

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/errdefs"
 	"stasis/proc"
 	"stasis/sandbox"
 )
@@ -348,7 +349,7 @@ func copyStdin(body io.Reader, w *os.File, clientGone func()) {
 // no zombie.
 func (s *server) startBackground(h execHeader) (int, error) {
 	invalid := func(format string, args ...any) (int, error) {
-		return 0, sandbox.Errorf(sandbox.ErrInvalid, "exec", "", format, args...)
+		return 0, sandbox.Errorf(errdefs.ErrInvalid, "exec", "", format, args...)
 	}
 	cmd, _, msg := prepare(h, h.environ(s.home(h)))
 	if cmd == nil {

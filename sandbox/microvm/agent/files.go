@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"stasis/errdefs"
 	"stasis/internal/fileop"
 	"stasis/sandbox"
 )
@@ -50,10 +51,10 @@ func fileMode(u uint32) fs.FileMode {
 func queryPath(r *http.Request, op, name string) (string, error) {
 	p := r.URL.Query().Get(name)
 	if p == "" {
-		return "", sandbox.Errorf(sandbox.ErrInvalid, op, "", "no %s given", name)
+		return "", sandbox.Errorf(errdefs.ErrInvalid, op, "", "no %s given", name)
 	}
 	if strings.IndexByte(p, 0) >= 0 {
-		return "", sandbox.Errorf(sandbox.ErrInvalid, op, "", "the %s holds a NUL byte", name)
+		return "", sandbox.Errorf(errdefs.ErrInvalid, op, "", "the %s holds a NUL byte", name)
 	}
 	return absPath(p), nil
 }
@@ -82,14 +83,14 @@ func (s *server) readFile(w http.ResponseWriter, r *http.Request) {
 func openFile(p string) (*os.File, error) {
 	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "read", "", "no file %s", p)
+		return nil, sandbox.Errorf(errdefs.ErrNotFound, "read", "", "no file %s", p)
 	}
 	if err != nil {
 		return nil, err
 	}
 	fi, err := f.Stat()
 	if err == nil && fi.IsDir() {
-		err = sandbox.Errorf(sandbox.ErrNotFound, "read", "", "%s is a directory", p)
+		err = sandbox.Errorf(errdefs.ErrNotFound, "read", "", "%s is a directory", p)
 	}
 	if err != nil {
 		f.Close()
@@ -109,7 +110,7 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request) {
 		var mode uint64
 		mode, err = strconv.ParseUint(r.URL.Query().Get("mode"), 8, 32)
 		if err != nil || mode > 0o7777 {
-			err = sandbox.Errorf(sandbox.ErrInvalid, "write", "", "bad mode %q (octal, at most 07777)", r.URL.Query().Get("mode"))
+			err = sandbox.Errorf(errdefs.ErrInvalid, "write", "", "bad mode %q (octal, at most 07777)", r.URL.Query().Get("mode"))
 		} else if err = s.asAgent(func() error { return writeFile(p, r.Body, fileMode(uint32(mode))) }); err == nil {
 			w.WriteHeader(http.StatusNoContent)
 			return
@@ -124,7 +125,7 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request) {
 func writeFile(p string, data io.Reader, mode fs.FileMode) error {
 	err := fileop.Write(p, data, mode)
 	if errors.Is(err, fileop.ErrInvalid) {
-		return sandbox.Errorf(sandbox.ErrInvalid, "write", "", "%v", err)
+		return sandbox.Errorf(errdefs.ErrInvalid, "write", "", "%v", err)
 	}
 	return err
 }
@@ -148,7 +149,7 @@ func (s *server) extract(dir string, body io.Reader) error {
 		s.log.Debug("upload: entry skipped", "name", h.Name, "type", string(h.Typeflag))
 	})
 	if err != nil {
-		return sandbox.Errorf(sandbox.ErrInvalid, "upload", "", "into %s: %v", dir, err)
+		return sandbox.Errorf(errdefs.ErrInvalid, "upload", "", "into %s: %v", dir, err)
 	}
 	return nil
 }
@@ -160,9 +161,9 @@ func (s *server) download(w http.ResponseWriter, r *http.Request) {
 		fi, err = os.Stat(dir)
 		switch {
 		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
-			err = sandbox.Errorf(sandbox.ErrNotFound, "download", "", "no directory %s", dir)
+			err = sandbox.Errorf(errdefs.ErrNotFound, "download", "", "no directory %s", dir)
 		case err == nil && !fi.IsDir():
-			err = sandbox.Errorf(sandbox.ErrNotFound, "download", "", "%s is not a directory", dir)
+			err = sandbox.Errorf(errdefs.ErrNotFound, "download", "", "%s is not a directory", dir)
 		}
 	}
 	if err != nil {

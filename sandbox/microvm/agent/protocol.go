@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 )
 
@@ -88,12 +89,12 @@ var kinds = []struct {
 	name string
 	err  error
 }{
-	{"not_found", sandbox.ErrNotFound},
-	{"invalid", sandbox.ErrInvalid},
-	{"timeout", sandbox.ErrTimeout},
-	{"unsupported", sandbox.ErrUnsupported},
-	{"expired", sandbox.ErrExpired},
-	{"wrong_state", sandbox.ErrWrongState},
+	{"not_found", errdefs.ErrNotFound},
+	{"invalid", errdefs.ErrInvalid},
+	{"timeout", errdefs.ErrTimeout},
+	{"unsupported", errdefs.ErrUnsupported},
+	{"expired", errdefs.ErrExpired},
+	{"wrong_state", errdefs.ErrConflict},
 }
 
 // toWire turns an error into its kind and message.
@@ -163,7 +164,7 @@ func readHeader(br *bufio.Reader) ([]byte, error) {
 		chunk, err := br.ReadSlice('\n')
 		line = append(line, chunk...)
 		if len(line) > maxHeaderBytes {
-			return nil, sandbox.Errorf(sandbox.ErrInvalid, "exec", "", "the header line is longer than %d bytes", maxHeaderBytes)
+			return nil, sandbox.Errorf(errdefs.ErrInvalid, "exec", "", "the header line is longer than %d bytes", maxHeaderBytes)
 		}
 		switch {
 		case err == nil:
@@ -171,7 +172,7 @@ func readHeader(br *bufio.Reader) ([]byte, error) {
 		case err == bufio.ErrBufferFull:
 			continue
 		case err == io.EOF:
-			return nil, sandbox.Errorf(sandbox.ErrInvalid, "exec", "", "the body ended before the header's newline")
+			return nil, sandbox.Errorf(errdefs.ErrInvalid, "exec", "", "the body ended before the header's newline")
 		default:
 			return nil, err
 		}
@@ -183,7 +184,7 @@ func readHeader(br *bufio.Reader) ([]byte, error) {
 func parseExecHeader(line []byte) (execHeader, error) {
 	var h execHeader
 	bad := func(format string, args ...any) (execHeader, error) {
-		return execHeader{}, sandbox.Errorf(sandbox.ErrInvalid, "exec", "", format, args...)
+		return execHeader{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", "", format, args...)
 	}
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()

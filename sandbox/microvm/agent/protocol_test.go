@@ -23,8 +23,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stasis/errdefs"
 	"stasis/internal/guestclock"
-	"stasis/sandbox"
 )
 
 func TestFrames(t *testing.T) {
@@ -90,7 +90,7 @@ func TestParseExecHeader(t *testing.T) {
 		`{"argv":["a"],"timeout_ms":1e300}`:            "bad header",
 		`{"argv":["a"],"timeout_ms":9223372036854775}`: "out of range",
 	} {
-		if _, err := parseExecHeader([]byte(in)); err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, sandbox.ErrInvalid) {
+		if _, err := parseExecHeader([]byte(in)); err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("parseExecHeader(%s) = %v, want an invalid error containing %q", in, err, want)
 		}
 	}
@@ -101,10 +101,10 @@ func TestParseExecHeader(t *testing.T) {
 	if err != nil || string(line) != "{\"argv\":[\"cat\"]}\n" || string(rest) != "stdin\nmore" {
 		t.Fatalf("readHeader: %q %v, rest %q", line, err, rest)
 	}
-	if _, err := readHeader(bufio.NewReader(strings.NewReader(`{"argv":["cat"]}`))); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := readHeader(bufio.NewReader(strings.NewReader(`{"argv":["cat"]}`))); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("a header with no newline: %v", err)
 	}
-	if _, err := readHeader(bufio.NewReader(strings.NewReader(strings.Repeat(" ", maxHeaderBytes+1) + "\n"))); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := readHeader(bufio.NewReader(strings.NewReader(strings.Repeat(" ", maxHeaderBytes+1) + "\n"))); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("a header too long: %v", err)
 	}
 }
@@ -177,7 +177,7 @@ func FuzzParseExecHeader(f *testing.F) {
 		}
 		h, err := parseExecHeader(line)
 		if err != nil {
-			if !errors.Is(err, sandbox.ErrInvalid) {
+			if !errors.Is(err, errdefs.ErrInvalid) {
 				t.Fatalf("error of another kind: %v", err)
 			}
 			return
@@ -274,7 +274,7 @@ func TestClock(t *testing.T) {
 	mu.Unlock()
 	// A failing clock_settime is an error; the sandbox is named.
 	s.clocks.Settime = func(unix.Timespec) error { return unix.EPERM }
-	if _, err := c.SetClock(ctx, guestclock.Target{Wall: 1_900_000_000}); err == nil || !errors.Is(err, sandbox.ErrUnsupported) || !strings.Contains(err.Error(), "sandbox sb-test") || !strings.Contains(err.Error(), "not permitted") {
+	if _, err := c.SetClock(ctx, guestclock.Target{Wall: 1_900_000_000}); err == nil || !errors.Is(err, errdefs.ErrUnsupported) || !strings.Contains(err.Error(), "sandbox sb-test") || !strings.Contains(err.Error(), "not permitted") {
 		t.Fatalf("failing clock: %v", err)
 	}
 }
@@ -294,12 +294,12 @@ func TestErrorsOnTheWire(t *testing.T) {
 	defer c.CloseIdle()
 	ctx := context.Background()
 	// An agent too old to know a path.
-	if _, err := c.do(ctx, "future", http.MethodGet, "/v1/future", nil, nil, http.StatusOK); !errors.Is(err, sandbox.ErrUnsupported) {
+	if _, err := c.do(ctx, "future", http.MethodGet, "/v1/future", nil, nil, http.StatusOK); !errors.Is(err, errdefs.ErrUnsupported) {
 		t.Errorf("unknown path: %v", err)
 	}
 	// A bad exec header sent past the client's own checks.
 	for _, body := range []string{"{\"argv\":[]}\n", "{\"argv\":[\"a\"],\"nope\":1}\n", "no newline"} {
-		if _, err := c.do(ctx, "exec", http.MethodPost, "/v1/exec", nil, strings.NewReader(body), http.StatusOK); !errors.Is(err, sandbox.ErrInvalid) {
+		if _, err := c.do(ctx, "exec", http.MethodPost, "/v1/exec", nil, strings.NewReader(body), http.StatusOK); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("exec body %q: %v", body, err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/guestclock"
 	"stasis/proc"
 	"stasis/sandbox"
@@ -145,7 +146,7 @@ func (s *server) drain() {
 // message.
 func writeError(w http.ResponseWriter, err error) {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(sandbox.HTTPStatus(err))
+	w.WriteHeader(errdefs.HTTPStatus(err))
 	_ = json.NewEncoder(w).Encode(toWire(err))
 }
 
@@ -214,18 +215,18 @@ func (s *server) clock(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&t); err != nil {
-		writeError(w, sandbox.Errorf(sandbox.ErrInvalid, "clock", "", "bad body: %v", err))
+		writeError(w, sandbox.Errorf(errdefs.ErrInvalid, "clock", "", "bad body: %v", err))
 		return
 	}
 	if err := t.Check(); err != nil {
-		writeError(w, sandbox.Errorf(sandbox.ErrInvalid, "clock", "", "%v", err))
+		writeError(w, sandbox.Errorf(errdefs.ErrInvalid, "clock", "", "%v", err))
 		return
 	}
 	f, err := s.clocks.Set(t)
 	if err != nil {
-		kind := sandbox.ErrInvalid
+		kind := errdefs.ErrInvalid
 		if errors.Is(err, guestclock.ErrNotPermitted) {
-			kind = sandbox.ErrUnsupported
+			kind = errdefs.ErrUnsupported
 		}
 		writeError(w, sandbox.Errorf(kind, "clock", "", "%v", err))
 		return

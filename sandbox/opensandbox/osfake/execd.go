@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/sandbox"
 )
 
@@ -206,7 +207,7 @@ func (f *Fake) runCommand(w http.ResponseWriter, r *http.Request, backend string
 	stdout.flush()
 	stderr.flush()
 	switch {
-	case errors.Is(err, sandbox.ErrTimeout), ctx.Err() != nil:
+	case errors.Is(err, errdefs.ErrTimeout), ctx.Err() != nil:
 		killed(ev)
 	case err != nil:
 		ev.send("error", map[string]any{"error": map[string]any{"ename": "CommandExecError", "evalue": err.Error(), "traceback": []string{err.Error()}}})
@@ -316,7 +317,7 @@ func (f *Fake) download(w http.ResponseWriter, r *http.Request, backend string) 
 		return
 	}
 	data, err := f.o.Backend.ReadFile(r.Context(), backend, name)
-	if errors.Is(err, sandbox.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "FILE_NOT_FOUND", fmt.Sprintf("file not found. open %s: no such file or directory", name))
 		return
 	}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,15 +16,8 @@ import (
 	"stasis/cli/sandboxcli"
 	"stasis/home"
 	"stasis/sandbox/microvm"
+	"stasis/task"
 )
-
-func openMicroVM(ctx context.Context) (*microvm.Provider, error) {
-	h, err := home.Dir()
-	if err != nil {
-		return nil, err
-	}
-	return microvm.New(ctx, microvm.Options{Home: h})
-}
 
 // newMicroVMCmd holds the commands the microVM provider runs itself: the
 // keeper on the host, the gateway pipe QEMU starts per guest connection,
@@ -119,6 +111,13 @@ kernel. Exit status 1 when something is missing.`,
 				return err
 			}
 			r := microvm.Doctor(cmd.Context(), microvm.Options{Home: h})
+			if ts, err := task.Builtin(); err == nil {
+				for _, t := range ts {
+					if microvm.CanRun(t.Language, t.Image) {
+						r.Tasks = append(r.Tasks, t.ID)
+					}
+				}
+			}
 			if asJSON {
 				if err := writeJSON(cmd.OutOrStdout(), r); err != nil {
 					return err

@@ -24,30 +24,20 @@ import (
 	"stasis/internal/copyout"
 	"stasis/internal/fileop"
 	"stasis/sandbox"
-	"stasis/sandbox/e2b"
 	"stasis/sandbox/local"
-	"stasis/sandbox/microvm"
-	"stasis/sandbox/opensandbox"
 	"stasis/store"
 )
 
-// openProvider opens the named sandbox provider.
+// openProvider opens the named sandbox provider on $STASIS_HOME.
 func openProvider(name string) (sandbox.Provider, error) {
-	switch name {
-	case local.Name:
-		return openLocal()
-	case microvm.Name:
-		return openMicroVM(context.Background())
-	case opensandbox.Name:
-		return opensandbox.FromEnv()
-	case e2b.Name:
-		p, err := e2b.New(e2b.FromEnv())
-		if err != nil {
-			return nil, err // not a nil *Provider in the interface
-		}
-		return p, nil
+	if _, err := sandbox.Lookup(name); err != nil {
+		return nil, &exitError{code: errdefs.ExitRefused, err: fmt.Errorf("--provider: %w", err)}
 	}
-	return nil, &exitError{code: 2, err: fmt.Errorf("--provider %q: the providers are: local, microvm, opensandbox, e2b", name)}
+	h, err := home.Dir()
+	if err != nil {
+		return nil, err
+	}
+	return sandbox.Open(context.Background(), name, sandbox.Config{Home: h})
 }
 
 func openLocal() (*local.Provider, error) {
@@ -105,7 +95,7 @@ what it needs and whether KVM or TCG is used.
 Exit status: 0 done; 2 bad request; 3 no such (or expired) sandbox or
 snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	}
-	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: local, microvm, opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY) or e2b (E2B_API_KEY, E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL, E2B_FILE_ONLY_SNAPSHOTS)")
+	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: "+strings.Join(sandbox.Names(), ", ")+" (opensandbox is configured by OPENSANDBOX_URL and OPENSANDBOX_API_KEY, e2b by E2B_API_KEY, E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL, E2B_FILE_ONLY_SNAPSHOTS)")
 	open := func() (sandbox.Provider, error) { return openProvider(provider) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
@@ -151,6 +141,7 @@ Without it a local sandbox sees an allow-list of the host's userland
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			if lp, ok := p.(*local.Provider); ok && img != "" {
 				// Pull first, with progress; the sandbox then names the
 				// digest.
@@ -204,6 +195,7 @@ func newSandboxExecCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			req := sandbox.ExecRequest{Argv: args[1:], Env: e, Cwd: cwd, Timeout: timeout, Background: background, LogPath: logPath,
 				Stdin: os.Stdin, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr()}
 			if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
@@ -260,6 +252,7 @@ file is copied to DST.
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			ctx := cmd.Context()
 			sid, spath, sremote := splitRemote(args[0])
 			did, dpath, dremote := splitRemote(args[1])
@@ -282,7 +275,7 @@ file is copied to DST.
 // microVM's guest agent never chowns either), so the files belong to the
 // user that extracts them there, and a setuid bit only ever grants a uid of the
 // sandbox's own.
-func copyIn(ctx context.Context, p sandbox.Provider, src, id, dst string) error {
+func copyIn(ctx context.Context, p sandbox.Files, src, id, dst string) error {
 	fi, err := os.Stat(src)
 	if err != nil {
 		return &exitError{code: 2, err: err}
@@ -332,7 +325,7 @@ func tarDir(w io.Writer, src string) error { return fileop.Pack(src, w) }
 // without setuid, setgid or sticky-file bits, owned by the user running
 // stasis, with no device, fifo or link leading out of dst; each entry not
 // copied is named in a warning on stderr.
-func copyOut(ctx context.Context, p sandbox.Provider, id, src, dst string, stderr io.Writer) error {
+func copyOut(ctx context.Context, p sandbox.Files, id, src, dst string, stderr io.Writer) error {
 	res, err := copyout.Copy(ctx, p, id, src, dst, copyout.Options{Warn: func(s copyout.Skipped) {
 		fmt.Fprintf(stderr, "warning: not copied: %s\n", s)
 	}})
@@ -360,6 +353,7 @@ func newSandboxLsCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			list, err := p.List(cmd.Context(), l)
 			if err != nil {
 				return sandboxErr(err)
@@ -414,6 +408,7 @@ func newSandboxSnapshotCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			t0 := time.Now()
 			snap, err := p.Snapshot(cmd.Context(), args[0], name)
 			if err != nil {
@@ -447,6 +442,7 @@ func newSandboxForkCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			infos, err := p.Fork(cmd.Context(), args[0], count, sandbox.ForkSpec{Labels: l, Expiry: time.Now().Add(ttl)})
 			if err != nil {
 				return sandboxErr(err)
@@ -474,6 +470,7 @@ func newSandboxRmCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			for _, id := range args {
 				if snapshots {
 					err = p.DeleteSnapshot(cmd.Context(), id)
@@ -498,34 +495,11 @@ func newSandboxGCCmd(provider *string) *cobra.Command {
 		Short: "Remove sandboxes whose keeper died (ending a QEMU left behind), and blobs nothing references",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			type collector interface {
-				GC(context.Context) ([]string, error)
-				CollectBlobs(context.Context) (int, int64, error)
-			}
-			var p collector
-			var err error
-			switch *provider {
-			case microvm.Name:
-				p, err = openMicroVM(cmd.Context())
-			case local.Name:
-				p, err = openLocal()
-			case opensandbox.Name:
-				var op *opensandbox.Provider
-				if op, err = opensandbox.FromEnv(); err == nil {
-					p = noBlobs{op}
-				}
-			case e2b.Name:
-				var ep *e2b.Provider
-				if ep, err = e2b.New(e2b.FromEnv()); err == nil {
-					defer ep.Close()
-					p = noBlobs{ep}
-				}
-			default:
-				_, err = openProvider(*provider)
-			}
+			p, err := openProvider(*provider)
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			reaped, err := p.GC(cmd.Context())
 			if err != nil {
 				return err
@@ -543,16 +517,6 @@ func newSandboxGCCmd(provider *string) *cobra.Command {
 	}
 }
 
-// noBlobs is a provider whose snapshots a service keeps: nothing of them
-// is on this machine to collect.
-type noBlobs struct{ gcer }
-
-type gcer interface {
-	GC(context.Context) ([]string, error)
-}
-
-func (noBlobs) CollectBlobs(context.Context) (int, int64, error) { return 0, 0, nil }
-
 func newSandboxExtendCmd(open opener) *cobra.Command {
 	var ttl time.Duration
 	cmd := &cobra.Command{
@@ -564,6 +528,7 @@ func newSandboxExtendCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer p.Close()
 			t := time.Now().Add(ttl)
 			if err := p.SetExpiry(cmd.Context(), args[0], t); err != nil {
 				return sandboxErr(err)

@@ -468,7 +468,7 @@ type countingSessions struct {
 	n atomic.Int32
 }
 
-func (c *countingSessions) Session(ctx context.Context, p sandbox.Provider, id string, l harness.Launch) (string, error) {
+func (c *countingSessions) Session(ctx context.Context, p sandbox.Files, id string, l harness.Launch) (string, error) {
 	c.n.Add(1)
 	return c.Adapter.Session(ctx, p, id, l)
 }

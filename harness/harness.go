@@ -53,15 +53,15 @@ type Adapter interface {
 	// Name is the harness's name in records and on the command line.
 	Name() string
 	// Install makes the harness runnable in the sandbox (idempotent).
-	Install(ctx context.Context, p sandbox.Provider, sandboxID string) error
+	Install(ctx context.Context, p sandbox.Files, sandboxID string) error
 	// Prepare writes the harness's configuration for the episode into
 	// l.Dir.
-	Prepare(ctx context.Context, p sandbox.Provider, sandboxID string, l Launch) error
+	Prepare(ctx context.Context, p sandbox.Files, sandboxID string, l Launch) error
 	// Start is the command that launches the harness afresh on the task.
 	Start(l Launch) Command
 	// Session names the harness's saved session in the sandbox, or "" when
 	// it has none yet.
-	Session(ctx context.Context, p sandbox.Provider, sandboxID string, l Launch) (string, error)
+	Session(ctx context.Context, p sandbox.Files, sandboxID string, l Launch) (string, error)
 	// Resume is the command that relaunches the harness and continues its
 	// saved session (session as Session named it; "" for the latest).
 	Resume(l Launch, session string) Command
@@ -112,7 +112,7 @@ func envPrefix(env map[string]string) string {
 }
 
 // exists reports whether a path exists inside the sandbox.
-func exists(ctx context.Context, p sandbox.Provider, id, file string) (bool, error) {
+func exists(ctx context.Context, p sandbox.Files, id, file string) (bool, error) {
 	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"test", "-e", file}})
 	if err != nil {
 		return false, err
@@ -122,7 +122,7 @@ func exists(ctx context.Context, p sandbox.Provider, id, file string) (bool, err
 
 // sh runs a shell script in the sandbox and reports a failure with its
 // output.
-func sh(ctx context.Context, p sandbox.Provider, id, what, script string, args ...string) error {
+func sh(ctx context.Context, p sandbox.Files, id, what, script string, args ...string) error {
 	var out strings.Builder
 	res, err := p.Exec(ctx, id, sandbox.ExecRequest{
 		Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Stdout: &out, Stderr: &out,

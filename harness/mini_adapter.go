@@ -12,7 +12,7 @@ import (
 // where a provider that binds the host's binary in read-only puts it.
 const (
 	BinaryPath      = "/tmp/.stasis/bin/stasis"
-	BoundBinaryPath = "/stasis/bin/stasis"
+	BoundBinaryPath = sandbox.BinaryPath
 )
 
 // Mini is the adapter of mini, the agent built into stasis: it needs
@@ -29,11 +29,11 @@ func (Mini) SessionFile(l Launch) string { return path.Join(l.Dir, "mini-session
 
 // Install implements Adapter: mini is part of the stasis binary, which
 // Prepare checks for.
-func (Mini) Install(context.Context, sandbox.Provider, string) error { return nil }
+func (Mini) Install(context.Context, sandbox.Files, string) error { return nil }
 
 // Prepare implements Adapter: in one exec, check that the stasis binary is
 // in place (copied or bound in) and make Dir.
-func (m Mini) Prepare(ctx context.Context, p sandbox.Provider, id string, l Launch) error {
+func (m Mini) Prepare(ctx context.Context, p sandbox.Files, id string, l Launch) error {
 	bin := l.Stasis
 	if bin == "" {
 		bin = BinaryPath
@@ -58,7 +58,7 @@ func (m Mini) Start(l Launch) Command {
 }
 
 // Session implements Adapter: the session file, once mini has written it.
-func (m Mini) Session(ctx context.Context, p sandbox.Provider, id string, l Launch) (string, error) {
+func (m Mini) Session(ctx context.Context, p sandbox.Files, id string, l Launch) (string, error) {
 	ok, err := exists(ctx, p, id, m.SessionFile(l))
 	if err != nil || !ok {
 		return "", err

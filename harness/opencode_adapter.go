@@ -57,7 +57,7 @@ func (*OpenCode) Binary() string { return OpenCodeSandboxDir + "/node_modules/.b
 // Install implements Adapter. When the sandbox does not see OpenCode at
 // OpenCodeSandboxDir (a local sandbox made with that directory bound in
 // does), it uploads the OpenCode binary and its plugin package there.
-func (o *OpenCode) Install(ctx context.Context, p sandbox.Provider, id string) error {
+func (o *OpenCode) Install(ctx context.Context, p sandbox.Files, id string) error {
 	ok, err := exists(ctx, p, id, o.Binary())
 	if err != nil {
 		return fmt.Errorf("opencode: %w", err)
@@ -129,7 +129,7 @@ func addFile(tw *tar.Writer, src, name string, mode os.FileMode) error {
 // Prepare implements Adapter: opencode.json with the relay as the only
 // provider, and the plugin package linked into the config directory so
 // OpenCode installs nothing.
-func (o *OpenCode) Prepare(ctx context.Context, p sandbox.Provider, id string, l Launch) error {
+func (o *OpenCode) Prepare(ctx context.Context, p sandbox.Files, id string, l Launch) error {
 	cfg, err := opencode.Config(l.ModelURL, l.Model)
 	if err != nil {
 		return err
@@ -208,7 +208,7 @@ func (o *OpenCode) Resume(l Launch, session string) Command {
 
 // Session implements Adapter: the newest session OpenCode has saved for
 // the work tree (`opencode session list --format json`).
-func (o *OpenCode) Session(ctx context.Context, p sandbox.Provider, id string, l Launch) (string, error) {
+func (o *OpenCode) Session(ctx context.Context, p sandbox.Files, id string, l Launch) (string, error) {
 	var out, errb bytes.Buffer
 	res, err := p.Exec(ctx, id, sandbox.ExecRequest{
 		Argv: []string{o.Binary(), "session", "list", "--format", "json", "-n", "1"},

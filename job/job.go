@@ -13,6 +13,7 @@ package job
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,7 +35,6 @@ import (
 	"stasis/harness/opencode"
 	"stasis/model"
 	"stasis/sandbox"
-	"stasis/sandbox/e2b"
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/sandbox/opensandbox"
@@ -216,7 +216,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		if t.Solution == nil {
 			continue
 		}
-		if o.Provider == microvm.Name && !microvm.CanRun(t, o.Image) {
+		if o.Provider == microvm.Name && !microvm.CanRun(t.Language, cmp.Or(t.Image, o.Image)) {
 			continue
 		}
 		solvable = append(solvable, t)
@@ -520,23 +520,22 @@ func (o *Options) defaults() error {
 			return fmt.Errorf("--harness %s needs OpenCode: %w", o.Harness, err)
 		}
 	}
-	switch o.Provider {
-	case "":
+	if o.Provider == "" {
 		o.Provider = local.Name
-	case local.Name:
+	}
+	if _, err := sandbox.Lookup(o.Provider); err != nil {
+		return fmt.Errorf("--provider: %w", err)
+	}
+	// What each provider can run.
+	switch o.Provider {
 	case microvm.Name:
 		if o.Harness != "mini" && o.Image == "" {
 			return fmt.Errorf("--harness %s on --provider microvm needs --image: OpenCode needs a C library, and a guest without an image has busybox and stasis only (the Debian image: make deps-image, then --image oci:.tools/image/debian:stasis)", o.Harness)
 		}
-	case e2b.Name:
-		// OpenCode runs where the template has a C library; the adapter
-		// uploads it unless the template has it at /stasis/opencode.
 	case opensandbox.Name:
 		if o.Harness != "mini" {
 			return fmt.Errorf("--provider %s runs the mini harness (stasis is copied into each sandbox; OpenCode is not): use --harness mini", o.Provider)
 		}
-	default:
-		return fmt.Errorf("--provider %q: want local, microvm, opensandbox or e2b", o.Provider)
 	}
 	if o.CheckpointAt == 0 {
 		o.CheckpointAt = 0.5
@@ -571,26 +570,19 @@ func (o *Options) defaults() error {
 
 // hostedProvider says whether a provider's sandboxes run elsewhere (a
 // service's), not on this machine.
-func hostedProvider(name string) bool { return name == opensandbox.Name || name == e2b.Name }
+func hostedProvider(name string) bool { return sandbox.IsHosted(name) }
 
 // openHosted opens the named hosted provider as the server does, from the
 // environment (the serve child's); close it when done.
 func openHosted(name string) (sandbox.Provider, func() error, error) {
-	switch name {
-	case opensandbox.Name:
-		p, err := opensandbox.FromEnv()
-		if err != nil {
-			return nil, nil, err
-		}
-		return p, p.Close, nil
-	case e2b.Name:
-		p, err := e2b.New(e2b.FromEnv())
-		if err != nil {
-			return nil, nil, err
-		}
-		return p, p.Close, nil
+	if !sandbox.IsHosted(name) {
+		return nil, nil, fmt.Errorf("%q is not a hosted provider", name)
 	}
-	return nil, nil, fmt.Errorf("%q is not a hosted provider", name)
+	p, err := sandbox.Open(context.Background(), name, sandbox.Config{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, p.Close, nil
 }
 
 // crashHosted deletes, through the service, every sandbox of the run's

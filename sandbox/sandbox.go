@@ -43,9 +43,8 @@ type Capabilities struct {
 // NoFreezeReason says why a provider without Capabilities.Freeze cannot
 // freeze a held harness.
 func NoFreezeReason(name string) string {
-	switch name {
-	case "local":
-		return "local sandboxes mount no cgroup file system for the supervisor (bubblewrap gives none, and the sandbox's control group is the host's to manage)"
+	if d, err := Lookup(name); err == nil && d.NoFreeze != "" {
+		return d.NoFreeze
 	}
 	return "the " + name + " provider's sandboxes give stasis no writable cgroup v2 file system it knows of"
 }
@@ -60,6 +59,10 @@ type GatewayServer interface {
 	// StopSandbox stops serving sandbox id and closes its listener.
 	StopSandbox(id string)
 }
+
+// BinaryPath is where a host provider's sandboxes have the stasis binary
+// (Config.Binary), read-only.
+const BinaryPath = "/stasis/bin/stasis"
 
 // User names whom an exec runs as inside a sandbox.
 type User string
@@ -229,12 +232,22 @@ type ForkSpec struct {
 	Limits Limits
 }
 
-// Provider creates, snapshots, forks and deletes sandboxes of one kind.
+// Provider creates, snapshots, forks and deletes sandboxes of one kind:
+// the three parts of the contract below, which a caller names by the part
+// it uses (the harness adapters and verify take Files alone).
 //
 // Every method that names a sandbox or a snapshot returns an error matching
-// errdefs.ErrNotFound for one that does not exist or was deleted, and errdefs.ErrExpired for
-// a sandbox past its expiry.
+// errdefs.ErrNotFound for one that does not exist or was deleted, and
+// errdefs.ErrExpired for a sandbox past its expiry.
 type Provider interface {
+	Lifecycle
+	Files
+	Snapshots
+}
+
+// Lifecycle makes, finds and retires sandboxes, and is the provider's own
+// life.
+type Lifecycle interface {
 	Name() string
 	Capabilities() Capabilities
 
@@ -248,7 +261,18 @@ type Provider interface {
 	Delete(ctx context.Context, id string) error
 	// SetExpiry moves the absolute expiry (earlier or later).
 	SetExpiry(ctx context.Context, id string, t time.Time) error
+	// GC removes the sandboxes that can no longer run (their host side
+	// died, or their expiry passed while nobody watched) and returns
+	// their ids.
+	GC(ctx context.Context) ([]string, error)
+	// Close releases what this value holds (connections, goroutines,
+	// listeners). The sandboxes live on: another Provider of the same
+	// configuration finds them.
+	Close() error
+}
 
+// Files runs commands in a sandbox and moves files in and out.
+type Files interface {
 	Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error)
 	ReadFile(ctx context.Context, id, path string) ([]byte, error)
 	WriteFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode) error
@@ -256,7 +280,10 @@ type Provider interface {
 	Upload(ctx context.Context, id, dir string, tar io.Reader) error
 	// Download writes dir inside the sandbox to w as a tar stream.
 	Download(ctx context.Context, id, dir string, w io.Writer) error
+}
 
+// Snapshots saves sandboxes and starts new ones from what was saved.
+type Snapshots interface {
 	// Snapshot saves the sandbox; name is optional. Snapshot ids are never
 	// reused.
 	Snapshot(ctx context.Context, id, name string) (SnapshotInfo, error)
@@ -266,4 +293,8 @@ type Provider interface {
 	GetSnapshot(ctx context.Context, snapshot string) (SnapshotInfo, error)
 	// DeleteSnapshot is idempotent, like Delete.
 	DeleteSnapshot(ctx context.Context, snapshot string) error
+	// CollectBlobs frees the stored snapshot data that no snapshot names
+	// any more and returns how many blobs and bytes it freed; a provider
+	// whose snapshots a service keeps returns zeros.
+	CollectBlobs(ctx context.Context) (blobs int, bytes int64, err error)
 }

@@ -407,8 +407,8 @@ func (s *Server) checkStart(req *StartRequest) error {
 	if _, err := harness.New(req.Harness); err != nil {
 		return bad("%v", err)
 	}
-	if req.Harness == "opencode" && !s.opencode {
-		return bad("OpenCode is not installed on this server (`make deps-opencode`, or $STASIS_OPENCODE): use the mini harness")
+	if req.Harness == "opencode" && s.noOpenCode != "" {
+		return bad("%s", s.noOpenCode)
 	}
 	name := s.provider.Name()
 	switch req.Provider {

@@ -28,7 +28,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -41,10 +40,9 @@ import (
 	"stasis/model"
 	"stasis/relay"
 	"stasis/sandbox"
-	"stasis/sandbox/e2b"
 	"stasis/sandbox/local"
-	"stasis/sandbox/microvm"
 	"stasis/sandbox/opensandbox"
+	_ "stasis/sandbox/providers" // every provider, for sandbox.Open
 	"stasis/serve"
 	"stasis/store"
 	"stasis/task"
@@ -127,11 +125,37 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// gcProvider is a provider that can find and remove the sandboxes a crash
-// left without their keeper.
-type gcProvider interface {
-	sandbox.Provider
-	GC(ctx context.Context) ([]string, error)
+// openProvider opens the server's provider (o.Provider, by the registry)
+// on its part of the state directory. A host provider's sandboxes each get
+// a gateway socket of their own, on which only their episode's token is
+// valid; they see nothing of the state directory (every episode's token
+// and the record store are there), and they get the stasis binary and,
+// when installed, OpenCode read-only (a local sandbox by bind mounts, a
+// microVM guest in its image and on an erofs disk). The SWE-bench
+// environments are bound into local sandboxes, where their venvs expect
+// them.
+func (s *Server) openProvider(ctx context.Context, d sandbox.Driver, bin string) (sandbox.Provider, error) {
+	o := s.o
+	cfg := sandbox.Config{
+		Home: filepath.Join(s.state, o.Provider), Exe: o.Exe, ExeEnv: o.ExeEnv,
+		Binary: bin, GuestBinary: o.GuestBinary, SandboxBinary: o.SandboxBinary,
+		Hide: []string{s.state}, Limits: o.Limits, MemMiB: o.GuestMemMiB,
+	}
+	if !d.Hosted {
+		s.sockets = relay.NewSandboxSockets(s.gw, o.GatewayMiddleware)
+		cfg.GatewayDir, cfg.Gateway = filepath.Dir(s.sock), s.sockets
+		cfg.ReadOnlyBinds = map[string]string{}
+		if prefix, ok := harness.OpenCodeBind(); ok {
+			cfg.ReadOnlyBinds[prefix] = harness.OpenCodeSandboxDir
+		}
+		if o.Envs != "" && o.Provider == local.Name {
+			if err := os.MkdirAll(o.Envs, 0o755); err != nil {
+				return nil, fmt.Errorf("environments directory: %w", err)
+			}
+			cfg.ReadOnlyBinds[o.Envs] = pyenv.SandboxRoot
+		}
+	}
+	return sandbox.Open(ctx, o.Provider, cfg)
 }
 
 // Server is the environment server. Its handler is Handler; Close releases
@@ -142,14 +166,14 @@ type Server struct {
 	state string
 	sock  string
 
-	store    *store.SQLite
-	gw       *relay.Gateway
-	sockets  *relay.SandboxSockets // the local provider's sandboxes' own gateway sockets
-	provider gcProvider
-	env      *episode.Env
-	coord    *coordinator.Coordinator
-	tasks    []*task.Task
-	opencode bool // OpenCode is bound into the sandboxes
+	store      *store.SQLite
+	gw         *relay.Gateway
+	sockets    *relay.SandboxSockets // the local provider's sandboxes' own gateway sockets
+	provider   sandbox.Provider
+	env        *episode.Env
+	coord      *coordinator.Coordinator
+	tasks      []*task.Task
+	noOpenCode string // why an OpenCode episode is refused here ("": it is not)
 
 	sockSrv  *http.Server
 	tcpSrv   *http.Server // the gateway for hosted sandboxes
@@ -215,6 +239,9 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	}
 	if o.Model == "" {
 		o.Model = model.DefaultName
+	}
+	if o.Provider == "" {
+		o.Provider = local.Name
 	}
 	log := o.Logger
 	if log == nil {
@@ -298,112 +325,43 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		inSandbox = ""
 		return nil
 	}
-	// A constructor that fails returns a nil pointer, which in s.provider
-	// would be an interface Close calls: it is cleared.
-	noProvider := func(err error) (*Server, error) {
-		s.provider = nil
+	d, err := sandbox.Lookup(o.Provider)
+	if err != nil {
+		return s, fmt.Errorf("server: %w", err)
+	}
+	if d.Hosted {
+		if err := hosted(); err != nil {
+			return s, err
+		}
+	} else {
+		gatewayURL = d.GatewayURL
+	}
+	if s.provider, err = s.openProvider(ctx, d, bin); err != nil {
 		return s, err
 	}
-	switch o.Provider {
-	case "", local.Name:
-		ro := map[string]string{}
-		if prefix, ok := harness.OpenCodeBind(); ok {
-			ro[prefix] = harness.OpenCodeSandboxDir
-			s.opencode = true
-		}
-		// The stasis binary is bound into every sandbox read-only (nothing
-		// to copy per episode, nothing of it in the snapshots).
-		ro[bin] = harness.BoundBinaryPath
-		// So are the SWE-bench environments, where their venvs expect them.
-		if o.Envs != "" {
-			if err := os.MkdirAll(o.Envs, 0o755); err != nil {
-				return noProvider(fmt.Errorf("environments directory: %w", err))
-			}
-			ro[o.Envs] = pyenv.SandboxRoot
-		}
-		// Each sandbox gets a socket of its own for the gateway, in a
-		// directory of its own bound read-only at
-		// local.GatewayDirInSandbox: no sandbox can reach, replace or
-		// remove another's, and on it only its episode's token is valid.
-		s.sockets = relay.NewSandboxSockets(s.gw, o.GatewayMiddleware)
-		lp, err := local.New(local.Options{
-			Home: filepath.Join(state, "local"), Exe: o.Exe, ExeEnv: o.ExeEnv, ReadOnlyBinds: ro,
-			GatewayDir: filepath.Dir(s.sock), Gateway: s.sockets, Limits: o.Limits, SandboxBinary: o.SandboxBinary,
-			// The state directory holds every episode's gateway token and
-			// the record store: no sandbox may read it.
-			Hide: []string{state},
-		})
+	// OpenCode episodes need it installed on this host; an OpenSandbox
+	// sandbox runs the mini harness only (stasis is copied into each
+	// sandbox, OpenCode is not), as `stasis run` says.
+	if _, ok := harness.OpenCodeBind(); !ok {
+		s.noOpenCode = "OpenCode is not installed on this server (`make deps-opencode`, or $STASIS_OPENCODE): use the mini harness"
+	} else if o.Provider == opensandbox.Name {
+		s.noOpenCode = "the opensandbox provider runs the mini harness only (stasis is copied into each sandbox; OpenCode is not)"
+	}
+	if p, ok := s.provider.(*local.Provider); ok && o.Image != "" {
+		// The default image, pulled now rather than in the first
+		// start's request.
+		start := time.Now()
+		im, err := p.Images().Resolve(ctx, o.Image, nil)
 		if err != nil {
-			return noProvider(err)
+			return s, fmt.Errorf("server: the default image: %w", err)
 		}
-		s.provider = lp
-		if o.Image != "" {
-			// The default image, pulled now rather than in the first
-			// start's request.
-			start := time.Now()
-			im, err := lp.Images().Resolve(ctx, o.Image, nil)
-			if err != nil {
-				return s, fmt.Errorf("server: the default image: %w", err)
-			}
-			log.Info("default image", "ref", o.Image, "digest", im.Digest, "bytes", im.Bytes, "files", im.Files, "took", time.Since(start).Round(time.Millisecond))
-		}
-		// Sandboxes a server before this one made: their sockets again.
-		if err := lp.ServeGateways(ctx); err != nil {
+		log.Info("default image", "ref", o.Image, "digest", im.Digest, "bytes", im.Bytes, "files", im.Files, "took", time.Since(start).Round(time.Millisecond))
+	}
+	// Sandboxes a server before this one made: their sockets again.
+	if p, ok := s.provider.(interface{ ServeGateways(context.Context) error }); ok {
+		if err := p.ServeGateways(ctx); err != nil {
 			return s, fmt.Errorf("server: the sandboxes' gateway sockets: %w", err)
 		}
-		gatewayURL = "unix://" + path.Join(local.GatewayDirInSandbox, local.GatewaySocketName)
-	case microvm.Name:
-		// The guest image holds the stasis binary at the bound binary's
-		// path; the guest reaches the gateway's socket through QEMU, at
-		// GatewayAddr. The guests see nothing of the host's files.
-		guest := o.GuestBinary
-		if guest == "" {
-			guest = bin
-		}
-		// Each guest's GatewayAddr leads to a socket of its own on the
-		// host, on which only its episode's token is valid.
-		s.sockets = relay.NewSandboxSockets(s.gw, o.GatewayMiddleware)
-		// OpenCode, when installed, reaches every guest read-only (an
-		// erofs disk of its npm prefix); it runs on an image with a C
-		// library (the Debian image), not on the initramfs alone.
-		ro := map[string]string{}
-		if prefix, ok := harness.OpenCodeBind(); ok {
-			ro[prefix] = harness.OpenCodeSandboxDir
-			s.opencode = true
-		}
-		mp, err := microvm.New(ctx, microvm.Options{
-			Home: filepath.Join(state, "microvm"), Exe: o.Exe, ExeEnv: o.ExeEnv, GuestBinary: guest,
-			GatewayDir: filepath.Dir(s.sock), GatewayServer: s.sockets, ReadOnlyBinds: ro,
-			MemMiB: o.GuestMemMiB,
-		})
-		if err != nil {
-			return noProvider(err)
-		}
-		s.provider = mp
-		if err := mp.ServeGateways(ctx); err != nil {
-			return s, fmt.Errorf("server: the sandboxes' gateway sockets: %w", err)
-		}
-		gatewayURL = "http://" + microvm.GatewayAddr
-	case opensandbox.Name:
-		if err := hosted(); err != nil {
-			return s, err
-		}
-		if s.provider, err = opensandbox.FromEnv(); err != nil {
-			return noProvider(err)
-		}
-	case e2b.Name:
-		if err := hosted(); err != nil {
-			return s, err
-		}
-		if s.provider, err = e2b.New(e2b.FromEnv()); err != nil {
-			return noProvider(err)
-		}
-		// OpenCode runs where the template has a C library: from
-		// /stasis/opencode when the template has it there, else uploaded
-		// from this host's install.
-		_, s.opencode = harness.OpenCodeBind()
-	default:
-		return s, fmt.Errorf("server: provider %q: use %s, %s, %s or %s", o.Provider, local.Name, microvm.Name, opensandbox.Name, e2b.Name)
 	}
 	switch o.ClockPolicy {
 	case "", episode.ClockContinuous, episode.ClockHost:
@@ -449,7 +407,7 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	}
 	s.continueLeftPaused(ctx)
 	log.Info("environment server ready", "state", state, "gateway_socket", s.sock, "model", upstream,
-		"live_episodes", len(s.coord.LiveIDs()), "tasks", len(o.Tasks), "opencode", s.opencode)
+		"live_episodes", len(s.coord.LiveIDs()), "tasks", len(o.Tasks), "opencode", s.noOpenCode == "")
 	return s, nil
 }
 
@@ -525,8 +483,8 @@ func (s *Server) Close() error {
 		if s.tcpSrv != nil {
 			errs = append(errs, s.tcpSrv.Close())
 		}
-		if c, ok := s.provider.(interface{ Close() error }); ok {
-			errs = append(errs, c.Close())
+		if s.provider != nil {
+			errs = append(errs, s.provider.Close())
 		}
 		if s.modelSrv != nil {
 			errs = append(errs, s.modelSrv.Close())

@@ -150,7 +150,7 @@ func (v *Verifier) SeedIn(ctx context.Context, t *Task, id string) (string, erro
 }
 
 // UploadSeed unpacks seed (a ReadySeed file) into dir in a sandbox.
-func UploadSeed(ctx context.Context, p sandbox.Provider, id, dir, seed string) error {
+func UploadSeed(ctx context.Context, p sandbox.Files, id, dir, seed string) error {
 	return uploadFile(ctx, p, id, dir, seed)
 }
 
@@ -219,7 +219,7 @@ func (v *Verifier) captureSeed(ctx context.Context, t *Task, id, path string) er
 }
 
 // uploadFile unpacks the tar stream file into dir inside the sandbox.
-func uploadFile(ctx context.Context, p sandbox.Provider, id, dir, file string) error {
+func uploadFile(ctx context.Context, p sandbox.Files, id, dir, file string) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return err

@@ -216,7 +216,7 @@ type Reset struct {
 // ResetTests restores the task's tests in a sandbox's work tree (see
 // TestTree): whatever the agent did to them, or added beside them, does
 // not count.
-func ResetTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task) (Reset, error) {
+func ResetTests(ctx context.Context, p sandbox.Files, sandboxID string, t *Task) (Reset, error) {
 	var r Reset
 	tt, err := t.TestTree()
 	if err != nil {

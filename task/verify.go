@@ -154,7 +154,7 @@ func (t *Task) judge(v *Verdict, output string) {
 // RunTests restores the task's tests in a sandbox's work tree (ResetTests),
 // runs its test command there and judges the result. An error means the
 // tests could not be run (the sandbox is gone, say), not that they failed.
-func RunTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task) (Verdict, error) {
+func RunTests(ctx context.Context, p sandbox.Files, sandboxID string, t *Task) (Verdict, error) {
 	return runTests(ctx, p, sandboxID, t, runOptions{})
 }
 
@@ -168,7 +168,7 @@ type runOptions struct {
 	capture io.Writer
 }
 
-func runTests(ctx context.Context, p sandbox.Provider, sandboxID string, t *Task, o runOptions) (Verdict, error) {
+func runTests(ctx context.Context, p sandbox.Files, sandboxID string, t *Task, o runOptions) (Verdict, error) {
 	env, err := t.Environment(ctx)
 	if err != nil {
 		return Verdict{}, err

@@ -107,7 +107,7 @@ func (e *MalformedError) Unwrap() error { return e.Err }
 //
 // A src that is neither (a fifo, say) is an error, as is one missing; dst
 // is not left behind as an empty directory then.
-func Copy(ctx context.Context, p sandbox.Provider, id, src, dst string, o Options) (Result, error) {
+func Copy(ctx context.Context, p sandbox.Files, id, src, dst string, o Options) (Result, error) {
 	b, rerr := p.ReadFile(ctx, id, src)
 	if rerr == nil {
 		if err := writeFile(dst, b); err != nil {
@@ -149,7 +149,7 @@ func writeFile(dst string, data []byte) error {
 // Download extracts the directory dir inside sandbox id into dst on the
 // host (made if missing) with Extract. An error of the provider's (dir is
 // missing, the sandbox is gone) comes before one of the stream's.
-func Download(ctx context.Context, p sandbox.Provider, id, dir, dst string, o Options) (Result, error) {
+func Download(ctx context.Context, p sandbox.Files, id, dir, dst string, o Options) (Result, error) {
 	pr, pw := io.Pipe()
 	derr := make(chan error, 1)
 	go func() {

@@ -770,3 +770,8 @@ func (p *Provider) ImageUsers(ctx context.Context) (sandboxes, snapshots map[str
 	}
 	return sandboxes, snapshots, nil
 }
+
+// Close is the contract's: this value holds nothing of its own (each
+// sandbox's keeper is a process of its own, and the gateway sockets are
+// the GatewayServer's), so there is nothing to release.
+func (p *Provider) Close() error { return nil }

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 
 	"stasis/internal/sandboxbin"
-	"stasis/task"
 )
 
 // Check is one line of a doctor report.
@@ -26,7 +25,8 @@ type Report struct {
 	Accel  string `json:"accel,omitempty"`
 	Reason string `json:"accel_reason,omitempty"`
 	Ready  bool   `json:"ready"`
-	// Tasks are the built-in tasks the guest image can run.
+	// Tasks are the built-in tasks the guest image can run (the caller
+	// fills them in: the provider knows languages, not tasks).
 	Tasks []string `json:"tasks"`
 }
 
@@ -37,13 +37,6 @@ type Report struct {
 func Doctor(ctx context.Context, o Options) Report {
 	var r Report
 	add := func(c Check) { r.Checks = append(r.Checks, c) }
-	if ts, err := task.Builtin(); err == nil {
-		for _, t := range ts {
-			if CanRun(t, "") {
-				r.Tasks = append(r.Tasks, t.ID)
-			}
-		}
-	}
 	const fix = "make deps-microvm"
 	ok := true
 	if path, err := exec.LookPath(QEMU); err != nil {

@@ -20,7 +20,6 @@ import (
 	"stasis/atomicfile"
 	"stasis/sandbox"
 	"stasis/sandbox/microvm/agent"
-	"stasis/task"
 )
 
 // GuestModules are the kernel modules the guest loads at boot, in an order
@@ -378,9 +377,10 @@ func Initramfs(cacheDir string, k Kernel, busybox, stasisBin string) (string, er
 	return path, nil
 }
 
-// CanRun says whether a guest can run a task: on an image (the task's or
-// the run's), whatever the image has; on the initramfs alone, busybox
-// and stasis, no Python, Node.js or Go, so shell tasks only.
-func CanRun(t *task.Task, img string) bool {
-	return t.Language == "shell" || img != "" || t.Image != ""
+// CanRun says whether a guest can run a task in language on image (the
+// task's or the run's; "" for none): on an image, whatever the image has;
+// on the initramfs alone, busybox and stasis, no Python, Node.js or Go,
+// so shell tasks only.
+func CanRun(language, image string) bool {
+	return language == "shell" || image != ""
 }

@@ -1036,3 +1036,8 @@ func (p *Provider) GuestInfo(ctx context.Context, id string) (agent.Info, error)
 	in, err := c.Info(ctx)
 	return in, p.wrap("info", m, err)
 }
+
+// Close is the contract's: this value holds nothing of its own (each
+// guest's keeper and QEMU are processes of their own, and the gateway
+// sockets are the GatewayServer's), so there is nothing to release.
+func (p *Provider) Close() error { return nil }

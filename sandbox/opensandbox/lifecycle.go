@@ -256,6 +256,11 @@ func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbo
 	return out, nil
 }
 
+// CollectBlobs is the contract's: the OpenSandbox server keeps the
+// snapshots' data, and a snapshot's deletion frees it there; nothing is
+// stored here.
+func (p *Provider) CollectBlobs(context.Context) (int, int64, error) { return 0, 0, nil }
+
 // GC deletes stasis's sandboxes that are past stasis's expiry (those no
 // process's timer has deleted: their process ended) and returns their ids.
 func (p *Provider) GC(ctx context.Context) ([]string, error) {

@@ -146,7 +146,7 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 	}
 	var rows []store.Episode
 	// An ended episode keeps its sandbox (for verify) until it is retired.
-	for _, state := range []string{store.EpisodeRunning, store.EpisodeEnded} {
+	for _, state := range []store.EpisodeState{store.EpisodeRunning, store.EpisodeEnded} {
 		rs, err := o.Store.ListEpisodes(ctx, state)
 		if err != nil {
 			return nil, err

@@ -38,6 +38,8 @@ import (
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/sandbox/opensandbox"
+	api "stasis/server"
+	"stasis/store"
 	"stasis/supervisor"
 	"stasis/task"
 )
@@ -160,25 +162,12 @@ type Report struct {
 	State   string  `json:"state,omitempty"`
 }
 
-// episodeView is the part of the server's episode view the job reads.
-type episodeView struct {
-	ID         string `json:"id"`
-	Task       string `json:"task"`
-	Harness    string `json:"harness"`
-	Provider   string `json:"provider"`
-	State      string `json:"state"`
-	Resume     string `json:"resume"`
-	Live       bool   `json:"live"`
-	ModelCalls int    `json:"model_calls"`
-	LedgerOK   bool   `json:"ledger_ok"`
-	Reward     *int   `json:"reward"`
-	Status     *struct {
-		State string `json:"state"`
-	} `json:"status"`
-}
+// episodeView is the server's view of an episode, as its API answers.
+type episodeView = api.EpisodeView
 
-func (v episodeView) ended() bool {
-	return v.State == "ended" || (v.Status != nil && v.Status.State == supervisor.StateExited)
+// ended says whether the episode's harness has ended.
+func harnessEnded(v episodeView) bool {
+	return v.State == store.EpisodeEnded || (v.Status != nil && v.Status.State == supervisor.StateExited)
 }
 
 // Excluded is an episode a checkpoint was committed without.
@@ -313,8 +302,8 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		}
 		made, ended := 0, 0
 		for _, v := range views {
-			made += min(v.ModelCalls, turns[v.Task])
-			if v.ended() {
+			made += min(int(v.ModelCalls), turns[v.Task])
+			if harnessEnded(v) {
 				ended++
 			}
 		}
@@ -423,7 +412,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		}
 		ended := 0
 		for _, v := range views {
-			if v.ended() {
+			if harnessEnded(v) {
 				ended++
 			}
 		}
@@ -455,7 +444,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 			resume = "none"
 		}
 		er := EpisodeReport{ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume, ResumeWhy: why[p.id], ClockStep: clockStep[p.id],
-			Reward: vr.Verdict.Reward, ModelCalls: v.ModelCalls, LedgerVerified: v.LedgerOK,
+			Reward: vr.Verdict.Reward, ModelCalls: int(v.ModelCalls), LedgerVerified: v.LedgerOK,
 			ResolvedAtCheckpoint: finishedAt[p.id] && vr.Verdict.Reward == 1,
 			Verdict:              vr.Verdict.Status, Reason: vr.Verdict.Reason, Environment: vr.Verdict.Environment,
 			FailToPass: vr.Verdict.FailToPass, PassToPass: vr.Verdict.PassToPass, TestsRemoved: vr.Verdict.TestsRemoved, TestsReverted: vr.Verdict.TestsReverted}
@@ -804,7 +793,7 @@ func cleanup(s *server, o Options) error {
 	if s != nil && s.cmd.ProcessState == nil {
 		if views, err := s.episodes(ctx); err == nil {
 			for _, v := range views {
-				if v.State != "retired" {
+				if v.State != store.EpisodeRetired {
 					if err := s.call(ctx, "POST", "/v1/episodes/"+v.ID+"/retire", nil, nil); err != nil {
 						errs = append(errs, err)
 					}

@@ -147,17 +147,24 @@ func (l Limits) Check() error {
 	return nil
 }
 
-// State of a sandbox as Get reports it.
+// State is a sandbox's state as Get and List report it.
+type State string
+
+// The sandbox states.
 const (
-	StateRunning = "running"
-	StateExpired = "expired"
+	StateRunning State = "running"
+	// StateExpired: its expiry passed; it is gone or going.
+	StateExpired State = "expired"
+	// StateLost: its host side (keeper, QEMU) died without retiring it;
+	// GC removes it.
+	StateLost State = "lost"
 )
 
 // Info describes one sandbox.
 type Info struct {
 	ID       string            `json:"id"`
 	Provider string            `json:"provider"`
-	State    string            `json:"state"`
+	State    State             `json:"state"`
 	Labels   map[string]string `json:"labels,omitempty"`
 	Created  time.Time         `json:"created"`
 	Expiry   time.Time         `json:"expiry"`

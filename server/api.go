@@ -464,7 +464,7 @@ func (s *Server) checkStart(req *StartRequest) error {
 
 func (s *Server) listEpisodes(w http.ResponseWriter, q *http.Request) {
 	qs := q.URL.Query()
-	state := qs.Get("state")
+	state := store.EpisodeState(qs.Get("state"))
 	switch state {
 	case "", store.EpisodeRunning, store.EpisodeEnded, store.EpisodeRetired, store.EpisodeLost:
 	default:

@@ -79,12 +79,12 @@ func (c *episodeStates) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.desc, err)
 		return
 	}
-	n := map[string]int{store.EpisodeRunning: 0, store.EpisodeEnded: 0, store.EpisodeRetired: 0, store.EpisodeLost: 0}
+	n := map[store.EpisodeState]int{store.EpisodeRunning: 0, store.EpisodeEnded: 0, store.EpisodeRetired: 0, store.EpisodeLost: 0}
 	for _, r := range rows {
 		n[r.State]++
 	}
 	for state, k := range n {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k), state)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k), string(state))
 	}
 }
 

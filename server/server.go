@@ -45,6 +45,7 @@ import (
 	_ "stasis/sandbox/providers" // every provider, for sandbox.Open
 	"stasis/serve"
 	"stasis/store"
+	"stasis/supervisor"
 	"stasis/task"
 	"stasis/task/pyenv"
 )
@@ -434,7 +435,7 @@ func (s *Server) continueLeftPaused(ctx context.Context) {
 				s.log.Warn("re-attached episode: no status", "episode", id, "err", err)
 				return
 			}
-			if st.State != "paused" {
+			if st.State != supervisor.StatePaused {
 				return
 			}
 			if _, err := e.Session().Continue(ctx, st.Seq); err != nil {

@@ -11,12 +11,15 @@ import (
 	"time"
 )
 
-// Episode states in the record store.
+// EpisodeState is an episode's state in the record store.
+type EpisodeState string
+
+// The episode states.
 const (
-	EpisodeRunning = "running" // its harness runs (or is paused) in Sandbox
-	EpisodeEnded   = "ended"   // its harness has ended; the sandbox is kept for verify
-	EpisodeRetired = "retired" // its sandbox is deleted
-	EpisodeLost    = "lost"    // its sandbox was gone when a server looked (a crash); a restore brings it back
+	EpisodeRunning EpisodeState = "running" // its harness runs (or is paused) in Sandbox
+	EpisodeEnded   EpisodeState = "ended"   // its harness has ended; the sandbox is kept for verify
+	EpisodeRetired EpisodeState = "retired" // its sandbox is deleted
+	EpisodeLost    EpisodeState = "lost"    // its sandbox was gone when a server looked (a crash); a restore brings it back
 )
 
 // Episode is what the store keeps about one live or past episode: enough
@@ -33,7 +36,7 @@ type Episode struct {
 	// PauseSeq is the last pause number sent to its supervisor; the next
 	// pause uses PauseSeq+1.
 	PauseSeq int64  `json:"pause_seq"`
-	State    string `json:"state"`
+	State    EpisodeState `json:"state"`
 	// DeadlineS overrides the task's time budget for the harness (0: the
 	// task's budget).
 	DeadlineS float64 `json:"deadline_s,omitempty"`
@@ -122,12 +125,12 @@ func (s *sqlStore) GetEpisode(ctx context.Context, id string) (Episode, error) {
 }
 
 // ListEpisodes returns the episodes in a state ("" for all), oldest first.
-func (s *sqlStore) ListEpisodes(ctx context.Context, state string) ([]Episode, error) {
+func (s *sqlStore) ListEpisodes(ctx context.Context, state EpisodeState) ([]Episode, error) {
 	q := `SELECT doc FROM episodes ORDER BY created_ns, id`
 	var args []any
 	if state != "" {
 		q = `SELECT doc FROM episodes WHERE state = ? ORDER BY created_ns, id`
-		args = append(args, state)
+		args = append(args, string(state))
 	}
 	rows, err := s.db.QueryContext(ctx, s.q(q), args...)
 	if err != nil {

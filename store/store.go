@@ -112,7 +112,7 @@ type Store interface {
 	// PutEpisodes is PutEpisode for many, in one transaction.
 	PutEpisodes(ctx context.Context, es []Episode) error
 	GetEpisode(ctx context.Context, id string) (Episode, error)
-	ListEpisodes(ctx context.Context, state string) ([]Episode, error)
+	ListEpisodes(ctx context.Context, state EpisodeState) ([]Episode, error)
 	// Close releases the store.
 	Close() error
 }

@@ -89,15 +89,18 @@ const (
 	stExited
 )
 
-// The public states a Status reports.
+// State is a supervisor's public state, as a Status reports it.
+type State string
+
+// The public states.
 const (
-	StateRunning  = "running"
-	StatePaused   = "paused"
-	StateStopping = "stopping"
-	StateExited   = "exited"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
+	StateStopping State = "stopping"
+	StateExited   State = "exited"
 )
 
-func (s stateName) public() string {
+func (s stateName) public() State {
 	switch s {
 	case stRunning:
 		return StateRunning

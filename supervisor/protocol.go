@@ -153,7 +153,7 @@ type Ack struct {
 
 // Status answers the status request.
 type Status struct {
-	State        string        `json:"state"` // running, paused, stopping, exited
+	State        State         `json:"state"` // running, paused, stopping, exited
 	Mode         Mode          `json:"mode"`
 	Seq          int64         `json:"seq"` // last pause sequence number, 0 before any
 	Confirmed    *bool         `json:"confirmed,omitempty"`

@@ -448,7 +448,7 @@ func (p *Provider) fromDetail(d wire.SandboxDetail, withConn bool) sbState {
 }
 
 func (p *Provider) info(st sbState) sandbox.Info {
-	state := st.state
+	state := sandbox.State(st.state)
 	if st.expired {
 		state = sandbox.StateExpired
 	}

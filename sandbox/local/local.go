@@ -291,7 +291,7 @@ func (p *Provider) readKeeper(id string) (keeperInfo, bool) {
 	return k, true
 }
 
-func (p *Provider) info(m meta, state string) sandbox.Info {
+func (p *Provider) info(m meta, state sandbox.State) sandbox.Info {
 	desc, _ := json.Marshal(map[string]string{"id": m.ID, "dir": p.sbDir(m.ID)})
 	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Image: m.Image, Descriptor: desc}
 }
@@ -618,7 +618,7 @@ func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbo
 		if _, err := p.running("list", m); err != nil {
 			state = sandbox.StateExpired
 			if errors.Is(err, errdefs.ErrConflict) {
-				state = "lost"
+				state = sandbox.StateLost
 			}
 		}
 		out = append(out, p.info(m, state))

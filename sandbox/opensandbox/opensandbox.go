@@ -316,7 +316,7 @@ func (p *Provider) info(s apiSandbox) sandbox.Info {
 	if expiry.IsZero() && s.ExpiresAt != nil {
 		expiry = s.ExpiresAt.UTC()
 	}
-	state := strings.ToLower(s.Status.State)
+	state := sandbox.State(strings.ToLower(s.Status.State))
 	if s.Status.State == stateRunning {
 		state = sandbox.StateRunning
 	}

@@ -18,14 +18,15 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/cli/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit python-client fuzz bench clean
+.PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean
 
 all: build
 
 ## deps: system packages the build and the tests use (gcc for cgo and -race,
 ## util-linux for setsid, nsenter and setpriv, bubblewrap for local
 ## sandboxes, tar; git, python3 and nodejs for the built-in tasks and the
-## SWE-bench loader); installed with apt-get only when missing.
+## SWE-bench loader; spin for the protocol's model); installed with apt-get
+## only when missing.
 deps:
 	@missing=""; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
@@ -37,6 +38,7 @@ deps:
 	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
 	[ -x /usr/bin/python3 ] || missing="$$missing python3"; \
 	[ -x /usr/bin/node ] || command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
+	command -v spin >/dev/null 2>&1 || missing="$$missing spin"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -214,6 +216,11 @@ staticcheck: $(STATICCHECK)
 
 unit:
 	$(GO) test -race -count=1 -timeout 45m ./...
+
+## model: only the check of the checkpoint protocol's model
+## (coordinator/protocol.pml) with spin; `unit` runs it too.
+model: deps
+	$(GO) test -count=1 -run TestProtocolModel -v ./coordinator
 
 ## python-client: the Python client's tests (clients/python) and the
 ## rollout-loop example, against real `stasis serve` processes of bin/stasis.

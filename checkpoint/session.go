@@ -175,21 +175,37 @@ func NewSession(ctx context.Context, o SessionOptions) (*Session, error) {
 // the provider must not leave a sandbox behind.
 const cleanupTries = 5
 
-// Retry runs a cleanup step (deleting a sandbox or a snapshot, continuing
-// a paused episode) until it succeeds, at most a few times with a short
-// backoff, and returns its last error.
-func Retry(fn func() error) error {
+// Backoff is how a cleanup step is retried: at most Tries runs, waiting
+// Base, then twice as long each time, between them. Sleep waits (a test
+// gives one that records the waits and moves its own clock).
+type Backoff struct {
+	Tries int
+	Base  time.Duration
+	Sleep func(time.Duration)
+}
+
+// DefaultBackoff is Retry's: cleanupTries runs, 10 ms apart at first.
+var DefaultBackoff = Backoff{Tries: cleanupTries, Base: 10 * time.Millisecond, Sleep: time.Sleep}
+
+// Retry runs fn until it succeeds, at most b.Tries times, and returns its
+// last error.
+func (b Backoff) Retry(fn func() error) error {
 	var err error
-	for i := range cleanupTries {
+	for i := range max(b.Tries, 1) {
 		if err = fn(); err == nil {
 			return nil
 		}
-		if i < cleanupTries-1 {
-			time.Sleep(time.Duration(10<<i) * time.Millisecond) // backoff between retries
+		if i < b.Tries-1 {
+			b.Sleep(b.Base << i)
 		}
 	}
 	return err
 }
+
+// Retry runs a cleanup step (deleting a sandbox or a snapshot, continuing
+// a paused episode) until it succeeds, at most a few times with a short
+// backoff (DefaultBackoff), and returns its last error.
+func Retry(fn func() error) error { return DefaultBackoff.Retry(fn) }
 
 // SetHarnessSession records the harness's own session id (found once the
 // harness has saved one), for CheckpointState.

@@ -192,9 +192,9 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 	return c, nil
 }
 
-// retry is episode.Retry: cleanups must not leave a sandbox, a snapshot or
+// retry is checkpoint.Retry: cleanups must not leave a sandbox, a snapshot or
 // a paused harness behind because of one transient failure.
-var retry = episode.Retry
+var retry = checkpoint.Retry
 
 // deleteSandbox deletes a sandbox the coordinator owns, unless it is
 // already gone (a session that failed deletes its own), retrying transient

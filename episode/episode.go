@@ -324,16 +324,11 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	return e, nil
 }
 
-// Retry runs a cleanup step (deleting a sandbox or a snapshot, continuing
-// a paused episode) until it succeeds, at most a few times with a short
-// backoff, and returns its last error (checkpoint.Retry).
-func Retry(fn func() error) error { return checkpoint.Retry(fn) }
-
 // closeRetrying closes a session (deleting the sandbox it owns), retrying
 // transient failures; Close is safe to retry.
 func closeRetrying(ctx context.Context, sess *checkpoint.Session) error {
 	ctx = context.WithoutCancel(ctx)
-	return Retry(func() error { return sess.Close(ctx) })
+	return checkpoint.Retry(func() error { return sess.Close(ctx) })
 }
 
 // boot installs and prepares the harness, writes the relay's credentials,

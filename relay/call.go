@@ -81,7 +81,7 @@ func parseOther(path string, body []byte) error {
 }
 
 func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
-	start := time.Now()
+	start := r.clock.Now()
 	body, bodyBuf, err := readPooled(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody), q.ContentLength)
 	defer releaseBody(bodyBuf)
 	if err != nil {
@@ -119,7 +119,7 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 			apiError(w, http.StatusBadGateway, "upstream_error", c.err.Error())
 			return
 		}
-		r.m.added.Observe((time.Since(start) - c.res.took).Seconds())
+		r.m.added.Observe((r.clock.Now().Sub(start) - c.res.took).Seconds())
 		return
 	}
 	// A streaming client gets its status and headers at once, and comments
@@ -127,7 +127,7 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	// timeouts see a live stream, as they would from the model.
 	c.done = make(chan bool, 1)
 	sse := startStream(w)
-	tick := time.NewTicker(r.cfg.Heartbeat)
+	tick := newTicker(r.clock, r.cfg.Heartbeat)
 	defer tick.Stop()
 	go r.run(c)
 	for waiting := true; waiting; {
@@ -157,7 +157,7 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	}
 	ok := q.Context().Err() == nil && r.deliver(w, sse, c)
 	c.done <- ok
-	r.m.added.Observe((time.Since(start) - c.res.took).Seconds())
+	r.m.added.Observe((r.clock.Now().Sub(start) - c.res.took).Seconds())
 }
 
 // run takes a call from the hold to its settlement.
@@ -426,10 +426,10 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 	backoff := func(d time.Duration) bool {
 		r.m.retries.Inc()
 		wait = min(2*wait, r.cfg.Retry.MaxInterval)
-		return sleepCtx(ctx, d)
+		return sleep(ctx, r.clock, d)
 	}
 	for try := 0; ; try++ {
-		t0 := time.Now()
+		t0 := r.clock.Now()
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.up.Base+path, bytes.NewReader(body))
 		if err != nil {
 			return res, err
@@ -452,7 +452,7 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 		resp, err := r.up.Client.Do(req)
 		if err != nil {
 			r.returnSettlements(carried, false)
-			res.took += time.Since(t0)
+			res.took += r.clock.Now().Sub(t0)
 			if ctx.Err() != nil {
 				return res, ctx.Err()
 			}
@@ -467,7 +467,7 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 		r.returnSettlements(carried, resp.Header.Get(HeaderSettledOK) != "")
 		b, buf, err := readPooled(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
 		resp.Body.Close()
-		res.took += time.Since(t0)
+		res.took += r.clock.Now().Sub(t0)
 		if err != nil {
 			releaseBody(buf)
 			if ctx.Err() != nil {
@@ -488,7 +488,7 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 		if (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) && try < r.cfg.Retry.Max {
 			releaseBody(buf)
 			d := jitter(wait)
-			if ra, _ := retryafter.Parse(resp.Header.Get("Retry-After"), time.Now()); ra > 0 {
+			if ra, _ := retryafter.Parse(resp.Header.Get("Retry-After"), r.clock.Now()); ra > 0 {
 				d = min(ra, r.cfg.Retry.MaxInterval*6)
 			}
 			r.log.Debug("upstream busy, retrying", "status", resp.StatusCode, "in", d, "try", try+1)

@@ -59,6 +59,8 @@ type GatewayConfig struct {
 	ModelKey string
 	MaxBody  int64
 	Logger   *slog.Logger
+	// Clock stamps episodes and ledger entries (nil: the system's).
+	Clock Clock
 }
 
 // Gateway is the host end: it authenticates episodes by bearer token,
@@ -66,11 +68,12 @@ type GatewayConfig struct {
 // ledger, and records every new response in the episode's ledger before it
 // answers.
 type Gateway struct {
-	up  *Upstream
-	cfg GatewayConfig
-	log *slog.Logger
-	reg *prometheus.Registry
-	m   gatewayMetrics
+	up    *Upstream
+	cfg   GatewayConfig
+	clock Clock
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	m     gatewayMetrics
 
 	mu       sync.Mutex
 	episodes map[string]*EpisodeState
@@ -112,7 +115,7 @@ func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	g := &Gateway{up: up, cfg: cfg, log: log, reg: prometheus.NewRegistry(),
+	g := &Gateway{up: up, cfg: cfg, clock: clockOr(cfg.Clock), log: log, reg: prometheus.NewRegistry(),
 		episodes: map[string]*EpisodeState{}, tokens: map[string]string{}, ledgers: map[string]*ledger.Ledger{},
 		opening: map[string]chan struct{}{}, inflight: map[string]chan struct{}{}, epLocks: map[string]*sync.Mutex{}}
 	buckets := prometheus.ExponentialBuckets(0.00005, 2, 18)
@@ -219,7 +222,7 @@ func (g *Gateway) AddEpisode(id string) (EpisodeState, error) {
 	defer g.mu.Unlock()
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
-	st := &EpisodeState{Episode: id, Token: hex.EncodeToString(b), Created: time.Now().UTC()}
+	st := &EpisodeState{Episode: id, Token: hex.EncodeToString(b), Created: g.clock.Now().UTC()}
 	if err := g.saveLocked(st); err != nil {
 		return EpisodeState{}, err
 	}
@@ -558,7 +561,7 @@ func (g *Gateway) admit(w http.ResponseWriter, q *http.Request) (st EpisodeState
 }
 
 func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string) {
-	start := time.Now()
+	start := g.clock.Now()
 	st, attempt, ok := g.admit(w, q)
 	if !ok {
 		return
@@ -659,12 +662,12 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 		g.answer(w, l, e, q)
 		return
 	}
-	t0 := time.Now()
+	t0 := g.clock.Now()
 	status, header, respBody, buf, err := g.forward(q.Context(), path, body)
 	// The ledger keeps its own copy of the answer, so the buffer it was
 	// read into goes back to the pool when this call is answered.
 	defer releaseBody(buf)
-	upTime := time.Since(t0)
+	upTime := g.clock.Now().Sub(t0)
 	g.m.upstream.Observe(upTime.Seconds())
 	if err != nil {
 		settledAlone()
@@ -696,7 +699,7 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 	}
 	e, serr, err := l.SettleAndAppend(settled, ledger.Entry{
 		// Usage and tokens are read from the response by the ledger.
-		CallID: callID, Attempt: attempt, Request: body, Response: respBody, Started: t0, Finished: time.Now(),
+		CallID: callID, Attempt: attempt, Request: body, Response: respBody, Started: t0, Finished: g.clock.Now(),
 	})
 	if serr != nil {
 		g.log.Warn("settlements not recorded", "episode", st.Episode, "err", serr)
@@ -708,7 +711,7 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 	}
 	w.Header().Set(HeaderSettledOK, "1")
 	g.answer(w, l, e, q)
-	g.m.added.Observe((time.Since(start) - upTime).Seconds())
+	g.m.added.Observe((g.clock.Now().Sub(start) - upTime).Seconds())
 }
 
 func (g *Gateway) answer(w http.ResponseWriter, l *ledger.Ledger, e ledger.Entry, q *http.Request) {

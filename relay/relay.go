@@ -106,6 +106,8 @@ type Config struct {
 	// call to the gateway before it is sent on its own (default 50ms).
 	SettleDelay time.Duration
 	Logger      *slog.Logger
+	// Clock is the relay's time (nil: the system's).
+	Clock Clock
 }
 
 // DefaultHeartbeat is Config.Heartbeat's default.
@@ -113,11 +115,12 @@ const DefaultHeartbeat = 5 * time.Second
 
 // Relay is the in-sandbox end. It implements supervisor.Gate.
 type Relay struct {
-	up  *Upstream
-	cfg Config
-	log *slog.Logger
-	reg *prometheus.Registry
-	m   relayMetrics
+	up    *Upstream
+	cfg   Config
+	clock Clock
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	m     relayMetrics
 
 	mu sync.Mutex
 	// changed is closed (and replaced) whenever the state below changes;
@@ -185,7 +188,7 @@ func New(cfg Config) (*Relay, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &Relay{up: up, cfg: cfg, log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, waiting: map[int64]int{}, reg: prometheus.NewRegistry(), changed: make(chan struct{})}
+	r := &Relay{up: up, cfg: cfg, clock: clockOr(cfg.Clock), log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, waiting: map[int64]int{}, reg: prometheus.NewRegistry(), changed: make(chan struct{})}
 	if cred.NextCall > 0 {
 		r.next = cred.NextCall - 1
 		r.baseUnknown = true
@@ -260,7 +263,7 @@ func (r *Relay) Hold() (supervisor.Held, error) {
 	r.waitLocked(nil, func() bool { return r.delivering == 0 })
 	h := supervisor.Held{Delivered: r.deliv, Position: r.pos}
 	r.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), holdFlushTimeout)
+	ctx, cancel := withTimeout(context.Background(), r.clock, holdFlushTimeout)
 	defer cancel()
 	if err := r.flushSettlements(ctx, true); err != nil {
 		// The ledger lacks these dispositions (its entries read pending);
@@ -598,18 +601,6 @@ func splice(body []byte, cut []span) []byte {
 
 func jitter(d time.Duration) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d)+1))
-}
-
-// sleepCtx waits d (a retry backoff) unless ctx ends first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 func (r *Relay) serveModels(w http.ResponseWriter, q *http.Request) {

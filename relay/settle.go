@@ -155,8 +155,8 @@ func (r *Relay) scheduleFlushLocked() {
 		return
 	}
 	r.flushing = true
-	time.AfterFunc(r.cfg.SettleDelay, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	r.clock.AfterFunc(r.cfg.SettleDelay, func() {
+		ctx, cancel := withTimeout(context.Background(), r.clock, 30*time.Second)
 		defer cancel()
 		err := r.flushSettlements(ctx, false)
 		if err != nil {
@@ -228,7 +228,7 @@ func (r *Relay) postSettlements(ctx context.Context, cred Credentials, s []settl
 			}
 			err = fmt.Errorf("gateway answered %s", resp.Status)
 		}
-		if !sleepCtx(ctx, jitter(wait)) {
+		if !sleep(ctx, r.clock, jitter(wait)) {
 			return fmt.Errorf("settlements: %w", err)
 		}
 		wait = min(2*wait, r.cfg.Retry.MaxInterval)

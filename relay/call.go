@@ -192,7 +192,11 @@ func (r *Relay) run(c *call) {
 		a.stale = !a.failed && staleAttempt(res)
 		r.mu.Lock()
 		delete(r.cancels, c.n)
-		switch r.order.answered(gen, a) {
+		v, wake := r.order.answered(gen, a)
+		if wake {
+			r.broadcastLocked()
+		}
+		switch v {
 		case verdictReissue: // restored meanwhile: issue again under the new attempt
 			r.mu.Unlock()
 			releaseBody(res.buf)
@@ -212,11 +216,11 @@ func (r *Relay) run(c *call) {
 			r.m.reissues.Inc()
 			continue
 		case verdictFail:
+			// The gateway may have recorded an answer this call never
+			// read: answered woke the waiters, which may now see that no
+			// call can fill the gap.
 			c.err = err
 			close(c.ready)
-			// The gateway may have recorded an answer this call never
-			// read: a waiter may now see that no call can fill the gap.
-			r.broadcastLocked()
 			r.mu.Unlock()
 			return
 		}

@@ -110,9 +110,16 @@ const (
 )
 
 // answered takes a call's answer from the upstream, the call having gone
-// under generation gen.
-func (o *order) answered(gen int, a answer) verdict {
+// under generation gen. wake says that calls waiting for their turn must
+// ask again: none is with the upstream any more, so a gap below them that
+// no call read may now be skipped (deliver).
+func (o *order) answered(gen int, a answer) (v verdict, wake bool) {
 	o.upstream--
+	v = o.judge(gen, a)
+	return v, o.upstream == 0 && len(o.waiting) > 0
+}
+
+func (o *order) judge(gen int, a answer) verdict {
 	switch {
 	case gen != o.gen:
 		return verdictReissue

@@ -72,25 +72,29 @@ func TestOrderAnswered(t *testing.T) {
 		o     *order
 		a     answer
 		want  verdict
+		wake  bool // the waiting calls must ask again
 		after string
 	}{
-		{"recorded: waits for its turn", at(1, 1), recordedAt(2), verdictQueue, "pos=1 deliv=1 upstream=0 delivering=0 waiting@2×1"},
-		{"no ledger upstream: waits, at no position", at(1, 1), recordedAt(0), verdictQueue, "pos=1 deliv=1 upstream=0 delivering=0"},
-		{"an error answer: goes to the harness, at no position", at(1, 1), answer{before: -1}, verdictQueue, "pos=1 deliv=1 upstream=0 delivering=0"},
-		{"stale while running: the harness gets the refusal", at(1, 1), stale, verdictQueue, "pos=1 deliv=1 upstream=0 delivering=0"},
-		{"failed: the harness gets the error", at(1, 1), answer{failed: true}, verdictFail, "pos=1 deliv=1 upstream=0 delivering=0"},
-		{"failed during a hold: waits for the continue", at(1, 1).holding(), answer{failed: true}, verdictHoldRetry, "pos=1 deliv=1 upstream=0 delivering=0 held"},
-		{"stale during a hold: waits for the continue", at(1, 1).holding(), stale, verdictHoldRetry, "pos=1 deliv=1 upstream=0 delivering=0 held"},
-		{"recorded during a hold: waits for its turn", at(1, 1).holding(), recordedAt(2), verdictQueue, "pos=1 deliv=1 upstream=0 delivering=0 held waiting@2×1"},
-		{"raised meanwhile: issued again", at(1, 1).raised(), recordedAt(2), verdictReissue, "pos=1 deliv=1 upstream=0 delivering=0"},
-		{"raised meanwhile, failed: issued again", at(1, 1).raised(), answer{failed: true}, verdictReissue, "pos=1 deliv=1 upstream=0 delivering=0"},
-		{"relaunched: the first recorded answer sets the base", at(0, 1).relaunched(), answer{recorded: true, seq: 5, before: 3}, verdictQueue, "pos=4 deliv=3 upstream=0 delivering=0 waiting@5×1"},
-		{"relaunched, the ledger not saying its deliveries", at(0, 1).relaunched(), recordedAt(5), verdictQueue, "pos=4 deliv=4 upstream=0 delivering=0 waiting@5×1"},
-		{"relaunched: an error answer leaves the base unknown", at(0, 1).relaunched(), answer{before: -1}, verdictQueue, "pos=0 deliv=0 upstream=0 delivering=0 base?"},
+		{"recorded: waits for its turn", at(1, 1), recordedAt(2), verdictQueue, true, "pos=1 deliv=1 upstream=0 delivering=0 waiting@2×1"},
+		{"no ledger upstream: waits, at no position", at(1, 1), recordedAt(0), verdictQueue, false, "pos=1 deliv=1 upstream=0 delivering=0"},
+		{"an error answer: goes to the harness, at no position", at(1, 1), answer{before: -1}, verdictQueue, false, "pos=1 deliv=1 upstream=0 delivering=0"},
+		{"stale while running: the harness gets the refusal", at(1, 1), stale, verdictQueue, false, "pos=1 deliv=1 upstream=0 delivering=0"},
+		{"failed: the harness gets the error", at(1, 1), answer{failed: true}, verdictFail, false, "pos=1 deliv=1 upstream=0 delivering=0"},
+		{"failed, a call waiting behind its entry: it asks again", at(1, 1, 3), answer{failed: true}, verdictFail, true, "pos=1 deliv=1 upstream=0 delivering=0 waiting@3×1"},
+		{"failed, another call still upstream: no gap closes yet", at(1, 2, 3), answer{failed: true}, verdictFail, false, "pos=1 deliv=1 upstream=1 delivering=0 waiting@3×1"},
+		{"recorded, another call still upstream", at(1, 2), recordedAt(2), verdictQueue, false, "pos=1 deliv=1 upstream=1 delivering=0 waiting@2×1"},
+		{"failed during a hold: waits for the continue", at(1, 1).holding(), answer{failed: true}, verdictHoldRetry, false, "pos=1 deliv=1 upstream=0 delivering=0 held"},
+		{"stale during a hold: waits for the continue", at(1, 1).holding(), stale, verdictHoldRetry, false, "pos=1 deliv=1 upstream=0 delivering=0 held"},
+		{"recorded during a hold: waits for its turn", at(1, 1).holding(), recordedAt(2), verdictQueue, true, "pos=1 deliv=1 upstream=0 delivering=0 held waiting@2×1"},
+		{"raised meanwhile: issued again", at(1, 1).raised(), recordedAt(2), verdictReissue, false, "pos=1 deliv=1 upstream=0 delivering=0"},
+		{"raised meanwhile, failed: issued again", at(1, 1).raised(), answer{failed: true}, verdictReissue, false, "pos=1 deliv=1 upstream=0 delivering=0"},
+		{"relaunched: the first recorded answer sets the base", at(0, 1).relaunched(), answer{recorded: true, seq: 5, before: 3}, verdictQueue, true, "pos=4 deliv=3 upstream=0 delivering=0 waiting@5×1"},
+		{"relaunched, the ledger not saying its deliveries", at(0, 1).relaunched(), recordedAt(5), verdictQueue, true, "pos=4 deliv=4 upstream=0 delivering=0 waiting@5×1"},
+		{"relaunched: an error answer leaves the base unknown", at(0, 1).relaunched(), answer{before: -1}, verdictQueue, false, "pos=0 deliv=0 upstream=0 delivering=0 base?"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := c.o.answered(0, c.a); got != c.want || c.o.state() != c.after {
-				t.Fatalf("answered: %v, state %q; want %v, %q", got, c.o.state(), c.want, c.after)
+			if got, wake := c.o.answered(0, c.a); got != c.want || wake != c.wake || c.o.state() != c.after {
+				t.Fatalf("answered: %v wake %v, state %q; want %v %v, %q", got, wake, c.o.state(), c.want, c.wake, c.after)
 			}
 		})
 	}
@@ -180,9 +184,9 @@ func TestOrderSteps(t *testing.T) {
 
 	// Both answers come back during the hold, call 2's first (entry 1),
 	// call 1's then (entry 2).
-	expect("call 2's answer", o.answered(gen, recordedAt(1)), verdictQueue)
+	expect("call 2's answer", first(o.answered(gen, recordedAt(1))), verdictQueue)
 	expect("call 2's turn during the hold", o.deliver(gen, recordedAt(1), false).verdict, turnWait)
-	expect("call 1's answer", o.answered(gen, recordedAt(2)), verdictQueue)
+	expect("call 1's answer", first(o.answered(gen, recordedAt(2))), verdictQueue)
 	expect("call 1's turn during the hold", o.deliver(gen, recordedAt(2), false).verdict, turnWait)
 	expect("idle during the hold", o.idle(), true)
 
@@ -204,7 +208,7 @@ func TestOrderSteps(t *testing.T) {
 	expect("call 1 after the raise", o.deliver(gen, recordedAt(2), false).verdict, turnReissue)
 	_, gen2 := o.admit(false)
 	expect("the new generation", gen2, gen+1)
-	expect("call 1's new answer", o.answered(gen2, recordedAt(2)), verdictQueue)
+	expect("call 1's new answer", first(o.answered(gen2, recordedAt(2))), verdictQueue)
 	t1 := o.deliver(gen2, recordedAt(2), false)
 	expect("call 1's turn", t1.verdict, turnWrite)
 	o.delivered(1, 2, t1.settles, true)
@@ -216,10 +220,11 @@ func TestOrderSteps(t *testing.T) {
 	_, g := o.admit(false)
 	o.admit(false)
 	o.admit(false)
-	expect("call 3 fails", o.answered(g, answer{failed: true}), verdictFail)
-	expect("call 4's answer", o.answered(g, recordedAt(4)), verdictQueue)
+	expect("call 3 fails", first(o.answered(g, answer{failed: true})), verdictFail)
+	expect("call 4's answer", first(o.answered(g, recordedAt(4))), verdictQueue)
 	expect("call 4 while call 5 is upstream", o.deliver(g, recordedAt(4), false).verdict, turnWait)
-	expect("call 5's answer", o.answered(g, recordedAt(5)), verdictQueue)
+	v, wake := o.answered(g, recordedAt(5))
+	expect("call 5's answer, the last upstream: the waiting calls ask again", []any{v, wake}, []any{verdictQueue, true})
 	expect("call 5 behind call 4", o.deliver(g, recordedAt(5), false).verdict, turnWait)
 	t4 := o.deliver(g, recordedAt(4), false)
 	expect("call 4 once none is upstream", []any{t4.verdict, len(t4.orphans), t4.orphans[0].seq}, []any{turnWrite, 1, 3})

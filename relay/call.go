@@ -81,7 +81,7 @@ func parseOther(path string, body []byte) error {
 }
 
 func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
-	start := time.Now()
+	start := r.clock.Now()
 	body, bodyBuf, err := readPooled(http.MaxBytesReader(w, q.Body, r.cfg.MaxBody), q.ContentLength)
 	defer releaseBody(bodyBuf)
 	if err != nil {
@@ -106,28 +106,43 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 	}
 	r.m.calls.Inc()
 	r.mu.Lock()
-	r.next++
-	c.n = r.next
+	c.n = r.order.number()
 	r.mu.Unlock()
+	if c.stream {
+		r.serveStream(w, q, c, start)
+	} else {
+		r.serveWhole(w, q, c, start)
+	}
+}
 
-	if !c.stream {
-		// Nothing goes to the client before its response, so the handler
-		// takes the call through run itself.
-		c.handover = func() bool { return q.Context().Err() == nil && r.deliver(w, nil, c) }
-		r.run(c)
-		if c.err != nil {
-			apiError(w, http.StatusBadGateway, "upstream_error", c.err.Error())
-			return
-		}
-		r.m.added.Observe((time.Since(start) - c.res.took).Seconds())
+// observeAdded records the time call c, which came in at start, spent in
+// the relay beyond its upstream round trip.
+func (r *Relay) observeAdded(c *call, start time.Time) {
+	r.m.added.Observe((r.clock.Now().Sub(start) - c.res.took).Seconds())
+}
+
+// serveWhole answers a call that is not streamed. Nothing goes to the
+// client before its response, so the handler takes the call through run
+// itself.
+func (r *Relay) serveWhole(w http.ResponseWriter, q *http.Request, c *call, start time.Time) {
+	c.handover = func() bool { return q.Context().Err() == nil && r.deliver(w, nil, c) }
+	r.run(c)
+	if c.err != nil {
+		apiError(w, http.StatusBadGateway, "upstream_error", c.err.Error())
 		return
 	}
-	// A streaming client gets its status and headers at once, and comments
-	// while the response is stored or held: its first-byte and idle
-	// timeouts see a live stream, as they would from the model.
+	r.observeAdded(c, start)
+}
+
+// serveStream answers a streamed call. The client gets its status and
+// headers at once, and comments while the response is stored or held: its
+// first-byte and idle timeouts see a live stream, as they would from the
+// model. run goes on in a goroutine of its own; the handler delivers when
+// run hands it the response.
+func (r *Relay) serveStream(w http.ResponseWriter, q *http.Request, c *call, start time.Time) {
 	c.done = make(chan bool, 1)
 	sse := startStream(w)
-	tick := time.NewTicker(r.cfg.Heartbeat)
+	tick := newTicker(r.clock, r.cfg.Heartbeat)
 	defer tick.Stop()
 	go r.run(c)
 	for waiting := true; waiting; {
@@ -152,199 +167,181 @@ func (r *Relay) serveCall(w http.ResponseWriter, q *http.Request, path string) {
 		}
 	}
 	if c.err != nil {
-		sse.fail(path, http.StatusBadGateway, errorJSON("upstream_error", "bad_gateway", c.err.Error()))
+		sse.fail(c.path, http.StatusBadGateway, errorJSON("upstream_error", "bad_gateway", c.err.Error()))
 		return
 	}
-	ok := q.Context().Err() == nil && r.deliver(w, sse, c)
-	c.done <- ok
-	r.m.added.Observe((time.Since(start) - c.res.took).Seconds())
+	c.done <- q.Context().Err() == nil && r.deliver(w, sse, c)
+	r.observeAdded(c, start)
 }
 
-// run takes a call from the hold to its settlement.
+// run takes a call from the hold to its settlement. The order decides each
+// step; run does the I/O and the waiting between them.
 func (r *Relay) run(c *call) {
 	var took time.Duration
 	for {
-		r.mu.Lock()
-		if r.held {
-			r.m.held.Inc()
-			ok := r.waitLocked(c.client.Done(), func() bool { return !r.held })
-			r.m.held.Dec()
-			if !ok {
-				r.mu.Unlock()
-				r.m.dropped.Inc()
-				return
-			}
-		}
-		if c.client.Err() != nil {
-			// The client has gone: the call is never sent, so nothing is
-			// recorded for it.
-			r.mu.Unlock()
+		ctx, cancel, gen, cred, ok := r.admit(c)
+		if !ok {
 			r.m.dropped.Inc()
 			return
 		}
-		gen, cred := r.gen, r.cred
-		// Not the client's context: once issued, a call runs to its end even
-		// if the harness goes away, so the relay learns its ledger position
-		// and settles it in order. Only a restore cancels it.
-		ctx, cancel := context.WithCancel(context.Background())
-		r.cancels[c.n] = cancel
-		r.mu.Unlock()
-
 		res, err := r.issue(ctx, c.path, c.body, c.n, cred)
 		cancel()
 		took += res.took
 		res.took = took
+		a := answer{failed: err != nil, recorded: res.status/100 == 2, seq: res.seq, before: res.before}
+		a.stale = !a.failed && staleAttempt(res)
 		r.mu.Lock()
 		delete(r.cancels, c.n)
-		if r.gen != gen {
+		v, wake := r.order.answered(gen, a)
+		if wake {
+			r.broadcastLocked()
+		}
+		switch v {
+		case verdictReissue: // restored meanwhile: issue again under the new attempt
 			r.mu.Unlock()
 			releaseBody(res.buf)
 			r.m.reissues.Inc()
-			continue // restored meanwhile: issue again under the new attempt
-		}
-		if r.held && (err != nil || staleAttempt(res)) {
-			// A hold is where a checkpoint happens, and a restore from
-			// it breaks the upstream connection (a new machine) or raises
-			// the attempt at the gateway before the relay learns it at
-			// the continue. Neither is the harness's to see: the call
-			// waits for the release and is issued again then (under the
-			// new attempt, when there is one).
+			continue
+		case verdictHoldRetry:
+			// The call waits for the release and is issued again then
+			// (under the new attempt, when there is one).
 			r.log.Info("upstream failed during a hold: the call waits for the continue", "call", c.n, "err", err, "status", res.status)
 			releaseBody(res.buf)
 			r.m.held.Inc()
-			ok := r.waitLocked(nil, func() bool { return !r.held || r.gen != gen })
+			for !r.order.retryable(gen) {
+				r.waitLocked(nil)
+			}
 			r.m.held.Dec()
 			r.mu.Unlock()
-			if ok {
-				r.m.reissues.Inc()
-			}
+			r.m.reissues.Inc()
 			continue
-		}
-		if err != nil {
+		case verdictFail:
+			// The gateway may have recorded an answer this call never
+			// read: answered woke the waiters, which may now see that no
+			// call can fill the gap.
 			c.err = err
 			close(c.ready)
-			// The gateway may have recorded an answer this call never
-			// read: a waiter may now see that no call can fill the gap.
-			r.broadcastLocked()
 			r.mu.Unlock()
 			return
 		}
-		recorded := res.status/100 == 2
-		if r.baseUnknown && recorded && res.seq > 0 {
-			r.pos, r.baseUnknown = res.seq-1, false
-			r.deliv = r.pos
-			if res.before >= 0 {
-				r.deliv = res.before
-			}
-		}
-		// Wait for the hold to end and for earlier ledger entries to be
-		// settled first.
-		if recorded && res.seq > 0 {
-			r.waiting[res.seq]++
-		}
-		waited := false
-		r.waitLocked(nil, func() bool {
-			if r.gen != gen || (!r.held && (!recorded || res.seq <= r.pos+1 || r.skipOrphansLocked(res.seq))) {
-				return true
-			}
-			if !waited {
-				r.m.held.Inc()
-				waited = true
-			}
-			return false
-		})
-		if waited {
-			r.m.held.Dec()
-		}
-		if recorded && res.seq > 0 {
-			if r.waiting[res.seq]--; r.waiting[res.seq] <= 0 {
-				delete(r.waiting, res.seq)
-			}
-		}
-		if r.gen != gen {
+		t := r.awaitTurn(c, gen, a)
+		switch t.verdict {
+		case turnReissue:
 			r.mu.Unlock()
 			releaseBody(res.buf)
 			r.m.reissues.Inc()
 			continue
-		}
-		// The entry this call settles: the next one in the ledger (seq 0
-		// when the upstream keeps no ledger). An answer at or below the
-		// position is a repeat of one already settled.
-		settles := recorded && (res.seq == 0 || res.seq == r.pos+1)
-		if c.client.Err() != nil {
-			if settles {
-				r.settleLocked(c, res.seq, false)
+		case turnAbandon:
+			if t.settles {
+				r.settledLocked(r.order.settle(c.n, res.seq, false))
 			}
 			r.mu.Unlock()
 			releaseBody(res.buf)
 			return
 		}
-		c.res, c.handed = res, true
-		r.delivering++
-		var ok bool
-		if c.handover != nil {
-			r.mu.Unlock()
-			ok = c.handover()
-		} else {
-			close(c.ready)
-			r.mu.Unlock()
-			ok = <-c.done
-		}
-		releaseBody(res.buf)
-		r.mu.Lock()
-		r.delivering--
-		if settles {
-			r.settleLocked(c, res.seq, ok)
-		} else if r.delivering == 0 {
-			r.broadcastLocked()
-		}
-		r.mu.Unlock()
+		r.handOver(c, res, t.settles)
 		return
 	}
 }
 
-// skipOrphansLocked handles a gap below seq that no call can fill: the
-// gateway recorded answers (entries pos+1 .. seq-1) that no call of this
-// relay read, because every try to read them failed and their calls gave
-// up with an error. When seq is the lowest position any call waits at and
-// no call is with the upstream (which could still come back with one of
-// those positions), they are settled as abandoned, by position alone, and
-// the position moves past them. r.mu is held.
-func (r *Relay) skipOrphansLocked(seq int64) bool {
-	if seq <= r.pos+1 || len(r.cancels) > 0 {
-		return false
-	}
-	for s := range r.waiting {
-		if s < seq {
-			return false
+// admit waits until the order lets call c go upstream: it returns the
+// context the call goes under (a restore cancels it), the generation and
+// the credentials, or false when the client has gone first (the call is
+// never sent, so nothing is recorded for it).
+func (r *Relay) admit(c *call) (ctx context.Context, cancel context.CancelFunc, gen int, cred Credentials, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	waited := false
+	defer func() {
+		if waited {
+			r.m.held.Dec()
 		}
+	}()
+	for {
+		a, gen := r.order.admit(c.client.Err() != nil)
+		switch a {
+		case admitDrop:
+			return nil, nil, 0, Credentials{}, false
+		case admitIssue:
+			// Not the client's context: once issued, a call runs to its
+			// end even if the harness goes away, so the relay learns its
+			// ledger position and settles it in order. Only a restore
+			// cancels it.
+			ctx, cancel := context.WithCancel(context.Background())
+			r.cancels[c.n] = cancel
+			return ctx, cancel, gen, r.cred, true
+		}
+		if !waited {
+			r.m.held.Inc()
+			waited = true
+		}
+		r.waitLocked(c.client.Done())
 	}
-	r.log.Warn("ledger entries no call read (their calls failed): settled as abandoned", "from", r.pos+1, "to", seq-1)
-	for s := r.pos + 1; s < seq; s++ {
-		r.pos++
-		r.m.abandoned.Inc()
-		r.unsent = append(r.unsent, settlement{seq: s, disp: dispAbandoned})
-	}
-	r.scheduleFlushLocked()
-	return true
 }
 
-// settleLocked records that the response of call c, the ledger's entry at
-// seq (0: no ledger), was delivered or abandoned, and moves the position
-// on. r.mu is held.
-func (r *Relay) settleLocked(c *call, seq int64, delivered bool) {
-	r.pos++
-	disp := dispAbandoned
-	if delivered {
-		r.deliv++
+// awaitTurn waits, with r.mu held, until the order says what becomes of
+// call c's queued answer a: its turn has come (the delivery is then under
+// way), it is to be issued again, or its client has gone.
+func (r *Relay) awaitTurn(c *call, gen int, a answer) turn {
+	waited := false
+	for {
+		t := r.order.deliver(gen, a, c.client.Err() != nil)
+		if len(t.orphans) > 0 {
+			r.log.Warn("ledger entries no call read (their calls failed): settled as abandoned", "from", t.orphans[0].seq, "to", t.orphans[len(t.orphans)-1].seq)
+			r.m.abandoned.Add(float64(len(t.orphans)))
+			r.out.add(t.orphans...)
+			r.scheduleFlushLocked()
+		}
+		if t.verdict != turnWait {
+			if waited {
+				r.m.held.Dec()
+			}
+			return t
+		}
+		if !waited {
+			r.m.held.Inc()
+			waited = true
+		}
+		r.waitLocked(nil)
+	}
+}
+
+// handOver has call c's response delivered, by run's own goroutine or by
+// the streaming handler, and settles it. r.mu is held on entry and
+// released.
+func (r *Relay) handOver(c *call, res result, settles bool) {
+	c.res, c.handed = res, true
+	var ok bool
+	if c.handover != nil {
+		r.mu.Unlock()
+		ok = c.handover()
+	} else {
+		close(c.ready)
+		r.mu.Unlock()
+		ok = <-c.done
+	}
+	releaseBody(res.buf)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s, moved := r.order.delivered(c.n, res.seq, settles, ok); moved {
+		r.settledLocked(s)
+	} else if r.order.idle() {
+		r.broadcastLocked()
+	}
+}
+
+// settledLocked acts on a settlement the order made: it counts it, has the
+// gateway record it (when the upstream keeps a ledger) and wakes the
+// waiters, whose turn may have come. r.mu is held.
+func (r *Relay) settledLocked(s settlement) {
+	if s.disp == dispDelivered {
 		r.m.delivered.Inc()
-		disp = dispDelivered
 	} else {
 		r.m.abandoned.Inc()
-		r.log.Info("response abandoned: the client had gone before it got it", "call", c.n, "seq", seq)
+		r.log.Info("response abandoned: the client had gone before it got it", "call", s.n, "seq", s.seq)
 	}
-	if seq > 0 {
-		r.unsent = append(r.unsent, settlement{seq: seq, n: c.n, disp: disp})
+	if s.seq > 0 {
+		r.out.add(s)
 		r.scheduleFlushLocked()
 	}
 	r.broadcastLocked()
@@ -421,102 +418,111 @@ func (s *streamWriter) fail(path string, status int, body []byte) bool {
 func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cred Credentials) (result, error) {
 	res := result{before: -1}
 	wait := r.cfg.Retry.Initial
-	// backoff waits d before the next try (false: ctx ended first), and
-	// doubles the base wait up to its cap.
-	backoff := func(d time.Duration) bool {
-		r.m.retries.Inc()
-		wait = min(2*wait, r.cfg.Retry.MaxInterval)
-		return sleepCtx(ctx, d)
-	}
 	for try := 0; ; try++ {
-		t0 := time.Now()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.up.Base+path, bytes.NewReader(body))
+		t0 := r.clock.Now()
+		req, err := r.newRequest(ctx, path, body, n, cred)
 		if err != nil {
 			return res, err
 		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+cred.Token)
-		req.Header.Set(HeaderCallID, cred.Episode+"/"+strconv.FormatInt(n, 10))
-		req.Header.Set(HeaderAttempt, strconv.Itoa(cred.Attempt))
-		req.Header.Set(HeaderEpisode, cred.Episode)
-		carried := r.takeSettlements()
-		if len(carried) > 0 {
-			req.Header.Set(HeaderSettled, formatSettlements(carried))
-		}
-		r.mu.Lock()
-		base := r.baseUnknown
-		r.mu.Unlock()
-		if base {
-			req.Header.Set(HeaderWantBase, "1")
-		}
-		resp, err := r.up.Client.Do(req)
-		if err != nil {
-			r.returnSettlements(carried, false)
-			res.took += time.Since(t0)
+		resp, b, buf, err := r.send(req)
+		res.took += r.clock.Now().Sub(t0)
+		var d time.Duration // the wait before the next try
+		switch {
+		case err != nil:
 			if ctx.Err() != nil {
 				return res, ctx.Err()
 			}
 			if try >= r.cfg.Retry.Max {
-				return res, fmt.Errorf("upstream %s: %w", r.up.Base, err)
+				return res, err
 			}
-			if !backoff(jitter(wait)) {
-				return res, ctx.Err()
-			}
-			continue
-		}
-		r.returnSettlements(carried, resp.Header.Get(HeaderSettledOK) != "")
-		b, buf, err := readPooled(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
-		resp.Body.Close()
-		res.took += time.Since(t0)
-		if err != nil {
-			releaseBody(buf)
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			if try >= r.cfg.Retry.Max {
-				return res, fmt.Errorf("upstream %s: read: %w", r.up.Base, err)
-			}
-			if !backoff(jitter(wait)) {
-				return res, ctx.Err()
-			}
-			continue
-		}
-		if len(b) > maxResponse {
+			d = jitter(wait)
+		case len(b) > maxResponse:
 			releaseBody(buf)
 			return res, fmt.Errorf("upstream response over %d bytes", maxResponse)
-		}
-		if (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) && try < r.cfg.Retry.Max {
+		case (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) && try < r.cfg.Retry.Max:
 			releaseBody(buf)
-			d := jitter(wait)
-			if ra, _ := retryafter.Parse(resp.Header.Get("Retry-After"), time.Now()); ra > 0 {
+			d = jitter(wait)
+			if ra, _ := retryafter.Parse(resp.Header.Get("Retry-After"), r.clock.Now()); ra > 0 {
 				d = min(ra, r.cfg.Retry.MaxInterval*6)
 			}
 			r.log.Debug("upstream busy, retrying", "status", resp.StatusCode, "in", d, "try", try+1)
-			if !backoff(d) {
-				return res, ctx.Err()
-			}
-			continue
+		default:
+			return readAnswer(res, path, resp, b, buf)
 		}
-		res.status, res.header, res.body, res.buf = resp.StatusCode, resp.Header, b, buf
-		if resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && path == "/v1/chat/completions" {
-			evs, err := ParseSSE(bytes.NewReader(b))
-			if err == nil {
-				res.body, err = AssembleChat(evs)
-			}
-			if err != nil {
-				return res, fmt.Errorf("upstream stream: %w", err)
-			}
+		r.m.retries.Inc()
+		wait = min(2*wait, r.cfg.Retry.MaxInterval)
+		if !sleep(ctx, r.clock, d) {
+			return res, ctx.Err()
 		}
-		if s := resp.Header.Get(HeaderLedgerSeq); s != "" {
-			res.seq, _ = strconv.ParseInt(s, 10, 64)
-		}
-		if s := resp.Header.Get(HeaderDeliveredBefore); s != "" {
-			if v, err := strconv.ParseInt(s, 10, 64); err == nil && v >= 0 {
-				res.before = v
-			}
-		}
-		return res, nil
 	}
+}
+
+// newRequest makes one try of call n to path.
+func (r *Relay) newRequest(ctx context.Context, path string, body []byte, n int64, cred Credentials) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.up.Base+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+cred.Token)
+	req.Header.Set(HeaderCallID, cred.Episode+"/"+strconv.FormatInt(n, 10))
+	req.Header.Set(HeaderAttempt, strconv.Itoa(cred.Attempt))
+	req.Header.Set(HeaderEpisode, cred.Episode)
+	return req, nil
+}
+
+// send sends one try upstream, with the settlements not yet recorded
+// riding along, and reads the answer whole (into a pooled buffer, one byte
+// over maxResponse at most).
+func (r *Relay) send(req *http.Request) (*http.Response, []byte, *[]byte, error) {
+	carried := r.takeSettlements()
+	if len(carried) > 0 {
+		req.Header.Set(HeaderSettled, formatSettlements(carried))
+	}
+	r.mu.Lock()
+	base := r.order.wantsBase()
+	r.mu.Unlock()
+	if base {
+		req.Header.Set(HeaderWantBase, "1")
+	}
+	resp, err := r.up.Client.Do(req)
+	if err != nil {
+		r.returnSettlements(carried, false)
+		return nil, nil, nil, fmt.Errorf("upstream %s: %w", r.up.Base, err)
+	}
+	r.returnSettlements(carried, resp.Header.Get(HeaderSettledOK) != "")
+	b, buf, err := readPooled(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
+	resp.Body.Close()
+	if err != nil {
+		releaseBody(buf)
+		return nil, nil, nil, fmt.Errorf("upstream %s: read: %w", r.up.Base, err)
+	}
+	return resp, b, buf, nil
+}
+
+// readAnswer fills res with an answer to path read whole: status, header
+// and body (a chat stream assembled into one completion), and the ledger
+// position and deliveries before it that the gateway gave.
+func readAnswer(res result, path string, resp *http.Response, b []byte, buf *[]byte) (result, error) {
+	res.status, res.header, res.body, res.buf = resp.StatusCode, resp.Header, b, buf
+	if resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && path == "/v1/chat/completions" {
+		evs, err := ParseSSE(bytes.NewReader(b))
+		if err == nil {
+			res.body, err = AssembleChat(evs)
+		}
+		if err != nil {
+			return res, fmt.Errorf("upstream stream: %w", err)
+		}
+	}
+	if s := resp.Header.Get(HeaderLedgerSeq); s != "" {
+		res.seq, _ = strconv.ParseInt(s, 10, 64)
+	}
+	if s := resp.Header.Get(HeaderDeliveredBefore); s != "" {
+		if v, err := strconv.ParseInt(s, 10, 64); err == nil && v >= 0 {
+			res.before = v
+		}
+	}
+	return res, nil
 }
 
 // staleAttempt says whether the gateway refused a call for a stale

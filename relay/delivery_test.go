@@ -494,3 +494,78 @@ func TestAnswerNoCallReadIsSettledAbandoned(t *testing.T) {
 	}
 	p.settled(t, ledger.Delivered, ledger.Abandoned, ledger.Delivered)
 }
+
+// TestOrphanSkippedWhenTheLastCallComesBack: entry 2 is an answer no call
+// read (call 2 failed); call 3's answer waits behind it while call 4 is
+// still with the upstream, so the gap cannot be skipped yet. When call 4
+// comes back, no call is with the upstream any more: the gap is settled as
+// abandoned and both calls are delivered, rather than each waiting for the
+// other.
+func TestOrphanSkippedWhenTheLastCallComesBack(t *testing.T) {
+	cutTwo, holdFour := make(chan struct{}), make(chan struct{})
+	var fourSeen atomic.Bool
+	p := newPipelineWith(t, func(gw http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			switch q.Header.Get(HeaderCallID) {
+			case "ep/2":
+				// The gateway answers (and records); the relay never reads it.
+				gw.ServeHTTP(httptest.NewRecorder(), q)
+				<-cutTwo
+				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					conn.Close()
+				}
+			case "ep/4":
+				fourSeen.Store(true)
+				<-holdFour
+				gw.ServeHTTP(w, q)
+			default:
+				gw.ServeHTTP(w, q)
+			}
+		})
+	}, func(c *Config) { c.Retry = Retry{Max: 1, Initial: time.Millisecond, MaxInterval: 2 * time.Millisecond} })
+	if _, err := callWith(http.DefaultClient, p.relay.URL, chatBody("one", false)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := p.g.ledger("ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(text string) chan error {
+		got := make(chan error, 1)
+		go func() {
+			_, err := callWith(http.DefaultClient, p.relay.URL, chatBody(text, false))
+			got <- err
+		}()
+		return got
+	}
+	two := call("two")
+	eventually(t, "call 2's answer is recorded", func() bool { return l.Len() == 2 })
+	three := call("three")
+	eventually(t, "call 3's answer waits behind entry 2", func() bool { return l.Len() == 3 && testutil.ToFloat64(p.r.m.held) == 1 })
+	four := call("four")
+	eventually(t, "call 4 is with the upstream", fourSeen.Load)
+	close(cutTwo)
+	if err := <-two; err == nil || !strings.Contains(err.Error(), "502") {
+		t.Fatalf("call 2: %v; want the relay's 502", err)
+	}
+	close(holdFour)
+	for i, got := range []chan error{three, four} {
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("call %d: %v", i+3, err)
+			}
+		case <-time.After(20 * time.Second):
+			// Unstick the waiting calls (a raised attempt makes them issue
+			// again, and the gateway refuses the unknown attempt).
+			writeCreds(t, p.tok, Credentials{Episode: "ep", Token: p.ep.Token, Attempt: 99})
+			_ = p.r.Release()
+			t.Fatalf("call %d waited behind an entry no call will read", i+3)
+		}
+	}
+	held, err := p.r.Hold()
+	if err != nil || held.Delivered != 3 || held.Position != 4 {
+		t.Fatalf("hold: %+v %v; want 3 delivered, position 4", held, err)
+	}
+	p.settled(t, ledger.Delivered, ledger.Abandoned, ledger.Delivered, ledger.Delivered)
+}

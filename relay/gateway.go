@@ -59,6 +59,8 @@ type GatewayConfig struct {
 	ModelKey string
 	MaxBody  int64
 	Logger   *slog.Logger
+	// Clock stamps episodes and ledger entries (nil: the system's).
+	Clock Clock
 }
 
 // Gateway is the host end: it authenticates episodes by bearer token,
@@ -66,18 +68,20 @@ type GatewayConfig struct {
 // ledger, and records every new response in the episode's ledger before it
 // answers.
 type Gateway struct {
-	up  *Upstream
-	cfg GatewayConfig
-	log *slog.Logger
-	reg *prometheus.Registry
-	m   gatewayMetrics
+	up    *Upstream
+	cfg   GatewayConfig
+	clock Clock
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	m     gatewayMetrics
 
-	mu       sync.Mutex
-	episodes map[string]*EpisodeState
-	tokens   map[string]string // token → episode
+	mu   sync.Mutex
+	desk *desk // the episodes and the calls being answered, which decide
+	// answered is closed (and replaced) when a call's claim ends: a
+	// duplicate waiting for it asks the desk again.
+	answered chan struct{}
 	ledgers  map[string]*ledger.Ledger
 	opening  map[string]chan struct{} // episode whose ledger is being opened
-	inflight map[string]chan struct{} // episode/call id being answered
 	epLocks  map[string]*sync.Mutex
 }
 
@@ -112,9 +116,9 @@ func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	g := &Gateway{up: up, cfg: cfg, log: log, reg: prometheus.NewRegistry(),
-		episodes: map[string]*EpisodeState{}, tokens: map[string]string{}, ledgers: map[string]*ledger.Ledger{},
-		opening: map[string]chan struct{}{}, inflight: map[string]chan struct{}{}, epLocks: map[string]*sync.Mutex{}}
+	g := &Gateway{up: up, cfg: cfg, clock: clockOr(cfg.Clock), log: log, reg: prometheus.NewRegistry(),
+		desk: newDesk(), answered: make(chan struct{}), ledgers: map[string]*ledger.Ledger{},
+		opening: map[string]chan struct{}{}, epLocks: map[string]*sync.Mutex{}}
 	buckets := prometheus.ExponentialBuckets(0.00005, 2, 18)
 	g.m = gatewayMetrics{
 		calls:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stasis_gateway_calls_total", Help: "Calls answered, by status code."}, []string{"code"}),
@@ -171,8 +175,8 @@ func (g *Gateway) reload() error {
 	return nil
 }
 
-// load reads one episode's file into the gateway's maps; an episode without
-// a file gives an error wrapping ErrUnknownEpisode.
+// load reads one episode's file into the desk; an episode without a file
+// gives an error wrapping ErrUnknownEpisode.
 func (g *Gateway) load(id string) error {
 	if !episodeName.MatchString(id) {
 		return fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
@@ -190,11 +194,7 @@ func (g *Gateway) load(id string) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if old, ok := g.episodes[id]; ok {
-		delete(g.tokens, old.Token)
-	}
-	g.episodes[id] = &st
-	g.tokens[st.Token] = id
+	g.desk.put(st)
 	return nil
 }
 
@@ -219,13 +219,12 @@ func (g *Gateway) AddEpisode(id string) (EpisodeState, error) {
 	defer g.mu.Unlock()
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
-	st := &EpisodeState{Episode: id, Token: hex.EncodeToString(b), Created: time.Now().UTC()}
-	if err := g.saveLocked(st); err != nil {
+	st := EpisodeState{Episode: id, Token: hex.EncodeToString(b), Created: g.clock.Now().UTC()}
+	if err := g.saveLocked(&st); err != nil {
 		return EpisodeState{}, err
 	}
-	g.episodes[id] = st
-	g.tokens[st.Token] = id
-	return *st, nil
+	g.desk.put(st)
+	return st, nil
 }
 
 // Episode returns an episode's state.
@@ -235,7 +234,11 @@ func (g *Gateway) Episode(id string) (EpisodeState, error) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return *g.episodes[id], nil
+	st, ok := g.desk.episode(id)
+	if !ok {
+		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
+	return st, nil
 }
 
 // Bind records that episode id now runs in sandbox: from now on the
@@ -265,13 +268,15 @@ func (g *Gateway) update(id string, change func(*EpisodeState)) error {
 	defer lock.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st := g.episodes[id]
-	next := *st
+	next, ok := g.desk.episode(id)
+	if !ok {
+		return fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
 	change(&next)
 	if err := g.saveLocked(&next); err != nil {
 		return err
 	}
-	*st = next
+	g.desk.put(next)
 	return nil
 }
 
@@ -297,8 +302,11 @@ func (g *Gateway) Restore(id string, inPlace bool, position int64) (EpisodeState
 	lock.Lock()
 	defer lock.Unlock()
 	g.mu.Lock()
-	st := g.episodes[id]
+	st, ok := g.desk.episode(id)
 	g.mu.Unlock()
+	if !ok {
+		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
 	if inPlace {
 		if position < 0 || position > l.Len() {
 			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), position)
@@ -309,14 +317,16 @@ func (g *Gateway) Restore(id string, inPlace bool, position int64) (EpisodeState
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	next := *st
-	next.Attempt++
+	// The state now (a reload may have read it again meanwhile); st is
+	// what the cut was made for, and the episode lock kept it so.
+	next, _ := g.desk.episode(id)
+	next.Attempt = st.Attempt + 1
 	next.NeedMatch = !inPlace
 	next.Revoked = false
 	if err := g.saveLocked(&next); err != nil {
 		return EpisodeState{}, err
 	}
-	*st = next
+	g.desk.put(next)
 	return next, nil
 }
 
@@ -364,13 +374,14 @@ func (g *Gateway) Fork(src, dst string, upTo int64) (EpisodeState, error) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	next := *g.episodes[dst]
-	next.Attempt = g.episodes[src].Attempt
+	next, _ := g.desk.episode(dst)
+	from, _ := g.desk.episode(src)
+	next.Attempt = from.Attempt
 	next.Revoked = false
 	if err := g.saveLocked(&next); err != nil {
 		return EpisodeState{}, err
 	}
-	*g.episodes[dst] = next
+	g.desk.put(next)
 	return next, nil
 }
 
@@ -398,10 +409,7 @@ func (g *Gateway) Remove(id string) error {
 	g.mu.Lock()
 	l := g.ledgers[id]
 	delete(g.ledgers, id)
-	if st, ok := g.episodes[id]; ok {
-		delete(g.tokens, st.Token)
-	}
-	delete(g.episodes, id)
+	g.desk.remove(id)
 	g.mu.Unlock()
 	var errs []error
 	if l != nil {
@@ -481,46 +489,36 @@ func (g *Gateway) routes() map[string]http.Handler {
 	return r
 }
 
-// authenticate finds the episode of the bearer token: one not revoked,
-// and, on a sandbox's own socket, bound to that sandbox.
-func (g *Gateway) authenticate(q *http.Request) (EpisodeState, bool) {
-	st, ok := g.lookup(q)
-	if !ok || st.Revoked {
-		return EpisodeState{}, false
-	}
-	if sb, bound := q.Context().Value(socketKey{}).(string); bound && st.Sandbox != sb {
-		return EpisodeState{}, false
-	}
-	return st, true
-}
-
-// lookup finds the episode of the bearer token.
-func (g *Gateway) lookup(q *http.Request) (EpisodeState, bool) {
-	tok, ok := strings.CutPrefix(q.Header.Get("Authorization"), "Bearer ")
-	if !ok || tok == "" {
-		return EpisodeState{}, false
-	}
-	for pass := 0; pass < 2; pass++ {
+// request reads what the desk judges of a relay's request. The first time
+// its token is not known, the episode files are read again (the episode
+// may have been registered by another process since).
+func (g *Gateway) request(q *http.Request) request {
+	r := request{authorization: q.Header.Get("Authorization"), attempt: q.Header.Get(HeaderAttempt), callID: q.Header.Get(HeaderCallID)}
+	r.sandbox, r.onSocket = q.Context().Value(socketKey{}).(string)
+	tok, ok := strings.CutPrefix(r.authorization, "Bearer ")
+	if ok && tok != "" {
 		g.mu.Lock()
-		id, found := g.tokens[tok]
-		var st EpisodeState
-		if found {
-			st = *g.episodes[id]
-		}
+		known := g.desk.knows(tok)
 		g.mu.Unlock()
-		if found {
-			return st, true
-		}
-		if pass == 0 {
-			_ = g.reload() // registered by another process since
+		if !known {
+			_ = g.reload()
 		}
 	}
-	return EpisodeState{}, false
+	return r
 }
 
-func (g *Gateway) reply(w http.ResponseWriter, status int, typ, msg string) {
-	g.m.calls.WithLabelValues(strconv.Itoa(status)).Inc()
-	apiError(w, status, typ, msg)
+// refuse writes a refusal and counts it.
+func (g *Gateway) refuse(w http.ResponseWriter, r *refusal) {
+	switch r.kind {
+	case refusedUnauthorized:
+		g.m.unauthorized.Inc()
+	case refusedBad:
+		g.m.bad.Inc()
+	case refusedStale:
+		g.m.stale.Inc()
+	}
+	g.m.calls.WithLabelValues(strconv.Itoa(r.status)).Inc()
+	apiError(w, r.status, r.typ, r.msg)
 }
 
 // requestHash fingerprints a request body in the compact form the ledger
@@ -533,146 +531,159 @@ func requestHash(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// admit authenticates a relay's request and checks its attempt is the
-// episode's current one; when it is not, the refusal is written and ok is
-// false.
-func (g *Gateway) admit(w http.ResponseWriter, q *http.Request) (st EpisodeState, attempt int, ok bool) {
-	st, ok = g.authenticate(q)
-	if !ok {
-		g.m.unauthorized.Inc()
-		g.reply(w, http.StatusUnauthorized, "authentication_error", "unknown or missing episode token")
-		return st, 0, false
-	}
-	attempt, err := strconv.Atoi(q.Header.Get(HeaderAttempt))
-	if err != nil {
-		g.m.bad.Inc()
-		g.reply(w, http.StatusBadRequest, "invalid_request_error", "missing or bad "+HeaderAttempt+" header")
-		return st, 0, false
-	}
-	if attempt != st.Attempt {
-		g.m.stale.Inc()
-		g.reply(w, http.StatusConflict, "stale_attempt", fmt.Sprintf("stale attempt %d: episode %s is at attempt %d", attempt, st.Episode, st.Attempt))
-		return st, 0, false
-	}
-	return st, attempt, true
+// gatewayCall is a model call the desk admitted.
+type gatewayCall struct {
+	st      EpisodeState
+	path    string
+	callID  string
+	key     string // among the calls being answered
+	body    []byte
+	started time.Time
+	l       *ledger.Ledger
+	// settled are the settlements of earlier calls riding on this one:
+	// recorded with its entry (one write, one flush), or alone when no
+	// entry is appended.
+	settled []ledger.Settlement
 }
 
 func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string) {
-	start := time.Now()
-	st, attempt, ok := g.admit(w, q)
+	c, ok := g.receive(w, q, path)
 	if !ok {
-		return
-	}
-	callID := q.Header.Get(HeaderCallID)
-	if n, ok := strings.CutPrefix(callID, st.Episode+"/"); !ok || n == "" {
-		g.m.bad.Inc()
-		g.reply(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("%s %q must be %s/N", HeaderCallID, callID, st.Episode))
-		return
-	}
-	body, err := readAll(http.MaxBytesReader(w, q.Body, g.cfg.MaxBody), q.ContentLength)
-	if err != nil {
-		g.m.bad.Inc()
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			g.reply(w, http.StatusRequestEntityTooLarge, "invalid_request_error", fmt.Sprintf("request body over %d bytes", g.cfg.MaxBody))
-			return
-		}
-		g.reply(w, http.StatusBadRequest, "invalid_request_error", "read request: "+err.Error())
-		return
-	}
-	// A cheap check: the model server judges the rest (and answers 400),
-	// and the ledger validates whatever it records.
-	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		g.m.bad.Inc()
-		g.reply(w, http.StatusBadRequest, "invalid_request_error", "request body must be a JSON object")
-		return
-	}
-	l, err := g.ledger(st.Episode)
-	if err != nil {
-		g.reply(w, http.StatusInternalServerError, "server_error", err.Error())
 		return
 	}
 	// One answer per call id at a time: a duplicate arriving while the first
 	// is being answered waits for it, then is answered from the ledger.
-	key := st.Episode + "\x00" + callID
-	for {
-		g.mu.Lock()
-		ch, busy := g.inflight[key]
-		if !busy {
-			g.inflight[key] = make(chan struct{})
-		}
-		g.mu.Unlock()
-		if !busy {
-			break
-		}
-		select {
-		case <-ch:
-		case <-q.Context().Done():
-			return
-		}
+	if !g.claim(q.Context(), c.key) {
+		return
 	}
-	defer func() {
-		g.mu.Lock()
-		close(g.inflight[key])
-		delete(g.inflight, key)
-		g.mu.Unlock()
-	}()
+	defer g.unclaim(c.key)
 	// A relaunched harness re-sends its conversation: match it against the
 	// ledger first (which cuts what it never acted on), then dedupe.
-	if st.NeedMatch && path == "/v1/chat/completions" {
-		var reqObj struct {
-			Messages []json.RawMessage `json:"messages"`
-		}
-		_ = json.Unmarshal(body, &reqObj)
-		lock := g.epLock(st.Episode)
-		lock.Lock()
-		_, merr := l.Match(reqObj.Messages)
-		g.mu.Lock()
-		if cur := g.episodes[st.Episode]; cur != nil && cur.Attempt == st.Attempt {
-			cur.NeedMatch = false
-			_ = g.saveLocked(cur)
-		}
-		g.mu.Unlock()
-		lock.Unlock()
-		if merr != nil {
-			g.log.Warn("relaunch does not match the ledger: history marked broken", "episode", st.Episode, "err", merr)
-		}
+	if g.desk.needsMatch(c.st, path) {
+		g.match(c)
 	}
-	// Settlements of earlier calls ride on this one: they are recorded with
-	// its entry (one write, one flush), or alone when no entry is appended.
-	settled, err := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled))
+	var err error
+	c.settled, err = g.settlements(c.st.Episode, c.l, q.Header.Get(HeaderSettled))
 	if err != nil {
-		g.log.Warn("bad settlements from a relay", "episode", st.Episode, "err", err)
+		g.log.Warn("bad settlements from a relay", "episode", c.st.Episode, "err", err)
 	}
-	settledAlone := func() {
-		if err := settleAlone(w, l, settled); err != nil {
-			g.log.Warn("settlements not recorded", "episode", st.Episode, "err", err)
-		}
-	}
-	if e, ok := l.Lookup(callID); ok {
-		settledAlone()
-		if requestHash(e.Request) != requestHash(body) {
-			g.reply(w, http.StatusConflict, "call_id_reused", fmt.Sprintf("call id %s is already recorded with another request", callID))
+	if e, ok := c.l.Lookup(c.callID); ok {
+		g.settleAlone(w, c)
+		if ref := g.desk.replay(c.callID, e.Request, c.body); ref != nil {
+			g.refuse(w, ref)
 			return
 		}
 		g.m.dedupe.Inc()
-		g.answer(w, l, e, q)
+		g.answer(w, c.l, e, q)
 		return
 	}
-	t0 := time.Now()
-	status, header, respBody, buf, err := g.forward(q.Context(), path, body)
+	g.callModel(w, q, c)
+}
+
+// receive admits a model call and reads its body; a refusal is written
+// when it is not admitted.
+func (g *Gateway) receive(w http.ResponseWriter, q *http.Request, path string) (*gatewayCall, bool) {
+	c := &gatewayCall{path: path, started: g.clock.Now()}
+	r := g.request(q)
+	g.mu.Lock()
+	st, ref := g.desk.admitCall(r)
+	g.mu.Unlock()
+	if ref != nil {
+		g.refuse(w, ref)
+		return nil, false
+	}
+	body, err := readAll(http.MaxBytesReader(w, q.Body, g.cfg.MaxBody), q.ContentLength)
+	if ref := g.desk.checkBody(body, err, g.cfg.MaxBody); ref != nil {
+		g.refuse(w, ref)
+		return nil, false
+	}
+	l, err := g.ledger(st.Episode)
+	if err != nil {
+		g.refuse(w, serverError(err.Error()))
+		return nil, false
+	}
+	c.st, c.callID, c.body, c.l = st, r.callID, body, l
+	c.key = callKey(st.Episode, r.callID)
+	return c, true
+}
+
+// claim waits until the desk lets the call named key be answered; false
+// when the client went first.
+func (g *Gateway) claim(ctx context.Context, key string) bool {
+	for {
+		g.mu.Lock()
+		if g.desk.claim(key) {
+			g.mu.Unlock()
+			return true
+		}
+		ch := g.answered
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// unclaim ends a claim and wakes the duplicates waiting.
+func (g *Gateway) unclaim(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.desk.done(key)
+	close(g.answered)
+	g.answered = make(chan struct{})
+}
+
+// match matches a relaunched episode's call against its ledger, which
+// cuts the ledger to the longest matching prefix (or marks the history
+// broken), and records that the match is made.
+func (g *Gateway) match(c *gatewayCall) {
+	var reqObj struct {
+		Messages []json.RawMessage `json:"messages"`
+	}
+	_ = json.Unmarshal(c.body, &reqObj)
+	lock := g.epLock(c.st.Episode)
+	lock.Lock()
+	defer lock.Unlock()
+	_, merr := c.l.Match(reqObj.Messages)
+	g.mu.Lock()
+	if st, ok := g.desk.matched(c.st.Episode, c.st.Attempt); ok {
+		_ = g.saveLocked(&st)
+	}
+	g.mu.Unlock()
+	if merr != nil {
+		g.log.Warn("relaunch does not match the ledger: history marked broken", "episode", c.st.Episode, "err", merr)
+	}
+}
+
+// settleAlone records the settlements riding on a call that appends no
+// entry.
+func (g *Gateway) settleAlone(w http.ResponseWriter, c *gatewayCall) {
+	if err := settleAlone(w, c.l, c.settled); err != nil {
+		g.log.Warn("settlements not recorded", "episode", c.st.Episode, "err", err)
+	}
+}
+
+// callModel forwards a call the ledger does not hold to the model server,
+// records its response and answers from the entry; what the model refuses
+// is passed on, unrecorded.
+func (g *Gateway) callModel(w http.ResponseWriter, q *http.Request, c *gatewayCall) {
+	t0 := g.clock.Now()
+	status, header, respBody, buf, err := g.forward(q.Context(), c.path, c.body)
 	// The ledger keeps its own copy of the answer, so the buffer it was
 	// read into goes back to the pool when this call is answered.
 	defer releaseBody(buf)
-	upTime := time.Since(t0)
+	upTime := g.clock.Now().Sub(t0)
 	g.m.upstream.Observe(upTime.Seconds())
-	if err != nil {
-		settledAlone()
-		g.reply(w, http.StatusBadGateway, "upstream_error", err.Error())
+	out, respBody, ref := g.desk.judge(err, status, header.Get("Content-Type"), respBody)
+	switch out {
+	case outcomeRefuse:
+		g.settleAlone(w, c)
+		g.refuse(w, ref)
 		return
-	}
-	if status/100 != 2 {
-		settledAlone()
+	case outcomePassOn:
+		g.settleAlone(w, c)
 		g.m.calls.WithLabelValues(strconv.Itoa(status)).Inc()
 		for _, h := range []string{"Content-Type", "Retry-After"} {
 			if v := header.Get(h); v != "" {
@@ -683,32 +694,21 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 		_, _ = w.Write(respBody)
 		return
 	}
-	if strings.HasPrefix(header.Get("Content-Type"), "text/event-stream") {
-		evs, err := ParseSSE(bytes.NewReader(respBody))
-		if err == nil {
-			respBody, err = AssembleChat(evs)
-		}
-		if err != nil {
-			settledAlone()
-			g.reply(w, http.StatusBadGateway, "upstream_error", "model stream: "+err.Error())
-			return
-		}
-	}
-	e, serr, err := l.SettleAndAppend(settled, ledger.Entry{
+	e, serr, err := c.l.SettleAndAppend(c.settled, ledger.Entry{
 		// Usage and tokens are read from the response by the ledger.
-		CallID: callID, Attempt: attempt, Request: body, Response: respBody, Started: t0, Finished: time.Now(),
+		CallID: c.callID, Attempt: c.st.Attempt, Request: c.body, Response: respBody, Started: t0, Finished: g.clock.Now(),
 	})
 	if serr != nil {
-		g.log.Warn("settlements not recorded", "episode", st.Episode, "err", serr)
+		g.log.Warn("settlements not recorded", "episode", c.st.Episode, "err", serr)
 	}
 	if err != nil {
-		g.log.Error("ledger append failed", "episode", st.Episode, "call", callID, "err", err)
-		g.reply(w, http.StatusInternalServerError, "server_error", "ledger: "+err.Error())
+		g.log.Error("ledger append failed", "episode", c.st.Episode, "call", c.callID, "err", err)
+		g.refuse(w, serverError("ledger: "+err.Error()))
 		return
 	}
 	w.Header().Set(HeaderSettledOK, "1")
-	g.answer(w, l, e, q)
-	g.m.added.Observe((time.Since(start) - upTime).Seconds())
+	g.answer(w, c.l, e, q)
+	g.m.added.Observe((g.clock.Now().Sub(c.started) - upTime).Seconds())
 }
 
 func (g *Gateway) answer(w http.ResponseWriter, l *ledger.Ledger, e ledger.Entry, q *http.Request) {
@@ -759,22 +759,26 @@ func settleAlone(w http.ResponseWriter, l *ledger.Ledger, s []ledger.Settlement)
 
 // serveSettle records settlements that had no call to ride on.
 func (g *Gateway) serveSettle(w http.ResponseWriter, q *http.Request) {
-	st, _, ok := g.admit(w, q)
-	if !ok {
+	r := g.request(q)
+	g.mu.Lock()
+	st, ref := g.desk.admit(r)
+	g.mu.Unlock()
+	if ref != nil {
+		g.refuse(w, ref)
 		return
 	}
 	l, err := g.ledger(st.Episode)
 	if err != nil {
-		g.reply(w, http.StatusInternalServerError, "server_error", err.Error())
+		g.refuse(w, serverError(err.Error()))
 		return
 	}
 	s, err := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled))
 	if err != nil {
-		g.reply(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		g.refuse(w, &refusal{http.StatusBadRequest, "invalid_request_error", err.Error(), refusedOther})
 		return
 	}
 	if err := settleAlone(w, l, s); err != nil {
-		g.reply(w, http.StatusConflict, "invalid_settlement", err.Error())
+		g.refuse(w, &refusal{http.StatusConflict, "invalid_settlement", err.Error(), refusedOther})
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -807,9 +811,12 @@ func (g *Gateway) forward(ctx context.Context, path string, body []byte) (int, h
 }
 
 func (g *Gateway) serveModels(w http.ResponseWriter, q *http.Request) {
-	if _, ok := g.authenticate(q); !ok {
-		g.m.unauthorized.Inc()
-		g.reply(w, http.StatusUnauthorized, "authentication_error", "unknown or missing episode token")
+	r := g.request(q)
+	g.mu.Lock()
+	_, ref := g.desk.authenticate(r)
+	g.mu.Unlock()
+	if ref != nil {
+		g.refuse(w, ref)
 		return
 	}
 	h := map[string]string{}

@@ -106,6 +106,8 @@ type Config struct {
 	// call to the gateway before it is sent on its own (default 50ms).
 	SettleDelay time.Duration
 	Logger      *slog.Logger
+	// Clock is the relay's time (nil: the system's).
+	Clock Clock
 }
 
 // DefaultHeartbeat is Config.Heartbeat's default.
@@ -113,38 +115,21 @@ const DefaultHeartbeat = 5 * time.Second
 
 // Relay is the in-sandbox end. It implements supervisor.Gate.
 type Relay struct {
-	up  *Upstream
-	cfg Config
-	log *slog.Logger
-	reg *prometheus.Registry
-	m   relayMetrics
+	up    *Upstream
+	cfg   Config
+	clock Clock
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	m     relayMetrics
 
 	mu sync.Mutex
 	// changed is closed (and replaced) whenever the state below changes;
 	// waiters select on it with their client's context and a heartbeat.
 	changed chan struct{}
 	cred    Credentials
-	held    bool
-	gen     int   // bumped when a restore raises the attempt
-	next    int64 // last call number handed out
-	// pos is the ledger position up to which every recorded response is
-	// settled (delivered or abandoned); deliveries go in ledger order, so
-	// the next one is the entry at pos+1. deliv counts the deliveries.
-	pos, deliv int64
-	// baseUnknown: a relaunched relay, whose pos and deliv are set from
-	// its first recorded response's ledger position.
-	baseUnknown bool
-	// delivering counts deliveries under way; Hold waits for zero.
-	delivering int
-	cancels    map[int64]context.CancelFunc // upstream calls in flight
-	// waiting counts the calls that wait for their turn, by the ledger
-	// position of their answer.
-	waiting map[int64]int
-	// unsent are settlements the gateway has not recorded yet; carried
-	// are those riding on calls in flight (recorded when the call's
-	// answer says so, sent again otherwise).
-	unsent, carried []settlement
-	flushing        bool // a flush of unsent is scheduled
+	order   *order                       // the delivery order, which decides
+	out     outbox                       // settlements the gateway has not recorded yet
+	cancels map[int64]context.CancelFunc // upstream calls in flight
 }
 
 type relayMetrics struct {
@@ -185,11 +170,8 @@ func New(cfg Config) (*Relay, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &Relay{up: up, cfg: cfg, log: log, cred: cred, cancels: map[int64]context.CancelFunc{}, waiting: map[int64]int{}, reg: prometheus.NewRegistry(), changed: make(chan struct{})}
-	if cred.NextCall > 0 {
-		r.next = cred.NextCall - 1
-		r.baseUnknown = true
-	}
+	r := &Relay{up: up, cfg: cfg, clock: clockOr(cfg.Clock), log: log, cred: cred, order: newOrder(cred.NextCall),
+		cancels: map[int64]context.CancelFunc{}, reg: prometheus.NewRegistry(), changed: make(chan struct{})}
 	f := prometheus.NewCounter
 	r.m = relayMetrics{
 		calls:      f(prometheus.CounterOpts{Name: "stasis_relay_calls_total", Help: "Model calls the harness made."}),
@@ -213,28 +195,25 @@ func (r *Relay) broadcastLocked() {
 	r.changed = make(chan struct{})
 }
 
-// waitLocked waits, with r.mu held (it is released while waiting), until
-// ok holds. It returns false if done (nil: never) is closed first.
-func (r *Relay) waitLocked(done <-chan struct{}, ok func() bool) bool {
-	for !ok() {
-		ch := r.changed
-		r.mu.Unlock()
-		select {
-		case <-ch:
-		case <-done:
-			r.mu.Lock()
-			return false
-		}
-		r.mu.Lock()
+// waitLocked waits, with r.mu held (it is released while waiting), for
+// the next change. It returns false if done (nil: never) is closed first.
+func (r *Relay) waitLocked(done <-chan struct{}) bool {
+	ch := r.changed
+	r.mu.Unlock()
+	defer r.mu.Lock()
+	select {
+	case <-ch:
+		return true
+	case <-done:
+		return false
 	}
-	return true
 }
 
 // Delivered is the number of recorded responses delivered so far.
 func (r *Relay) Delivered() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.deliv
+	return r.order.deliv
 }
 
 // Position is the ledger position up to which every recorded response is
@@ -242,7 +221,7 @@ func (r *Relay) Delivered() int64 {
 func (r *Relay) Position() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.pos
+	return r.order.pos
 }
 
 // holdFlushTimeout bounds how long a hold waits for the gateway to record
@@ -255,12 +234,14 @@ const holdFlushTimeout = 10 * time.Second
 // and the settled position.
 func (r *Relay) Hold() (supervisor.Held, error) {
 	r.mu.Lock()
-	r.held = true
+	r.order.hold()
 	r.broadcastLocked()
-	r.waitLocked(nil, func() bool { return r.delivering == 0 })
-	h := supervisor.Held{Delivered: r.deliv, Position: r.pos}
+	for !r.order.idle() {
+		r.waitLocked(nil)
+	}
+	h := supervisor.Held{Delivered: r.order.deliv, Position: r.order.pos}
 	r.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), holdFlushTimeout)
+	ctx, cancel := withTimeout(context.Background(), r.clock, holdFlushTimeout)
 	defer cancel()
 	if err := r.flushSettlements(ctx, true); err != nil {
 		// The ledger lacks these dispositions (its entries read pending);
@@ -275,11 +256,13 @@ func (r *Relay) Hold() (supervisor.Held, error) {
 // flight too), retrying until ctx ends.
 func (r *Relay) Flush(ctx context.Context) error {
 	r.mu.Lock()
-	settled := r.waitLocked(ctx.Done(), func() bool { return r.delivering == 0 })
-	r.mu.Unlock()
-	if !settled {
-		return fmt.Errorf("a delivery to the harness did not finish: %w", ctx.Err())
+	for !r.order.idle() {
+		if !r.waitLocked(ctx.Done()) {
+			r.mu.Unlock()
+			return fmt.Errorf("a delivery to the harness did not finish: %w", ctx.Err())
+		}
 	}
+	r.mu.Unlock()
 	return r.flushSettlements(ctx, true)
 }
 
@@ -295,7 +278,7 @@ func (r *Relay) Release() error {
 	if err == nil && cred.Attempt != r.cred.Attempt {
 		r.log.Info("attempt raised: re-issuing undelivered calls", "from", r.cred.Attempt, "to", cred.Attempt, "in_flight", len(r.cancels))
 		r.cred = cred
-		r.gen++
+		r.order.raise()
 		for _, cancel := range r.cancels {
 			cancel()
 		}
@@ -305,12 +288,12 @@ func (r *Relay) Release() error {
 	} else if err == nil {
 		r.cred.Token = cred.Token
 	}
-	r.held = false
+	r.order.release()
 	r.broadcastLocked()
 	if err != nil {
 		return err
 	}
-	if len(r.unsent) > 0 {
+	if r.out.pending() {
 		r.scheduleFlushLocked()
 	}
 	return nil
@@ -598,18 +581,6 @@ func splice(body []byte, cut []span) []byte {
 
 func jitter(d time.Duration) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d)+1))
-}
-
-// sleepCtx waits d (a retry backoff) unless ctx ends first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 func (r *Relay) serveModels(w http.ResponseWriter, q *http.Request) {

@@ -107,36 +107,82 @@ func ParseSettlements(episode, h string) ([]ledger.Settlement, error) {
 	return out, nil
 }
 
-// takeSettlements moves the unsent settlements to the carried list, for a
-// request about to go upstream.
-func (r *Relay) takeSettlements() []settlement {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := r.unsent
-	r.unsent = nil
-	r.carried = append(r.carried, s...)
+// outbox holds the settlements the gateway has not recorded yet: unsent
+// ones, and those riding on calls in flight (carried), recorded when the
+// call's answer says so and sent again otherwise. It says when a flush of
+// its own is to be scheduled (one at a time). Like order it does no I/O;
+// the Relay uses it under its mutex.
+type outbox struct {
+	unsent, carried []settlement
+	flushing        bool // a flush of unsent is scheduled
+}
+
+// add queues settlements to send.
+func (b *outbox) add(s ...settlement) { b.unsent = append(b.unsent, s...) }
+
+// pending reports settlements not sent.
+func (b *outbox) pending() bool { return len(b.unsent) > 0 }
+
+// take moves the unsent settlements to the carried ones, for a request
+// about to go upstream.
+func (b *outbox) take() []settlement {
+	s := b.unsent
+	b.unsent = nil
+	b.carried = append(b.carried, s...)
 	return s
 }
 
-// returnSettlements ends the ride of s: recorded, they are done; otherwise
-// they wait for the next call or flush.
-func (r *Relay) returnSettlements(s []settlement, recorded bool) {
-	if len(s) == 0 {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	keep := r.carried[:0]
-	for _, c := range r.carried {
+// returned ends the ride of s: recorded, they are done; otherwise they
+// wait for the next call or flush, before those queued since.
+func (b *outbox) returned(s []settlement, recorded bool) {
+	keep := b.carried[:0]
+	for _, c := range b.carried {
 		if !containsSettlement(s, c) {
 			keep = append(keep, c)
 		}
 	}
-	r.carried = keep
+	b.carried = keep
 	if !recorded {
-		r.unsent = append(s, r.unsent...)
-		r.scheduleFlushLocked()
+		b.unsent = append(append([]settlement(nil), s...), b.unsent...)
 	}
+}
+
+// batch takes the unsent settlements for a flush of their own, with all
+// also those riding on calls in flight (which may wait long for their
+// model).
+func (b *outbox) batch(all bool) []settlement {
+	s := append([]settlement(nil), b.unsent...)
+	if all {
+		s = append(s, b.carried...)
+	}
+	b.unsent = b.unsent[:0]
+	return s
+}
+
+// failed puts back the settlements of a batch the gateway did not record,
+// but those a call in flight carries.
+func (b *outbox) failed(s []settlement) {
+	for _, x := range s {
+		if !containsSettlement(b.carried, x) {
+			b.unsent = append(b.unsent, x)
+		}
+	}
+}
+
+// schedule reports whether a flush is to be scheduled now: none is.
+func (b *outbox) schedule() bool {
+	if b.flushing {
+		return false
+	}
+	b.flushing = true
+	return true
+}
+
+// flushed ends a scheduled flush; it reports whether another is due (what
+// came meanwhile, or failed).
+func (b *outbox) flushed() bool {
+	b.flushing = false
+	return b.pending()
 }
 
 func containsSettlement(s []settlement, x settlement) bool {
@@ -148,15 +194,36 @@ func containsSettlement(s []settlement, x settlement) bool {
 	return false
 }
 
+// takeSettlements takes the unsent settlements for a request about to go
+// upstream.
+func (r *Relay) takeSettlements() []settlement {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.out.take()
+}
+
+// returnSettlements ends the ride of s: recorded, they are done; otherwise
+// they wait for the next call or flush.
+func (r *Relay) returnSettlements(s []settlement, recorded bool) {
+	if len(s) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.out.returned(s, recorded)
+	if !recorded {
+		r.scheduleFlushLocked()
+	}
+}
+
 // scheduleFlushLocked sends the unsent settlements on their own after
 // SettleDelay, unless a call takes them first. r.mu is held.
 func (r *Relay) scheduleFlushLocked() {
-	if r.flushing {
+	if !r.out.schedule() {
 		return
 	}
-	r.flushing = true
-	time.AfterFunc(r.cfg.SettleDelay, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	r.clock.AfterFunc(r.cfg.SettleDelay, func() {
+		ctx, cancel := withTimeout(context.Background(), r.clock, 30*time.Second)
 		defer cancel()
 		err := r.flushSettlements(ctx, false)
 		if err != nil {
@@ -165,8 +232,7 @@ func (r *Relay) scheduleFlushLocked() {
 		// One flush at a time: what came meanwhile (or failed) goes in the
 		// next one.
 		r.mu.Lock()
-		r.flushing = false
-		if len(r.unsent) > 0 {
+		if r.out.flushed() {
 			r.scheduleFlushLocked()
 		}
 		r.mu.Unlock()
@@ -178,11 +244,7 @@ func (r *Relay) scheduleFlushLocked() {
 // their model) in one request.
 func (r *Relay) flushSettlements(ctx context.Context, all bool) error {
 	r.mu.Lock()
-	s := append([]settlement(nil), r.unsent...)
-	if all {
-		s = append(s, r.carried...)
-	}
-	r.unsent = r.unsent[:0]
+	s := r.out.batch(all)
 	cred := r.cred
 	r.mu.Unlock()
 	if len(s) == 0 {
@@ -191,11 +253,7 @@ func (r *Relay) flushSettlements(ctx context.Context, all bool) error {
 	err := r.postSettlements(ctx, cred, s)
 	if err != nil {
 		r.mu.Lock()
-		for _, x := range s {
-			if !containsSettlement(r.carried, x) {
-				r.unsent = append(r.unsent, x)
-			}
-		}
+		r.out.failed(s)
 		r.mu.Unlock()
 	}
 	return err
@@ -228,7 +286,7 @@ func (r *Relay) postSettlements(ctx context.Context, cred Credentials, s []settl
 			}
 			err = fmt.Errorf("gateway answered %s", resp.Status)
 		}
-		if !sleepCtx(ctx, jitter(wait)) {
+		if !sleep(ctx, r.clock, jitter(wait)) {
 			return fmt.Errorf("settlements: %w", err)
 		}
 		wait = min(2*wait, r.cfg.Retry.MaxInterval)

@@ -98,120 +98,149 @@ func raw(v any) json.RawMessage {
 // finish_reason and usage win, and other fields of the first chunk are
 // kept.
 func AssembleChat(events []Event) ([]byte, error) {
-	var (
-		top      obj
-		content  strings.Builder
-		role     = "assistant"
-		finish   json.RawMessage
-		usage    json.RawMessage
-		calls    = map[int]obj{}
-		args     = map[int]*strings.Builder{}
-		extras   = obj{}
-		anyDelta bool
-	)
+	a := chatAssembly{role: "assistant", calls: map[int]obj{}, args: map[int]*strings.Builder{}, extras: obj{}}
 	for _, ev := range events {
-		c, err := decodeObj(ev.Data)
-		if err != nil {
-			return nil, fmt.Errorf("stream chunk: %w", err)
+		if err := a.add(ev); err != nil {
+			return nil, err
 		}
-		if top == nil {
-			top = obj{}
-			for k, v := range c {
-				if k != "choices" && k != "usage" {
-					top[k] = v
-				}
-			}
-		}
-		if u, ok := c["usage"]; ok && string(u) != "null" {
-			usage = u
-		}
-		var choices []obj
-		_ = json.Unmarshal(c["choices"], &choices)
-		for _, ch := range choices {
-			for k, v := range ch {
-				if k != "delta" && k != "index" && k != "finish_reason" {
-					extras[k] = v
-				}
-			}
-			if f, ok := ch["finish_reason"]; ok && string(f) != "null" {
-				finish = f
-			}
-			delta, err := decodeObj(ch["delta"])
-			if err != nil {
-				continue
-			}
-			anyDelta = true
-			if r := delta.str("role"); r != "" {
-				role = r
-			}
-			var s string
-			if json.Unmarshal(delta["content"], &s) == nil {
-				content.WriteString(s)
-			}
-			var tcs []obj
-			_ = json.Unmarshal(delta["tool_calls"], &tcs)
-			for i, tc := range tcs {
-				idx := i
-				_ = json.Unmarshal(tc["index"], &idx)
-				cur, ok := calls[idx]
-				if !ok {
-					cur = obj{}
-					calls[idx] = cur
-					args[idx] = &strings.Builder{}
-				}
-				for _, k := range []string{"id", "type"} {
-					if v, ok := tc[k]; ok {
-						cur[k] = v
-					}
-				}
-				if fn, err := decodeObj(tc["function"]); err == nil {
-					if n, ok := fn["name"]; ok {
-						cur["name"] = n
-					}
-					var a string
-					if json.Unmarshal(fn["arguments"], &a) == nil {
-						args[idx].WriteString(a)
-					}
-				}
+	}
+	return a.completion()
+}
+
+// chatAssembly is a chat.completion being assembled from its chunks.
+type chatAssembly struct {
+	top      obj // the first chunk's members but choices and usage
+	content  strings.Builder
+	role     string
+	finish   json.RawMessage
+	usage    json.RawMessage
+	calls    map[int]obj              // tool calls by index: id, type, name
+	args     map[int]*strings.Builder // and their arguments
+	extras   obj                      // the choices' other members
+	anyDelta bool
+}
+
+// add merges one chunk.
+func (a *chatAssembly) add(ev Event) error {
+	c, err := decodeObj(ev.Data)
+	if err != nil {
+		return fmt.Errorf("stream chunk: %w", err)
+	}
+	if a.top == nil {
+		a.top = obj{}
+		for k, v := range c {
+			if k != "choices" && k != "usage" {
+				a.top[k] = v
 			}
 		}
 	}
-	if top == nil || !anyDelta {
+	if u, ok := c["usage"]; ok && string(u) != "null" {
+		a.usage = u
+	}
+	var choices []obj
+	_ = json.Unmarshal(c["choices"], &choices)
+	for _, ch := range choices {
+		a.addChoice(ch)
+	}
+	return nil
+}
+
+// addChoice merges a chunk's choice.
+func (a *chatAssembly) addChoice(ch obj) {
+	for k, v := range ch {
+		if k != "delta" && k != "index" && k != "finish_reason" {
+			a.extras[k] = v
+		}
+	}
+	if f, ok := ch["finish_reason"]; ok && string(f) != "null" {
+		a.finish = f
+	}
+	delta, err := decodeObj(ch["delta"])
+	if err != nil {
+		return
+	}
+	a.anyDelta = true
+	if r := delta.str("role"); r != "" {
+		a.role = r
+	}
+	var s string
+	if json.Unmarshal(delta["content"], &s) == nil {
+		a.content.WriteString(s)
+	}
+	var tcs []obj
+	_ = json.Unmarshal(delta["tool_calls"], &tcs)
+	for i, tc := range tcs {
+		a.addToolCall(i, tc)
+	}
+}
+
+// addToolCall merges the i-th tool call of a delta (its index says which
+// call it continues).
+func (a *chatAssembly) addToolCall(i int, tc obj) {
+	idx := i
+	_ = json.Unmarshal(tc["index"], &idx)
+	cur, ok := a.calls[idx]
+	if !ok {
+		cur = obj{}
+		a.calls[idx] = cur
+		a.args[idx] = &strings.Builder{}
+	}
+	for _, k := range []string{"id", "type"} {
+		if v, ok := tc[k]; ok {
+			cur[k] = v
+		}
+	}
+	if fn, err := decodeObj(tc["function"]); err == nil {
+		if n, ok := fn["name"]; ok {
+			cur["name"] = n
+		}
+		var s string
+		if json.Unmarshal(fn["arguments"], &s) == nil {
+			a.args[idx].WriteString(s)
+		}
+	}
+}
+
+// completion is the chat.completion the chunks make.
+func (a *chatAssembly) completion() ([]byte, error) {
+	if a.top == nil || !a.anyDelta {
 		return nil, errors.New("stream held no chat completion chunk")
 	}
-	msg := obj{"role": raw(role)}
-	if content.Len() > 0 || len(calls) == 0 {
-		msg["content"] = raw(content.String())
+	msg := obj{"role": raw(a.role)}
+	if a.content.Len() > 0 || len(a.calls) == 0 {
+		msg["content"] = raw(a.content.String())
 	}
-	if len(calls) > 0 {
-		idx := make([]int, 0, len(calls))
-		for i := range calls {
+	if len(a.calls) > 0 {
+		idx := make([]int, 0, len(a.calls))
+		for i := range a.calls {
 			idx = append(idx, i)
 		}
 		sort.Ints(idx)
 		var list []obj
 		for _, i := range idx {
-			c := calls[i]
+			c := a.calls[i]
 			t := c["type"]
 			if t == nil {
 				t = raw("function")
 			}
-			tc := obj{"id": c["id"], "type": t, "function": raw(obj{"name": c["name"], "arguments": raw(args[i].String())})}
+			tc := obj{"id": c["id"], "type": t, "function": raw(obj{"name": c["name"], "arguments": raw(a.args[i].String())})}
 			list = append(list, tc)
 		}
 		msg["tool_calls"] = raw(list)
 	}
+	finish := a.finish
 	if finish == nil {
 		finish = raw("stop")
 	}
 	choice := obj{"index": raw(0), "message": raw(msg), "finish_reason": finish}
-	for k, v := range extras {
+	for k, v := range a.extras {
 		choice[k] = v
 	}
+	top := a.top
 	top["object"] = raw("chat.completion")
 	top["choices"] = raw([]obj{choice})
-	if usage != nil {
-		top["usage"] = usage
+	if a.usage != nil {
+		top["usage"] = a.usage
 	}
 	return json.Marshal(top)
 }
@@ -303,6 +332,24 @@ func ChatChunks(completion []byte, includeUsage bool) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("completion: %w", err)
 	}
+	choices, err := checkChatCompletion(c)
+	if err != nil {
+		return nil, err
+	}
+	var chunks []chatChunk
+	for i, ch := range choices {
+		cs, err := choiceChunks(i, ch)
+		if err != nil {
+			return nil, err
+		}
+		chunks = append(chunks, cs...)
+	}
+	return writeChatChunks(c, chunks, includeUsage), nil
+}
+
+// checkChatCompletion refuses a completion ChatChunks cannot stream for
+// what it says about itself, and returns its choices.
+func checkChatCompletion(c obj) ([]obj, error) {
 	if isNull(c["choices"]) {
 		return nil, errors.New(`completion has no "choices"`)
 	}
@@ -320,6 +367,185 @@ func ChatChunks(completion []byte, includeUsage bool) ([]byte, error) {
 	if err := json.Unmarshal(c["created"], &created); err != nil {
 		return nil, errors.New(`completion "created" is not a number`)
 	}
+	return choices, nil
+}
+
+// chatChunk is one chunk of a choice: the choice's members and its delta.
+type chatChunk struct {
+	choice obj
+	delta  obj
+}
+
+// choiceStream gathers the chunks of choice i.
+type choiceStream struct {
+	i        int
+	rest     obj             // the choice's members that are not streamed piecewise
+	logprobs json.RawMessage // the choice's logprobs
+	placed   bool            // rest and logprobs went on a chunk already
+	chunks   []chatChunk
+}
+
+// frame is a chunk's choice members with finish_reason finish.
+func (s *choiceStream) frame(finish json.RawMessage) obj {
+	return obj{"index": raw(s.i), "finish_reason": finish, "logprobs": raw(nil)}
+}
+
+// add adds a chunk that carries no generated text.
+func (s *choiceStream) add(choice, delta obj) {
+	s.chunks = append(s.chunks, chatChunk{choice, delta})
+}
+
+// text adds a chunk that carries generated text: the first one takes the
+// choice's logprobs and other members.
+func (s *choiceStream) text(delta obj) {
+	one := s.frame(raw(nil))
+	if !s.placed {
+		for k, v := range s.rest {
+			one[k] = v
+		}
+		one["logprobs"] = s.logprobs
+		s.placed = true
+	}
+	s.add(one, delta)
+}
+
+// choiceChunks checks choice i and returns its chunks.
+func choiceChunks(i int, ch obj) ([]chatChunk, error) {
+	if v, ok := ch["index"]; ok {
+		var idx int
+		if json.Unmarshal(v, &idx) != nil || idx != i {
+			return nil, fmt.Errorf("choices[%d] has index %s", i, v)
+		}
+	}
+	msg := obj{}
+	if !isNull(ch["message"]) {
+		var err error
+		if msg, err = decodeObj(ch["message"]); err != nil {
+			return nil, fmt.Errorf("choices[%d].message: %w", i, err)
+		}
+	}
+	role, ok := msg.strField("role")
+	if !ok {
+		return nil, fmt.Errorf("choices[%d].message.role is not a string", i)
+	}
+	if role == "" {
+		role = "assistant"
+	}
+	if role != "assistant" {
+		return nil, fmt.Errorf("choices[%d].message.role is %q, not assistant", i, role)
+	}
+	content, ok := msg.strField("content")
+	if !ok {
+		return nil, fmt.Errorf("choices[%d].message.content is not a string", i)
+	}
+	refusal, ok := msg.strField("refusal")
+	if !ok {
+		return nil, fmt.Errorf("choices[%d].message.refusal is not a string", i)
+	}
+	calls, err := msg.objList("tool_calls")
+	if err != nil {
+		return nil, fmt.Errorf("choices[%d].message: %w", i, err)
+	}
+	finish, ok := ch.strField("finish_reason")
+	if !ok {
+		return nil, fmt.Errorf("choices[%d].finish_reason is not a string", i)
+	}
+	if finish == "" {
+		finish = "stop"
+	}
+	s := &choiceStream{i: i, rest: obj{}, logprobs: ch["logprobs"]}
+	for k, v := range ch {
+		if k != "index" && k != "message" && k != "finish_reason" && k != "logprobs" {
+			s.rest[k] = v
+		}
+	}
+	if s.logprobs == nil {
+		s.logprobs = raw(nil)
+	}
+	open := obj{"role": raw(role), "content": raw(""), "refusal": raw(nil)}
+	for k, v := range msg {
+		if k != "role" && k != "content" && k != "refusal" && k != "tool_calls" {
+			open[k] = v
+		}
+	}
+	if content == "" && refusal == "" && len(calls) == 0 {
+		s.text(open)
+	} else {
+		s.add(s.frame(raw(nil)), open)
+	}
+	if content != "" {
+		s.text(obj{"content": raw(content)})
+	}
+	if refusal != "" {
+		s.text(obj{"refusal": raw(refusal)})
+	}
+	for j, tc := range calls {
+		if err := s.toolCall(j, tc); err != nil {
+			return nil, err
+		}
+	}
+	s.add(s.frame(raw(finish)), obj{})
+	return s.chunks, nil
+}
+
+// toolCall adds the chunks of the choice's tool call j: one opening it
+// (index, id, type, function name, arguments "") and one with its
+// arguments; a call of another type than function goes whole.
+func (s *choiceStream) toolCall(j int, tc obj) error {
+	id, ok := tc.strField("id")
+	if !ok || id == "" {
+		return fmt.Errorf("choices[%d].message.tool_calls[%d].id is not a string", s.i, j)
+	}
+	typ, ok := tc.strField("type")
+	if !ok {
+		return fmt.Errorf("choices[%d].message.tool_calls[%d].type is not a string", s.i, j)
+	}
+	if typ == "" {
+		typ = "function"
+	}
+	if typ != "function" {
+		// Another kind of call (a custom tool's, say) goes whole.
+		d := tc.clone()
+		d["index"], d["type"] = raw(j), raw(typ)
+		s.text(obj{"tool_calls": raw([]obj{d})})
+		return nil
+	}
+	fn := obj{}
+	if !isNull(tc["function"]) {
+		var err error
+		if fn, err = decodeObj(tc["function"]); err != nil {
+			return fmt.Errorf("choices[%d].message.tool_calls[%d].function: %w", s.i, j, err)
+		}
+	}
+	name, ok := fn.strField("name")
+	if !ok || name == "" {
+		return fmt.Errorf("choices[%d].message.tool_calls[%d].function.name is not a string", s.i, j)
+	}
+	args, ok := fn.strField("arguments")
+	if !ok {
+		return fmt.Errorf("choices[%d].message.tool_calls[%d].function.arguments is not a string", s.i, j)
+	}
+	openFn := fn.clone()
+	openFn["arguments"] = raw("")
+	openCall := obj{"index": raw(j), "id": raw(id), "type": raw(typ), "function": raw(openFn)}
+	for k, v := range tc {
+		if k != "id" && k != "type" && k != "function" && k != "index" {
+			openCall[k] = v
+		}
+	}
+	s.text(obj{"tool_calls": raw([]obj{openCall})})
+	if args != "" {
+		more := obj{"index": raw(j), "function": raw(obj{"arguments": raw(args)})}
+		s.text(obj{"tool_calls": raw([]obj{more})})
+	}
+	return nil
+}
+
+// writeChatChunks writes the chunks of completion c as events: each
+// repeats the completion's head members, the first also carries its other
+// members, and with includeUsage every chunk carries "usage": null and a
+// last one with no choices the usage. The body ends with "data: [DONE]".
+func writeChatChunks(c obj, chunks []chatChunk, includeUsage bool) []byte {
 	head := obj{"object": raw("chat.completion.chunk")}
 	for _, k := range chatChunkHead {
 		if v, ok := c[k]; ok {
@@ -335,152 +561,19 @@ func ChatChunks(completion []byte, includeUsage bool) ([]byte, error) {
 			firstOnly[k] = v
 		}
 	}
-	type chunk struct {
-		choice obj
-		delta  obj
-	}
-	var chunks []chunk
-	for i, ch := range choices {
-		if v, ok := ch["index"]; ok {
-			var idx int
-			if json.Unmarshal(v, &idx) != nil || idx != i {
-				return nil, fmt.Errorf("choices[%d] has index %s", i, v)
-			}
-		}
-		msg := obj{}
-		if !isNull(ch["message"]) {
-			if msg, err = decodeObj(ch["message"]); err != nil {
-				return nil, fmt.Errorf("choices[%d].message: %w", i, err)
-			}
-		}
-		role, ok := msg.strField("role")
-		if !ok {
-			return nil, fmt.Errorf("choices[%d].message.role is not a string", i)
-		}
-		if role == "" {
-			role = "assistant"
-		}
-		if role != "assistant" {
-			return nil, fmt.Errorf("choices[%d].message.role is %q, not assistant", i, role)
-		}
-		content, ok := msg.strField("content")
-		if !ok {
-			return nil, fmt.Errorf("choices[%d].message.content is not a string", i)
-		}
-		refusal, ok := msg.strField("refusal")
-		if !ok {
-			return nil, fmt.Errorf("choices[%d].message.refusal is not a string", i)
-		}
-		calls, err := msg.objList("tool_calls")
-		if err != nil {
-			return nil, fmt.Errorf("choices[%d].message: %w", i, err)
-		}
-		finish, ok := ch.strField("finish_reason")
-		if !ok {
-			return nil, fmt.Errorf("choices[%d].finish_reason is not a string", i)
-		}
-		if finish == "" {
-			finish = "stop"
-		}
-		// The choice's members that are not streamed piecewise.
-		rest := obj{}
-		for k, v := range ch {
-			if k != "index" && k != "message" && k != "finish_reason" && k != "logprobs" {
-				rest[k] = v
-			}
-		}
-		logprobs := ch["logprobs"]
-		if logprobs == nil {
-			logprobs = raw(nil)
-		}
-		// The first chunk that carries generated text takes the choice's
-		// logprobs and other members.
-		placed := false
-		body := func(delta obj) chunk {
-			one := obj{"index": raw(i), "finish_reason": raw(nil), "logprobs": raw(nil)}
-			if !placed {
-				for k, v := range rest {
-					one[k] = v
-				}
-				one["logprobs"] = logprobs
-				placed = true
-			}
-			return chunk{one, delta}
-		}
-		open := obj{"role": raw(role), "content": raw(""), "refusal": raw(nil)}
-		for k, v := range msg {
-			if k != "role" && k != "content" && k != "refusal" && k != "tool_calls" {
-				open[k] = v
-			}
-		}
-		if content == "" && refusal == "" && len(calls) == 0 {
-			chunks = append(chunks, body(open))
-		} else {
-			chunks = append(chunks, chunk{obj{"index": raw(i), "finish_reason": raw(nil), "logprobs": raw(nil)}, open})
-		}
-		if content != "" {
-			chunks = append(chunks, body(obj{"content": raw(content)}))
-		}
-		if refusal != "" {
-			chunks = append(chunks, body(obj{"refusal": raw(refusal)}))
-		}
-		for j, tc := range calls {
-			id, ok := tc.strField("id")
-			if !ok || id == "" {
-				return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].id is not a string", i, j)
-			}
-			typ, ok := tc.strField("type")
-			if !ok {
-				return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].type is not a string", i, j)
-			}
-			if typ == "" {
-				typ = "function"
-			}
-			if typ != "function" {
-				// Another kind of call (a custom tool's, say) goes whole.
-				d := tc.clone()
-				d["index"], d["type"] = raw(j), raw(typ)
-				chunks = append(chunks, body(obj{"tool_calls": raw([]obj{d})}))
-				continue
-			}
-			fn := obj{}
-			if !isNull(tc["function"]) {
-				if fn, err = decodeObj(tc["function"]); err != nil {
-					return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].function: %w", i, j, err)
-				}
-			}
-			name, ok := fn.strField("name")
-			if !ok || name == "" {
-				return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].function.name is not a string", i, j)
-			}
-			args, ok := fn.strField("arguments")
-			if !ok {
-				return nil, fmt.Errorf("choices[%d].message.tool_calls[%d].function.arguments is not a string", i, j)
-			}
-			openFn := fn.clone()
-			openFn["arguments"] = raw("")
-			openCall := obj{"index": raw(j), "id": raw(id), "type": raw(typ), "function": raw(openFn)}
-			for k, v := range tc {
-				if k != "id" && k != "type" && k != "function" && k != "index" {
-					openCall[k] = v
-				}
-			}
-			chunks = append(chunks, body(obj{"tool_calls": raw([]obj{openCall})}))
-			if args != "" {
-				more := obj{"index": raw(j), "function": raw(obj{"arguments": raw(args)})}
-				chunks = append(chunks, body(obj{"tool_calls": raw([]obj{more})}))
-			}
-		}
-		chunks = append(chunks, chunk{obj{"index": raw(i), "finish_reason": raw(finish), "logprobs": raw(nil)}, obj{}})
-	}
-	var w sseWriter
-	for n, ch := range chunks {
+	// chunk is the n-th chunk's completion members.
+	chunk := func(n int) obj {
 		o := head.clone()
 		if n == 0 {
 			for k, v := range firstOnly {
 				o[k] = v
 			}
 		}
+		return o
+	}
+	var w sseWriter
+	for n, ch := range chunks {
+		o := chunk(n)
 		ch.choice["delta"] = raw(ch.delta)
 		o["choices"] = raw([]obj{ch.choice})
 		if includeUsage {
@@ -490,20 +583,12 @@ func ChatChunks(completion []byte, includeUsage bool) ([]byte, error) {
 	}
 	if len(chunks) == 0 && !includeUsage {
 		// No choice at all: one chunk with none still names the completion.
-		o := head.clone()
-		for k, v := range firstOnly {
-			o[k] = v
-		}
+		o := chunk(0)
 		o["choices"] = raw([]obj{})
 		w.data(o)
 	}
 	if includeUsage {
-		o := head.clone()
-		if len(chunks) == 0 {
-			for k, v := range firstOnly {
-				o[k] = v
-			}
-		}
+		o := chunk(len(chunks))
 		o["choices"] = raw([]obj{})
 		u := c["usage"]
 		if u == nil {
@@ -513,7 +598,7 @@ func ChatChunks(completion []byte, includeUsage bool) ([]byte, error) {
 		w.data(o)
 	}
 	w.WriteString("data: [DONE]\n\n")
-	return w.Bytes(), nil
+	return w.Bytes()
 }
 
 // responsesEmitter numbers the events of one Responses stream.
@@ -667,8 +752,6 @@ func checkResponseItem(it obj) error {
 	return nil
 }
 
-// streamResponseItem emits the events of output item i (checked by
-// checkResponseItem).
 // streamReasoningParts streams a reasoning item's summary or content
 // parts: per part, PART.added (the part with its text empty), TEXT.delta
 // (when there is text), TEXT.done and PART.done, each with the part's
@@ -692,6 +775,49 @@ func streamReasoningParts(e *responsesEmitter, at func(obj) obj, parts []obj, in
 	}
 }
 
+// streamMessageParts streams a message item's content parts: per part,
+// response.content_part.added, the text or refusal deltas and their done
+// event, and response.content_part.done, each with the part's index.
+func streamMessageParts(e *responsesEmitter, at func(obj) obj, parts []obj) {
+	for j, p := range parts {
+		in := func(o obj) obj {
+			o = at(o)
+			o["content_index"] = raw(j)
+			return o
+		}
+		switch p.str("type") {
+		case "output_text":
+			text := p.str("text")
+			lps := p["logprobs"]
+			if !isJSONArray(lps) {
+				lps = raw([]any{})
+			}
+			e.emit("response.content_part.added", in(obj{"part": raw(obj{"type": raw("output_text"), "text": raw(""), "annotations": raw([]any{}), "logprobs": raw([]any{})})}))
+			if text != "" {
+				e.emit("response.output_text.delta", in(obj{"delta": raw(text), "logprobs": lps}))
+			}
+			var anns []json.RawMessage
+			_ = json.Unmarshal(p["annotations"], &anns)
+			for k, a := range anns {
+				e.emit("response.output_text.annotation.added", in(obj{"annotation_index": raw(k), "annotation": a}))
+			}
+			e.emit("response.output_text.done", in(obj{"text": raw(text), "logprobs": lps}))
+		case "refusal":
+			text := p.str("refusal")
+			e.emit("response.content_part.added", in(obj{"part": raw(obj{"type": raw("refusal"), "refusal": raw("")})}))
+			if text != "" {
+				e.emit("response.refusal.delta", in(obj{"delta": raw(text)}))
+			}
+			e.emit("response.refusal.done", in(obj{"refusal": raw(text)}))
+		default:
+			e.emit("response.content_part.added", in(obj{"part": raw(p)}))
+		}
+		e.emit("response.content_part.done", in(obj{"part": raw(p)}))
+	}
+}
+
+// streamResponseItem emits the events of output item i (checked by
+// checkResponseItem).
 func streamResponseItem(e *responsesEmitter, i int, it obj) {
 	typ := it.str("type")
 	added := it.clone()
@@ -708,41 +834,7 @@ func streamResponseItem(e *responsesEmitter, i int, it obj) {
 		parts, _ := it.objList("content")
 		added["content"] = raw([]obj{})
 		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
-		for j, p := range parts {
-			in := func(o obj) obj {
-				o = at(o)
-				o["content_index"] = raw(j)
-				return o
-			}
-			switch p.str("type") {
-			case "output_text":
-				text := p.str("text")
-				lps := p["logprobs"]
-				if !isJSONArray(lps) {
-					lps = raw([]any{})
-				}
-				e.emit("response.content_part.added", in(obj{"part": raw(obj{"type": raw("output_text"), "text": raw(""), "annotations": raw([]any{}), "logprobs": raw([]any{})})}))
-				if text != "" {
-					e.emit("response.output_text.delta", in(obj{"delta": raw(text), "logprobs": lps}))
-				}
-				var anns []json.RawMessage
-				_ = json.Unmarshal(p["annotations"], &anns)
-				for k, a := range anns {
-					e.emit("response.output_text.annotation.added", in(obj{"annotation_index": raw(k), "annotation": a}))
-				}
-				e.emit("response.output_text.done", in(obj{"text": raw(text), "logprobs": lps}))
-			case "refusal":
-				text := p.str("refusal")
-				e.emit("response.content_part.added", in(obj{"part": raw(obj{"type": raw("refusal"), "refusal": raw("")})}))
-				if text != "" {
-					e.emit("response.refusal.delta", in(obj{"delta": raw(text)}))
-				}
-				e.emit("response.refusal.done", in(obj{"refusal": raw(text)}))
-			default:
-				e.emit("response.content_part.added", in(obj{"part": raw(p)}))
-			}
-			e.emit("response.content_part.done", in(obj{"part": raw(p)}))
-		}
+		streamMessageParts(e, at, parts)
 	case "function_call":
 		args := it.str("arguments")
 		added["arguments"] = raw("")

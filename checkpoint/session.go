@@ -628,10 +628,13 @@ type State struct {
 	PauseUptime    float64         `json:"pause_uptime"`
 	RelayDelivered *int64          `json:"relay_delivered,omitempty"`
 	RelayPosition  *int64          `json:"relay_position,omitempty"`
-	HarnessSession string          `json:"harness_session,omitempty"`
-	Attempt        int             `json:"attempt"`
-	DeadlineLeftS  *float64        `json:"deadline_left_s,omitempty"`
-	PauseFrozen    bool            `json:"pause_frozen,omitempty"`
+	// LedgerHead is the hash of the episode's ledger entry at LedgerCut
+	// when the pause was taken ("" at 0, or with no relay).
+	LedgerHead     string   `json:"ledger_head,omitempty"`
+	HarnessSession string   `json:"harness_session,omitempty"`
+	Attempt        int      `json:"attempt"`
+	DeadlineLeftS  *float64 `json:"deadline_left_s,omitempty"`
+	PauseFrozen    bool     `json:"pause_frozen,omitempty"`
 }
 
 // LedgerCut is where an in-place restore cuts the episode's ledger: the

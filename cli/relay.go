@@ -163,7 +163,7 @@ attempt; calls of older attempts are refused from now on.`,
 				if cmd.Flags().Changed("position") {
 					delivered = position
 				}
-				st, err = g.Restore(args[1], inPlace, delivered)
+				st, err = g.Restore(args[1], inPlace, delivered, "")
 			default:
 				return &exitError{code: 2, err: fmt.Errorf("unknown action %q: use add or restore", args[0])}
 			}

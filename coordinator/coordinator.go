@@ -597,7 +597,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigu
 		Schema: store.RecordSchema, Episode: eid, Provider: s.Provider, Sandbox: s.Descriptor,
 		SnapshotID: snap.ID, KeepsProcesses: s.KeepsProcesses, PauseSeq: s.PauseSeq, PauseMode: string(s.PauseMode),
 		PauseConfirmed: s.PauseConfirmed, PauseFrozen: s.PauseFrozen, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
-		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
+		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, LedgerHead: s.LedgerHead, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
 		Image: s.Image, ImageRef: row.Image,
 	}
 	if len(rec.Sandbox) == 0 {
@@ -865,7 +865,7 @@ func (c *Coordinator) continueFork(ctx context.Context, spec episode.Spec, sb st
 	if name != "" {
 		f.Episode = name
 	}
-	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, LedgerHead: r.LedgerHead, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
 	if r.RestoresInPlace() {
 		st.Identity, st.PauseWall, st.PauseUptime = *r.Identity, *r.PauseWall, *r.PauseUptime
 		var e *episode.Episode

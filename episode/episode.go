@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"stasis/checkpoint"
+	"stasis/errdefs"
 	"stasis/harness"
 	"stasis/internal/guestclock"
 	"stasis/relay"
@@ -480,6 +481,12 @@ func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter b
 	if err != nil {
 		return Snapshot{}, err
 	}
+	if st.RelayPosition != nil || st.RelayDelivered != nil {
+		// The entry the cut ends at, for an in-place restore to check.
+		if st.LedgerHead, err = e.env.Gateway.Head(e.name, st.LedgerCut()); err != nil {
+			return Snapshot{}, fmt.Errorf("episode %s: its ledger's head at the pause: %w", e.spec.ID, err)
+		}
+	}
 	t1 := time.Now()
 	info, err := e.env.Provider.Snapshot(ctx, e.sess.SandboxID(), fmt.Sprintf("%s-p%d", e.spec.ID, n))
 	if err != nil {
@@ -534,7 +541,7 @@ func RelaunchIn(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSess
 	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
-	st, err := env.Gateway.Restore(spec.name(), false, 0)
+	st, err := env.Gateway.Restore(spec.name(), false, 0, "")
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.name(), err)
 	}
@@ -624,11 +631,21 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	}
 	cut := rec.LedgerCut()
 	if copyName != "" {
+		// A copy's ledger is the source's first cut entries under a hash
+		// chain of its own: the source's is what must still be the
+		// checkpoint's.
+		if h, err := env.Gateway.Head(spec.name(), cut); err != nil || (rec.LedgerHead != "" && h != rec.LedgerHead) {
+			return nil, fmt.Errorf("episode %s: copy %s: %w", spec.name(), copyName, errors.Join(err, errdefs.Errorf(errdefs.ErrConflict, "the ledger's entry %d is no longer the one this checkpoint's harness received: the ledger has moved on from that history", cut)))
+		}
 		if _, err := env.Gateway.Fork(spec.name(), copyName, cut); err != nil {
 			return nil, fmt.Errorf("episode %s: copy %s at the gateway: %w", spec.name(), copyName, err)
 		}
 	}
-	gst, err := env.Gateway.Restore(name, true, cut)
+	head := rec.LedgerHead
+	if copyName != "" {
+		head = "" // checked on the source above
+	}
+	gst, err := env.Gateway.Restore(name, true, cut, head)
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"stasis/atomicfile"
+	"stasis/errdefs"
 	"stasis/ledger"
 	"stasis/openapi"
 )
@@ -280,6 +281,30 @@ func (g *Gateway) update(id string, change func(*EpisodeState)) error {
 	return nil
 }
 
+// Head returns the hash of the episode's ledger entry at position (""
+// for 0): what a checkpoint records beside its cut, for Restore to check.
+func (g *Gateway) Head(id string, position int64) (string, error) {
+	if err := g.load(id); err != nil {
+		return "", err
+	}
+	l, err := g.ledger(id)
+	if err != nil {
+		return "", err
+	}
+	if position < 0 || position > l.Len() {
+		return "", fmt.Errorf("episode %q: no entry %d in its ledger of %d", id, position, l.Len())
+	}
+	return headOf(l, position), nil
+}
+
+func headOf(l *ledger.Ledger, position int64) string {
+	e, ok := l.At(position)
+	if !ok {
+		return ""
+	}
+	return e.Hash
+}
+
 // ErrUnknownEpisode is returned for an episode the gateway has not
 // registered.
 var ErrUnknownEpisode = errors.New("unknown episode")
@@ -290,7 +315,14 @@ var ErrUnknownEpisode = errors.New("unknown episode")
 // acknowledgements older than it); otherwise (a relaunch) the next call is
 // matched against the ledger. Calls of older attempts are refused from now
 // on.
-func (g *Gateway) Restore(id string, inPlace bool, position int64) (EpisodeState, error) {
+//
+// head, when not empty, is the hash of the ledger's entry at position as
+// the checkpoint saw it (Head). An in-place restore onto a ledger whose
+// entry there is another (it has moved on from that checkpoint's history:
+// an earlier checkpoint was restored and new calls were made since) is
+// refused with errdefs.ErrConflict and cuts nothing: the harness would
+// resume a conversation the ledger no longer holds.
+func (g *Gateway) Restore(id string, inPlace bool, position int64, head string) (EpisodeState, error) {
 	if err := g.load(id); err != nil {
 		return EpisodeState{}, err
 	}
@@ -310,6 +342,9 @@ func (g *Gateway) Restore(id string, inPlace bool, position int64) (EpisodeState
 	if inPlace {
 		if position < 0 || position > l.Len() {
 			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), position)
+		}
+		if got := headOf(l, position); head != "" && got != head {
+			return EpisodeState{}, errdefs.Errorf(errdefs.ErrConflict, "episode %q: its ledger's entry %d is not the one this checkpoint's harness received (hash %.12s, the checkpoint saw %.12s): the ledger has moved on from that history (an earlier checkpoint was restored and calls were made since), so the episode cannot resume in place on it; nothing was cut", id, position, got, head)
 		}
 		if err := l.Cut(position, fmt.Sprintf("restore in place, attempt %d", st.Attempt+1)); err != nil {
 			return EpisodeState{}, err

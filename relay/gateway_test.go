@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"stasis/errdefs"
 	"stasis/ledger"
 )
 
@@ -198,7 +199,7 @@ func TestRelayAndGatewayRestoreInPlace(t *testing.T) {
 	l, _ := g.ledger("ep")
 	eventually(t, "call 2 is in the ledger", func() bool { return l.Len() == 2 })
 	// Restore in place: cut to relay_delivered, next attempt, continue.
-	st, err := g.Restore("ep", true, held.Position)
+	st, err := g.Restore("ep", true, held.Position, "")
 	if err != nil || st.Attempt != 1 || l.Len() != 1 {
 		t.Fatalf("restore: %+v %v, ledger %d", st, err, l.Len())
 	}
@@ -238,7 +239,7 @@ func TestRelaunchMatchesTheLedger(t *testing.T) {
 		conv += fmt.Sprintf(`,{"role":"assistant","content":"answer %d"},{"role":"user","content":"more"}`, i)
 	}
 	// The harness is relaunched from a session that saw two answers.
-	st, err := g.Restore("ep", false, 0)
+	st, err := g.Restore("ep", false, 0, "")
 	if err != nil || !st.NeedMatch {
 		t.Fatal(st, err)
 	}
@@ -256,7 +257,7 @@ func TestRelaunchMatchesTheLedger(t *testing.T) {
 		t.Fatal("a matching relaunch marked the history broken")
 	}
 	// A relaunch whose conversation matches nothing marks it broken.
-	st, _ = g.Restore("ep", false, 0)
+	st, _ = g.Restore("ep", false, 0, "")
 	if resp, _ := gwCall(t, srv.URL, st.Token, 2, "ep/4", `{"messages":[{"role":"user","content":"task"},{"role":"assistant","content":"never said"}]}`); resp.StatusCode != 200 {
 		t.Fatalf("%d", resp.StatusCode)
 	}
@@ -402,5 +403,69 @@ func TestAddEpisodeOpensItsLedger(t *testing.T) {
 	}
 	if _, err := g.Episode("bad"); !errors.Is(err, ErrUnknownEpisode) {
 		t.Fatalf("the refused episode is registered: %v", err)
+	}
+}
+
+// TestRestoreInPlaceRefusesALedgerThatMovedOn: checkpoint B is taken after
+// two calls, the episode is restored to an earlier checkpoint A (one call)
+// and makes a new second call; restoring B in place then finds the
+// ledger's entry 2 is not the one B's harness received and refuses,
+// cutting nothing. The right head restores.
+func TestRestoreInPlaceRefusesALedgerThatMovedOn(t *testing.T) {
+	model := newFakeModel(t)
+	g, srv := newTestGateway(t, model.srv.URL)
+	ep, err := g.AddEpisode("ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(attempt int, n int) {
+		t.Helper()
+		resp, b := gwCall(t, srv.URL, ep.Token, attempt, fmt.Sprintf("ep/%d", n), fmt.Sprintf(`{"messages":[{"role":"user","content":"%d at attempt %d"}]}`, n, attempt))
+		if resp.StatusCode != 200 {
+			t.Fatalf("call %d at attempt %d: %d %s", n, attempt, resp.StatusCode, b)
+		}
+	}
+	call(0, 1)
+	headA, err := g.Head("ep", 1)
+	if err != nil || headA == "" {
+		t.Fatalf("head at 1: %q %v", headA, err)
+	}
+	call(0, 2)
+	headB, err := g.Head("ep", 2)
+	if err != nil || headB == "" || headB == headA {
+		t.Fatalf("head at 2: %q %v", headB, err)
+	}
+	if h, err := g.Head("ep", 0); err != nil || h != "" {
+		t.Fatalf("head at 0: %q %v", h, err)
+	}
+	if _, err := g.Head("ep", 3); err == nil {
+		t.Fatal("a head past the ledger's end")
+	}
+	// Restore A in place; the episode then makes another second call.
+	if _, err := g.Restore("ep", true, 1, headA); err != nil {
+		t.Fatal(err)
+	}
+	call(1, 2)
+	l, _ := g.ledger("ep")
+	before := l.Entries()
+	if len(before) != 2 {
+		t.Fatalf("ledger of %d entries", len(before))
+	}
+	// Restore B in place: refused, nothing changed.
+	_, err = g.Restore("ep", true, 2, headB)
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "moved on") {
+		t.Fatalf("restore of B onto the moved-on ledger: %v", err)
+	}
+	after := l.Entries()
+	if len(after) != 2 || after[1].Hash != before[1].Hash {
+		t.Fatalf("the refused restore changed the ledger: %+v", after)
+	}
+	if st, _ := g.Episode("ep"); st.Attempt != 1 {
+		t.Fatalf("the refused restore raised the attempt to %d", st.Attempt)
+	}
+	// With the head the ledger does hold, the restore goes ahead.
+	cur, _ := g.Head("ep", 2)
+	if st, err := g.Restore("ep", true, 2, cur); err != nil || st.Attempt != 2 {
+		t.Fatalf("restore with the current head: %+v %v", st, err)
 	}
 }

@@ -58,7 +58,11 @@ type Record struct {
 	// RelayPosition is the ledger position the relay had settled at the
 	// pause (delivered or abandoned responses): the in-place cut. Older
 	// records lack it; their cut is RelayDelivered.
-	RelayPosition  *int64          `json:"relay_position,omitempty"`
+	RelayPosition *int64 `json:"relay_position,omitempty"`
+	// LedgerHead is the hash of the ledger's entry at the cut ("" at 0, and
+	// in older records): an in-place restore checks that the ledger still
+	// holds that entry there.
+	LedgerHead     string          `json:"ledger_head,omitempty"`
 	HarnessSession string          `json:"harness_session,omitempty"`
 	Attempt        int             `json:"attempt"`
 	DeadlineLeftS  *float64        `json:"deadline_left_s,omitempty"`

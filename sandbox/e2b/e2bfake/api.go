@@ -1,9 +1,9 @@
 package e2bfake
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -45,7 +45,13 @@ func (f *Server) routes() {
 // validation does for one that is not JSON of the right types, or that is
 // missing when the specification requires it.
 func decode(w http.ResponseWriter, r *http.Request, v any, required bool) bool {
-	err := json.NewDecoder(r.Body).Decode(v)
+	b, err := io.ReadAll(r.Body)
+	if err == nil && len(bytes.TrimSpace(b)) == 0 {
+		err = io.EOF
+	}
+	if err == nil {
+		err = decodeStrict(b, v)
+	}
 	switch {
 	case err == nil, !required && err == io.EOF:
 		return true

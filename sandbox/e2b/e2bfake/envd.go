@@ -3,7 +3,6 @@ package e2bfake
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -328,7 +327,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 	_, msg, err := readEnvelope(r.Body)
 	var req startRequestJSON
 	if err == nil {
-		err = json.Unmarshal(msg, &req)
+		err = decodeStrict(msg, &req)
 	}
 	w.Header().Set("Content-Type", streamContentType)
 	w.WriteHeader(http.StatusOK)
@@ -442,7 +441,11 @@ func (f *Server) unaryStart(w http.ResponseWriter, r *http.Request, in any) (tar
 		writeJSON(w, http.StatusUnsupportedMediaType, connectErrorJSON{Code: "unknown", Message: fmt.Sprintf("content type %q: the fake serves %s", ct, unaryContentType)})
 		return t, false
 	}
-	if err := json.NewDecoder(r.Body).Decode(in); err != nil {
+	b, err := io.ReadAll(r.Body)
+	if err == nil {
+		err = decodeStrict(b, in)
+	}
+	if err != nil {
 		unaryError(w, "invalid_argument", err.Error())
 		return t, false
 	}

@@ -435,9 +435,10 @@ func TestGoldenFake(t *testing.T) {
 }
 
 // TestFakeRefusesWhatTheSpecificationRefuses: bodies that break the
-// schemas (a required member or body missing, a value out of range) get
-// 400 with an Error, as E2B's request validation answers; a Connect call
-// with another content type gets 415.
+// schemas (a required member or body missing, a value out of range, a
+// member named in the wrong letter case, which Go's encoding/json would
+// take) get 400 with an Error, as E2B's request validation answers; a
+// Connect call with another content type gets 415.
 func TestFakeRefusesWhatTheSpecificationRefuses(t *testing.T) {
 	e := newFake(t)
 	g := e.g
@@ -450,6 +451,8 @@ func TestFakeRefusesWhatTheSpecificationRefuses(t *testing.T) {
 		body       []byte
 	}{
 		{"create without templateID", "/sandboxes", []byte(`{"timeout": 60}`)},
+		{"create with templateId, not templateID", "/sandboxes", bytes.Replace(g.Bytes(t, "sandboxes.create.request.json"), []byte(`"templateID"`), []byte(`"templateId"`), 1)},
+		{"pause with Memory, not memory", "/sandboxes/" + sb.id + "/pause", []byte(`{"Memory": true}`)},
 		{"create with a negative timeout", "/sandboxes", with(t, g, "sandboxes.create.request.json", map[string]any{"/timeout": -1})},
 		{"create with a timeout that is no number", "/sandboxes", with(t, g, "sandboxes.create.request.json", map[string]any{"/timeout": "60"})},
 		{"timeout without timeout", "/sandboxes/" + sb.id + "/timeout", []byte(`{}`)},
@@ -471,6 +474,10 @@ func TestFakeRefusesWhatTheSpecificationRefuses(t *testing.T) {
 	a = e.envd(sb, "POST", "/process.Process/SendInput", "text/plain", g.Bytes(t, "process.sendinput.request.json"))
 	if a.status != http.StatusUnsupportedMediaType {
 		t.Errorf("SendInput as text/plain: %d %s, want 415", a.status, a.body)
+	}
+	a = e.envd(sb, "POST", "/process.Process/SendSignal", "application/json", bytes.Replace(g.Bytes(t, "process.sendsignal.request.json"), []byte(`"pid"`), []byte(`"PID"`), 1))
+	if a.status != http.StatusBadRequest || !strings.Contains(string(a.body), "invalid_argument") {
+		t.Errorf("SendSignal with PID, not pid: %d %s, want 400 invalid_argument", a.status, a.body)
 	}
 	e.status("delete", e.api("DELETE", "/sandboxes/"+sb.id, nil), http.StatusNoContent)
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"stasis/sandbox"
+	"stasis/sandbox/internal/strictjson"
 )
 
 const (
@@ -50,7 +51,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any, required bool) bool {
 		err = io.EOF
 	}
 	if err == nil {
-		err = decodeStrict(b, v)
+		err = strictjson.Unmarshal(b, v)
 	}
 	switch {
 	case err == nil, !required && err == io.EOF:

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"stasis/sandbox"
+	"stasis/sandbox/internal/strictjson"
 )
 
 // process is a command started through the fake's envd.
@@ -327,7 +328,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 	_, msg, err := readEnvelope(r.Body)
 	var req startRequestJSON
 	if err == nil {
-		err = decodeStrict(msg, &req)
+		err = strictjson.Unmarshal(msg, &req)
 	}
 	w.Header().Set("Content-Type", streamContentType)
 	w.WriteHeader(http.StatusOK)
@@ -443,7 +444,7 @@ func (f *Server) unaryStart(w http.ResponseWriter, r *http.Request, in any) (tar
 	}
 	b, err := io.ReadAll(r.Body)
 	if err == nil {
-		err = decodeStrict(b, in)
+		err = strictjson.Unmarshal(b, in)
 	}
 	if err != nil {
 		unaryError(w, "invalid_argument", err.Error())

@@ -20,9 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -291,68 +289,4 @@ func readEnvelope(r io.Reader) (byte, []byte, error) {
 		return 0, nil, fmt.Errorf("a message cut short: %w", err)
 	}
 	return hdr[0], msg, nil
-}
-
-// decodeStrict decodes JSON into v as encoding/json does, but refuses a
-// member whose name matches one of v's only when letter case is ignored:
-// encoding/json folds case, E2B (which validates requests against its
-// specification) does not, and a fake that took "templateId" for
-// "templateID" would hide the very mistake it is there to catch.
-func decodeStrict(b []byte, v any) error {
-	if err := json.Unmarshal(b, v); err != nil {
-		return err
-	}
-	var raw any
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return err
-	}
-	return exactNames(raw, reflect.TypeOf(v), "")
-}
-
-func exactNames(raw any, t reflect.Type, at string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch x := raw.(type) {
-	case map[string]any:
-		switch t.Kind() {
-		case reflect.Map:
-			for k, e := range x {
-				if err := exactNames(e, t.Elem(), at+"."+k); err != nil {
-					return err
-				}
-			}
-		case reflect.Struct:
-			names := map[string]reflect.Type{}
-			for i := 0; i < t.NumField(); i++ {
-				f := t.Field(i)
-				name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-				if name != "" && name != "-" {
-					names[name] = f.Type
-				}
-			}
-			for k, e := range x {
-				if ft, ok := names[k]; ok {
-					if err := exactNames(e, ft, at+"."+k); err != nil {
-						return err
-					}
-					continue
-				}
-				for name := range names {
-					if strings.EqualFold(name, k) {
-						return fmt.Errorf("member %q%s is not in the specification, which names it %q", k, at, name)
-					}
-				}
-			}
-		}
-	case []any:
-		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
-			for i, e := range x {
-				if err := exactNames(e, t.Elem(), fmt.Sprintf("%s[%d]", at, i)); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
 }

@@ -23,15 +23,16 @@ var (
 // JSON type the schema allows, recursively into structs, slices and maps.
 // It is what catches a wrong json tag on a field no test happens to read.
 // A type with its own JSON methods (time.Time, and such) is taken to be a
-// string.
-func (s *Set) Fields(v any, schema string) error {
+// string. extra names members the type reads beyond the specification on
+// purpose (each with its reason, at the caller).
+func (s *Set) Fields(v any, schema string, extra ...string) error {
 	sc, ok := s.Schemas[schema]
 	if !ok {
 		return fmt.Errorf("no schema %q in the digest", schema)
 	}
 	t := reflect.TypeOf(v)
 	var errs []error
-	s.fields(t, sc, t.String(), map[reflect.Type]bool{}, &errs)
+	s.fields(t, sc, t.String(), map[reflect.Type]bool{}, extra, &errs)
 	return errors.Join(errs...)
 }
 
@@ -82,7 +83,7 @@ func jsonKind(t reflect.Type) string {
 	return ""
 }
 
-func (s *Set) fields(t reflect.Type, sc *Schema, at string, seen map[reflect.Type]bool, errs *[]error) {
+func (s *Set) fields(t reflect.Type, sc *Schema, at string, seen map[reflect.Type]bool, extra []string, errs *[]error) {
 	sc = s.resolve(sc)
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -104,20 +105,20 @@ func (s *Set) fields(t reflect.Type, sc *Schema, at string, seen map[reflect.Typ
 	switch t.Kind() {
 	case reflect.Slice, reflect.Array:
 		if k == "array" {
-			s.fields(t.Elem(), sc.Items, at+"[]", seen, errs)
+			s.fields(t.Elem(), sc.Items, at+"[]", seen, extra, errs)
 		}
 	case reflect.Map:
 		if sc.AdditionalProperties != nil && sc.AdditionalProperties.schema != nil {
-			s.fields(t.Elem(), sc.AdditionalProperties.schema, at+"[…]", seen, errs)
+			s.fields(t.Elem(), sc.AdditionalProperties.schema, at+"[…]", seen, extra, errs)
 		}
 	case reflect.Struct:
 		seen[t] = true
 		defer delete(seen, t)
-		s.structFields(t, sc, at, seen, errs)
+		s.structFields(t, sc, at, seen, extra, errs)
 	}
 }
 
-func (s *Set) structFields(t reflect.Type, sc *Schema, at string, seen map[reflect.Type]bool, errs *[]error) {
+func (s *Set) structFields(t reflect.Type, sc *Schema, at string, seen map[reflect.Type]bool, extra []string, errs *[]error) {
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		tag := f.Tag.Get("json")
@@ -131,7 +132,7 @@ func (s *Set) structFields(t reflect.Type, sc *Schema, at string, seen map[refle
 				ft = ft.Elem()
 			}
 			if ft.Kind() == reflect.Struct && !custom(ft) {
-				s.structFields(ft, sc, at, seen, errs) // its fields are promoted
+				s.structFields(ft, sc, at, seen, extra, errs) // its fields are promoted
 				continue
 			}
 		}
@@ -144,15 +145,15 @@ func (s *Set) structFields(t reflect.Type, sc *Schema, at string, seen map[refle
 		p, ok := sc.Properties[name]
 		if !ok {
 			if ap := sc.AdditionalProperties; ap != nil && ap.schema != nil {
-				s.fields(f.Type, ap.schema, at+"."+f.Name, seen, errs)
+				s.fields(f.Type, ap.schema, at+"."+f.Name, seen, extra, errs)
 				continue
 			}
-			if ap := sc.AdditionalProperties; ap != nil && ap.allow || len(sc.Properties) == 0 && ap == nil {
+			if ap := sc.AdditionalProperties; ap != nil && ap.allow || len(sc.Properties) == 0 && ap == nil || contains(extra, name) {
 				continue
 			}
 			*errs = append(*errs, fmt.Errorf("%s.%s: json name %q is not in the specification (misspelt?); it names %s", at, f.Name, name, strings.Join(sortedKeys(sc.Properties), ", ")))
 			continue
 		}
-		s.fields(f.Type, p, at+"."+f.Name, seen, errs)
+		s.fields(f.Type, p, at+"."+f.Name, seen, extra, errs)
 	}
 }

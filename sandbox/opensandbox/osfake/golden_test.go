@@ -449,3 +449,16 @@ func TestFakeRefusesWhatTheSpecificationRefuses(t *testing.T) {
 	}
 	e.status("delete", e.api("DELETE", "/sandboxes/"+id, nil), http.StatusNoContent)
 }
+
+// TestFakeAnswersAnEntrypointForAPool: a pool's sandbox is made without an
+// entrypoint; the answer still has one (the specification requires it in
+// every Sandbox, as an array).
+func TestFakeAnswersAnEntrypointForAPool(t *testing.T) {
+	e := newFake(t)
+	a := e.api("POST", "/sandboxes", []byte(`{"extensions": {"poolRef": "pool-a"}, "timeout": 3630}`))
+	e.status("create from a pool", a, http.StatusAccepted)
+	e.g.Response(t, "create from a pool", "sandboxes.create.response.json", a.body)
+	id := obj(t, a.body)["id"].(string)
+	e.g.Response(t, "get from a pool", "sandboxes.get.response.json", e.api("GET", "/sandboxes/"+id, nil).body)
+	e.status("delete", e.api("DELETE", "/sandboxes/"+id, nil), http.StatusNoContent)
+}

@@ -566,4 +566,20 @@ func TestGoldenFiles(t *testing.T) {
 	if _, err := p.ReadFile(ctx, id, "/workspace/missing.txt"); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("read of a missing file, answered the golden FILE_NOT_FOUND: %v", err)
 	}
+
+	// Download: tar writes a file, which is downloaded, then removed with
+	// DELETE /files?path= (removeFiles: path, exploded).
+	s.mux.HandleFunc("POST /sandboxes/{id}/port/{port}/command", s.events("command.events.json", 0, true))
+	s.mux.HandleFunc("DELETE /sandboxes/{id}/port/{port}/files", s.reply(http.StatusOK, ""))
+	var tarball bytes.Buffer
+	if err := p.Download(ctx, id, "/workspace", &tarball); !errors.Is(err, sandbox.ErrNotFound) {
+		// The stub has no such file to download: the golden 404.
+		t.Errorf("download: %v, want the golden FILE_NOT_FOUND", err)
+	}
+	dl := s.calls("GET", execdPath+"/files/download")
+	rm := s.one("DELETE", execdPath+"/files")
+	checkExecd(t, s, rm)
+	if got, want := rm.Query["path"], dl[len(dl)-1].Query.Get("path"); len(got) != 1 || got[0] != want || !strings.HasPrefix(want, "/tmp/") {
+		t.Errorf("remove query %v, want the downloaded file %q", rm.Query, want)
+	}
 }

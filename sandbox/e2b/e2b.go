@@ -3,9 +3,10 @@
 // every E2B sandbox. It owns the mapping of sandbox.Provider onto those two
 // APIs, the absolute expiry stasis keeps over E2B's relative timeouts, and
 // the background reaper that deletes this provider's sandboxes once their
-// lease has ended. The fake server its tests run against is in
-// sandbox/e2b/e2bfake; the wire types both use are in internal/wire, which
-// names the specification commit they follow.
+// lease has ended. Its wire types are in internal/wire, which names the
+// specification commit they follow. The fake server its tests run against
+// is in sandbox/e2b/e2bfake, with wire types of its own; both are held to
+// the golden bodies in testdata/golden, written from the specifications.
 //
 // Mapping:
 //

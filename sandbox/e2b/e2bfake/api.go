@@ -1,12 +1,13 @@
 package e2bfake
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -17,7 +18,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/sandbox"
-	"stasis/sandbox/e2b/internal/wire"
+	"stasis/sandbox/internal/strictjson"
 )
 
 const (
@@ -42,50 +43,79 @@ func (f *Server) routes() {
 	f.envdRoutes()
 }
 
+// decode reads a JSON request body, answering 400 as E2B's request
+// validation does for one that is not JSON of the right types, or that is
+// missing when the specification requires it.
 func decode(w http.ResponseWriter, r *http.Request, v any, required bool) bool {
-	err := json.NewDecoder(r.Body).Decode(v)
-	if err == nil || (!required && err == io.EOF) {
-		return true
+	b, err := io.ReadAll(r.Body)
+	if err == nil && len(bytes.TrimSpace(b)) == 0 {
+		err = io.EOF
 	}
-	writeError(w, http.StatusBadRequest, "Error when parsing request: "+err.Error())
+	if err == nil {
+		err = strictjson.Unmarshal(b, v)
+	}
+	switch {
+	case err == nil, !required && err == io.EOF:
+		return true
+	case err == io.EOF:
+		writeError(w, http.StatusBadRequest, "request body has an error: value is required but missing")
+	default:
+		writeError(w, http.StatusBadRequest, "Error when parsing request: "+err.Error())
+	}
 	return false
 }
 
-func (f *Server) sandboxJSON(sb *sbx) wire.Sandbox {
-	return wire.Sandbox{TemplateID: sb.template, SandboxID: sb.id, ClientID: clientID, EnvdVersion: envdVersion, EnvdAccessToken: sb.token}
+// seconds checks a timeout member: required or not, at least 0 (and an
+// int32, its format).
+func seconds(w http.ResponseWriter, v *int64, required bool) (int64, bool) {
+	switch {
+	case v == nil && required:
+		writeError(w, http.StatusBadRequest, `request body has an error: property "timeout" is missing`)
+		return 0, false
+	case v == nil:
+		return 15, true
+	case *v < 0 || *v > math.MaxInt32:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("request body has an error: timeout %d is out of range (0 to %d)", *v, math.MaxInt32))
+		return 0, false
+	}
+	return *v, true
 }
 
-func (f *Server) detailJSON(sb *sbx) wire.SandboxDetail {
-	state := wire.StateRunning
-	if sb.state == wire.StatePaused || sb.state == statePausing {
-		state = wire.StatePaused
+func (f *Server) sandboxOf(sb *sbx) sandboxJSON {
+	return sandboxJSON{TemplateID: sb.template, SandboxID: sb.id, ClientID: clientID, EnvdVersion: envdVersion, EnvdAccessToken: sb.token}
+}
+
+func (f *Server) listedOf(sb *sbx) listedJSON {
+	state := stateRunning
+	if sb.state == statePaused || sb.state == statePausing {
+		state = statePaused
 	}
-	return wire.SandboxDetail{
+	return listedJSON{
 		TemplateID: sb.template, SandboxID: sb.id, ClientID: clientID, StartedAt: sb.startedAt, EndAt: sb.endAt,
-		EnvdVersion: envdVersion, EnvdAccessToken: sb.token, CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
-		Metadata: sb.metadata, State: state,
+		EnvdVersion: envdVersion, CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024, Metadata: sb.metadata, State: state,
 	}
+}
+
+func (f *Server) detailOf(sb *sbx) detailJSON {
+	return detailJSON{listedJSON: f.listedOf(sb), EnvdAccessToken: sb.token}
 }
 
 // create is POST /sandboxes: from a template, or from a snapshot's.
 func (f *Server) create(w http.ResponseWriter, r *http.Request) {
-	var body wire.NewSandbox
+	var body newSandboxBody
 	if !decode(w, r, &body, true) {
 		return
 	}
-	if body.TemplateID == "" {
-		writeError(w, http.StatusBadRequest, "templateID is required")
+	if body.TemplateID == nil || *body.TemplateID == "" {
+		writeError(w, http.StatusBadRequest, `request body has an error: property "templateID" is missing`)
 		return
 	}
-	timeout := int32(15)
-	if body.Timeout != nil {
-		timeout = *body.Timeout
-	}
-	if timeout < 0 {
-		writeError(w, http.StatusBadRequest, "timeout must not be negative")
+	template := *body.TemplateID
+	timeout, ok := seconds(w, body.Timeout, false)
+	if !ok {
 		return
 	}
-	tid := templateID(body.TemplateID)
+	tid := templateID(template)
 	env := map[string]string{}
 	var backendSnap string
 	f.mu.Lock()
@@ -100,7 +130,7 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 			ff.seen++
 			if n == ff.k {
 				f.mu.Unlock()
-				writeError(w, http.StatusInternalServerError, fmt.Sprintf("injected failure of sandbox %d made from snapshot %s", n, body.TemplateID))
+				writeError(w, http.StatusInternalServerError, fmt.Sprintf("injected failure of sandbox %d made from snapshot %s", n, template))
 				return
 			}
 		}
@@ -110,7 +140,7 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 		}
 	} else if !slices.Contains(f.o.Templates, tid) {
 		f.mu.Unlock()
-		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", body.TemplateID))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", template))
 		return
 	}
 	f.mu.Unlock()
@@ -137,7 +167,7 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 		info, err = f.b.Create(r.Context(), sandbox.Spec{Labels: labels, Expiry: lease, Image: f.o.Image})
 	}
 	if errors.Is(err, errdefs.ErrNotFound) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", body.TemplateID))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", template))
 		return
 	}
 	if err != nil {
@@ -146,7 +176,7 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	now := f.now()
 	sb := &sbx{
-		id: id, template: body.TemplateID, state: wire.StateRunning, backend: info.ID,
+		id: id, template: template, state: stateRunning, backend: info.ID,
 		metadata: body.Metadata, env: env, startedAt: now.UTC(), endAt: now.Add(time.Duration(timeout) * time.Second).UTC(),
 		procs: map[uint32]*process{},
 	}
@@ -166,7 +196,7 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 	if !f.ignoreTimeouts {
 		f.armLocked(sb, now)
 	}
-	out := f.sandboxJSON(sb)
+	out := f.sandboxOf(sb)
 	f.mu.Unlock()
 	writeJSON(w, http.StatusCreated, out)
 }
@@ -174,9 +204,9 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 func (f *Server) get(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	sb, ok := f.sbs[r.PathValue("id")]
-	var d wire.SandboxDetail
+	var d detailJSON
 	if ok {
-		d = f.detailJSON(sb)
+		d = f.detailOf(sb)
 	}
 	f.mu.Unlock()
 	if !ok {
@@ -254,11 +284,11 @@ func (f *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	states := []string{wire.StateRunning, wire.StatePaused}
+	states := []string{stateRunning, statePaused}
 	if s := q.Get("state"); s != "" {
 		states = strings.Split(s, ",")
 		for _, st := range states {
-			if st != wire.StateRunning && st != wire.StatePaused {
+			if st != stateRunning && st != statePaused {
 				writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid state %q", st))
 				return
 			}
@@ -270,10 +300,9 @@ func (f *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.mu.Lock()
-	var all []wire.ListedSandbox
+	var all []listedJSON
 	for _, sb := range f.sbs {
-		d := f.detailJSON(sb)
-		d.EnvdAccessToken = ""
+		d := f.listedOf(sb)
 		if !slices.Contains(states, d.State) {
 			continue
 		}
@@ -303,11 +332,11 @@ func (f *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(all) > limit {
 		last := all[limit-1]
-		w.Header().Set(wire.NextTokenHeader, cursor(last.StartedAt, last.SandboxID))
+		w.Header().Set(headerNextToken, cursor(last.StartedAt, last.SandboxID))
 		all = all[:limit]
 	}
 	if all == nil {
-		all = []wire.ListedSandbox{}
+		all = []listedJSON{}
 	}
 	writeJSON(w, http.StatusOK, all)
 }
@@ -327,10 +356,10 @@ func (f *Server) kill(w http.ResponseWriter, r *http.Request) {
 func (f *Server) runningLocked(w http.ResponseWriter, id string) (*sbx, bool) {
 	sb, ok := f.sbs[id]
 	switch {
-	case !ok || sb.state == wire.StatePaused:
+	case !ok || sb.state == statePaused:
 		writeError(w, http.StatusNotFound, fmt.Sprintf("sandbox \"%s\" doesn't exist or you don't have access to it", id))
 		return nil, false
-	case sb.state != wire.StateRunning:
+	case sb.state != stateRunning:
 		writeError(w, http.StatusConflict, fmt.Sprintf("sandbox \"%s\" is changing state (%s), try again later", id, sb.state))
 		return nil, false
 	}
@@ -340,8 +369,12 @@ func (f *Server) runningLocked(w http.ResponseWriter, id string) (*sbx, bool) {
 // setTimeout is POST /sandboxes/{id}/timeout: the end moves to now +
 // timeout, earlier or later.
 func (f *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var body wire.Timeout
+	var body timeoutBody
 	if !decode(w, r, &body, true) {
+		return
+	}
+	secs, ok := seconds(w, body.Timeout, true)
+	if !ok {
 		return
 	}
 	f.mu.Lock()
@@ -351,7 +384,7 @@ func (f *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := f.now()
-	sb.endAt = now.Add(time.Duration(max(body.Timeout, 0)) * time.Second).UTC()
+	sb.endAt = now.Add(time.Duration(secs) * time.Second).UTC()
 	if !f.ignoreTimeouts {
 		f.armLocked(sb, now)
 	}
@@ -361,7 +394,7 @@ func (f *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 // pause is POST /sandboxes/{id}/pause: the backend sandbox is snapshotted
 // and deleted; its processes end (the backend's snapshots keep files only).
 func (f *Server) pause(w http.ResponseWriter, r *http.Request) {
-	var body wire.PauseRequest
+	var body pauseBody
 	if !decode(w, r, &body, false) {
 		return
 	}
@@ -373,11 +406,11 @@ func (f *Server) pause(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 		writeError(w, http.StatusNotFound, fmt.Sprintf("sandbox \"%s\" doesn't exist or you don't have access to it", id))
 		return
-	case sb.state == wire.StatePaused:
+	case sb.state == statePaused:
 		f.mu.Unlock()
 		writeError(w, http.StatusConflict, fmt.Sprintf("sandbox \"%s\" is already paused", id))
 		return
-	case sb.state != wire.StateRunning:
+	case sb.state != stateRunning:
 		f.mu.Unlock()
 		writeError(w, http.StatusConflict, fmt.Sprintf("sandbox \"%s\" is changing state (%s), try again later", id, sb.state))
 		return
@@ -392,7 +425,7 @@ func (f *Server) pause(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	if err != nil || f.sbs[id] != sb {
 		if f.sbs[id] == sb {
-			sb.state = wire.StateRunning
+			sb.state = stateRunning
 			if !f.ignoreTimeouts {
 				f.armLocked(sb, f.now())
 			}
@@ -405,7 +438,7 @@ func (f *Server) pause(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "Error pausing sandbox: "+err.Error())
 		return
 	}
-	sb.state, sb.pausedSnap, sb.backend, sb.endAt = wire.StatePaused, snap.ID, "", f.now().UTC()
+	sb.state, sb.pausedSnap, sb.backend, sb.endAt = statePaused, snap.ID, "", f.now().UTC()
 	sb.cancel()
 	sb.procs = map[uint32]*process{}
 	f.mu.Unlock()
@@ -416,8 +449,12 @@ func (f *Server) pause(w http.ResponseWriter, r *http.Request) {
 // connect is POST /sandboxes/{id}/connect: a running sandbox's end is only
 // ever extended (200); a paused one is resumed from its snapshot (201).
 func (f *Server) connect(w http.ResponseWriter, r *http.Request) {
-	var body wire.Timeout
+	var body timeoutBody
 	if !decode(w, r, &body, true) {
+		return
+	}
+	secs, ok := seconds(w, body.Timeout, true)
+	if !ok {
 		return
 	}
 	id := r.PathValue("id")
@@ -429,20 +466,20 @@ func (f *Server) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := f.now()
-	end := now.Add(time.Duration(max(body.Timeout, 0)) * time.Second).UTC()
+	end := now.Add(time.Duration(secs) * time.Second).UTC()
 	switch sb.state {
-	case wire.StateRunning:
+	case stateRunning:
 		if end.After(sb.endAt) {
 			sb.endAt = end
 			if !f.ignoreTimeouts {
 				f.armLocked(sb, now)
 			}
 		}
-		out := f.sandboxJSON(sb)
+		out := f.sandboxOf(sb)
 		f.mu.Unlock()
 		writeJSON(w, http.StatusOK, out)
 		return
-	case wire.StatePaused:
+	case statePaused:
 	default:
 		f.mu.Unlock()
 		writeError(w, http.StatusConflict, fmt.Sprintf("sandbox \"%s\" is changing state (%s), try again later", id, sb.state))
@@ -460,7 +497,7 @@ func (f *Server) connect(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	if err != nil || f.sbs[id] != sb {
 		if f.sbs[id] == sb {
-			sb.state = wire.StatePaused
+			sb.state = statePaused
 		}
 		f.mu.Unlock()
 		if err == nil {
@@ -471,14 +508,14 @@ func (f *Server) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now = f.now()
-	sb.state, sb.backend, sb.pausedSnap = wire.StateRunning, infos[0].ID, ""
-	sb.endAt = now.Add(time.Duration(max(body.Timeout, 0)) * time.Second).UTC()
+	sb.state, sb.backend, sb.pausedSnap = stateRunning, infos[0].ID, ""
+	sb.endAt = now.Add(time.Duration(secs) * time.Second).UTC()
 	sb.ctx, sb.cancel = context.WithCancel(f.ctx)
 	f.backendIDs[id] = append(f.backendIDs[id], infos[0].ID)
 	if !f.ignoreTimeouts {
 		f.armLocked(sb, now)
 	}
-	out := f.sandboxJSON(sb)
+	out := f.sandboxOf(sb)
 	f.mu.Unlock()
 	_ = f.b.DeleteSnapshot(context.Background(), snap)
 	writeJSON(w, http.StatusCreated, out)
@@ -488,11 +525,11 @@ func (f *Server) connect(w http.ResponseWriter, r *http.Request) {
 // sandboxes start from the backend's snapshot of this one (which runs on,
 // its end unchanged).
 func (f *Server) snapshot(w http.ResponseWriter, r *http.Request) {
-	var body wire.SnapshotRequest
-	if !decode(w, r, &body, false) {
+	var body snapshotBody
+	if !decode(w, r, &body, true) {
 		return
 	}
-	if body.Name != "" {
+	if body.Name != nil {
 		writeError(w, http.StatusBadRequest, "the fake does not name snapshots")
 		return
 	}
@@ -528,7 +565,7 @@ func (f *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	f.tmpls[t.id] = t
 	f.mu.Unlock()
-	writeJSON(w, http.StatusCreated, wire.SnapshotInfo{SnapshotID: t.id + ":default", Names: []string{}})
+	writeJSON(w, http.StatusCreated, snapshotJSON{SnapshotID: t.id + ":default", Names: []string{}})
 }
 
 // listSnapshots is GET /snapshots, filtered by sandboxID and name (a
@@ -563,12 +600,12 @@ func (f *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		ts = ts[i:]
 	}
 	if len(ts) > limit {
-		w.Header().Set(wire.NextTokenHeader, cursor(ts[limit-1].created, ts[limit-1].id))
+		w.Header().Set(headerNextToken, cursor(ts[limit-1].created, ts[limit-1].id))
 		ts = ts[:limit]
 	}
-	out := []wire.SnapshotInfo{}
+	out := []snapshotJSON{}
 	for _, t := range ts {
-		out = append(out, wire.SnapshotInfo{SnapshotID: t.id + ":default", Names: []string{}})
+		out = append(out, snapshotJSON{SnapshotID: t.id + ":default", Names: []string{}})
 	}
 	writeJSON(w, http.StatusOK, out)
 }

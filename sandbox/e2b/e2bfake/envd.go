@@ -3,7 +3,6 @@ package e2bfake
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +18,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/sandbox"
-	"stasis/sandbox/e2b/internal/wire"
+	"stasis/sandbox/internal/strictjson"
 )
 
 // process is a command started through the fake's envd.
@@ -82,15 +81,15 @@ type target struct {
 // E2B's sandbox proxy and envd do: 502 when no running sandbox is there,
 // 401 for a wrong access token.
 func (f *Server) target(w http.ResponseWriter, r *http.Request) (target, bool) {
-	id := r.Header.Get(wire.SandboxIDHeader)
-	if port := r.Header.Get(wire.SandboxPortHeader); port != "" && port != strconv.Itoa(wire.EnvdPort) {
+	id := r.Header.Get(headerSandboxID)
+	if port := r.Header.Get(headerSandboxPort); port != "" && port != strconv.Itoa(envdPort) {
 		writeJSON(w, http.StatusBadGateway, map[string]any{"message": "nothing listens on port " + port, "code": 502, "sandboxId": id})
 		return target{}, false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
-	if !ok || sb.state != wire.StateRunning {
+	if !ok || sb.state != stateRunning {
 		msg := "The sandbox was not found"
 		if ok {
 			msg = "The sandbox is " + sb.state
@@ -98,8 +97,8 @@ func (f *Server) target(w http.ResponseWriter, r *http.Request) (target, bool) {
 		writeJSON(w, http.StatusBadGateway, map[string]any{"message": msg, "code": 502, "sandboxId": id})
 		return target{}, false
 	}
-	if sb.token != "" && r.Header.Get(wire.AccessTokenHeader) != sb.token {
-		writeJSON(w, http.StatusUnauthorized, wire.Error{Code: 401, Message: "unauthorized access, please provide a valid access token"})
+	if sb.token != "" && r.Header.Get(headerAccessToken) != sb.token {
+		writeJSON(w, http.StatusUnauthorized, apiError{Code: 401, Message: "unauthorized access, please provide a valid access token"})
 		return target{}, false
 	}
 	env := map[string]string{}
@@ -122,12 +121,12 @@ func envdUser(r *http.Request) sandbox.User {
 
 // unaryError answers a unary Connect call with an error.
 func unaryError(w http.ResponseWriter, code, msg string) {
-	writeJSON(w, wire.CodeHTTPStatus(code), wire.ConnectError{Code: code, Message: msg})
+	writeJSON(w, connectStatus(code), connectErrorJSON{Code: code, Message: msg})
 }
 
 // fileError answers /files with envd's error body.
 func fileError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, wire.Error{Code: int32(status), Message: msg})
+	writeJSON(w, status, apiError{Code: status, Message: msg})
 }
 
 func filePath(w http.ResponseWriter, r *http.Request) (string, bool) {
@@ -198,14 +197,14 @@ func (f *Server) postFile(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		fileError(w, http.StatusInternalServerError, fmt.Sprintf("error writing file '%s': %v", p, err))
 	default:
-		writeJSON(w, http.StatusOK, []map[string]string{{"path": p, "name": path.Base(p), "type": "file"}})
+		writeJSON(w, http.StatusOK, []entryJSON{{Path: p, Name: path.Base(p), Type: "file"}})
 	}
 }
 
 // outMsg is one message of a Start stream: an event, or the end.
 type outMsg struct {
-	ev  *wire.ProcessEvent
-	end *wire.EndStream
+	ev  *processEventJSON
+	end *endStreamJSON
 }
 
 // procOut turns a backend command's output into Start's events. The
@@ -234,7 +233,7 @@ func (w outWriter) Write(b []byte) (int, error) {
 		if !w.o.started {
 			w.o.held = append(w.o.held, b...)
 		} else {
-			w.o.msgs <- outMsg{ev: &wire.ProcessEvent{Data: &wire.DataEvent{Stderr: b}}}
+			w.o.msgs <- outMsg{ev: &processEventJSON{Data: &dataEventJSON{Stderr: b}}}
 		}
 		return n, nil
 	}
@@ -251,9 +250,9 @@ func (w outWriter) Write(b []byte) (int, error) {
 		rest := w.o.line[i+1:]
 		w.o.started, w.o.line = true, nil
 		w.o.onStart(uint32(pid))
-		w.o.msgs <- outMsg{ev: &wire.ProcessEvent{Start: &wire.StartEvent{PID: uint32(pid)}}}
+		w.o.msgs <- outMsg{ev: &processEventJSON{Start: &startEventJSON{PID: uint32(pid)}}}
 		if len(w.o.held) > 0 {
-			w.o.msgs <- outMsg{ev: &wire.ProcessEvent{Data: &wire.DataEvent{Stderr: w.o.held}}}
+			w.o.msgs <- outMsg{ev: &processEventJSON{Data: &dataEventJSON{Stderr: w.o.held}}}
 			w.o.held = nil
 		}
 		if len(rest) == 0 {
@@ -261,7 +260,7 @@ func (w outWriter) Write(b []byte) (int, error) {
 		}
 		b = rest
 	}
-	w.o.msgs <- outMsg{ev: &wire.ProcessEvent{Data: &wire.DataEvent{Stdout: b}}}
+	w.o.msgs <- outMsg{ev: &processEventJSON{Data: &dataEventJSON{Stdout: b}}}
 	return n, nil
 }
 
@@ -270,27 +269,27 @@ func (o *procOut) finish(cmd string, res sandbox.ExecResult, err error, killed b
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	end := func(code int32, exited bool, status string) {
-		o.msgs <- outMsg{ev: &wire.ProcessEvent{End: &wire.EndEvent{ExitCode: code, Exited: exited, Status: status}}}
+		o.msgs <- outMsg{ev: &processEventJSON{End: &endEventJSON{ExitCode: code, Exited: exited, Status: status}}}
 	}
-	closeWith := func(e *wire.ConnectError) { o.msgs <- outMsg{end: &wire.EndStream{Error: e}} }
+	closeWith := func(e *connectErrorJSON) { o.msgs <- outMsg{end: &endStreamJSON{Error: e}} }
 	if !o.started {
 		if err != nil && !errors.Is(err, errdefs.ErrTimeout) {
-			closeWith(&wire.ConnectError{Code: "unavailable", Message: "the sandbox stopped: " + err.Error()})
+			closeWith(&connectErrorJSON{Code: "unavailable", Message: "the sandbox stopped: " + err.Error()})
 			return
 		}
 		msg := strings.TrimSpace(string(o.held) + string(o.line))
-		closeWith(&wire.ConnectError{Code: "invalid_argument", Message: fmt.Sprintf("error starting process '%s': %s", cmd, msg)})
+		closeWith(&connectErrorJSON{Code: "invalid_argument", Message: fmt.Sprintf("error starting process '%s': %s", cmd, msg)})
 		return
 	}
 	switch {
 	case errors.Is(err, errdefs.ErrTimeout):
 		end(-1, false, "signal: killed")
-		closeWith(&wire.ConnectError{Code: "deadline_exceeded", Message: "the process ran past the call's deadline and was killed"})
+		closeWith(&connectErrorJSON{Code: "deadline_exceeded", Message: "the process ran past the call's deadline and was killed"})
 	case killed:
 		end(-1, false, "signal: killed")
 		closeWith(nil)
 	case err != nil:
-		closeWith(&wire.ConnectError{Code: "unavailable", Message: "the sandbox stopped while the process ran: " + err.Error()})
+		closeWith(&connectErrorJSON{Code: "unavailable", Message: "the sandbox stopped while the process ran: " + err.Error()})
 	case res.ExitCode >= 0:
 		end(int32(res.ExitCode), true, "exit status "+strconv.Itoa(res.ExitCode))
 		closeWith(nil)
@@ -310,32 +309,36 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if ct := r.Header.Get("Content-Type"); ct != wire.StreamContentType {
-		unaryError(w, "invalid_argument", fmt.Sprintf("content type %q: Start is a streaming call (%s)", ct, wire.StreamContentType))
+	if ct := r.Header.Get("Content-Type"); ct != streamContentType {
+		// The Connect protocol: a streaming request whose content type is
+		// not application/connect+… gets 415, so that a client unaware of
+		// streams does not take the stream's 200 for a success.
+		w.Header().Set("Accept-Post", streamContentType)
+		writeJSON(w, http.StatusUnsupportedMediaType, connectErrorJSON{Code: "unknown", Message: fmt.Sprintf("content type %q: Start is a streaming call (%s)", ct, streamContentType)})
 		return
 	}
 	var timeout time.Duration
-	if s := r.Header.Get(wire.TimeoutHeader); s != "" {
+	if s := r.Header.Get(headerTimeout); s != "" {
 		ms, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || ms < 0 {
-			unaryError(w, "invalid_argument", "bad "+wire.TimeoutHeader+": "+s)
+			unaryError(w, "invalid_argument", "bad "+headerTimeout+": "+s)
 			return
 		}
 		timeout = time.Duration(ms) * time.Millisecond
 	}
-	_, msg, err := wire.ReadEnvelope(r.Body)
-	var req wire.StartRequest
+	_, msg, err := readEnvelope(r.Body)
+	var req startRequestJSON
 	if err == nil {
-		err = json.Unmarshal(msg, &req)
+		err = strictjson.Unmarshal(msg, &req)
 	}
-	w.Header().Set("Content-Type", wire.StreamContentType)
+	w.Header().Set("Content-Type", streamContentType)
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
 	if err == nil && req.Process.Cmd == "" {
 		err = errors.New("no command")
 	}
 	if err != nil {
-		_ = wire.WriteEnvelope(w, wire.FlagEndStream, wire.EndStream{Error: &wire.ConnectError{Code: "invalid_argument", Message: err.Error()}})
+		_ = writeEnvelope(w, flagEndStream, endStreamJSON{Error: &connectErrorJSON{Code: "invalid_argument", Message: err.Error()}})
 		return
 	}
 	for k, v := range req.Process.Envs {
@@ -349,7 +352,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 	var stdinR *os.File
 	if req.Stdin == nil || *req.Stdin {
 		if stdinR, p.stdin, err = os.Pipe(); err != nil {
-			_ = wire.WriteEnvelope(w, wire.FlagEndStream, wire.EndStream{Error: &wire.ConnectError{Code: "internal", Message: err.Error()}})
+			_ = writeEnvelope(w, flagEndStream, endStreamJSON{Error: &connectErrorJSON{Code: "internal", Message: err.Error()}})
 			return
 		}
 	}
@@ -373,7 +376,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 			stdinR.Close()
 		}
 		p.closeStdin()
-		_ = wire.WriteEnvelope(w, wire.FlagEndStream, wire.EndStream{Error: &wire.ConnectError{Code: "unavailable", Message: "the fake is closed"}})
+		_ = writeEnvelope(w, flagEndStream, endStreamJSON{Error: &connectErrorJSON{Code: "unavailable", Message: "the fake is closed"}})
 		return
 	}
 	f.procs.Add(1)
@@ -407,9 +410,9 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 		}
 		var err error
 		if m.end != nil {
-			err = wire.WriteEnvelope(w, wire.FlagEndStream, m.end)
+			err = writeEnvelope(w, flagEndStream, m.end)
 		} else {
-			err = wire.WriteEnvelope(w, 0, wire.StartResponse{Event: *m.ev})
+			err = writeEnvelope(w, 0, startResponseJSON{Event: *m.ev})
 		}
 		if fl != nil {
 			fl.Flush()
@@ -419,7 +422,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 }
 
 // proc finds a process of the target sandbox by PID.
-func (f *Server) proc(t target, sel wire.ProcessSelector) (*process, bool) {
+func (f *Server) proc(t target, sel selectorJSON) (*process, bool) {
 	if sel.PID == nil {
 		return nil, false
 	}
@@ -434,7 +437,17 @@ func (f *Server) unaryStart(w http.ResponseWriter, r *http.Request, in any) (tar
 	if !ok {
 		return t, false
 	}
-	if err := json.NewDecoder(r.Body).Decode(in); err != nil {
+	if ct := r.Header.Get("Content-Type"); ct != unaryContentType {
+		// The Connect protocol: a codec the server does not serve is 415.
+		w.Header().Set("Accept-Post", unaryContentType)
+		writeJSON(w, http.StatusUnsupportedMediaType, connectErrorJSON{Code: "unknown", Message: fmt.Sprintf("content type %q: the fake serves %s", ct, unaryContentType)})
+		return t, false
+	}
+	b, err := io.ReadAll(r.Body)
+	if err == nil {
+		err = strictjson.Unmarshal(b, in)
+	}
+	if err != nil {
 		unaryError(w, "invalid_argument", err.Error())
 		return t, false
 	}
@@ -446,7 +459,7 @@ func unaryOK(w http.ResponseWriter) {
 }
 
 func (f *Server) sendInput(w http.ResponseWriter, r *http.Request) {
-	var in wire.SendInputRequest
+	var in sendInputJSON
 	t, ok := f.unaryStart(w, r, &in)
 	if !ok {
 		return
@@ -464,7 +477,7 @@ func (f *Server) sendInput(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *Server) closeStdin(w http.ResponseWriter, r *http.Request) {
-	var in wire.CloseStdinRequest
+	var in closeStdinJSON
 	t, ok := f.unaryStart(w, r, &in)
 	if !ok {
 		return
@@ -479,7 +492,7 @@ func (f *Server) closeStdin(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *Server) sendSignal(w http.ResponseWriter, r *http.Request) {
-	var in wire.SendSignalRequest
+	var in sendSignalJSON
 	t, ok := f.unaryStart(w, r, &in)
 	if !ok {
 		return
@@ -490,17 +503,17 @@ func (f *Server) sendSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch in.Signal {
-	case wire.SignalKill, "9":
+	case "SIGNAL_SIGKILL":
 		p.killed.Store(true)
 		p.cancel()
-	case wire.SignalTerm, "15":
+	case "SIGNAL_SIGTERM":
 		res, err := f.b.Exec(r.Context(), t.backend, sandbox.ExecRequest{Argv: []string{"kill", "-TERM", strconv.FormatUint(uint64(*in.Process.PID), 10)}, User: sandbox.UserControl})
 		if err != nil || res.ExitCode != 0 {
 			unaryError(w, "internal", fmt.Sprintf("error sending signal: %v (exit %d)", err, res.ExitCode))
 			return
 		}
 	default:
-		unaryError(w, "invalid_argument", "invalid signal: "+in.Signal)
+		unaryError(w, "invalid_argument", "invalid signal: "+string(in.Signal))
 		return
 	}
 	unaryOK(w)

@@ -40,7 +40,6 @@ import (
 
 	"stasis/internal/guestclock"
 	"stasis/sandbox"
-	"stasis/sandbox/e2b/internal/wire"
 )
 
 // Options configure the fake.
@@ -223,8 +222,8 @@ func (f *Server) now() time.Time { return f.o.Now() }
 
 // ServeHTTP serves both planes.
 func (f *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	envd := r.Header.Get(wire.SandboxIDHeader) != ""
-	rec := Request{At: f.now(), Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Envd: envd, Sandbox: r.Header.Get(wire.SandboxIDHeader)}
+	envd := r.Header.Get(headerSandboxID) != ""
+	rec := Request{At: f.now(), Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Envd: envd, Sandbox: r.Header.Get(headerSandboxID)}
 	if !envd || strings.HasPrefix(r.URL.Path, "/process.Process/") {
 		b, err := io.ReadAll(io.LimitReader(r.Body, 64<<10+1))
 		if err != nil {
@@ -272,7 +271,7 @@ func (f *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.envd.ServeHTTP(sw, r)
 		return
 	}
-	if r.Header.Get(wire.APIKeyHeader) != f.o.APIKey {
+	if r.Header.Get(headerAPIKey) != f.o.APIKey {
 		writeError(sw, http.StatusUnauthorized, "Invalid API key, it must be a valid key of the team (X-API-Key)")
 		return
 	}
@@ -372,7 +371,7 @@ func (f *Server) IgnoreTimeouts(on bool) {
 	if !on {
 		now := f.now()
 		for _, sb := range f.sbs {
-			if sb.state == wire.StateRunning {
+			if sb.state == stateRunning {
 				f.armLocked(sb, now)
 			}
 		}
@@ -406,7 +405,7 @@ func (f *Server) EndAt(id string) (time.Time, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb, ok := f.sbs[id]
-	if !ok || sb.state != wire.StateRunning {
+	if !ok || sb.state != stateRunning {
 		return time.Time{}, false
 	}
 	return sb.endAt, true
@@ -519,7 +518,7 @@ func (f *Server) armLocked(sb *sbx, now time.Time) {
 func (f *Server) timeUp(id string, at time.Time) {
 	f.mu.Lock()
 	sb, ok := f.sbs[id]
-	if !ok || sb.state != wire.StateRunning || !sb.endAt.Equal(at) || f.ignoreTimeouts {
+	if !ok || sb.state != stateRunning || !sb.endAt.Equal(at) || f.ignoreTimeouts {
 		f.mu.Unlock()
 		return
 	}
@@ -552,5 +551,5 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // writeError answers with E2B's error body.
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, wire.Error{Code: int32(status), Message: msg})
+	writeJSON(w, status, apiError{Code: status, Message: msg})
 }

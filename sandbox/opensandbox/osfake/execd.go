@@ -17,6 +17,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/sandbox"
+	"stasis/sandbox/internal/strictjson"
 )
 
 // execUser is whom execd runs commands as: the container's user, root
@@ -135,18 +136,28 @@ func killed(e *events) {
 	e.send("error", map[string]any{"error": map[string]any{"ename": "CommandExecError", "evalue": "-1", "traceback": []string{"signal: killed"}}})
 }
 
+// commandRequest is execd's RunCommandRequest (uid and gid, which the
+// fake does not run as, left out).
+type commandRequest struct {
+	Command    string            `json:"command"`
+	Cwd        string            `json:"cwd"`
+	Background bool              `json:"background"`
+	Timeout    int64             `json:"timeout"`
+	Envs       map[string]string `json:"envs"`
+}
+
+// uploadMetadata is execd's FileMetadata, an upload's metadata part.
+type uploadMetadata struct {
+	Path string `json:"path"`
+	Mode int    `json:"mode"`
+}
+
 // runCommand is POST /command: the command runs with sh -c in the backend
 // sandbox, not tied to the request (as execd: a client that goes away does
 // not end it; DELETE /command does, and so does the timeout).
 func (f *Fake) runCommand(w http.ResponseWriter, r *http.Request, backend string) {
-	var req struct {
-		Command    string            `json:"command"`
-		Cwd        string            `json:"cwd"`
-		Background bool              `json:"background"`
-		Timeout    int64             `json:"timeout"`
-		Envs       map[string]string `json:"envs"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+	var req commandRequest
+	if err := readJSON(r, &req, false); err != nil {
 		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "error parsing request, MAYBE invalid body format. "+err.Error())
 		return
 	}
@@ -243,11 +254,7 @@ func (f *Fake) upload(w http.ResponseWriter, r *http.Request, backend string) {
 		writeError(w, http.StatusBadRequest, "INVALID_FILE", "multipart form is empty")
 		return
 	}
-	type meta struct {
-		Path string `json:"path"`
-		Mode int    `json:"mode"`
-	}
-	var metas []meta
+	var metas []uploadMetadata
 	var files [][]byte
 	for {
 		part, err := mr.NextPart()
@@ -268,8 +275,8 @@ func (f *Fake) upload(w http.ResponseWriter, r *http.Request, backend string) {
 		}
 		switch part.FormName() {
 		case "metadata":
-			var m meta
-			if err := json.Unmarshal(b, &m); err != nil {
+			var m uploadMetadata
+			if err := strictjson.Unmarshal(b, &m); err != nil {
 				writeError(w, http.StatusBadRequest, "INVALID_FILE_METADATA", "invalid metadata format. "+err.Error())
 				return
 			}

@@ -26,6 +26,7 @@
 package osfake
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -35,6 +36,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -43,6 +45,7 @@ import (
 	"time"
 
 	"stasis/sandbox"
+	"stasis/sandbox/internal/strictjson"
 )
 
 // Options configure the fake.
@@ -484,6 +487,10 @@ func (f *Fake) backendExpiry(s *sb) time.Time {
 	return time.Now().Add(f.o.MaxTimeout)
 }
 
+// Request bodies, read with strictjson (member names exactly as the
+// specification spells them, as the reference server reads them).
+
+// createRequest is CreateSandboxRequest.
 type createRequest struct {
 	Image *struct {
 		URI string `json:"uri"`
@@ -497,9 +504,38 @@ type createRequest struct {
 	Extensions     map[string]string `json:"extensions"`
 }
 
+// renewRequest is RenewSandboxExpirationRequest.
+type renewRequest struct {
+	ExpiresAt *time.Time `json:"expiresAt"`
+}
+
+// snapshotRequest is CreateSnapshotRequest.
+type snapshotRequest struct {
+	Name *string `json:"name"`
+}
+
+// readJSON reads a request body into v with strictjson; an empty body is
+// io.EOF. closed refuses members v does not name (a schema with
+// additionalProperties: false).
+func readJSON(r *http.Request, v any, closed bool) error {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return io.EOF
+	}
+	if err := strictjson.Unmarshal(b, v); err != nil || !closed {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(reflect.New(reflect.TypeOf(v).Elem()).Interface())
+}
+
 func (f *Fake) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var req createRequest
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+	if err := readJSON(r, &req, false); err != nil {
 		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "invalid request body: "+err.Error())
 		return
 	}
@@ -528,6 +564,12 @@ func (f *Fake) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now().UTC()
 	s := &sb{id: newUUID(), token: newHex(16), snapshotID: req.SnapshotID, entrypoint: req.Entrypoint, metadata: map[string]string{}, env: req.Env, created: now}
+	if len(s.entrypoint) == 0 {
+		// A restore, or a pool's sandbox: the server's default entry
+		// process (the specification has entrypoint in every answer, never
+		// null).
+		s.entrypoint = []string{"tail", "-f", "/dev/null"}
+	}
 	for k, v := range req.Metadata {
 		s.metadata[k] = v
 	}
@@ -558,9 +600,6 @@ func (f *Fake) createSandbox(w http.ResponseWriter, r *http.Request) {
 			f.mu.Unlock()
 			writeError(w, http.StatusConflict, "SNAPSHOT::NOT_READY", fmt.Sprintf("Snapshot %s is not ready for restore.", req.SnapshotID))
 			return
-		}
-		if len(s.entrypoint) == 0 {
-			s.entrypoint = []string{"tail", "-f", "/dev/null"}
 		}
 		if ff := f.failFork[req.SnapshotID]; ff != nil {
 			injected = ff.seen == ff.k
@@ -734,7 +773,7 @@ func (f *Fake) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (f *Fake) patchMetadata(w http.ResponseWriter, r *http.Request) {
 	var patch map[string]*string
-	if err := json.NewDecoder(r.Body).Decode(&patch); err != nil {
+	if err := readJSON(r, &patch, false); err != nil {
 		writeError(w, http.StatusBadRequest, "INVALID_PARAMETER", "invalid merge patch: "+err.Error())
 		return
 	}
@@ -809,10 +848,8 @@ func (f *Fake) transition(w http.ResponseWriter, r *http.Request, from, via, to,
 }
 
 func (f *Fake) renew(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		ExpiresAt *time.Time `json:"expiresAt"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.ExpiresAt == nil {
+	var req renewRequest
+	if err := readJSON(r, &req, false); err != nil || req.ExpiresAt == nil {
 		writeError(w, http.StatusBadRequest, "INVALID_EXPIRATION", "expiresAt is required, as an RFC 3339 time")
 		return
 	}
@@ -905,12 +942,8 @@ func (s *snap) json() map[string]any {
 }
 
 func (f *Fake) createSnapshot(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Name *string `json:"name"`
-	}
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+	var req snapshotRequest
+	if err := readJSON(r, &req, true); err != nil && !errors.Is(err, io.EOF) {
 		writeError(w, http.StatusBadRequest, "INVALID_PARAMETER", "invalid request body: "+err.Error())
 		return
 	}

@@ -12,10 +12,8 @@ package job
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"stasis/client"
 	"stasis/coordinator"
 	"stasis/errdefs"
 	"stasis/harness/opencode"
@@ -38,7 +37,6 @@ import (
 	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/sandbox/opensandbox"
-	api "stasis/server"
 	"stasis/store"
 	"stasis/supervisor"
 	"stasis/task"
@@ -163,7 +161,7 @@ type Report struct {
 }
 
 // episodeView is the server's view of an episode, as its API answers.
-type episodeView = api.EpisodeView
+type episodeView = client.EpisodeView
 
 // ended says whether the episode's harness has ended.
 func harnessEnded(v episodeView) bool {
@@ -282,7 +280,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 	o.Progress.Phase("start episodes", len(plan))
 	for i, p := range plan {
-		if err := srv.call(ctx, "POST", "/v1/episodes", map[string]any{"id": p.id, "task": p.task, "harness": p.harness}, nil); err != nil {
+		if _, err := srv.api.StartEpisode(ctx, client.StartRequest{ID: p.id, Task: p.task, Harness: p.harness}); err != nil {
 			return rep, fmt.Errorf("start %s: %w", p.id, err)
 		}
 		o.Progress.Set(i + 1)
@@ -320,23 +318,9 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	// The checkpoint.
 	o.Progress.Phase("checkpoint", 1)
 	ckID := "ckpt-" + time.Now().UTC().Format("20060102T150405")
-	var ck struct {
-		Checkpoint string  `json:"checkpoint"`
-		Seconds    float64 `json:"seconds"`
-		Episodes   []struct {
-			Episode  string `json:"episode"`
-			Finished bool   `json:"finished"`
-			Reward   *int   `json:"reward"`
-			Excluded bool   `json:"excluded"`
-			Reason   string `json:"reason"`
-		} `json:"episodes"`
-	}
 	t0 := time.Now()
-	body := map[string]any{"id": ckID}
-	if o.Stragglers != "" {
-		body["stragglers"] = o.Stragglers
-	}
-	if err := srv.call(ctx, "POST", "/v1/checkpoints", body, &ck); err != nil {
+	ck, err := srv.api.Checkpoint(ctx, client.CheckpointRequest{ID: ckID, Stragglers: o.Stragglers})
+	if err != nil {
 		return rep, fmt.Errorf("checkpoint: %w", err)
 	}
 	rep.Checkpoint.ID, rep.Checkpoint.Seconds = ckID, time.Since(t0).Seconds()
@@ -377,17 +361,8 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		}
 		o.Progress.Phase("restore", 1)
 		t0 := time.Now()
-		var res struct {
-			Seconds  float64 `json:"seconds"`
-			Episodes []struct {
-				Episode   string `json:"episode"`
-				ResumeWhy string `json:"resume_why"`
-				Clock     *struct {
-					Step float64 `json:"step_s"`
-				} `json:"clock"`
-			} `json:"episodes"`
-		}
-		if err := srv.call(ctx, "POST", "/v1/checkpoints/"+ckID+"/restore", nil, &res); err != nil {
+		res, err := srv.api.Restore(ctx, ckID)
+		if err != nil {
 			return rep, fmt.Errorf("restore: %w", err)
 		}
 		for _, e := range res.Episodes {
@@ -429,14 +404,12 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	// Verify, and read each episode's figures.
 	o.Progress.Phase("verify", len(plan))
 	for i, p := range plan {
-		var vr struct {
-			Verdict task.Verdict `json:"verdict"`
-		}
-		if err := srv.call(ctx, "POST", "/v1/episodes/"+p.id+"/verify", nil, &vr); err != nil {
+		vr, err := srv.api.Verify(ctx, p.id)
+		if err != nil {
 			return rep, fmt.Errorf("verify %s: %w", p.id, err)
 		}
-		var v episodeView
-		if err := srv.call(ctx, "GET", "/v1/episodes/"+p.id, nil, &v); err != nil {
+		v, err := srv.api.Episode(ctx, p.id)
+		if err != nil {
 			return rep, err
 		}
 		resume := v.Resume
@@ -628,10 +601,9 @@ func (nopProgress) Done()             {}
 
 // server is a `stasis serve` child and its address.
 type server struct {
-	cmd  *exec.Cmd
-	base string
-	c    *http.Client
-	log  *os.File
+	cmd *exec.Cmd
+	api *client.Client
+	log *os.File
 }
 
 // startServer starts `stasis serve` on the state directory and waits for
@@ -691,7 +663,7 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 		close(addr)
 		_, _ = io.Copy(io.Discard, out)
 	}()
-	s := &server{cmd: cmd, c: &http.Client{}, log: logf}
+	s := &server{cmd: cmd, log: logf}
 	// A default image is pulled (and unpacked, the first time) before the
 	// server listens.
 	startWait := 60 * time.Second
@@ -707,7 +679,12 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 			tail, _ := os.ReadFile(logf.Name())
 			return nil, fmt.Errorf("stasis serve did not start; its log:\n%s", lastLines(tail, 20))
 		}
-		s.base = "http://" + a
+		if s.api, err = client.New("http://" + a); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			logf.Close()
+			return nil, err
+		}
 	case <-time.After(startWait):
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -730,58 +707,13 @@ func lastLines(b []byte, n int) string {
 	return strings.Join(ls, "\n")
 }
 
-// call does one API request; out, when given, receives the JSON answer.
-func (s *server) call(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, s.base+path, body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
-			return fmt.Errorf("%s %s: %d: %s", method, path, resp.StatusCode, e.Error.Message)
-		}
-		return fmt.Errorf("%s %s: %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("%s %s: %w", method, path, err)
-		}
-	}
-	return nil
-}
-
 func (s *server) episodes(ctx context.Context) ([]episodeView, error) {
-	var l struct {
-		Episodes []episodeView `json:"episodes"`
-	}
-	if err := s.call(ctx, "GET", "/v1/episodes", nil, &l); err != nil {
+	l, err := s.api.Episodes(ctx, client.ListOptions{})
+	if err != nil {
 		return nil, err
 	}
-	sort.Slice(l.Episodes, func(i, j int) bool { return l.Episodes[i].ID < l.Episodes[j].ID })
-	return l.Episodes, nil
+	sort.Slice(l, func(i, j int) bool { return l[i].ID < l[j].ID })
+	return l, nil
 }
 
 // cleanup retires every episode through the server (deleting their
@@ -794,7 +726,7 @@ func cleanup(s *server, o Options) error {
 		if views, err := s.episodes(ctx); err == nil {
 			for _, v := range views {
 				if v.State != store.EpisodeRetired {
-					if err := s.call(ctx, "POST", "/v1/episodes/"+v.ID+"/retire", nil, nil); err != nil {
+					if _, err := s.api.Retire(ctx, v.ID); err != nil {
 						errs = append(errs, err)
 					}
 				}

@@ -89,6 +89,10 @@ class Conflict(APIError):
     file is damaged (``verify_ledger`` says where)."""
 
 
+class Expired(APIError):
+    """410: the episode's sandbox is past its expiry."""
+
+
 class TooLarge(APIError):
     """413: the body is over 1 MiB."""
 
@@ -105,9 +109,19 @@ class InternalError(APIError):
     """500: the operation failed on the server."""
 
 
+class Unsupported(APIError):
+    """501: the server's sandbox provider cannot do it."""
+
+
 class Unavailable(APIError):
-    """503: the server is shutting down, or its record store is
-    unreachable."""
+    """503: the server is shutting down, or a service it needs (its record
+    store, a hosted sandbox provider) is unreachable or refusing load; try
+    again later."""
+
+
+class Timeout(APIError):
+    """504: the operation did not finish in time; it may have taken
+    effect."""
 
 
 # The error types of the API (the Error schema) and their statuses.
@@ -118,11 +132,14 @@ ERROR_TYPES: dict[str, tuple[int, type[APIError]]] = {
     "not_found": (404, NotFound),
     "method_not_allowed": (405, MethodNotAllowed),
     "conflict": (409, Conflict),
+    "expired": (410, Expired),
     "too_large": (413, TooLarge),
     "unsupported_media_type": (415, UnsupportedMediaType),
     "misdirected": (421, Misdirected),
     "internal": (500, InternalError),
+    "unsupported": (501, Unsupported),
     "unavailable": (503, Unavailable),
+    "timeout": (504, Timeout),
 }
 
 for _t, (_s, _c) in ERROR_TYPES.items():

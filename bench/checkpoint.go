@@ -131,31 +131,12 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 		return res, err
 	}
 	// The gateway holds every episode's third call until released.
-	release := make(chan struct{})
-	var held sync.WaitGroup
-	held.Add(n)
-	var once sync.Map
-	hold := func(h http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-			call := q.Header.Get(relay.HeaderCallID)
-			if strings.HasSuffix(call, "/3") && q.Header.Get(relay.HeaderAttempt) == "0" {
-				if _, dup := once.LoadOrStore(call, true); !dup {
-					held.Done()
-				}
-				select {
-				case <-release:
-				case <-q.Context().Done():
-					return
-				}
-			}
-			h.ServeHTTP(w, q)
-		})
-	}
+	var holds relay.Holds
+	third := holds.Add("", 3)
 	// Each sandbox reaches the gateway on a socket of its own.
-	sockets := relay.NewSandboxSockets(gw, hold)
+	sockets := relay.NewSandboxSockets(gw, holds.Middleware)
 	defer sockets.Close()
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	defer releaseOnce()
+	defer third.Release()
 
 	home := filepath.Join(dir, "local")
 	// The stasis binary is bound into each sandbox read-only: nothing to
@@ -204,7 +185,6 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
-				held.Done()
 			}
 		}()
 	}
@@ -212,21 +192,18 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 	if len(errs) > 0 {
 		return res, errs[0]
 	}
-	heldAll := make(chan struct{})
-	go func() { held.Wait(); close(heldAll) }()
-	select {
-	case <-heldAll:
-	case <-time.After(5 * time.Minute):
-		return res, fmt.Errorf("the episodes did not all reach their third model call in 5 minutes")
-	case <-ctx.Done():
-		return res, ctx.Err()
+	wctx, cancelWait := context.WithTimeoutCause(ctx, 5*time.Minute, fmt.Errorf("the episodes did not all reach their third model call in 5 minutes"))
+	err = third.Wait(wctx, n)
+	cancelWait()
+	if err != nil {
+		return res, err
 	}
 
 	fmt.Fprintf(o.Progress, "checkpoint bench: %d episodes held at their third call; checkpoint\n", n)
 	// Each pause finds its episode waiting on a model call in flight, as a
 	// checkpoint mid-episode usually does; the calls go on after it.
 	pr, err := c.Prepare(ctx, "bench")
-	releaseOnce()
+	third.Release()
 	if err != nil {
 		return res, err
 	}

@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,25 +29,13 @@ import (
 
 func TestMain(m *testing.M) { stasistest.Main(m) }
 
-// gate holds one call of one episode at the gateway until it is opened.
-type gate struct {
-	episode string
-	call    int
-	arrived chan struct{}
-	open    chan struct{}
-	once    sync.Once
-	opened  sync.Once
-}
-
-func (g *gate) Open() { g.opened.Do(func() { close(g.open) }) }
-
 // rig is a model, a gateway (on each local sandbox's own socket, or on
 // one unix socket a microVM's QEMU forwards to), a provider, and a record
 // store.
 type rig struct {
 	env   *episode.Env
 	gw    *relay.Gateway
-	gates sync.Map // episode → *gate
+	holds relay.Holds // calls held at the gateway (gate)
 	tasks []*task.Task
 	// seen, when set, is told of every call that reaches the gateway
 	// (episode, call number, attempt) before it is served.
@@ -104,26 +91,15 @@ func newRigOn(t testing.TB, mk func(gwDir, sock string, sockets local.GatewaySer
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Calls reach the gateway through the gates.
+	// Calls reach the gateway through the holds, and are seen first.
 	gates := func(gh http.Handler) http.Handler {
+		held := r.holds.Middleware(gh)
 		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-			call := q.Header.Get(relay.HeaderCallID)
-			ep, n, _ := strings.Cut(call, "/")
 			if f := r.seen.Load(); f != nil {
+				ep, n, _ := strings.Cut(q.Header.Get(relay.HeaderCallID), "/")
 				(*f)(ep, n, q.Header.Get(relay.HeaderAttempt))
 			}
-			if v, ok := r.gates.Load(ep); ok && q.Header.Get(relay.HeaderAttempt) == "0" {
-				g := v.(*gate)
-				if strconv.Itoa(g.call) == n {
-					g.once.Do(func() { close(g.arrived) })
-					select {
-					case <-g.open:
-					case <-q.Context().Done():
-						return
-					}
-				}
-			}
-			gh.ServeHTTP(w, q)
+			held.ServeHTTP(w, q)
 		})
 	}
 	srv := &http.Server{Handler: gates(gw.Handler())}
@@ -150,17 +126,15 @@ func newRigOn(t testing.TB, mk func(gwDir, sock string, sockets local.GatewaySer
 	return r
 }
 
-func (r *rig) gate(ep string, call int) *gate {
-	g := &gate{episode: ep, call: call, arrived: make(chan struct{}), open: make(chan struct{})}
-	r.gates.Store(ep, g)
-	return g
-}
+// gate holds call n of attempt 0 of episode ep at the gateway until it is
+// released.
+func (r *rig) gate(ep string, n int) *relay.Hold { return r.holds.Add(ep, n) }
 
 // startToGate starts spec's episode and waits until g's call has arrived
 // at the gateway. crash then closes the episode (its sandbox deleted, as a
 // crash would take it) and opens the gate; without it the episode is
 // closed when the test ends.
-func (r *rig) startToGate(t testing.TB, ctx context.Context, spec episode.Spec, g *gate) (*episode.Episode, func()) {
+func (r *rig) startToGate(t testing.TB, ctx context.Context, spec episode.Spec, g *relay.Hold) (*episode.Episode, func()) {
 	t.Helper()
 	e, err := episode.Start(ctx, r.env, spec)
 	if err != nil {
@@ -172,11 +146,9 @@ func (r *rig) startToGate(t testing.TB, ctx context.Context, spec episode.Spec, 
 			_ = e.Close(context.Background())
 		}
 	})
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
+	if err := g.Wait(ctx, 1); err != nil {
 		r.dump(t, e)
-		t.Fatalf("model call %d of %s never came", g.call, spec.ID)
+		t.Fatalf("model call %d of %s never came", g.Call, spec.ID)
 	}
 	return e, func() {
 		t.Helper()
@@ -184,7 +156,7 @@ func (r *rig) startToGate(t testing.TB, ctx context.Context, spec episode.Spec, 
 			t.Fatal(err)
 		}
 		closed = true
-		g.Open()
+		g.Release()
 	}
 }
 
@@ -332,7 +304,7 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 			defer cancel()
 			id := h + "-relaunch"
 			g := r.gate(id, 3)
-			defer g.Open()
+			defer g.Release()
 			spec := episode.Spec{ID: id, Task: tk, Harness: a}
 			e, crash := r.startToGate(t, ctx, spec, g)
 			snap, err := e.PauseAndSnapshot(ctx, 1, false)
@@ -427,7 +399,7 @@ func TestRelaunchWithoutSavedSessionStartsAfresh(t *testing.T) {
 	defer cancel()
 	id := "opencode-nosession"
 	g := r.gate(id, 1)
-	defer g.Open()
+	defer g.Release()
 	spec := episode.Spec{ID: id, Task: tk, Harness: a}
 	e, crash := r.startToGate(t, ctx, spec, g)
 	dataDir := "/tmp/stasis/" + id + "/harness/data"
@@ -490,7 +462,7 @@ func TestSessionAskedOnlyAfterAModelCall(t *testing.T) {
 	a := &countingSessions{Adapter: adapter(t, "mini")}
 	id := "ask-session"
 	g1 := r.gate(id, 1)
-	defer g1.Open()
+	defer g1.Release()
 	e, _ := r.startToGate(t, ctx, episode.Spec{ID: id, Task: tk, Harness: a}, g1)
 	snap, err := e.PauseAndSnapshot(ctx, 1, true)
 	if err != nil {
@@ -501,11 +473,9 @@ func TestSessionAskedOnlyAfterAModelCall(t *testing.T) {
 		t.Fatalf("paused before any answer (delivered %v): Session asked %d times", d, a.n.Load())
 	}
 	g3 := r.gate(id, 3)
-	defer g3.Open()
-	g1.Open()
-	select {
-	case <-g3.arrived:
-	case <-ctx.Done():
+	defer g3.Release()
+	g1.Release()
+	if err := g3.Wait(ctx, 1); err != nil {
 		t.Fatal("call 3 never came")
 	}
 	snap, err = e.PauseAndSnapshot(ctx, 2, true)
@@ -516,7 +486,7 @@ func TestSessionAskedOnlyAfterAModelCall(t *testing.T) {
 	if d := snap.State.RelayDelivered; d == nil || *d != 2 || a.n.Load() != 1 {
 		t.Fatalf("paused after two answers (delivered %v): Session asked %d times, want 1", d, a.n.Load())
 	}
-	g3.Open()
+	g3.Release()
 	if v := r.finish(t, ctx, e); v.Reward != 1 {
 		t.Fatalf("reward %d", v.Reward)
 	}

@@ -138,7 +138,7 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 func (r *rig) heldSnapshot(t *testing.T, ctx context.Context, mp *microvm.Provider, spec episode.Spec, call int) episode.Snapshot {
 	t.Helper()
 	g := r.gate(spec.ID, call)
-	t.Cleanup(g.Open)
+	t.Cleanup(g.Release)
 	e, crash := r.startToGate(t, ctx, spec, g)
 	snap, err := e.PauseAndSnapshot(ctx, 1, false)
 	if err != nil {
@@ -234,7 +234,7 @@ func TestMicroVMPauseModesResumeInPlace(t *testing.T) {
 			defer cancel()
 			id := "vm-" + strings.ReplaceAll(string(mode), "+", "-")
 			g := r.gate(id, 3)
-			defer g.Open()
+			defer g.Release()
 			spec := episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini"), PauseMode: mode}
 			e, crash := r.startToGate(t, ctx, spec, g)
 			before := time.Now()
@@ -360,7 +360,7 @@ func BenchmarkMicroVMOpenCodeResume(b *testing.B) {
 	defer cancel()
 	id := "oc-bench"
 	g := r.gate(id, 3)
-	defer g.Open()
+	defer g.Release()
 	spec := episode.Spec{ID: id, Task: tk, Harness: adapter(b, "opencode")}
 	e, crash := r.startToGate(b, ctx, spec, g)
 	snap, err := e.PauseAndSnapshot(ctx, 1, false)

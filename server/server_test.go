@@ -182,49 +182,20 @@ func (c *client) verify(id string, recorded bool) task.Verdict {
 	return vr.Verdict
 }
 
-// gate holds call n of attempt 0 of one episode at the gateway until it
-// is opened.
-type gate struct {
-	episode string
-	call    int
-	arrived chan struct{}
-	open    chan struct{}
-	once    sync.Once
-	opened  sync.Once
+// hold holds call n of attempt 0 of one episode at the gateway until it
+// is released; its middleware goes to startServer.
+func hold(episode string, n int) (*relay.Hold, func(http.Handler) http.Handler) {
+	var hs relay.Holds
+	return hs.Add(episode, n), hs.Middleware
 }
 
-func newGate(episode string, call int) *gate {
-	return &gate{episode: episode, call: call, arrived: make(chan struct{}), open: make(chan struct{})}
-}
-
-func (g *gate) Open() { g.opened.Do(func() { close(g.open) }) }
-
-// wait waits until the gated call has arrived, failing with never (what
+// arrived waits until the held call has arrived, failing with never (what
 // did not come) when ctx ends first.
-func (g *gate) wait(t *testing.T, ctx context.Context, never string) {
+func arrived(t *testing.T, ctx context.Context, g *relay.Hold, never string) {
 	t.Helper()
-	select {
-	case <-g.arrived:
-	case <-ctx.Done():
+	if err := g.Wait(ctx, 1); err != nil {
 		t.Fatal(never)
 	}
-}
-
-func (g *gate) middleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-		ep, n, _ := strings.Cut(q.Header.Get(relay.HeaderCallID), "/")
-		if ep == g.episode && n == strconv.Itoa(g.call) && q.Header.Get(relay.HeaderAttempt) == "0" {
-			g.once.Do(func() { close(g.arrived) })
-			select {
-			case <-g.open:
-			case <-q.Context().Done():
-			}
-			if q.Context().Err() != nil {
-				return // the server that held it is gone
-			}
-		}
-		next.ServeHTTP(w, q)
-	})
 }
 
 // running is a server under test behind httptest.
@@ -301,9 +272,9 @@ func TestAPI(t *testing.T) {
 	defer cancel()
 	state := t.TempDir()
 	cleanState(t, state)
-	g := newGate("ep-c", 3)
-	defer g.Open()
-	r := startServer(t, ctx, state, g.middleware)
+	g, mw := hold("ep-c", 3)
+	defer g.Release()
+	r := startServer(t, ctx, state, mw)
 	closed := false
 	defer func() {
 		if !closed {
@@ -370,7 +341,7 @@ func TestAPI(t *testing.T) {
 	api.refuse("GET", "/v1/episodes?state=sleeping", nil, 400, "invalid_request", "state")
 
 	// ep-c is held at its third model call: its harness has not ended.
-	g.wait(t, ctx, "ep-c's third model call never came")
+	arrived(t, ctx, g, "ep-c's third model call never came")
 	api.refuse("POST", "/v1/episodes/ep-c/verify", nil, 409, "conflict", "has not ended")
 
 	// ep-a and ep-b run to the end; verify twice each (capture once).
@@ -486,7 +457,7 @@ func TestAPI(t *testing.T) {
 	if sock, _ := server.GatewaySocket(state); !dirExists(filepath.Dir(sock)) {
 		t.Fatalf("the server removed %s while sandboxes bind it", filepath.Dir(sock))
 	}
-	g.Open()
+	g.Release()
 	n, err := local.Crash(filepath.Join(state, "local"))
 	if err != nil || n != 3 {
 		t.Fatalf("crash: %d sandboxes killed, %v", n, err)
@@ -762,15 +733,15 @@ func TestCheckpointExcludesAStraggler(t *testing.T) {
 	defer cancel()
 	state := t.TempDir()
 	cleanState(t, state)
-	g := newGate("ep-bad", 2)
-	defer g.Open()
-	r := startServer(t, ctx, state, g.middleware)
+	g, mw := hold("ep-bad", 2)
+	defer g.Release()
+	r := startServer(t, ctx, state, mw)
 	defer r.Close()
 	api := r.api
 	var bad view
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-bad", "task": "sh-renext-spaces", "harness": "mini"}, 201, &bad)
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-good", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
-	g.wait(t, ctx, "ep-bad's second model call never came")
+	arrived(t, ctx, g, "ep-bad's second model call never came")
 	api.waitExited(ctx, "ep-good")
 	// Burn ep-bad's sequence as stasis's user in its sandbox.
 	lp, err := local.New(local.Options{Home: filepath.Join(state, "local"), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
@@ -810,7 +781,7 @@ func TestCheckpointExcludesAStraggler(t *testing.T) {
 	if cd.Checkpoint.State != store.StateFailed {
 		t.Errorf("ckpt-strict: %+v, want failed", cd.Checkpoint)
 	}
-	g.Open()
+	g.Release()
 	api.waitExited(ctx, "ep-bad")
 	for _, id := range []string{"ep-bad", "ep-good"} {
 		api.call("POST", "/v1/episodes/"+id+"/retire", nil, 200, nil)
@@ -830,19 +801,17 @@ func TestEpisodeOverItsLimitEnds(t *testing.T) {
 	defer cancel()
 	state := t.TempDir()
 	cleanState(t, state)
-	g := newGate("ep-bomb", 2)
-	defer g.Open()
-	r := startServer(t, ctx, state, g.middleware)
+	g, mw := hold("ep-bomb", 2)
+	defer g.Release()
+	r := startServer(t, ctx, state, mw)
 	defer r.Close()
 	api := r.api
 	var bomb view
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-bomb", "task": "sh-renext-spaces", "harness": "mini", "limits": map[string]any{"pids": 128}}, 201, &bomb)
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-next", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
-	waitCall := time.NewTimer(3 * time.Minute)
-	defer waitCall.Stop()
-	select {
-	case <-g.arrived:
-	case <-waitCall.C:
+	wctx, cancelWait := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancelWait()
+	if err := g.Wait(wctx, 1); err != nil {
 		t.Fatalf("ep-bomb's second model call never came: %+v", api.episode("ep-bomb"))
 	}
 	lp, err := local.New(local.Options{Home: filepath.Join(state, "local"), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
@@ -882,7 +851,7 @@ func TestEpisodeOverItsLimitEnds(t *testing.T) {
 			}
 		}
 	}
-	g.Open()
+	g.Release()
 	for _, id := range []string{"ep-bomb", "ep-next"} {
 		api.call("POST", "/v1/episodes/"+id+"/retire", nil, 200, nil)
 	}
@@ -900,14 +869,14 @@ func TestBranch(t *testing.T) {
 	defer cancel()
 	state := t.TempDir()
 	cleanState(t, state)
-	g := newGate("ep-o", 3)
-	defer g.Open()
-	r := startServer(t, ctx, state, g.middleware)
+	g, mw := hold("ep-o", 3)
+	defer g.Release()
+	r := startServer(t, ctx, state, mw)
 	defer r.Close()
 	api := r.api
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-o", "task": "sh-envget-unanchored-key", "harness": "mini"}, 201, nil)
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-done", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
-	g.wait(t, ctx, "ep-o's third model call never came")
+	arrived(t, ctx, g, "ep-o's third model call never came")
 	api.waitExited(ctx, "ep-done")
 	api.call("POST", "/v1/checkpoints", map[string]any{"id": "ckpt-b"}, 201, nil)
 
@@ -935,7 +904,7 @@ func TestBranch(t *testing.T) {
 			t.Errorf("%s: resume %q (%s), want relaunch on the local provider", f.Episode, f.Resume, f.ResumeWhy)
 		}
 	}
-	g.Open()
+	g.Release()
 	sandboxes := map[string]bool{}
 	for _, id := range []string{"ep-o-b1", "ep-o-b2", "ep-o"} {
 		v := api.waitExited(ctx, id)
@@ -993,14 +962,14 @@ func TestLedgerRoutes(t *testing.T) {
 	defer cancel()
 	state := t.TempDir()
 	cleanState(t, state)
-	g := newGate("ep-wait", 1)
-	defer g.Open()
-	r := startServer(t, ctx, state, g.middleware)
+	g, mw := hold("ep-wait", 1)
+	defer g.Release()
+	r := startServer(t, ctx, state, mw)
 	defer r.Close()
 	api := r.api
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-l", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
 	api.call("POST", "/v1/episodes", map[string]any{"id": "ep-wait", "task": "sh-renext-spaces", "harness": "mini"}, 201, nil)
-	g.wait(t, ctx, "ep-wait's first model call never came")
+	arrived(t, ctx, g, "ep-wait's first model call never came")
 	// Before its first call is answered, ep-wait's ledger is empty, and
 	// verifies.
 	var empty ledgerPage
@@ -1013,7 +982,7 @@ func TestLedgerRoutes(t *testing.T) {
 	if !rep.OK || rep.Live != 0 {
 		t.Errorf("ep-wait's verify before any answer: %+v", rep)
 	}
-	g.Open()
+	g.Release()
 	v := api.waitExited(ctx, "ep-l")
 	api.verify("ep-l", false)
 

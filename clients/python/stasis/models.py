@@ -302,6 +302,7 @@ class CheckpointRecord:
     pause_uptime: float = 0.0
     relay_delivered: int = 0
     relay_position: Optional[int] = None  # the in-place cut; None in older records
+    ledger_head: Optional[str] = None  # the hash of the ledger's entry at the cut
     harness_session: str = ""
     attempt: int = 0
     deadline_left_s: float = 0.0

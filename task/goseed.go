@@ -19,13 +19,15 @@ import (
 // agent's cache is never read, since its entries could compile to other
 // code than their sources. Built from nothing, the standard library's
 // test dependencies take tens of seconds per verify; so a Verifier with a
-// SeedDir keeps, per task and environment, the cache of one trusted run:
-// the task's own test command on its unchanged work tree, in a sandbox of
-// its own, where no agent ever ran. Each verify of that task starts from a
-// copy of it and builds only what the agent changed. Making a seed costs
-// one cold build and a sandbox, which pays only when a task is verified
-// again: a verify makes it at the task's second verify in this process (RL
-// runs many rollouts of a task; a run of distinct tasks never pays), and
+// SeedDir keeps, per environment, the cache of one trusted run: a Go
+// task's own test command on its unchanged work tree, in a sandbox of its
+// own, where no agent ever ran. Every Go task of that environment shares
+// it (the standard library's part, the bulk of it, is the same for all):
+// each verify starts from a copy and builds only the task's packages and
+// what the agent changed. Making a seed costs
+// one cold build and a sandbox, which pays once a second Go verify comes
+// in the environment: a verify makes it at the second Go verify there in
+// this process (one verify alone never pays), and
 // Seed makes it at once for a caller that knows more will come. The cache is
 // content-addressed by Go (an entry is found by the hash of its inputs),
 // so a seed that no longer matches (a new toolchain, an edited task) only
@@ -36,9 +38,12 @@ func isGoTask(t *Task) bool {
 	return t.Language == "go" || strings.Contains(t.TestCmd, "go test")
 }
 
-// seedPath is where t's seed for environment env is kept in dir.
-func seedPath(dir string, t *Task, env string) string {
-	h := sha256.Sum256([]byte(t.ID + "\x00" + env + "\x00" + t.TestCmd))
+// seedPath is where the seed of environment env, which t shares with the
+// other Go tasks there, is kept in dir. (A seed made by another task's run
+// lacks t's own packages, which its verify builds; it is never wrong: the
+// cache is content-addressed.)
+func seedPath(dir string, _ *Task, env string) string {
+	h := sha256.Sum256([]byte("go\x00" + env))
 	return filepath.Join(dir, "go-build-"+hex.EncodeToString(h[:12])+".tar")
 }
 

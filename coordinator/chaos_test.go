@@ -460,8 +460,10 @@ var chaosTasks = []string{
 	"sh-renext-spaces", "sh-envget-unanchored-key", "sh-logrotate-shift-order",
 }
 
+// TestChaos runs the chaos over seeds 1..STASIS_CHAOS_SEEDS (1 in make
+// test: three runs, at no, some and many faults; more seeds are a soak's).
 func TestChaos(t *testing.T) {
-	seeds := 3
+	seeds := 1
 	if s := os.Getenv("STASIS_CHAOS_SEEDS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {

@@ -2,7 +2,14 @@
 // (local, microvm) share: sandbox and snapshot ids, label matching, the
 // keeper's loop (the absolute expiry, SIGHUP to re-read it, SIGTERM to
 // stop), ending a sandbox's host processes and waiting for them, and
-// retiring a sandbox directory exactly once.
+// retiring a sandbox directory exactly once; the sandbox directories
+// (Sandboxes: meta.json, rewritten only under the sandbox's lock, and
+// keeper.json; whether a sandbox runs; starting its keeper; GC) and the
+// snapshot records and their blob store (Snapshots); and the calls of the
+// provider contract that these answer alone (Calls: Get, List,
+// SetExpiry, GetSnapshot, DeleteSnapshot, CollectBlobs). A provider
+// says what differs (its meta and keeper records, its processes, its
+// messages) through type parameters and fields.
 package hostkeep
 
 import (

@@ -105,7 +105,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest)
 	if len(req.Argv) == 0 {
 		return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "no command")
 	}
-	m, k, err := p.live("exec", id)
+	m, k, err := p.sbs.Live("exec", id)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -227,7 +227,7 @@ func (p *Provider) hostPath(m meta, inside string) (root, rel string, ok bool) {
 
 // ReadFile reads a file as the sandbox sees it.
 func (p *Provider) ReadFile(ctx context.Context, id, name string) ([]byte, error) {
-	m, _, err := p.live("read", id)
+	m, _, err := p.sbs.Live("read", id)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +285,7 @@ func readRegular(r *os.Root, rel string) ([]byte, fs.FileMode, error) {
 // WriteFile writes a file inside /work, $HOME or /tmp, creating its parent
 // directories; the rest of the sandbox is read-only.
 func (p *Provider) WriteFile(ctx context.Context, id, name string, data []byte, mode fs.FileMode) error {
-	m, _, err := p.live("write", id)
+	m, _, err := p.sbs.Live("write", id)
 	if err != nil {
 		return err
 	}
@@ -358,7 +358,7 @@ func (m meta) fileArgv(host []string, op string, args ...string) []string {
 // inside, so it sees exactly what the sandbox sees and can write nowhere
 // else).
 func (p *Provider) Upload(ctx context.Context, id, dir string, tr io.Reader) error {
-	m, _, err := p.live("upload", id)
+	m, _, err := p.sbs.Live("upload", id)
 	if err != nil {
 		return err
 	}
@@ -379,7 +379,7 @@ func (p *Provider) Upload(ctx context.Context, id, dir string, tr io.Reader) err
 
 // Download writes dir inside the sandbox as a tar stream.
 func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) error {
-	m, _, err := p.live("download", id)
+	m, _, err := p.sbs.Live("download", id)
 	if err != nil {
 		return err
 	}

@@ -266,12 +266,7 @@ func RunKeeper(dir string, log *slog.Logger) int {
 }
 
 func readMetaAt(dir string) (meta, error) {
-	var m meta
-	b, err := os.ReadFile(filepath.Join(dir, metaFile))
-	if err != nil {
-		return m, err
-	}
-	return m, json.Unmarshal(b, &m)
+	return hostkeep.ReadJSON[meta](filepath.Join(dir, hostkeep.MetaFile))
 }
 
 func keep(dir string, log *slog.Logger) error {
@@ -351,7 +346,7 @@ func keep(dir string, log *slog.Logger) error {
 		return fmt.Errorf("the sandbox's init %d: %w", info.ChildPID, err)
 	}
 	bwrapID, _ := proc.IdentityOf(cmd.Process.Pid) // gone already only if the sandbox failed
-	if err := atomicfile.WriteJSON(filepath.Join(dir, keeperFile), keeperInfo{Keeper: self, Init: initID, Bwrap: bwrapID}, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(dir, hostkeep.KeeperFile), keeperInfo{Keeper: self, Init: initID, Bwrap: bwrapID}, 0o600); err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
 		return err
@@ -382,5 +377,5 @@ func keep(dir string, log *slog.Logger) error {
 		nm, err := readMetaAt(dir)
 		return nm.Expiry, err
 	}
-	return hostkeep.Loop(m.ID, m.Expiry, readExpiry, sigs, exited, kill, filepath.Join(dir, expiredFile), filepath.Join(dir, logFile), log)
+	return hostkeep.Loop(m.ID, m.Expiry, readExpiry, sigs, exited, kill, filepath.Join(dir, hostkeep.ExpiredFile), filepath.Join(dir, hostkeep.LogFile), log)
 }

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"stasis/atomicfile"
+	"stasis/errdefs"
 	"stasis/sandbox"
+	"stasis/sandbox/hostkeep"
 )
 
 // Limits. Every sandbox gets a control group of its own, made by the
@@ -364,12 +366,12 @@ func watchLimits(dir string, m meta, stop <-chan struct{}, end func()) {
 	}
 }
 
-// endedByLimit is the reason a keeper recorded for ending sandbox id.
-func (p *Provider) endedByLimit(id string) (limitReason, bool) {
-	var r limitReason
-	b, err := os.ReadFile(filepath.Join(p.sbDir(id), limitFile))
-	if err != nil {
-		return r, false
+// endedByLimit is a conflict when sandbox m's keeper ended it for a
+// limit it exceeded (the reason it recorded), else nil.
+func (p *Provider) endedByLimit(op string, m meta) error {
+	r, err := hostkeep.ReadJSON[limitReason](filepath.Join(p.sbDir(m.ID), limitFile))
+	if err != nil || r.Reason == "" {
+		return nil
 	}
-	return r, jsonUnmarshal(b, &r) == nil && r.Reason != ""
+	return sandbox.Errorf(errdefs.ErrConflict, op, what(m.ID), "it was ended at %s for exceeding its %s limit: %s; delete it", r.At.Format(time.RFC3339), r.Limit, r.Reason)
 }

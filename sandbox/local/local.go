@@ -26,15 +26,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
 	"stasis/errdefs"
@@ -107,17 +102,17 @@ type Options struct {
 
 // Provider is the local provider.
 type Provider struct {
-	o       Options
-	dir     string // sandboxes
-	snapDir string // snapshot metadata
-	cas     *cas.Store
-	tools   struct{ bwrap, nsenter, setpriv, env string }
-	mu      sync.Mutex // serialises this process's rewrites of meta.json
-
+	o      Options
+	tools  struct{ bwrap, nsenter, setpriv, env string }
 	images *image.Store
 
-	retiredMu sync.Mutex
-	retired   map[string]int
+	// The sandboxes ($STASIS_HOME/sandboxes/local) and the snapshots
+	// ($STASIS_HOME/snapshots/local, their blobs in $STASIS_HOME/blobs),
+	// kept as hostkeep keeps them; Calls answers Get, List, SetExpiry,
+	// GetSnapshot, DeleteSnapshot and CollectBlobs from them alone.
+	sbs   *hostkeep.Sandboxes[meta, *meta, keeperInfo]
+	snaps *hostkeep.Snapshots[snapMeta, *snapMeta]
+	hostkeep.Calls[meta, *meta, keeperInfo, snapMeta, *snapMeta]
 }
 
 // Images is the provider's image store ($STASIS_HOME/images), whose
@@ -128,27 +123,14 @@ func (p *Provider) Images() *image.Store { return p.images }
 // Options.SandboxBinary.
 const EnterBinary = "/stasis/enter/stasis"
 
-// Retired says how many times this provider value retired sandbox id (for
-// the conformance suite: a sandbox is retired exactly once).
-func (p *Provider) Retired(id string) int {
-	p.retiredMu.Lock()
-	defer p.retiredMu.Unlock()
-	return p.retired[id]
-}
-
 // New opens the local provider over the state directory, checking that
 // bubblewrap and nsenter are installed.
 func New(o Options) (*Provider, error) {
-	if o.Home == "" {
-		return nil, errors.New("local provider: no state directory")
+	exe, err := hostkeep.KeeperExe(Name, o.Home, o.Exe)
+	if err != nil {
+		return nil, err
 	}
-	if o.Exe == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		o.Exe = exe
-	}
+	o.Exe = exe
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -162,7 +144,13 @@ func New(o Options) (*Provider, error) {
 	if o.UIDBase < IDRange || o.UIDBase > 1<<31 {
 		return nil, fmt.Errorf("local provider: uid base %d: use a value from %d to %d (the sandboxes map %d host ids from it)", o.UIDBase, IDRange, 1<<31, IDRange)
 	}
-	p := &Provider{o: o, dir: filepath.Join(o.Home, "sandboxes", Name), snapDir: filepath.Join(o.Home, "snapshots", Name)}
+	p := &Provider{o: o}
+	p.sbs = &hostkeep.Sandboxes[meta, *meta, keeperInfo]{
+		Provider: Name, Dir: filepath.Join(o.Home, "sandboxes", Name), Prefix: "sb-", Now: o.Now,
+		Procs: func(k keeperInfo) (proc.Identity, proc.Identity) { return k.Keeper, k.Init },
+		Runs:  "the sandbox", Lost: "keeper",
+		Ended: p.endedByLimit, Info: p.info,
+	}
 	// Absolute paths: setpriv and env run after nsenter has changed root to
 	// the sandbox's, which shows the host's /usr read-only.
 	for _, t := range []struct {
@@ -177,7 +165,12 @@ func New(o Options) (*Provider, error) {
 			return nil, err
 		}
 	}
-	for _, d := range []string{p.dir, p.snapDir} {
+	p.snaps = &hostkeep.Snapshots[snapMeta, *snapMeta]{
+		Provider: Name, Dir: filepath.Join(o.Home, "snapshots", Name), Prefix: "snap-", Now: o.Now,
+		Info: snapMeta.info, BlobLock: filepath.Join(o.Home, "blobs.lock"), Bases: p.sbs.Manifests,
+	}
+	p.Calls = hostkeep.NewCalls(p.sbs, p.snaps)
+	for _, d := range []string{p.sbs.Dir, p.snaps.Dir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -186,7 +179,7 @@ func New(o Options) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.cas = cas.New(bs)
+	p.snaps.CAS = cas.New(bs)
 	if p.images, err = image.Open(o.Home, o.UIDBase); err != nil {
 		return nil, err
 	}
@@ -201,18 +194,10 @@ func (p *Provider) Capabilities() sandbox.Capabilities {
 
 // meta is DIR/meta.json.
 type meta struct {
-	ID      string            `json:"id"`
-	Labels  map[string]string `json:"labels,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Created time.Time         `json:"created"`
-	Expiry  time.Time         `json:"expiry"`
-	Source  string            `json:"source,omitempty"`
-	// LastManifest is the cas manifest of the last snapshot (the base for
-	// the next incremental snapshot).
-	LastManifest string   `json:"last_manifest,omitempty"`
-	Home         string   `json:"home"` // $HOME inside
-	Hide         []string `json:"hide,omitempty"`
-	Binds        []string `json:"binds,omitempty"`
+	hostkeep.Meta
+	Home  string   `json:"home"` // $HOME inside
+	Hide  []string `json:"hide,omitempty"`
+	Binds []string `json:"binds,omitempty"`
 	// ROBinds: host path → sandbox path, bound read-only.
 	ROBinds map[string]string `json:"ro_binds,omitempty"`
 	// UIDBase is the host id of the sandbox's uid and gid 0 (see
@@ -240,98 +225,34 @@ type meta struct {
 	Cgroups cgroups        `json:"cgroups,omitzero"`
 }
 
-// Files in a sandbox's directory.
-const (
-	metaFile    = "meta.json"
-	keeperFile  = "keeper.json" // the keeper's identity and the sandbox init's pid
-	expiredFile = "expired"     // written by the keeper when it killed the sandbox at expiry
-	logFile     = "keeper.log"
-	rootDir     = "root" // writable places: root/work, root/home, root/tmp
-)
+// rootDir, in a sandbox's directory, holds its writable places:
+// root/work, root/home, root/tmp. (The files beside it are
+// hostkeep's.)
+const rootDir = "root"
 
-// keeperInfo is DIR/keeper.json, written by the keeper once the sandbox runs.
+// keeperInfo is DIR/keeper.json (hostkeep.KeeperFile), written by the
+// keeper once the sandbox runs.
 type keeperInfo struct {
 	Keeper proc.Identity `json:"keeper"`
 	Init   proc.Identity `json:"init"`  // the sandbox's PID 1, as the host sees it
 	Bwrap  proc.Identity `json:"bwrap"` // bubblewrap's outer process, the keeper's child
 }
 
-func (p *Provider) sbDir(id string) string { return filepath.Join(p.dir, id) }
+func (p *Provider) sbDir(id string) string { return p.sbs.Path(id) }
 
 func what(id string) string { return "sandbox " + id }
 
-func (p *Provider) readMeta(op, id string) (meta, error) {
-	var m meta
-	if !hostkeep.ValidID(id, "sb-") {
-		return m, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "not a local sandbox id (sb- and 16 hex digits)")
-	}
-	b, err := os.ReadFile(filepath.Join(p.sbDir(id), metaFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return m, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "no such sandbox (deleted, or never made here); `stasis sandbox ls` lists them")
-	}
-	if err != nil {
-		return m, err
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("%s %s: %s: %w", op, what(id), metaFile, err)
-	}
-	return m, nil
-}
-
-func (p *Provider) writeMeta(m meta) error {
-	return atomicfile.WriteJSON(filepath.Join(p.sbDir(m.ID), metaFile), m, 0o600)
-}
-
-func (p *Provider) readKeeper(id string) (keeperInfo, bool) {
-	var k keeperInfo
-	b, err := os.ReadFile(filepath.Join(p.sbDir(id), keeperFile))
-	if err != nil || json.Unmarshal(b, &k) != nil {
-		return k, false
-	}
-	return k, true
-}
-
 func (p *Provider) info(m meta, state sandbox.State) sandbox.Info {
-	desc, _ := json.Marshal(map[string]string{"id": m.ID, "dir": p.sbDir(m.ID)})
-	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Image: m.Image, Descriptor: desc}
-}
-
-// live checks that a sandbox exists, has not expired and its keeper runs.
-func (p *Provider) live(op, id string) (meta, keeperInfo, error) {
-	m, err := p.readMeta(op, id)
-	if err != nil {
-		return m, keeperInfo{}, err
-	}
-	k, err := p.running(op, m)
-	return m, k, err
-}
-
-// running checks a sandbox whose metadata is read: not expired, keeper and
-// init alive.
-func (p *Provider) running(op string, m meta) (keeperInfo, error) {
-	id := m.ID
-	if _, err := os.Stat(filepath.Join(p.sbDir(id), expiredFile)); err == nil || !p.o.Now().Before(m.Expiry) {
-		return keeperInfo{}, sandbox.Errorf(errdefs.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc`", m.Expiry.Format(time.RFC3339))
-	}
-	if r, ended := p.endedByLimit(id); ended {
-		return keeperInfo{}, sandbox.Errorf(errdefs.ErrConflict, op, what(id), "it was ended at %s for exceeding its %s limit: %s; delete it", r.At.Format(time.RFC3339), r.Limit, r.Reason)
-	}
-	k, ok := p.readKeeper(id)
-	if !ok || !proc.Alive(k.Keeper) || !proc.Alive(k.Init) {
-		return k, sandbox.Errorf(errdefs.ErrConflict, op, what(id), "its keeper is not running (killed, or the host restarted); `stasis sandbox gc` removes it")
-	}
-	return k, nil
+	in := m.Info(Name, state)
+	in.Image = m.Image
+	in.Descriptor, _ = json.Marshal(map[string]string{"id": m.ID, "dir": p.sbDir(m.ID)})
+	return in
 }
 
 // Create makes a sandbox and returns once it runs.
 func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
-	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
-	}
-	if spec.Root != "" {
-		if fi, err := os.Stat(spec.Root); err != nil || !fi.IsDir() {
-			return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
-		}
+	if err := hostkeep.CheckSpec(spec, p.o.Now()); err != nil {
+		return sandbox.Info{}, err
 	}
 	if err := checkLimits(spec.Limits); err != nil {
 		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "%v", err)
@@ -367,7 +288,7 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 	if err := p.prepareDir(&m); err != nil {
 		return sandbox.Info{}, fmt.Errorf("create: %w", err)
 	}
-	if err := p.writeMeta(m); err != nil {
+	if err := p.sbs.Write(m); err != nil {
 		return sandbox.Info{}, err
 	}
 	if err := p.startKeeper(ctx, m.ID); err != nil {
@@ -408,8 +329,8 @@ func (p *Provider) newMeta(labels map[string]string, expiry time.Time) meta {
 	if home == "" || home == "/" {
 		home = "/root"
 	}
-	m := meta{ID: hostkeep.NewID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC(), Home: home, Binds: p.o.Binds, ROBinds: p.o.ReadOnlyBinds,
-		UIDBase: p.o.UIDBase, System: p.o.System}
+	m := meta{Meta: hostkeep.Meta{ID: hostkeep.NewID("sb-"), Labels: labels, Created: p.o.Now().UTC(), Expiry: expiry.UTC()},
+		Home: home, Binds: p.o.Binds, ROBinds: p.o.ReadOnlyBinds, UIDBase: p.o.UIDBase, System: p.o.System}
 	if p.o.GatewayDir != "" {
 		m.GatewayDir = filepath.Join(p.o.GatewayDir, m.ID)
 	}
@@ -462,8 +383,8 @@ type GatewayServer = sandbox.GatewayServer
 // Options.Gateway.
 func (p *Provider) listenGateway(m meta) error {
 	sock, ok := p.GatewaySocket(m.ID)
-	if !ok || p.o.Gateway == nil {
-		return nil
+	if !ok || p.o.Gateway == nil || m.GatewayDir == "" {
+		return nil // no gateway, or a sandbox made without a socket of its own
 	}
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("gateway socket: %w", err)
@@ -491,20 +412,7 @@ func (p *Provider) ServeGateways(ctx context.Context) error {
 	if p.o.Gateway == nil || p.o.GatewayDir == "" {
 		return nil
 	}
-	infos, err := p.List(ctx, nil)
-	if err != nil {
-		return err
-	}
-	for _, in := range infos {
-		m, err := p.readMeta("serve the gateway", in.ID)
-		if err != nil || m.GatewayDir == "" {
-			continue // gone since, or made without a socket of its own
-		}
-		if err := p.listenGateway(m); err != nil {
-			return fmt.Errorf("sandbox %s: %w", in.ID, err)
-		}
-	}
-	return nil
+	return p.sbs.Each(p.listenGateway)
 }
 
 // GatewayDirInSandbox is where a sandbox sees its gateway directory
@@ -537,110 +445,12 @@ func copyTree(ctx context.Context, src, dst string) error {
 // startKeeper starts the keeper, detached, and waits until it reports the
 // sandbox running.
 func (p *Provider) startKeeper(ctx context.Context, id string) error {
-	dir := p.sbDir(id)
-	logf, err := os.OpenFile(filepath.Join(dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(p.o.Exe, "sandbox", "keeper", "--dir", dir)
+	cmd := exec.Command(p.o.Exe, "sandbox", "keeper", "--dir", p.sbDir(id))
 	cmd.Env = append(os.Environ(), p.o.ExeEnv...)
-	cmd.Stdout, cmd.Stderr = logf, logf
 	// A mount namespace of its own (private, which Go makes it), where the
 	// keeper stages the sandbox's binds; the host's mounts are not touched.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Unshareflags: syscall.CLONE_NEWNS}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the keeper of %s: %w", id, err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }() // reaps the keeper if it dies early; later it is init's
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if k, ok := p.readKeeper(id); ok && k.Keeper.PID == cmd.Process.Pid {
-			// Detach: the keeper now belongs to no one here. Its wait
-			// goroutine stays until the keeper ends.
-			return nil
-		}
-		select {
-		case err := <-waited:
-			b, _ := os.ReadFile(filepath.Join(dir, logFile))
-			return fmt.Errorf("the keeper of %s exited before the sandbox ran (%v): %s", id, err, strings.TrimSpace(string(b)))
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			return ctx.Err()
-		default:
-		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			return fmt.Errorf("the keeper of %s did not start the sandbox within 30s; see %s", id, filepath.Join(dir, logFile))
-		}
-		nap(200 * time.Microsecond) // poll interval, bounded by the deadline above
-	}
-}
-
-func nap(d time.Duration) {
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	_ = unix.Nanosleep(&ts, nil)
-}
-
-// Get finds a sandbox by id.
-func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
-	m, _, err := p.live("get", id)
-	if errors.Is(err, errdefs.ErrExpired) {
-		return p.info(m, sandbox.StateExpired), err
-	}
-	if err != nil {
-		return sandbox.Info{}, err
-	}
-	return p.info(m, sandbox.StateRunning), nil
-}
-
-// List returns the sandboxes that carry every label given, expired ones
-// included (with State "expired").
-func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbox.Info, error) {
-	ents, err := os.ReadDir(p.dir)
-	if err != nil {
-		return nil, err
-	}
-	var out []sandbox.Info
-	for _, e := range ents {
-		if !hostkeep.ValidID(e.Name(), "sb-") {
-			continue
-		}
-		m, err := p.readMeta("list", e.Name())
-		if err != nil {
-			continue
-		}
-		if !hostkeep.MatchLabels(m.Labels, labels) {
-			continue
-		}
-		state := sandbox.StateRunning
-		if _, err := p.running("list", m); err != nil {
-			state = sandbox.StateExpired
-			if errors.Is(err, errdefs.ErrConflict) {
-				state = sandbox.StateLost
-			}
-		}
-		out = append(out, p.info(m, state))
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
-	return out, nil
-}
-
-// SetExpiry moves the sandbox's absolute expiry; the keeper re-reads it.
-func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error {
-	m, k, err := p.live("set-expiry", id)
-	if err != nil {
-		return err
-	}
-	if !t.After(p.o.Now()) {
-		return sandbox.Errorf(errdefs.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
-	}
-	m.Expiry = t.UTC()
-	if err := p.writeMeta(m); err != nil {
-		return err
-	}
-	return unix.Kill(k.Keeper.PID, unix.SIGHUP)
+	return p.sbs.StartKeeper(ctx, id, cmd)
 }
 
 // Delete retires a sandbox: kills everything in it and removes its
@@ -654,31 +464,14 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 
 // retire kills and removes a sandbox exactly once.
 func (p *Provider) retire(id string) error {
-	done, err := hostkeep.Retire(p.sbDir(id), id, func(dead string) { killAt(dead) })
+	err := p.sbs.Retire(id, func(dead string) { killAt(dead) })
 	if gw, ok := p.GatewaySocket(id); ok && err == nil {
 		if p.o.Gateway != nil {
 			p.o.Gateway.StopSandbox(id)
 		}
 		_ = os.RemoveAll(filepath.Dir(gw))
 	}
-	if done {
-		p.retiredMu.Lock()
-		if p.retired == nil {
-			p.retired = map[string]int{}
-		}
-		p.retired[id]++
-		p.retiredMu.Unlock()
-	}
 	return err
-}
-
-func readKeeperAt(dir string) (keeperInfo, bool) {
-	var k keeperInfo
-	b, err := os.ReadFile(filepath.Join(dir, keeperFile))
-	if err != nil || json.Unmarshal(b, &k) != nil {
-		return k, false
-	}
-	return k, true
 }
 
 // killSandbox ends the keeper, bubblewrap and the sandbox's init (and so
@@ -688,7 +481,7 @@ func killSandbox(k keeperInfo) { hostkeep.KillAndWait(k.Init, k.Bwrap, k.Keeper)
 // killAt kills the sandbox whose directory is dir, if its keeper is known,
 // and removes its control groups; it says whether a keeper was known.
 func killAt(dir string) bool {
-	k, ok := readKeeperAt(dir)
+	k, ok := hostkeep.KeeperAt[keeperInfo](dir)
 	if ok {
 		killSandbox(k)
 	}
@@ -698,64 +491,26 @@ func killAt(dir string) bool {
 	return ok
 }
 
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
-
 // GC removes sandboxes whose keeper is gone (it was killed, the host
 // restarted, or it ended at the expiry) and returns their ids.
 func (p *Provider) GC(ctx context.Context) ([]string, error) {
-	ents, err := os.ReadDir(p.dir)
-	if err != nil {
-		return nil, err
-	}
-	var reaped []string
-	for _, e := range ents {
-		name := e.Name()
-		if _, ok := hostkeep.RetiringID(name, "sb-"); ok {
-			// An interrupted delete: finish it.
-			killAt(filepath.Join(p.dir, name))
-			_ = os.RemoveAll(filepath.Join(p.dir, name))
-			continue
-		}
-		if !hostkeep.ValidID(name, "sb-") {
-			continue
-		}
-		k, ok := p.readKeeper(name)
-		if ok && proc.Alive(k.Keeper) {
-			continue
-		}
-		if !ok {
-			// No keeper.json: a create in progress, or one that died before
-			// the sandbox ran. Leave young ones alone.
-			fi, err := os.Stat(filepath.Join(p.dir, name))
-			if err != nil || time.Since(fi.ModTime()) < time.Minute {
-				continue
-			}
-		}
-		if err := p.retire(name); err != nil {
-			return reaped, err
-		}
-		reaped = append(reaped, name)
-	}
-	return reaped, nil
+	return p.sbs.GC(func(dead, _ string) { killAt(dead) }, p.retire)
 }
 
 // ImageUsers returns, for each image digest, the sandboxes (every one
 // there is, running or not) and the snapshots (not deleted) made on it.
 func (p *Provider) ImageUsers(ctx context.Context) (sandboxes, snapshots map[string][]string, err error) {
 	sandboxes, snapshots = map[string][]string{}, map[string][]string{}
-	ents, err := os.ReadDir(p.dir)
+	ms, err := p.sbs.All()
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, e := range ents {
-		if !hostkeep.ValidID(e.Name(), "sb-") {
-			continue
-		}
-		if m, err := p.readMeta("list", e.Name()); err == nil && m.Image != "" {
+	for _, m := range ms {
+		if m.Image != "" {
 			sandboxes[m.Image] = append(sandboxes[m.Image], m.ID)
 		}
 	}
-	snaps, err := os.ReadDir(p.snapDir)
+	snaps, err := os.ReadDir(p.snaps.Dir)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -764,7 +519,7 @@ func (p *Provider) ImageUsers(ctx context.Context) (sandboxes, snapshots map[str
 		if !ok {
 			continue
 		}
-		if s, err := p.readSnap("list", id); err == nil && s.Image != "" {
+		if s, err := p.snaps.Read("list", id); err == nil && s.Image != "" {
 			snapshots[s.Image] = append(snapshots[s.Image], s.ID)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 // for tests and for `stasis run --crash`.
 func Crash(home string) (int, error) {
 	return hostkeep.Crash(filepath.Join(home, "sandboxes", Name), func(dir string) bool {
-		k, ok := readKeeperAt(dir)
+		k, ok := hostkeep.KeeperAt[keeperInfo](dir)
 		if ok {
 			killVM(k)
 		}

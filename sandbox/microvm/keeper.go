@@ -60,7 +60,7 @@ func keep(dir string, log *slog.Logger) error {
 		<-exited
 		return fmt.Errorf("QEMU exited at once: %w", err)
 	}
-	if err := atomicfile.WriteJSON(filepath.Join(dir, keeperFile), keeperInfo{Keeper: self, QEMU: qid}, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(dir, hostkeep.KeeperFile), keeperInfo{Keeper: self, QEMU: qid}, 0o600); err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
 		return err
@@ -75,5 +75,5 @@ func keep(dir string, log *slog.Logger) error {
 		nm, err := readMetaAt(dir)
 		return nm.Expiry, err
 	}
-	return hostkeep.Loop(m.ID, m.Expiry, readExpiry, sigs, exited, kill, filepath.Join(dir, expiredFile), filepath.Join(dir, qemuLogFile), log)
+	return hostkeep.Loop(m.ID, m.Expiry, readExpiry, sigs, exited, kill, filepath.Join(dir, hostkeep.ExpiredFile), filepath.Join(dir, qemuLogFile), log)
 }

@@ -31,15 +31,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
 	"stasis/errdefs"
@@ -112,10 +108,6 @@ type Options struct {
 // Provider is the microVM provider.
 type Provider struct {
 	o         Options
-	dir       string // sandboxes
-	snapDir   string // snapshot metadata
-	cas       *cas.Store
-	blobs     *blob.Dir
 	kernel    Kernel
 	initramfs string
 	qemu      string
@@ -124,11 +116,17 @@ type Provider struct {
 	tscKHz    int // under TCG, the host's TSC frequency (see vmConfig)
 	prepOnce  sync.Once
 	prepErr   error
-	mu        sync.Mutex // serialises this process's rewrites of meta.json
 	images    *image.Store
 
-	retiredMu sync.Mutex
-	retired   map[string]int
+	// The sandboxes ($STASIS_HOME/sandboxes/microvm) and the snapshots
+	// ($STASIS_HOME/snapshots/microvm, their saved states in blobs, a
+	// blob store at blobDir), kept as hostkeep keeps them; Calls answers
+	// Get, List, SetExpiry, GetSnapshot, DeleteSnapshot and CollectBlobs
+	// from them alone.
+	sbs   *hostkeep.Sandboxes[meta, *meta, keeperInfo]
+	snaps *hostkeep.Snapshots[snapMeta, *snapMeta]
+	blobs *blob.Dir
+	hostkeep.Calls[meta, *meta, keeperInfo, snapMeta, *snapMeta]
 }
 
 // Images is the provider's image store ($STASIS_HOME/images, shared with
@@ -150,7 +148,7 @@ func ImageUsers(home string) (sandboxes, snapshots map[string][]string, err erro
 			return err
 		}
 		for _, e := range ents {
-			path := filepath.Join(dir, e.Name(), metaFile)
+			path := filepath.Join(dir, e.Name(), hostkeep.MetaFile)
 			if isSnap {
 				path = filepath.Join(dir, e.Name())
 			}
@@ -179,12 +177,8 @@ func ImageUsers(home string) (sandboxes, snapshots map[string][]string, err erro
 	return sandboxes, snapshots, nil
 }
 
-// Files in a sandbox's directory.
+// Files in a sandbox's directory, besides hostkeep's.
 const (
-	metaFile    = "meta.json"
-	keeperFile  = "keeper.json"
-	expiredFile = "expired"
-	logFile     = "keeper.log"
 	qemuLogFile = "qemu.log"
 	consoleFile = "console.log"
 	lockFile    = "snapshot.lock"
@@ -192,19 +186,11 @@ const (
 
 // meta is DIR/meta.json.
 type meta struct {
-	ID      string            `json:"id"`
-	Labels  map[string]string `json:"labels,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Created time.Time         `json:"created"`
-	Expiry  time.Time         `json:"expiry"`
-	Source  string            `json:"source,omitempty"`
-	VM      vmConfig          `json:"vm"`
-	// LastManifest is the cas manifest of the sandbox's last snapshot (or
-	// of the one it was forked from): the next snapshot's base.
-	LastManifest string `json:"last_manifest,omitempty"`
+	hostkeep.Meta
+	VM vmConfig `json:"vm"`
 }
 
-// keeperInfo is DIR/keeper.json.
+// keeperInfo is DIR/keeper.json (hostkeep.KeeperFile).
 type keeperInfo struct {
 	Keeper proc.Identity `json:"keeper"`
 	QEMU   proc.Identity `json:"qemu"`
@@ -215,16 +201,11 @@ type keeperInfo struct {
 // accelerator wait for Prepare (the first Create), so that a command that
 // boots nothing (exec, ls, rm, gc) does not pay for them.
 func New(_ context.Context, o Options) (*Provider, error) {
-	if o.Home == "" {
-		return nil, errors.New("microvm provider: no state directory")
+	exe, err := hostkeep.KeeperExe(Name, o.Home, o.Exe)
+	if err != nil {
+		return nil, err
 	}
-	if o.Exe == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		o.Exe = exe
-	}
+	o.Exe = exe
 	if o.GuestBinary == "" {
 		bin, err := sandboxbin.Path()
 		if err != nil {
@@ -255,8 +236,17 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	p := &Provider{o: o, dir: filepath.Join(o.Home, "sandboxes", Name), snapDir: filepath.Join(o.Home, "snapshots", Name)}
-	var err error
+	p := &Provider{o: o}
+	p.sbs = &hostkeep.Sandboxes[meta, *meta, keeperInfo]{
+		Provider: Name, Flag: " --provider " + Name, Dir: filepath.Join(o.Home, "sandboxes", Name), Prefix: "vm-", Now: o.Now,
+		Procs: func(k keeperInfo) (proc.Identity, proc.Identity) { return k.Keeper, k.QEMU },
+		Runs:  "QEMU", Lost: "keeper or QEMU",
+		Info: p.info,
+	}
+	p.snaps = &hostkeep.Snapshots[snapMeta, *snapMeta]{
+		Provider: Name, Dir: filepath.Join(o.Home, "snapshots", Name), Prefix: "vms-", Now: o.Now,
+		Info: snapMeta.info, BlobLock: filepath.Join(o.Home, "vmblobs.lock"), Bases: p.sbs.Manifests,
+	}
 	if p.images, err = image.Open(o.Home, image.DefaultIDBase); err != nil {
 		return nil, err
 	}
@@ -269,7 +259,8 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	if _, err := os.Stat(o.Busybox); err != nil {
 		return nil, fmt.Errorf("microvm provider needs a static busybox at %s: install it with `apt-get install busybox-static`", o.Busybox)
 	}
-	for _, d := range []string{p.dir, p.snapDir} {
+	p.Calls = hostkeep.NewCalls(p.sbs, p.snaps)
+	for _, d := range []string{p.sbs.Dir, p.snaps.Dir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -292,7 +283,7 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	}
 	// Saved states are stored cut by guest address (see save), so two
 	// states of one VM share the pages that did not change.
-	p.cas, p.blobs = cas.New(bs), bs
+	p.snaps.CAS, p.blobs = cas.New(bs), bs
 	return p, nil
 }
 
@@ -351,79 +342,19 @@ func (p *Provider) Accel() (string, string) {
 // Kernel is the guest kernel in use.
 func (p *Provider) Kernel() Kernel { return p.kernel }
 
-// Retired says how many times this provider value retired sandbox id.
-func (p *Provider) Retired(id string) int {
-	p.retiredMu.Lock()
-	defer p.retiredMu.Unlock()
-	return p.retired[id]
-}
-
-func (p *Provider) sbDir(id string) string { return filepath.Join(p.dir, id) }
+func (p *Provider) sbDir(id string) string { return p.sbs.Path(id) }
 
 func what(id string) string { return "sandbox " + id }
 
 func readMetaAt(dir string) (meta, error) {
-	var m meta
-	b, err := os.ReadFile(filepath.Join(dir, metaFile))
-	if err != nil {
-		return m, err
-	}
-	return m, json.Unmarshal(b, &m)
-}
-
-func (p *Provider) readMeta(op, id string) (meta, error) {
-	if !hostkeep.ValidID(id, "vm-") {
-		return meta{}, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "not a microvm sandbox id (vm- and 16 hex digits)")
-	}
-	m, err := readMetaAt(p.sbDir(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return m, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "no such sandbox (deleted, or never made here); `stasis sandbox ls --provider microvm` lists them")
-	}
-	if err != nil {
-		return m, fmt.Errorf("%s %s: %s: %w", op, what(id), metaFile, err)
-	}
-	return m, nil
-}
-
-func (p *Provider) writeMeta(m meta) error {
-	return atomicfile.WriteJSON(filepath.Join(p.sbDir(m.ID), metaFile), m, 0o600)
-}
-
-func readKeeperAt(dir string) (keeperInfo, bool) {
-	var k keeperInfo
-	b, err := os.ReadFile(filepath.Join(dir, keeperFile))
-	if err != nil || json.Unmarshal(b, &k) != nil {
-		return k, false
-	}
-	return k, true
+	return hostkeep.ReadJSON[meta](filepath.Join(dir, hostkeep.MetaFile))
 }
 
 func (p *Provider) info(m meta, state sandbox.State) sandbox.Info {
-	desc, _ := json.Marshal(map[string]any{"id": m.ID, "dir": p.sbDir(m.ID), "port": m.VM.Port, "accel": m.VM.Accel})
-	return sandbox.Info{ID: m.ID, Provider: Name, State: state, Labels: m.Labels, Created: m.Created, Expiry: m.Expiry, Source: m.Source, Image: m.VM.Image, Descriptor: desc}
-}
-
-// running checks a sandbox whose metadata is read: not expired, keeper and
-// QEMU alive.
-func (p *Provider) running(op string, m meta) (keeperInfo, error) {
-	id := m.ID
-	if _, err := os.Stat(filepath.Join(p.sbDir(id), expiredFile)); err == nil || !p.o.Now().Before(m.Expiry) {
-		return keeperInfo{}, sandbox.Errorf(errdefs.ErrExpired, op, what(id), "it expired at %s; delete it or run `stasis sandbox gc --provider microvm`", m.Expiry.Format(time.RFC3339))
-	}
-	k, ok := readKeeperAt(p.sbDir(id))
-	if !ok || !proc.Alive(k.Keeper) || !proc.Alive(k.QEMU) {
-		return k, sandbox.Errorf(errdefs.ErrConflict, op, what(id), "its keeper or QEMU is not running (killed, or the host restarted); `stasis sandbox gc --provider microvm` removes it")
-	}
-	return k, nil
-}
-
-func (p *Provider) live(op, id string) (meta, keeperInfo, error) {
-	m, err := p.readMeta(op, id)
-	if err != nil {
-		return m, keeperInfo{}, err
-	}
-	k, err := p.running(op, m)
-	return m, k, err
+	in := m.Info(Name, state)
+	in.Image = m.VM.Image
+	in.Descriptor, _ = json.Marshal(map[string]any{"id": m.ID, "dir": p.sbDir(m.ID), "port": m.VM.Port, "accel": m.VM.Accel})
+	return in
 }
 
 func (p *Provider) client(m meta) *agent.Client {
@@ -520,37 +451,19 @@ func (p *Provider) ServeGateways(ctx context.Context) error {
 	if !p.ownGateways() {
 		return nil
 	}
-	infos, err := p.List(ctx, nil)
-	if err != nil {
-		return err
-	}
-	for _, in := range infos {
-		m, err := p.readMeta("serve the gateway", in.ID)
-		if err != nil {
-			continue // gone since
-		}
-		if err := p.listenGateway(m); err != nil {
-			return fmt.Errorf("sandbox %s: %w", in.ID, err)
-		}
-	}
-	return nil
+	return p.sbs.Each(p.listenGateway)
 }
 
 // Create boots a microVM and returns once its agent answers.
 func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info, error) {
-	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
-	}
-	if spec.Root != "" {
-		if fi, err := os.Stat(spec.Root); err != nil || !fi.IsDir() {
-			return sandbox.Info{}, sandbox.Errorf(errdefs.ErrInvalid, "create", "", "seed directory %q is not a directory", spec.Root)
-		}
+	if err := hostkeep.CheckSpec(spec, p.o.Now()); err != nil {
+		return sandbox.Info{}, err
 	}
 	if err := p.Prepare(ctx); err != nil {
 		return sandbox.Info{}, err
 	}
 	id := hostkeep.NewID("vm-")
-	m := meta{ID: id, Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), VM: p.baseVM(id)}
+	m := meta{Meta: hostkeep.Meta{ID: id, Labels: spec.Labels, Env: spec.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC()}, VM: p.baseVM(id)}
 	if len(p.o.ReadOnlyBinds) > 0 {
 		var err error
 		if m.VM.Binds, err = bindDisks(ctx, filepath.Join(p.o.Home, "images"), p.o.ReadOnlyBinds); err != nil {
@@ -638,10 +551,10 @@ func (p *Provider) boot(ctx context.Context, m *meta) error {
 		if m.VM.Port, err = freePort(); err != nil {
 			return err
 		}
-		if err = p.writeMeta(*m); err != nil {
+		if err = p.sbs.Write(*m); err != nil {
 			return err
 		}
-		_ = os.Remove(filepath.Join(dir, keeperFile))
+		_ = os.Remove(filepath.Join(dir, hostkeep.KeeperFile))
 		if err = p.startKeeper(ctx, m.ID); err != nil {
 			return err
 		}
@@ -659,7 +572,7 @@ func (p *Provider) boot(ctx context.Context, m *meta) error {
 		}
 		// The port was taken between freePort and QEMU: stop this keeper
 		// and try another.
-		if k, ok := readKeeperAt(dir); ok {
+		if k, ok := hostkeep.KeeperAt[keeperInfo](dir); ok {
 			killVM(k)
 		}
 		_ = os.Remove(filepath.Join(dir, qemuLogFile))
@@ -707,40 +620,10 @@ func (p *Provider) resumeIncoming(ctx context.Context, m meta) error {
 // startKeeper starts the keeper, detached, and waits until it reports QEMU
 // started.
 func (p *Provider) startKeeper(ctx context.Context, id string) error {
-	dir := p.sbDir(id)
-	logf, err := os.OpenFile(filepath.Join(dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(p.o.Exe, "microvm", "keeper", "--dir", dir)
+	cmd := exec.Command(p.o.Exe, "microvm", "keeper", "--dir", p.sbDir(id))
 	cmd.Env = append(os.Environ(), p.o.ExeEnv...)
-	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the keeper of %s: %w", id, err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }() // reaps the keeper if it dies early; later it is init's
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if k, ok := readKeeperAt(dir); ok && k.Keeper.PID == cmd.Process.Pid {
-			return nil
-		}
-		select {
-		case err := <-waited:
-			b, _ := os.ReadFile(filepath.Join(dir, logFile))
-			return fmt.Errorf("the keeper of %s exited before QEMU ran (%v): %s", id, err, strings.TrimSpace(string(b)))
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond): // poll interval, bounded by the deadline below
-		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			return fmt.Errorf("the keeper of %s did not start QEMU within 30s; see %s", id, filepath.Join(dir, logFile))
-		}
-	}
+	return p.sbs.StartKeeper(ctx, id, cmd)
 }
 
 // waitAgent polls the guest agent until it answers, QEMU dies, or the boot
@@ -757,7 +640,7 @@ func (p *Provider) waitAgent(ctx context.Context, m meta) error {
 		if err == nil {
 			return nil
 		}
-		k, ok := readKeeperAt(dir)
+		k, ok := hostkeep.KeeperAt[keeperInfo](dir)
 		dead := ok && (!proc.Alive(k.QEMU) || !proc.Alive(k.Keeper))
 		if dead || time.Now().After(deadline) || ctx.Err() != nil {
 			why := "did not answer within " + p.o.BootTimeout.String()
@@ -786,68 +669,6 @@ func tail(path string, n int) string {
 	return s
 }
 
-// Get finds a sandbox by id.
-func (p *Provider) Get(ctx context.Context, id string) (sandbox.Info, error) {
-	m, _, err := p.live("get", id)
-	if errors.Is(err, errdefs.ErrExpired) {
-		return p.info(m, sandbox.StateExpired), err
-	}
-	if err != nil {
-		return sandbox.Info{}, err
-	}
-	return p.info(m, sandbox.StateRunning), nil
-}
-
-// List returns the sandboxes that carry every label given, expired ones
-// included (with State "expired").
-func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbox.Info, error) {
-	ents, err := os.ReadDir(p.dir)
-	if err != nil {
-		return nil, err
-	}
-	var out []sandbox.Info
-	for _, e := range ents {
-		if !hostkeep.ValidID(e.Name(), "vm-") {
-			continue
-		}
-		m, err := p.readMeta("list", e.Name())
-		if err != nil {
-			continue
-		}
-		if !hostkeep.MatchLabels(m.Labels, labels) {
-			continue
-		}
-		state := sandbox.StateRunning
-		if _, err := p.running("list", m); err != nil {
-			state = sandbox.StateExpired
-			if errors.Is(err, errdefs.ErrConflict) {
-				state = sandbox.StateLost
-			}
-		}
-		out = append(out, p.info(m, state))
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
-	return out, nil
-}
-
-// SetExpiry moves the sandbox's absolute expiry; the keeper re-reads it.
-func (p *Provider) SetExpiry(ctx context.Context, id string, t time.Time) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	m, k, err := p.live("set-expiry", id)
-	if err != nil {
-		return err
-	}
-	if !t.After(p.o.Now()) {
-		return sandbox.Errorf(errdefs.ErrInvalid, "set-expiry", what(id), "the expiry %s is not in the future; delete the sandbox instead", t.Format(time.RFC3339))
-	}
-	m.Expiry = t.UTC()
-	if err := p.writeMeta(m); err != nil {
-		return err
-	}
-	return unix.Kill(k.Keeper.PID, unix.SIGHUP)
-}
-
 // Delete retires a sandbox: kills its QEMU and removes its directory.
 // Deleting a sandbox that is already gone returns nil.
 func (p *Provider) Delete(ctx context.Context, id string) error {
@@ -860,21 +681,16 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 // retire kills and removes a sandbox exactly once.
 func (p *Provider) retire(id string) error {
 	defer p.stopGateway(id)
-	done, err := hostkeep.Retire(p.sbDir(id), id, func(dead string) {
-		if k, ok := readKeeperAt(dead); ok {
-			killVM(k)
-		}
-		_ = os.Remove(qmpPath(id))
-	})
-	if done {
-		p.retiredMu.Lock()
-		if p.retired == nil {
-			p.retired = map[string]int{}
-		}
-		p.retired[id]++
-		p.retiredMu.Unlock()
+	return p.sbs.Retire(id, func(dead string) { killAt(dead, id) })
+}
+
+// killAt ends the QEMU and keeper of sandbox id, whose directory is dir
+// (if its keeper is known), and removes its QMP socket.
+func killAt(dir, id string) {
+	if k, ok := hostkeep.KeeperAt[keeperInfo](dir); ok {
+		killVM(k)
 	}
-	return err
+	_ = os.Remove(qmpPath(id))
 }
 
 // killVM ends QEMU and the keeper and waits until both are gone.
@@ -886,42 +702,10 @@ func killVM(k keeperInfo) { hostkeep.KillAndWait(k.QEMU, k.Keeper) }
 // own: a snapshot streams into the blob store, whose staging a new
 // blob.Dir clears, and a fork streams out of it.)
 func (p *Provider) GC(ctx context.Context) ([]string, error) {
-	ents, err := os.ReadDir(p.dir)
-	if err != nil {
-		return nil, err
-	}
-	var reaped []string
-	for _, e := range ents {
-		name := e.Name()
-		if id, ok := hostkeep.RetiringID(name, "vm-"); ok {
-			// An interrupted delete: finish it.
-			if k, ok := readKeeperAt(filepath.Join(p.dir, name)); ok {
-				killVM(k)
-			}
-			_ = os.Remove(qmpPath(id))
-			_ = os.RemoveAll(filepath.Join(p.dir, name))
-			p.stopGateway(id)
-			continue
-		}
-		if !hostkeep.ValidID(name, "vm-") {
-			continue
-		}
-		k, ok := readKeeperAt(p.sbDir(name))
-		if ok && proc.Alive(k.Keeper) {
-			continue
-		}
-		if !ok {
-			fi, err := os.Stat(p.sbDir(name))
-			if err != nil || time.Since(fi.ModTime()) < time.Minute {
-				continue // a create in progress
-			}
-		}
-		if err := p.retire(name); err != nil {
-			return reaped, err
-		}
-		reaped = append(reaped, name)
-	}
-	return reaped, nil
+	return p.sbs.GC(func(dead, id string) {
+		killAt(dead, id)
+		p.stopGateway(id)
+	}, p.retire)
 }
 
 // Exec runs a command in the guest through its agent.
@@ -929,7 +713,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req sandbox.ExecRequest)
 	if len(req.Argv) == 0 {
 		return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "no command")
 	}
-	m, _, err := p.live("exec", id)
+	m, _, err := p.sbs.Live("exec", id)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -959,9 +743,7 @@ func (p *Provider) wrap(op string, m meta, err error) error {
 		e.Op, e.What = op, what(m.ID)
 		return &e
 	}
-	if m2, err2 := p.readMeta(op, m.ID); err2 != nil {
-		return err2
-	} else if _, err2 := p.running(op, m2); err2 != nil {
+	if _, _, err2 := p.sbs.Live(op, m.ID); err2 != nil {
 		return err2
 	}
 	return fmt.Errorf("%s in %s: %w", op, what(m.ID), err)
@@ -969,7 +751,7 @@ func (p *Provider) wrap(op string, m meta, err error) error {
 
 // ReadFile reads a file in the guest.
 func (p *Provider) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
-	m, _, err := p.live("read", id)
+	m, _, err := p.sbs.Live("read", id)
 	if err != nil {
 		return nil, err
 	}
@@ -981,7 +763,7 @@ func (p *Provider) ReadFile(ctx context.Context, id, path string) ([]byte, error
 
 // WriteFile writes a file in the guest.
 func (p *Provider) WriteFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode) error {
-	m, _, err := p.live("write", id)
+	m, _, err := p.sbs.Live("write", id)
 	if err != nil {
 		return err
 	}
@@ -992,7 +774,7 @@ func (p *Provider) WriteFile(ctx context.Context, id, path string, data []byte, 
 
 // Upload extracts a tar stream into dir in the guest.
 func (p *Provider) Upload(ctx context.Context, id, dir string, r io.Reader) error {
-	m, _, err := p.live("upload", id)
+	m, _, err := p.sbs.Live("upload", id)
 	if err != nil {
 		return err
 	}
@@ -1003,7 +785,7 @@ func (p *Provider) Upload(ctx context.Context, id, dir string, r io.Reader) erro
 
 // Download writes dir in the guest to w as a tar stream.
 func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) error {
-	m, _, err := p.live("download", id)
+	m, _, err := p.sbs.Live("download", id)
 	if err != nil {
 		return err
 	}
@@ -1015,7 +797,7 @@ func (p *Provider) Download(ctx context.Context, id, dir string, w io.Writer) er
 // SetClock sets the guest's wall clock to t (the clock policy after a
 // restore), computed by the guest agent from the guest's own uptime.
 func (p *Provider) SetClock(ctx context.Context, id string, t guestclock.Target) (guestclock.Fix, error) {
-	m, _, err := p.live("set-clock", id)
+	m, _, err := p.sbs.Live("set-clock", id)
 	if err != nil {
 		return guestclock.Fix{}, err
 	}
@@ -1027,7 +809,7 @@ func (p *Provider) SetClock(ctx context.Context, id string, t guestclock.Target)
 
 // GuestInfo reports the guest's wall clock, uptime and boot id.
 func (p *Provider) GuestInfo(ctx context.Context, id string) (agent.Info, error) {
-	m, _, err := p.live("info", id)
+	m, _, err := p.sbs.Live("info", id)
 	if err != nil {
 		return agent.Info{}, err
 	}

@@ -2,7 +2,6 @@ package microvm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"stasis/atomicfile"
 	"stasis/cas"
 	"stasis/errdefs"
 	"stasis/internal/flock"
@@ -27,50 +25,21 @@ import (
 // stateFile is the migration stream's name inside a stored snapshot tree.
 const stateFile = "vm.state"
 
-// snapMeta is snapshots/microvm/ID.json. A deleted snapshot keeps its file
-// as a tombstone, so its id is never handed out again.
+// snapMeta is snapshots/microvm/ID.json.
 type snapMeta struct {
-	ID       string            `json:"id"`
-	Name     string            `json:"name,omitempty"`
-	Sandbox  string            `json:"sandbox"`
-	Manifest string            `json:"manifest"`
-	Created  time.Time         `json:"created"`
-	VM       vmConfig          `json:"vm"` // the machine the state was saved from
-	Env      map[string]string `json:"env,omitempty"`
-	Bytes    int64             `json:"bytes"`
-	NewBytes int64             `json:"new_bytes"`
+	hostkeep.SnapMeta
+	VM  vmConfig          `json:"vm"` // the machine the state was saved from
+	Env map[string]string `json:"env,omitempty"`
 	// Paused is how long the guest was stopped for the save.
 	Paused time.Duration `json:"paused_ns"`
 	// Cut says how the state was cut into chunks.
-	Cut     string `json:"cut,omitempty"`
-	Deleted bool   `json:"deleted,omitempty"`
+	Cut string `json:"cut,omitempty"`
 }
-
-func (p *Provider) snapPath(id string) string { return filepath.Join(p.snapDir, id+".json") }
 
 func (s snapMeta) info() sandbox.SnapshotInfo {
-	return sandbox.SnapshotInfo{ID: s.ID, Name: s.Name, Sandbox: s.Sandbox, Provider: Name, Created: s.Created, KeepsProcesses: true, Bytes: s.Bytes, NewBytes: s.NewBytes, Image: s.VM.Image}
-}
-
-func (p *Provider) readSnap(op, id string) (snapMeta, error) {
-	var s snapMeta
-	if !hostkeep.ValidID(id, "vms-") {
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "not a microvm snapshot id (vms- and 16 hex digits)")
-	}
-	b, err := os.ReadFile(p.snapPath(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "no such snapshot")
-	}
-	if err != nil {
-		return s, err
-	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		return s, fmt.Errorf("%s snapshot %s: %w", op, id, err)
-	}
-	if s.Deleted {
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, "snapshot "+id, "it was deleted")
-	}
-	return s, nil
+	in := s.Info(Name)
+	in.KeepsProcesses, in.Image = true, s.VM.Image
+	return in
 }
 
 // Snapshot stops the guest, has QEMU migrate its whole state (memory and
@@ -78,7 +47,7 @@ func (p *Provider) readSnap(op, id string) (snapMeta, error) {
 // the blob store that is staged as it is written (see save), lets the
 // guest run on once QEMU is done, and makes the state durable.
 func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
-	m, _, err := p.live("snapshot", id)
+	m, _, err := p.sbs.Live("snapshot", id)
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
@@ -89,14 +58,14 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	defer unlock()
 	// The shared lock keeps a garbage collection from taking chunks this
 	// snapshot finds already stored.
-	unlockBlobs, err := flock.Lock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
+	unlockBlobs, err := p.snaps.LockBlobs(false)
 	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
 	defer unlockBlobs()
 	staged, sv, err := p.save(ctx, id, m.VM.MemMiB)
 	if err != nil {
-		if _, err2 := p.running("snapshot", m); err2 != nil {
+		if _, err2 := p.sbs.Running("snapshot", m); err2 != nil {
 			return sandbox.SnapshotInfo{}, err2
 		}
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
@@ -107,30 +76,13 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	}
 	vm := m.VM
 	vm.Port, vm.Incoming = 0, nil
-	s := snapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), VM: vm, Env: m.Env, Bytes: st.Bytes, NewBytes: st.NewBytes, Paused: sv.Paused, Cut: sv.Cut}
-	for {
-		s.ID = hostkeep.NewID("vms-")
-		f, err := os.OpenFile(p.snapPath(s.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if errors.Is(err, os.ErrExist) {
-			continue // an id is never reused, not even a deleted one's
-		}
-		if err != nil {
-			return sandbox.SnapshotInfo{}, err
-		}
-		f.Close()
-		break
-	}
-	if err := atomicfile.WriteJSON(p.snapPath(s.ID), s, 0o600); err != nil {
-		_ = os.Remove(p.snapPath(s.ID))
+	s := snapMeta{SnapMeta: hostkeep.SnapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes},
+		VM: vm, Env: m.Env, Paused: sv.Paused, Cut: sv.Cut}
+	if err := p.snaps.Add(&s); err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if m2, err := p.readMeta("snapshot", id); err == nil {
-		m2.LastManifest = manifest
-		if err := p.writeMeta(m2); err != nil {
-			return sandbox.SnapshotInfo{}, err
-		}
+	if err := p.sbs.SetBase(id, manifest); err != nil {
+		return sandbox.SnapshotInfo{}, err
 	}
 	return s.info(), nil
 }
@@ -185,7 +137,7 @@ func (p *Provider) save(ctx context.Context, id string, memMiB int) (*cas.Staged
 	}
 	res := make(chan result, 1)
 	go func() {
-		st, err := p.cas.StageFile(sctx, stateFile, pf, sp)
+		st, err := p.snaps.CAS.StageFile(sctx, stateFile, pf, sp)
 		res <- result{st, err}
 	}()
 	fail := func(err error) (*cas.Staged, SaveInfo, error) {
@@ -299,30 +251,15 @@ const cutByAddress = "by guest address"
 
 // Saved says how snapshot was saved.
 func (p *Provider) Saved(snapshot string) (SaveInfo, error) {
-	s, err := p.readSnap("get", snapshot)
+	s, err := p.snaps.Read("get", snapshot)
 	return SaveInfo{Paused: s.Paused, Cut: s.Cut}, err
-}
-
-// GetSnapshot describes a snapshot.
-func (p *Provider) GetSnapshot(ctx context.Context, id string) (sandbox.SnapshotInfo, error) {
-	s, err := p.readSnap("get", id)
-	if err != nil {
-		return sandbox.SnapshotInfo{}, err
-	}
-	return s.info(), nil
 }
 
 // Fork starts n microVMs from a snapshot, all or nothing: each fork's
 // QEMU starts with its own port and loads the state streamed out of the
 // store; the snapshot's processes continue in each.
 func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
-	if n < 1 {
-		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", "snapshot "+snap, "count %d: fork at least one", n)
-	}
-	if spec.Expiry.IsZero() || !spec.Expiry.After(p.o.Now()) {
-		return nil, sandbox.Errorf(errdefs.ErrInvalid, "fork", "snapshot "+snap, "the expiry %s is not in the future", spec.Expiry.Format(time.RFC3339))
-	}
-	s, err := p.readSnap("fork", snap)
+	s, err := p.snaps.ForFork(snap, n, spec.Expiry)
 	if err != nil {
 		return nil, err
 	}
@@ -343,7 +280,7 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	// Each fork's QEMU streams the state out of the blob store (no file
 	// is written); the shared lock keeps a garbage collection from taking
 	// its chunks meanwhile.
-	unlockBlobs, err := flock.Lock(filepath.Join(p.o.Home, "vmblobs.lock"), false)
+	unlockBlobs, err := p.snaps.LockBlobs(false)
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +319,7 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 }
 
 func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, spec sandbox.ForkSpec) (sandbox.Info, error) {
-	m := meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: s.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), Source: s.ID, VM: s.VM, LastManifest: s.Manifest}
+	m := meta{Meta: hostkeep.Meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: s.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), Source: s.ID, LastManifest: s.Manifest}, VM: s.VM}
 	m.VM.Incoming = state
 	// A fork's gateway is this provider's (the host's socket may have
 	// moved since the save).
@@ -392,62 +329,13 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, spec
 		return sandbox.Info{}, err
 	}
 	// The state is loaded; nothing reads it again.
-	p.mu.Lock()
-	m.VM.Incoming = nil
-	err := p.writeMeta(m)
-	p.mu.Unlock()
+	loaded, err := p.sbs.Rewrite("fork", m.ID, func(m *meta) error {
+		m.VM.Incoming = nil
+		return nil
+	})
 	if err != nil {
 		_ = p.retire(m.ID)
 		return sandbox.Info{}, err
 	}
-	return p.info(m, sandbox.StateRunning), nil
-}
-
-// DeleteSnapshot deletes a snapshot (idempotent) and frees the blobs that
-// nothing else references.
-func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
-	s, err := p.readSnap("delete", id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	s.Deleted = true
-	if err := atomicfile.WriteJSON(p.snapPath(id), s, 0o600); err != nil {
-		return err
-	}
-	_, _, err = p.CollectBlobs(ctx)
-	return err
-}
-
-// CollectBlobs deletes blobs that no snapshot and no sandbox's incremental
-// base references.
-func (p *Provider) CollectBlobs(ctx context.Context) (int, int64, error) {
-	unlock, err := flock.Lock(filepath.Join(p.o.Home, "vmblobs.lock"), true)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer unlock()
-	var live []string
-	ents, err := os.ReadDir(p.snapDir)
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, e := range ents {
-		id := strings.TrimSuffix(e.Name(), ".json")
-		if s, err := p.readSnap("gc", id); err == nil && s.Manifest != "" {
-			live = append(live, s.Manifest)
-		}
-	}
-	sbs, err := os.ReadDir(p.dir)
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, e := range sbs {
-		if m, err := readMetaAt(filepath.Join(p.dir, e.Name())); err == nil && m.LastManifest != "" {
-			live = append(live, m.LastManifest)
-		}
-	}
-	return p.cas.GC(ctx, live)
+	return p.info(loaded, sandbox.StateRunning), nil
 }

@@ -186,14 +186,15 @@ func writeError(w http.ResponseWriter, status int, typ, msg string) {
 // fail answers err: an *apiError as it says, a store's not-found 404, its
 // exists and wrong-state 409, a verify before the harness ended 409, a
 // checkpoint failed by a straggler 409, a restore or branch its
-// validation refused 409, and anything else 500.
+// validation refused 409, an episode found lost 409, and anything else
+// 500.
 func (s *Server) fail(w http.ResponseWriter, q *http.Request, err error) {
 	var ae *apiError
 	switch {
 	case errors.As(err, &ae):
 	case errors.Is(err, store.ErrNotFound):
 		ae = &apiError{http.StatusNotFound, errNotFound, err.Error()}
-	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrState), errors.Is(err, task.ErrNotEnded), errors.Is(err, coordinator.ErrStraggler), errors.Is(err, coordinator.ErrRefused):
+	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrState), errors.Is(err, task.ErrNotEnded), errors.Is(err, coordinator.ErrStraggler), errors.Is(err, coordinator.ErrRefused), errors.Is(err, coordinator.ErrLost):
 		ae = &apiError{http.StatusConflict, errConflict, err.Error()}
 	default:
 		ae = &apiError{http.StatusInternalServerError, errInternal, err.Error()}

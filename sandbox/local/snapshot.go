@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -225,6 +226,28 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, id string) error {
 	}
 	_, _, err = p.CollectBlobs(ctx)
 	return err
+}
+
+// FindSnapshots returns the snapshots (not deleted) taken of sandbox id
+// under name, oldest first: how a caller that lost a Snapshot's answer
+// (its process died) finds what it made.
+func (p *Provider) FindSnapshots(ctx context.Context, id, name string) ([]sandbox.SnapshotInfo, error) {
+	ents, err := os.ReadDir(p.snapDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []sandbox.SnapshotInfo
+	for _, e := range ents {
+		sid, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		if s, err := p.readSnap("find", sid); err == nil && s.Sandbox == id && s.Name == name {
+			out = append(out, s.info())
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
 }
 
 // CollectBlobs deletes blobs that no snapshot and no sandbox's incremental

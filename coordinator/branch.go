@@ -214,4 +214,3 @@ func (c *Coordinator) continueFork(ctx context.Context, spec episode.Spec, sb st
 	}
 	return e, f, err
 }
-

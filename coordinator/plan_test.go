@@ -188,7 +188,7 @@ func TestRestoredRows(t *testing.T) {
 	out := map[string]outcome{
 		"a": {Continued: true, Attempt: 2, Mode: resumeRelaunch},
 		"b": {Continued: true, Attempt: 3, Mode: resumeRelaunch}, // relaunched instead
-		"c": {Attempt: 1},                                       // its fork died before the gateway moved
+		"c": {Attempt: 1},                                        // its fork died before the gateway moved
 	}
 	got := restoredRows(rows, plan, []finished{{Episode: "d", Attempt: 2}}, out)
 	var desc []string

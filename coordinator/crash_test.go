@@ -331,7 +331,8 @@ func (r *killRig) liveIDs() []string {
 }
 
 // TestKillEveryStep kills the server at each step of a prepare, then at
-// each step of a restore, and checks what a new server leaves (killRig).
+// each step of a restore, then in a branch, and checks what a new server
+// leaves (killRig).
 func TestKillEveryStep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -438,6 +439,29 @@ func TestKillEveryStep(t *testing.T) {
 	}
 	if next < len(committed) {
 		t.Fatalf("only %d of the %d committed checkpoints were restored", next, len(committed))
+	}
+
+	// Branches: undone wherever they are killed, their copies being
+	// episodes nothing names yet.
+	for _, k := range []*killAt{
+		{op: "branch", step: "register", n: 1},
+		{op: "branch", step: "close", n: 1},
+	} {
+		copies := []string{"ep-a-" + k.step}
+		r.crash(k, func(c *coordinator.Coordinator) error { _, err := c.Branch(ctx, committed[0], "ep-a", copies); return err })
+		r.check(k.String())
+		if ids := r.liveIDs(); !reflect.DeepEqual(ids, r.eps) {
+			t.Fatalf("%s: live after the recovery: %v, want %v", k, ids, r.eps)
+		}
+		for _, cp := range copies {
+			if _, err := r.w.st.GetEpisode(ctx, cp); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("%s: copy %s is in the store: %v", k, cp, err)
+			}
+			if st, err := r.w.gw.Episode(cp); err == nil {
+				t.Fatalf("%s: copy %s is still registered at the gateway: %+v", k, cp, st)
+			}
+		}
+		t.Logf("%s: undone (%.0fs)", k, time.Since(start).Seconds())
 	}
 
 	r.retireAll()

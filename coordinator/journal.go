@@ -40,6 +40,14 @@ const (
 	// Episode, decided to resume in place, is relaunched in its fork
 	// instead (its harness ended there before the continue): {attempt}.
 	jRelaunch = "relaunch"
+
+	// A branch: its first entry names the checkpoint (and the episode).
+	// Its forks are journaled as a restore's (jFork once, then jForked
+	// for each copy, the entry's episode the copy's name).
+	jBranch = "branch"
+	// Copy episode is about to be registered at the gateway (a ledger of
+	// its own) and continued.
+	jRegister = "register"
 )
 
 // labelOp is the label each fork of a restore carries: the restore's
@@ -129,6 +137,8 @@ type opState struct {
 	Finished []finished
 	// Gone: episodes whose Go was journaled.
 	Gone map[string]bool
+	// Registered: a branch's copies whose registration was journaled.
+	Registered []string
 }
 
 // foldJournal reads the journal's entries into the operations they
@@ -156,8 +166,10 @@ func foldJournal(entries []store.JournalEntry) ([]*opState, []Problem) {
 			}
 		}
 		switch e.Kind {
-		case jPrepare, jRestore:
+		case jPrepare, jRestore, jBranch:
 			s.Kind, s.Checkpoint = e.Kind, d.Checkpoint
+		case jRegister:
+			s.Registered = append(s.Registered, e.Episode)
 		case jPause:
 			s.Pauses = append(s.Pauses, pauseIntent{Episode: e.Episode, Sandbox: d.Sandbox, Name: d.Name, Seq: d.Seq})
 		case jSnapshot:

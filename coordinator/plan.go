@@ -349,6 +349,8 @@ const (
 	actRollForward
 	// actLose marks a decided restore's episode lost: its fork is gone.
 	actLose
+	// actUnregister removes a branch's copy from the gateway.
+	actUnregister
 	// actClose closes the operation's journal, writing the episodes'
 	// rows when it is a restore rolled forward.
 	actClose
@@ -404,6 +406,10 @@ type recoveryFacts struct {
 //     or relaunched); one whose fork is gone is marked lost; any other
 //     sandbox with its label is deleted; then the store's episodes are
 //     written with the journal's close.
+//   - A branch (whose copies' rows are written only with its journal's
+//     close) is undone: every fork the journal names or that carries its
+//     label is deleted, and every copy it registered is removed from the
+//     gateway.
 func planRecovery(s *opState, f recoveryFacts) ([]action, []Problem) {
 	var acts []action
 	var problems []Problem
@@ -441,15 +447,14 @@ func planRecovery(s *opState, f recoveryFacts) ([]action, []Problem) {
 		for _, p := range s.Pauses {
 			acts = append(acts, action{Kind: actContinue, Episode: p.Episode, Sandbox: p.Sandbox, Seq: p.Seq})
 		}
+	case jBranch:
+		acts = append(acts, deleteForks(s, f)...)
+		for _, name := range s.Registered {
+			acts = append(acts, action{Kind: actUnregister, Episode: name})
+		}
 	case jRestore:
 		if s.Decided == nil {
-			seen := map[string]bool{}
-			for _, sb := range append(s.forkedSandboxes(), f.Labelled...) {
-				if !seen[sb] {
-					seen[sb] = true
-					acts = append(acts, action{Kind: actDeleteSandbox, Sandbox: sb})
-				}
-			}
+			acts = append(acts, deleteForks(s, f)...)
 			break
 		}
 		planned := map[string]bool{}
@@ -470,4 +475,18 @@ func planRecovery(s *opState, f recoveryFacts) ([]action, []Problem) {
 	}
 	acts = append(acts, action{Kind: actClose, Checkpoint: s.Checkpoint})
 	return acts, problems
+}
+
+// deleteForks deletes every fork an undone operation's journal names or
+// that carries its label.
+func deleteForks(s *opState, f recoveryFacts) []action {
+	var acts []action
+	seen := map[string]bool{}
+	for _, sb := range append(s.forkedSandboxes(), f.Labelled...) {
+		if !seen[sb] {
+			seen[sb] = true
+			acts = append(acts, action{Kind: actDeleteSandbox, Sandbox: sb})
+		}
+	}
+	return acts
 }

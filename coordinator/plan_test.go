@@ -291,6 +291,10 @@ func TestFoldJournal(t *testing.T) {
 		entry("r1", jGo, "a", jdoc{}),
 		entry("r1", jGo, "b", jdoc{}),
 		entry("r1", jRelaunch, "a", jdoc{Attempt: 3}),
+		entry("b1", jBranch, "a", jdoc{Checkpoint: "ck-0"}),
+		entry("b1", jFork, "a", jdoc{Snapshot: "snap-0"}),
+		entry("b1", jForked, "a-1", jdoc{Sandbox: "sb-c1"}),
+		entry("b1", jRegister, "a-1", jdoc{}),
 		{Op: "x1", Kind: jRestore, Doc: json.RawMessage(`{"checkpoint":"ck-9"}`)},
 		{Op: "x1", Kind: "teleport", Episode: "z"},
 		{Op: "y1", Kind: jFork, Episode: "z", Doc: json.RawMessage(`{}`)},
@@ -298,8 +302,11 @@ func TestFoldJournal(t *testing.T) {
 	if len(problems) != 2 || problems[0].Kind != ProblemJournal || !strings.Contains(problems[0].Detail, `"teleport"`) || !strings.Contains(problems[1].Detail, "no first entry") {
 		t.Fatalf("problems: %+v", problems)
 	}
-	if len(ops) != 2 || ops[0].ID != "p1" || ops[1].ID != "r1" {
+	if len(ops) != 3 || ops[0].ID != "p1" || ops[1].ID != "r1" || ops[2].ID != "b1" {
 		t.Fatalf("operations: %+v", ops)
+	}
+	if b := ops[2]; b.Kind != jBranch || b.Forked["a-1"] != "sb-c1" || !reflect.DeepEqual(b.Registered, []string{"a-1"}) || b.Decided != nil {
+		t.Fatalf("branch: %+v", b)
 	}
 	p := ops[0]
 	if p.Kind != jPrepare || p.Checkpoint != "ck-1" || !reflect.DeepEqual(p.Pauses, []pauseIntent{
@@ -327,6 +334,7 @@ func TestPlanRecovery(t *testing.T) {
 	undecided := &opState{ID: "r1", Kind: jRestore, Checkpoint: "ck", Forked: map[string]string{"a": "sb-1", "b": "sb-2"}}
 	plan := []decision{{Episode: "a", Sandbox: "sb-1", Mode: resumeRelaunch, Attempt: 2}, {Episode: "b", Sandbox: "sb-2", Mode: resumeInPlace, Attempt: 2}}
 	decided := &opState{ID: "r1", Kind: jRestore, Checkpoint: "ck", Forked: map[string]string{"a": "sb-1", "b": "sb-2"}, Decided: plan, Gone: map[string]bool{"a": true}}
+	branch := &opState{ID: "b1", Kind: jBranch, Checkpoint: "ck", Forked: map[string]string{"a-1": "sb-1"}, Registered: []string{"a-1", "a-2"}}
 	for _, tc := range []struct {
 		name     string
 		s        *opState
@@ -356,6 +364,9 @@ func TestPlanRecovery(t *testing.T) {
 		{name: "a decided restore is rolled forward", s: decided,
 			f:    recoveryFacts{Labelled: []string{"sb-1", "sb-2", "sb-9"}, Alive: map[string]bool{"sb-1": true, "sb-2": true}},
 			want: []string{"roll-forward a sb-1 gone", "roll-forward b sb-2", "delete-sandbox sb-9", "close"}},
+		{name: "a branch is undone", s: branch,
+			f:    recoveryFacts{Labelled: []string{"sb-1", "sb-2"}},
+			want: []string{"delete-sandbox sb-1", "delete-sandbox sb-2", "unregister a-1", "unregister a-2", "close"}},
 		{name: "a decided restore whose fork died", s: decided,
 			f:    recoveryFacts{Labelled: []string{"sb-1"}, Alive: map[string]bool{"sb-1": true}},
 			want: []string{"roll-forward a sb-1 gone", "lose b sb-2", "close"}},
@@ -381,6 +392,8 @@ func TestPlanRecovery(t *testing.T) {
 					got = append(got, "roll-forward "+a.Episode+" "+a.Sandbox+g)
 				case actLose:
 					got = append(got, "lose "+a.Episode+" "+a.Sandbox)
+				case actUnregister:
+					got = append(got, "unregister "+a.Episode)
 				case actClose:
 					got = append(got, "close")
 				}

@@ -37,15 +37,16 @@ func (c *Coordinator) recoverRestores(ctx context.Context) ([]*opState, error) {
 			prepares = append(prepares, s)
 			continue
 		}
-		if err := c.recoverRestore(ctx, s); err != nil {
+		if err := c.recoverFork(ctx, s); err != nil {
 			c.log.Error("an interrupted restore could not be finished; the next start tries again", "op", s.ID, "checkpoint", s.Checkpoint, "err", err)
 		}
 	}
 	return prepares, nil
 }
 
-// recoverRestore undoes or rolls forward one interrupted restore.
-func (c *Coordinator) recoverRestore(ctx context.Context, s *opState) error {
+// recoverFork undoes or rolls forward one interrupted restore, or undoes
+// one interrupted branch.
+func (c *Coordinator) recoverFork(ctx context.Context, s *opState) error {
 	f := recoveryFacts{Alive: map[string]bool{}}
 	infos, err := c.o.Env.Provider.List(ctx, map[string]string{labelOp: s.ID})
 	if err != nil {
@@ -74,6 +75,10 @@ func (c *Coordinator) recoverRestore(ctx context.Context, s *opState) error {
 			}
 		case actRollForward:
 			out[a.Episode] = c.rollForward(ctx, x, a)
+		case actUnregister:
+			if err := c.undoCopies(ctx, s.ID, nil, []string{a.Episode}); err != nil {
+				errs = append(errs, err)
+			}
 		case actLose:
 			c.log.Warn("a restore's fork died before the restore was finished: the episode is lost", "op", s.ID, "episode", a.Episode, "sandbox", a.Sandbox)
 			if err := c.deleteSandbox(ctx, a.Sandbox); err != nil {
@@ -96,7 +101,7 @@ func (c *Coordinator) recoverRestore(ctx context.Context, s *opState) error {
 			if s.Decided != nil {
 				how = "rolled forward"
 			}
-			c.log.Warn("a restore the last server was in the middle of is "+how, "op", s.ID, "checkpoint", s.Checkpoint)
+			c.log.Warn("a "+s.Kind+" the last server was in the middle of is "+how, "op", s.ID, "checkpoint", s.Checkpoint)
 		}
 	}
 	return nil

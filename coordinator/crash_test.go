@@ -448,7 +448,10 @@ func TestKillEveryStep(t *testing.T) {
 		{op: "branch", step: "close", n: 1},
 	} {
 		copies := []string{"ep-a-" + k.step}
-		r.crash(k, func(c *coordinator.Coordinator) error { _, err := c.Branch(ctx, committed[0], "ep-a", copies); return err })
+		r.crash(k, func(c *coordinator.Coordinator) error {
+			_, err := c.Branch(ctx, committed[0], "ep-a", copies)
+			return err
+		})
 		r.check(k.String())
 		if ids := r.liveIDs(); !reflect.DeepEqual(ids, r.eps) {
 			t.Fatalf("%s: live after the recovery: %v, want %v", k, ids, r.eps)

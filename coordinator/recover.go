@@ -113,7 +113,7 @@ func (c *Coordinator) recoverFork(ctx context.Context, s *opState) error {
 // is lost, its fork deleted.
 func (c *Coordinator) rollForward(ctx context.Context, x *op, a action) outcome {
 	d := a.Decision
-	err := retry(func() error { return c.advance(d) })
+	err := persist(func() error { return c.advance(d) })
 	if err == nil {
 		_, d, err = c.goDecided(ctx, x, d, nil, a.Gone)
 	}

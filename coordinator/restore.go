@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"stasis/checkpoint"
 	"stasis/episode"
@@ -288,7 +289,7 @@ func (c *Coordinator) finishDecided(ctx context.Context, x *op, plan []decision,
 		if err := x.step(stepAdvance, eid); err != nil {
 			return err
 		}
-		if err := retry(func() error { return c.advance(byEp[eid]) }); err != nil {
+		if err := persist(func() error { return c.advance(byEp[eid]) }); err != nil {
 			fail(byEp[eid], err)
 			return err
 		}
@@ -329,6 +330,25 @@ func (c *Coordinator) finishDecided(ctx context.Context, x *op, plan []decision,
 	})
 	return out, lost
 }
+
+// persist runs a step past a restore's point of no return until it
+// succeeds, with a backoff, giving up (the episode is then lost) only
+// after a dozen tries: harder than a cleanup's retry, since giving up
+// costs an episode.
+func persist(fn func() error) error {
+	var err error
+	for i := range persistTries {
+		if err = fn(); err == nil {
+			return nil
+		}
+		if i < persistTries-1 {
+			time.Sleep(min(10*time.Millisecond<<i, time.Second)) // backoff between tries
+		}
+	}
+	return err
+}
+
+const persistTries = 12
 
 // gatewayAttempt is the gateway's attempt of an episode now.
 func (c *Coordinator) gatewayAttempt(ep string) (int, error) {
@@ -376,7 +396,13 @@ func (c *Coordinator) goDecided(ctx context.Context, x *op, d decision, e *episo
 	}
 	exited := func(err error) bool { return d.Mode == resumeInPlace && errors.Is(err, checkpoint.ErrExited) }
 	if e == nil {
-		e, err = c.readyAgain(ctx, spec, d)
+		_ = persist(func() error {
+			e, err = c.readyAgain(ctx, spec, d)
+			if exited(err) || errors.Is(err, episode.ErrNotSameLaunch) {
+				return nil // not transient: decided below
+			}
+			return err
+		})
 		switch {
 		case err == nil:
 		case exited(err) && maybeGone:
@@ -402,7 +428,7 @@ func (c *Coordinator) goDecided(ctx context.Context, x *op, d decision, e *episo
 // relaunch's supervisor already runs.
 func (c *Coordinator) goRetrying(ctx context.Context, e *episode.Episode, d decision, maybeGone bool) error {
 	old := maybeGone
-	return retry(func() error {
+	return persist(func() error {
 		var launch *proc.Identity
 		if old {
 			launch = &d.Launch
@@ -421,10 +447,15 @@ func (c *Coordinator) relaunchInstead(ctx context.Context, x *op, spec episode.S
 	if err := x.note(ctx, jRelaunch, d.Episode, jdoc{Attempt: d.Attempt}); err != nil {
 		return nil, d, err
 	}
-	if err := retry(func() error { return c.advance(d) }); err != nil {
+	if err := persist(func() error { return c.advance(d) }); err != nil {
 		return nil, d, err
 	}
-	e, err := c.readyAgain(ctx, spec, d)
+	var e *episode.Episode
+	err := persist(func() error {
+		var err error
+		e, err = c.readyAgain(ctx, spec, d)
+		return err
+	})
 	if err != nil {
 		return nil, d, err
 	}

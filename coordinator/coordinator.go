@@ -341,13 +341,38 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 	if _, err := c.o.Store.GetEpisode(ctx, id); err == nil {
 		return store.Episode{}, fmt.Errorf("episode %s: %w", id, store.ErrExists)
 	}
-	e, err := episode.Start(ctx, c.o.Env, spec)
-	if err != nil {
-		return store.Episode{}, err
+	spec.Expiry = spec.ExpiryFrom(c.clock.Now())
+	// Journaled, its sandbox labelled, its row written as the journal is
+	// closed: a start the server dies in is undone by the next one.
+	x := c.newOp(jStart)
+	spec.Labels = map[string]string{labelOp: x.id}
+	if err := x.note(ctx, jStart, id, jdoc{}); err != nil {
+		return store.Episode{}, fmt.Errorf("episode %s: %w", id, err)
 	}
-	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Limits: o.Limits, Image: spec.Image, Environment: e.Environment().String()}
-	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
-		_ = e.Close(context.WithoutCancel(ctx))
+	if err := x.step(stepStart, id); err != nil {
+		return store.Episode{}, c.crashed(x)
+	}
+	e, err := episode.Start(ctx, c.o.Env, spec)
+	if x.dead() {
+		return store.Episode{}, c.crashed(x)
+	}
+	if err == nil {
+		if err = x.step(stepStarted, id); err != nil {
+			return store.Episode{}, c.crashed(x)
+		}
+		row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Limits: o.Limits, Image: spec.Image, Environment: e.Environment().String()}
+		if err = x.close(ctx, []store.Episode{row}); err != nil {
+			_ = e.Close(context.WithoutCancel(ctx))
+		}
+	}
+	if err != nil {
+		// Nothing of it is left: its sandbox, if any, and its gateway
+		// registration (so that the id can be started again).
+		if uerr := c.undoCopies(context.WithoutCancel(ctx), x.id, nil, []string{id}); uerr != nil {
+			c.log.Warn("undo a failed start", "episode", id, "err", uerr)
+		} else if cerr := x.close(ctx, nil); cerr != nil {
+			c.log.Warn("close the journal of a failed start", "episode", id, "err", cerr)
+		}
 		return store.Episode{}, err
 	}
 	c.mu.Lock()

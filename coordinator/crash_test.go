@@ -1,6 +1,7 @@
 package coordinator_test
 
-// The server killed at each step of a prepare and of a restore. A step
+// The server killed at each step of a prepare and of a restore (and in a
+// branch and a start). A step
 // hook crashes the operation there: it returns at once, undoing and
 // closing nothing, with its sandboxes, forks and harnesses left as they
 // are; the coordinator is dropped, the gateway and the store closed and
@@ -331,8 +332,8 @@ func (r *killRig) liveIDs() []string {
 }
 
 // TestKillEveryStep kills the server at each step of a prepare, then at
-// each step of a restore, then in a branch, and checks what a new server
-// leaves (killRig).
+// each step of a restore, then in a branch and in a start, and checks
+// what a new server leaves (killRig).
 func TestKillEveryStep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -463,6 +464,26 @@ func TestKillEveryStep(t *testing.T) {
 			if st, err := r.w.gw.Episode(cp); err == nil {
 				t.Fatalf("%s: copy %s is still registered at the gateway: %+v", k, cp, st)
 			}
+		}
+		t.Logf("%s: undone (%.0fs)", k, time.Since(start).Seconds())
+	}
+
+	// Starts: undone, their id free again.
+	for _, k := range []*killAt{
+		{op: "start", step: "start", n: 1},
+		{op: "start", step: "started", n: 1},
+	} {
+		id := "ep-" + k.step
+		r.crash(k, func(c *coordinator.Coordinator) error {
+			_, err := c.Start(ctx, id, "sh-renext-spaces", "mini")
+			return err
+		})
+		r.check(k.String())
+		if _, err := r.w.st.GetEpisode(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s: %s is in the store: %v", k, id, err)
+		}
+		if st, err := r.w.gw.Episode(id); err == nil {
+			t.Fatalf("%s: %s is still registered at the gateway: %+v", k, id, st)
 		}
 		t.Logf("%s: undone (%.0fs)", k, time.Since(start).Seconds())
 	}

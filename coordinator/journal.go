@@ -48,6 +48,11 @@ const (
 	// Copy episode is about to be registered at the gateway (a ledger of
 	// its own) and continued.
 	jRegister = "register"
+
+	// Episode is about to be started: registered at the gateway and its
+	// sandbox (labelled with the start) made; its row is written as the
+	// journal is closed.
+	jStart = "start"
 )
 
 // labelOp is the label each fork of a restore carries: the restore's
@@ -137,7 +142,8 @@ type opState struct {
 	Finished []finished
 	// Gone: episodes whose Go was journaled.
 	Gone map[string]bool
-	// Registered: a branch's copies whose registration was journaled.
+	// Registered: a branch's copies whose registration was journaled, or
+	// the episode a start registers.
 	Registered []string
 }
 
@@ -168,6 +174,9 @@ func foldJournal(entries []store.JournalEntry) ([]*opState, []Problem) {
 		switch e.Kind {
 		case jPrepare, jRestore, jBranch:
 			s.Kind, s.Checkpoint = e.Kind, d.Checkpoint
+		case jStart:
+			s.Kind = e.Kind
+			s.Registered = append(s.Registered, e.Episode)
 		case jRegister:
 			s.Registered = append(s.Registered, e.Episode)
 		case jPause:

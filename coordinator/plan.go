@@ -409,7 +409,7 @@ type recoveryFacts struct {
 //   - A branch (whose copies' rows are written only with its journal's
 //     close) is undone: every fork the journal names or that carries its
 //     label is deleted, and every copy it registered is removed from the
-//     gateway.
+//     gateway. So is a start (its sandbox carries its label).
 func planRecovery(s *opState, f recoveryFacts) ([]action, []Problem) {
 	var acts []action
 	var problems []Problem
@@ -447,7 +447,7 @@ func planRecovery(s *opState, f recoveryFacts) ([]action, []Problem) {
 		for _, p := range s.Pauses {
 			acts = append(acts, action{Kind: actContinue, Episode: p.Episode, Sandbox: p.Sandbox, Seq: p.Seq})
 		}
-	case jBranch:
+	case jBranch, jStart:
 		acts = append(acts, deleteForks(s, f)...)
 		for _, name := range s.Registered {
 			acts = append(acts, action{Kind: actUnregister, Episode: name})

@@ -295,6 +295,7 @@ func TestFoldJournal(t *testing.T) {
 		entry("b1", jFork, "a", jdoc{Snapshot: "snap-0"}),
 		entry("b1", jForked, "a-1", jdoc{Sandbox: "sb-c1"}),
 		entry("b1", jRegister, "a-1", jdoc{}),
+		entry("s1", jStart, "ep-n", jdoc{}),
 		{Op: "x1", Kind: jRestore, Doc: json.RawMessage(`{"checkpoint":"ck-9"}`)},
 		{Op: "x1", Kind: "teleport", Episode: "z"},
 		{Op: "y1", Kind: jFork, Episode: "z", Doc: json.RawMessage(`{}`)},
@@ -302,8 +303,11 @@ func TestFoldJournal(t *testing.T) {
 	if len(problems) != 2 || problems[0].Kind != ProblemJournal || !strings.Contains(problems[0].Detail, `"teleport"`) || !strings.Contains(problems[1].Detail, "no first entry") {
 		t.Fatalf("problems: %+v", problems)
 	}
-	if len(ops) != 3 || ops[0].ID != "p1" || ops[1].ID != "r1" || ops[2].ID != "b1" {
+	if len(ops) != 4 || ops[0].ID != "p1" || ops[1].ID != "r1" || ops[2].ID != "b1" || ops[3].ID != "s1" {
 		t.Fatalf("operations: %+v", ops)
+	}
+	if s := ops[3]; s.Kind != jStart || !reflect.DeepEqual(s.Registered, []string{"ep-n"}) {
+		t.Fatalf("start: %+v", s)
 	}
 	if b := ops[2]; b.Kind != jBranch || b.Forked["a-1"] != "sb-c1" || !reflect.DeepEqual(b.Registered, []string{"a-1"}) || b.Decided != nil {
 		t.Fatalf("branch: %+v", b)
@@ -367,6 +371,9 @@ func TestPlanRecovery(t *testing.T) {
 		{name: "a branch is undone", s: branch,
 			f:    recoveryFacts{Labelled: []string{"sb-1", "sb-2"}},
 			want: []string{"delete-sandbox sb-1", "delete-sandbox sb-2", "unregister a-1", "unregister a-2", "close"}},
+		{name: "a start is undone", s: &opState{ID: "s1", Kind: jStart, Registered: []string{"ep-n"}},
+			f:    recoveryFacts{Labelled: []string{"sb-n"}},
+			want: []string{"delete-sandbox sb-n", "unregister ep-n", "close"}},
 		{name: "a decided restore whose fork died", s: decided,
 			f:    recoveryFacts{Labelled: []string{"sb-1"}, Alive: map[string]bool{"sb-1": true}},
 			want: []string{"roll-forward a sb-1 gone", "lose b sb-2", "close"}},

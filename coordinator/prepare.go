@@ -25,6 +25,12 @@ const (
 	stepClose       = "close"       // before the journal is closed
 )
 
+// The steps of a start, as the step hook sees them.
+const (
+	stepStart   = "start"   // the start journaled, before anything is made
+	stepStarted = "started" // the episode started, before its row is written
+)
+
 // Prepare takes checkpoint id of every live episode: each is paused (stop
 // mode), snapshotted and recorded, with bounded concurrency; an episode
 // whose harness has ended is recorded as finished with its verify result;

@@ -110,6 +110,9 @@ type Spec struct {
 	// Image is the episode's sandbox image (default: the task's, then
 	// Env.Image); see sandbox.Spec.Image.
 	Image string
+	// Labels are more labels for the sandbox Start makes (the
+	// coordinator's operation, to find it again after a crash).
+	Labels map[string]string
 
 	environ task.Environment // resolved by prepare
 }
@@ -315,10 +318,11 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	if _, own := spec.Task.Env["PATH"]; img != "" && !own {
 		delete(senv, "PATH") // the image's own PATH, not the host's
 	}
-	o.Spec = sandbox.Spec{
-		Root: tree, Env: senv, Expiry: spec.Expiry, Limits: spec.Limits, Image: img,
-		Labels: map[string]string{"stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
+	labels := map[string]string{"stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()}
+	for k, v := range spec.Labels {
+		labels[k] = v
 	}
+	o.Spec = sandbox.Spec{Root: tree, Env: senv, Expiry: spec.Expiry, Limits: spec.Limits, Image: img, Labels: labels}
 	sess, err := checkpoint.NewSession(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"sort"
 	"strconv"
@@ -178,7 +179,22 @@ func (r *killRig) crash(k *killAt, do func(*coordinator.Coordinator) error) {
 	c.Close()
 	r.w.closeServices()
 	r.w.open(r.w.modelURL)
-	r.c = r.w.coordinator(r.ctx)
+	// The recovery's log is the test's.
+	c, err = coordinator.New(r.ctx, coordinator.Options{Env: r.w.env, Store: r.w.st, Tasks: r.w.tasks, Concurrency: 4,
+		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.c = c
+}
+
+// testLog writes a log into the test's.
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(b []byte) (int, error) {
+	l.t.Helper()
+	l.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
 }
 
 // before is what a restore must leave as it was if it is undone.

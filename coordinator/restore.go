@@ -275,6 +275,9 @@ func (c *Coordinator) finishDecided(ctx context.Context, x *op, plan []decision,
 		ids = append(ids, d.Episode)
 	}
 	fail := func(d decision, err error) {
+		if x.dead() {
+			return // a crash cleans nothing up
+		}
 		attempt, _ := c.gatewayAttempt(d.Episode)
 		if derr := c.deleteSandbox(ctx, d.Sandbox); derr != nil {
 			c.log.Warn("delete the fork of an episode a restore lost", "episode", d.Episode, "sandbox", d.Sandbox, "err", derr)

@@ -449,6 +449,37 @@ func (s *Session) Start(ctx context.Context) error {
 	return fmt.Errorf("session %s: the supervisor did not answer within 30s (%v); its log: %s", s.o.Episode, err, strings.TrimSpace(string(log)))
 }
 
+// FindStarted reports whether a supervisor answers in the session
+// directory within wait and is not the launch old: the relaunch this
+// session was to start, started by an earlier process that died before
+// it knew (a restore interrupted in its last step). When one answers, the
+// session counts as started (Start is refused, Close stops it). A
+// directory where nothing answers, or only old's receipt, gives false.
+func (s *Session) FindStarted(ctx context.Context, wait time.Duration, old proc.Identity) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return true, nil
+	}
+	out, err := s.ctl(ctx, "--wait", wait.String(), "status")
+	var ce *ctlError
+	switch {
+	case errors.As(err, &ce) && ce.Code == supervisor.CodeUnreachable:
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	var st supervisor.Status
+	if err := json.Unmarshal(out, &st); err != nil {
+		return false, fmt.Errorf("session %s: bad status %q: %w", s.o.Episode, out, err)
+	}
+	if st.Identity == old {
+		return false, nil
+	}
+	s.started = true
+	return true, nil
+}
+
 // logTail is the last n bytes of the supervisor's log (the harness's
 // output is in it), or a note saying why there is none.
 func (s *Session) logTail(ctx context.Context, n int) string {

@@ -2,10 +2,45 @@
 // episodes, Prepare (pause, snapshot and record every live episode with
 // bounded concurrency, commit in one atomic step, continue), Restore
 // (validate every record before touching a provider, fork every snapshot,
-// then resume each episode in place or relaunch it, all or nothing), and
-// Retire. Its durable state is the record store: episodes, checkpoints,
-// records and verdicts, so a coordinator made on the same store after a
-// crash or a restart finds the live episodes again.
+// then resume each episode in place or relaunch it), Branch and Retire.
+// Its durable state is the record store: episodes, checkpoints, records,
+// verdicts, and the journal of the operation under way, so a coordinator
+// made on the same store after a crash or a restart finds the live
+// episodes again and finishes or undoes what the last one left half done.
+//
+// Decisions are made by pure planners (plan.go: facts in, actions and
+// typed problems out) and performed by executors that journal what each
+// step is about to create before creating it. The rule for an operation a
+// crash interrupts (New applies it before the coordinator serves):
+//
+//   - A prepare is finished as far as it got. Its checkpoint, if still
+//     pending, is marked failed and every snapshot it made (journaled, or
+//     found by the sandbox and the name it was taken under) is deleted; if
+//     it had committed, only the snapshots no record names are deleted.
+//     Every pause it sent is continued.
+//   - A restore is undone before its point of no return and rolled
+//     forward after it. Before it, the restore only makes forks (each
+//     journaled and labelled with the restore) and gets them ready inside
+//     themselves; nothing outside the forks changes, so undoing it is
+//     deleting them. The point of no return is the journaled decision,
+//     written once every fork is ready; after it the gateway is raised to
+//     each episode's next attempt (an in-place resume's ledger cut to the
+//     recorded position in the same step), each harness is continued or
+//     started, and the store's episodes are written as the journal is
+//     closed. Each of these steps can be repeated, so recovery repeats
+//     them: every episode whose fork still runs is continued, one whose
+//     fork died is marked lost. No ledger is left cut for an episode the
+//     store does not run, and no fork is left that no episode names.
+//
+// Rolling forward rather than undoing is what keeps the ledgers whole: a
+// ledger cut cannot be taken back (a cut drops the entries after it from
+// the logical ledger, and a resumed harness may already have added more),
+// so once any episode's gateway has moved, the restore must finish.
+//
+// An episode whose sandbox dies is marked lost when the coordinator
+// notices (a wait or a verify that finds the sandbox gone, or the
+// periodic liveness check, Options.LivenessInterval), not only when the
+// next server starts.
 //
 // It sits above package episode (one episode on a provider) rather than in
 // package checkpoint, which episode itself builds on.
@@ -13,12 +48,10 @@ package coordinator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -59,6 +92,16 @@ type Options struct {
 	PullImages bool
 	// Progress, when set, is told of each episode done in a phase.
 	Progress func(Progress)
+	// Clock is the coordinator's time (default: the system's).
+	Clock Clock
+	// LivenessInterval, when positive, has the coordinator check that
+	// often that each live episode's sandbox is still there, and mark an
+	// episode whose sandbox is gone lost (CheckLiveness). Zero: only a
+	// wait or a verify that finds the sandbox gone marks it.
+	LivenessInterval time.Duration
+	// stepHook, when set (tests), is called before each step of a
+	// prepare or a restore; an error crashes the operation there.
+	stepHook func(op, step, episode string) error
 	Logger   *slog.Logger
 }
 
@@ -111,7 +154,7 @@ type PrepareOptions struct {
 
 // Progress reports one step of a long operation.
 type Progress struct {
-	Phase   string // start, prepare, commit, continue, validate, fork, resume
+	Phase   string // start, prepare, commit, continue, validate, fork, ready, advance, resume
 	Episode string
 	Done    int
 	Total   int
@@ -122,17 +165,29 @@ type Coordinator struct {
 	o   Options
 	log *slog.Logger
 
+	clock Clock
+
 	mu   sync.Mutex
 	live map[string]*episode.Episode
-	// op serialises prepares, restores and retires.
+	// op serialises prepares, restores, retires, recoveries and the
+	// marking of lost episodes.
 	op sync.Mutex
+
+	// The liveness check's goroutine: stop ends it, watching is done
+	// when it has.
+	stop     chan struct{}
+	watching sync.WaitGroup
+	stopOnce sync.Once
 }
 
-// New makes a coordinator over the store and finds its episodes again:
-// each running or ended one whose sandbox still runs is attached; one whose
-// sandbox is gone or dead (a crash took it) is marked lost, for a restore
-// to bring back (an ended one whose verdict is captured stays ended), and
-// what is left of its sandbox is deleted.
+// New makes a coordinator over the store, finishes or undoes what the
+// last coordinator on it left half done (recover.go: the journal's
+// operations, and checkpoints left pending), and finds its episodes
+// again: each running or ended one whose sandbox still runs is attached;
+// one whose sandbox is gone or dead (a crash took it) is marked lost, for
+// a restore to bring back (an ended one whose verdict is captured stays
+// ended), and what is left of its sandbox is deleted. One coordinator at a
+// time may run on a store.
 func New(ctx context.Context, o Options) (*Coordinator, error) {
 	if o.Env == nil || o.Store == nil {
 		return nil, errors.New("coordinator: an episode environment and a store are needed")
@@ -140,56 +195,61 @@ func New(ctx context.Context, o Options) (*Coordinator, error) {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 64
 	}
-	c := &Coordinator{o: o, log: o.Logger, live: map[string]*episode.Episode{}}
+	if o.Clock == nil {
+		o.Clock = realClock{}
+	}
+	c := &Coordinator{o: o, log: o.Logger, clock: o.Clock, live: map[string]*episode.Episode{}, stop: make(chan struct{})}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
+	prepares, err := c.recoverRestores(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.attachAll(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.recoverPrepares(ctx, prepares); err != nil {
+		return nil, err
+	}
+	if o.LivenessInterval > 0 {
+		c.watching.Add(1)
+		go c.watch(o.LivenessInterval)
+	}
+	return c, nil
+}
+
+// attachAll attaches every running or ended episode whose sandbox runs,
+// and marks the others lost.
+func (c *Coordinator) attachAll(ctx context.Context) error {
 	var rows []store.Episode
 	// An ended episode keeps its sandbox (for verify) until it is retired.
 	for _, state := range []store.EpisodeState{store.EpisodeRunning, store.EpisodeEnded} {
-		rs, err := o.Store.ListEpisodes(ctx, state)
+		rs, err := c.o.Store.ListEpisodes(ctx, state)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rows = append(rows, rs...)
 	}
 	for _, r := range rows {
 		spec, err := c.specOf(r)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		e, err := episode.Attach(ctx, o.Env, spec, r.Sandbox, r.Attempt)
+		e, err := episode.Attach(ctx, c.o.Env, spec, r.Sandbox, r.Attempt)
 		if err == nil {
 			c.live[r.ID] = e
 			continue
 		}
-		if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrExpired) && !errors.Is(err, errdefs.ErrConflict) {
-			return nil, err
+		if !sandboxGone(err) {
+			return err
 		}
 		c.log.Warn("episode lost: its sandbox is gone", "episode", r.ID, "sandbox", r.Sandbox, "err", err)
-		gone := errors.Is(err, errdefs.ErrNotFound)
-		if !gone {
-			// Expired, or its keeper died: delete what is left of it. If
-			// that fails, the row keeps naming it and Retire deletes it.
-			if derr := c.deleteSandbox(ctx, r.Sandbox); derr != nil {
-				c.log.Warn("delete a dead sandbox", "episode", r.ID, "sandbox", r.Sandbox, "err", derr)
-			} else {
-				gone = true
-			}
-		}
-		if gone {
-			r.Sandbox = ""
-		}
-		// An ended episode whose verdict is captured lost nothing but its
-		// sandbox; any other needs a restore.
-		if _, verr := o.Store.GetVerdict(ctx, r.ID, r.Attempt); r.State != store.EpisodeEnded || verr != nil {
-			r.State = store.EpisodeLost
-		}
-		if err := o.Store.PutEpisode(ctx, r); err != nil {
-			return nil, err
+		if err := c.markLost(ctx, r, err); err != nil {
+			return err
 		}
 	}
-	return c, nil
+	return nil
 }
 
 // retry is checkpoint.Retry: cleanups must not leave a sandbox, a snapshot or
@@ -237,6 +297,9 @@ func (c *Coordinator) specOf(row store.Episode) (episode.Spec, error) {
 	return spec, err
 }
 
+// since is the seconds from t to now, by the coordinator's clock.
+func (c *Coordinator) since(t time.Time) float64 { return c.clock.Now().Sub(t).Seconds() }
+
 func (c *Coordinator) progress(p Progress) {
 	if c.o.Progress != nil {
 		c.o.Progress(p)
@@ -282,13 +345,38 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 	if _, err := c.o.Store.GetEpisode(ctx, id); err == nil {
 		return store.Episode{}, fmt.Errorf("episode %s: %w", id, errdefs.ErrExists)
 	}
-	e, err := episode.Start(ctx, c.o.Env, spec)
-	if err != nil {
-		return store.Episode{}, err
+	spec.Expiry = spec.ExpiryFrom(c.clock.Now())
+	// Journaled, its sandbox labelled, its row written as the journal is
+	// closed: a start the server dies in is undone by the next one.
+	x := c.newOp(jStart)
+	spec.Labels = map[string]string{labelOp: x.id}
+	if err := x.note(ctx, jStart, id, jdoc{}); err != nil {
+		return store.Episode{}, fmt.Errorf("episode %s: %w", id, err)
 	}
-	row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Limits: o.Limits, Image: spec.Image, Environment: e.Environment().String()}
-	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
-		_ = e.Close(context.WithoutCancel(ctx))
+	if err := x.step(stepStart, id); err != nil {
+		return store.Episode{}, c.crashed(x)
+	}
+	e, err := episode.Start(ctx, c.o.Env, spec)
+	if x.dead() {
+		return store.Episode{}, c.crashed(x)
+	}
+	if err == nil {
+		if err = x.step(stepStarted, id); err != nil {
+			return store.Episode{}, c.crashed(x)
+		}
+		row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Limits: o.Limits, Image: spec.Image, Environment: e.Environment().String()}
+		if err = x.close(ctx, []store.Episode{row}); err != nil {
+			_ = e.Close(context.WithoutCancel(ctx))
+		}
+	}
+	if err != nil {
+		// Nothing of it is left: its sandbox, if any, and its gateway
+		// registration (so that the id can be started again).
+		if uerr := c.undoCopies(context.WithoutCancel(ctx), x.id, nil, []string{id}); uerr != nil {
+			c.log.Warn("undo a failed start", "episode", id, "err", uerr)
+		} else if cerr := x.close(ctx, nil); cerr != nil {
+			c.log.Warn("close the journal of a failed start", "episode", id, "err", cerr)
+		}
 		return store.Episode{}, err
 	}
 	c.mu.Lock()
@@ -318,11 +406,15 @@ func (c *Coordinator) LiveIDs() []string {
 }
 
 // Verify verifies an episode once its harness has ended (capture once).
+// A live episode whose sandbox turns out to be gone is marked lost, and
+// the error matches ErrLost.
 func (c *Coordinator) Verify(ctx context.Context, id string) (task.Verdict, bool, error) {
 	if e, ok := c.Live(id); ok {
 		v, rec, err := e.Verify(ctx)
 		if err == nil {
 			c.MarkEnded(ctx, id)
+		} else if lerr := c.noticeLost(ctx, id); lerr != nil {
+			err = lerr
 		}
 		return v, rec, err
 	}
@@ -415,648 +507,6 @@ func (c *Coordinator) each(ids []string, phase string, fn func(id string) error)
 	return errors.Join(errs...)
 }
 
-// Prepare takes checkpoint id of every live episode: each is paused (stop
-// mode), snapshotted and recorded, with bounded concurrency; an episode
-// whose harness has ended is recorded as finished with its verify result;
-// then the checkpoint is committed (every record durable, then one atomic
-// mark) and every paused episode continues. If any episode fails, the
-// checkpoint is marked failed, the snapshots it made are deleted, and every
-// episode continues; the previous committed checkpoint is untouched.
-//
-// An episode that cannot be checkpointed (its own failure: status, pause,
-// snapshot) is a straggler: by default (StragglersExclude) the checkpoint
-// is committed without it, its snapshot deleted, the episode continued and
-// listed in the result as excluded with the reason, so one misbehaving
-// episode does not hold every other one's checkpoint hostage, and the next
-// checkpoint tries it again. With StragglersFail, or when no episode could
-// be checkpointed, or when the record store fails, the checkpoint fails as
-// above.
-func (c *Coordinator) Prepare(ctx context.Context, id string) (Result, error) {
-	return c.PrepareWith(ctx, id, PrepareOptions{})
-}
-
-// PrepareWith is Prepare with this checkpoint's options.
-func (c *Coordinator) PrepareWith(ctx context.Context, id string, po PrepareOptions) (Result, error) {
-	if err := CheckStragglers(po.Stragglers); err != nil {
-		return Result{}, err
-	}
-	policy := po.Stragglers
-	if policy == "" {
-		policy = c.o.Stragglers
-	}
-	if policy == "" {
-		policy = StragglersExclude
-	}
-	c.op.Lock()
-	defer c.op.Unlock()
-	start := time.Now()
-	ids := c.LiveIDs()
-	manifest, _ := json.Marshal(map[string]any{"episodes": ids, "provider": c.o.Env.Provider.Name()})
-	if err := c.o.Store.Begin(ctx, id, manifest); err != nil {
-		return Result{}, err
-	}
-	res := Result{Checkpoint: id, Phases: map[string]float64{}}
-	var (
-		mu      sync.Mutex
-		figs    = map[string]EpisodeFigures{}
-		paused  = map[string]int64{} // episode → pause seq in force
-		snaps   []string
-		records int
-		// Stragglers excluded, with the snapshots made of them.
-		excluded      = map[string]string{}
-		excludedSnaps []string
-	)
-	err := c.each(ids, "prepare", func(eid string) error {
-		f, seq, rec, err := c.prepareOne(ctx, eid)
-		mu.Lock()
-		defer mu.Unlock()
-		if seq > 0 {
-			paused[eid] = seq
-		}
-		if err != nil && policy == StragglersExclude && ctx.Err() == nil {
-			excluded[eid] = err.Error()
-			if f.Snapshot != "" {
-				excludedSnaps = append(excludedSnaps, f.Snapshot)
-			}
-			return nil
-		}
-		if f.Snapshot != "" {
-			snaps = append(snaps, f.Snapshot)
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				return fmt.Errorf("%w: %w", ErrStraggler, err)
-			}
-			return err
-		}
-		figs[eid] = f
-		if err := c.o.Store.Put(ctx, id, rec); err != nil {
-			return fmt.Errorf("episode %s: record: %w", eid, err)
-		}
-		records++
-		return nil
-	})
-	if err == nil && len(ids) > 0 && records == 0 {
-		// Nothing to commit: every episode straggled.
-		var why []error
-		for _, eid := range ids {
-			why = append(why, errors.New(excluded[eid]))
-		}
-		err = fmt.Errorf("%w: none could: %w", ErrStraggler, errors.Join(why...))
-		snaps = append(snaps, excludedSnaps...)
-		excludedSnaps = nil
-	}
-	for _, s := range excludedSnaps {
-		if derr := retry(func() error { return c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), s) }); derr != nil {
-			c.log.Warn("delete the snapshot of an excluded episode", "snapshot", s, "err", derr)
-		}
-	}
-	for eid, why := range excluded {
-		c.log.Warn("checkpoint without an episode that could not be checkpointed", "checkpoint", id, "episode", eid, "reason", why)
-		figs[eid] = EpisodeFigures{Episode: eid, Excluded: true, Reason: why}
-	}
-	res.Phases["prepare"] = time.Since(start).Seconds()
-	if err == nil {
-		t := time.Now()
-		err = c.o.Store.Commit(ctx, id, records)
-		res.Phases["commit"] = time.Since(t).Seconds()
-		c.progress(Progress{Phase: "commit", Done: 1, Total: 1})
-	} else {
-		_ = c.o.Store.Fail(context.WithoutCancel(ctx), id, err.Error())
-	}
-	t := time.Now()
-	cerr := c.continueAll(ctx, paused)
-	res.Phases["continue"] = time.Since(t).Seconds()
-	if err != nil {
-		for _, s := range snaps {
-			if derr := retry(func() error { return c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), s) }); derr != nil {
-				c.log.Warn("delete a snapshot of a failed checkpoint", "snapshot", s, "err", derr)
-			}
-		}
-		return res, fmt.Errorf("checkpoint %s failed: %w", id, errors.Join(err, cerr))
-	}
-	for _, eid := range ids {
-		res.Episodes = append(res.Episodes, figs[eid])
-	}
-	res.Seconds = time.Since(start).Seconds()
-	return res, cerr
-}
-
-// prepareOne pauses, snapshots and records one episode. seq is the pause
-// in force (0 when none).
-func (c *Coordinator) prepareOne(ctx context.Context, eid string) (f EpisodeFigures, seq int64, rec store.Record, err error) {
-	f.Episode = eid
-	e, ok := c.Live(eid)
-	if !ok {
-		return f, 0, rec, errdefs.Errorf(errdefs.ErrConflict, "episode %s is not live", eid)
-	}
-	row, err := c.o.Store.GetEpisode(ctx, eid)
-	if err != nil {
-		return f, 0, rec, err
-	}
-	st, err := e.Status(ctx)
-	if err != nil {
-		return f, 0, rec, fmt.Errorf("episode %s: status: %w", eid, err)
-	}
-	if st.State == supervisor.StateExited {
-		rec, err = c.finishedRecord(ctx, e, row)
-		f.Finished = true
-		return f, 0, rec, err
-	}
-	seq = row.PauseSeq + 1
-	row.PauseSeq = seq
-	if err := c.o.Store.PutEpisode(ctx, row); err != nil {
-		return f, 0, rec, err
-	}
-	snap, err := e.PauseAndSnapshot(ctx, seq, false)
-	if err != nil {
-		if checkpoint.IsRefused(err) {
-			// The harness ended between the status and the pause, or the
-			// supervisor's sequence is past ours (burned from inside the
-			// sandbox, or another controller): then no pause is in force,
-			// and the episode cannot be recorded.
-			if st2, serr := e.Status(ctx); serr == nil && st2.State == supervisor.StateExited {
-				rec, err = c.finishedRecord(ctx, e, row)
-				f.Finished = true
-				return f, 0, rec, err
-			}
-			return f, 0, rec, fmt.Errorf("episode %s: its supervisor refused pause %d, yet its harness runs (a sequence ahead of the server's, burned from inside the sandbox?): %w", eid, seq, err)
-		}
-		// The pause may be in force; continue it with the rest.
-		return f, seq, rec, fmt.Errorf("episode %s: %w", eid, err)
-	}
-	f.PauseS, f.SnapshotS = snap.Pause.Seconds(), snap.Took.Seconds()
-	f.Snapshot = snap.ID
-	if info, err := c.o.Env.Provider.GetSnapshot(ctx, snap.ID); err == nil {
-		f.Bytes, f.NewBytes = info.Bytes, info.NewBytes
-	}
-	s := snap.State
-	pw, pu := s.PauseWall, s.PauseUptime
-	id := s.Identity
-	rec = store.Record{
-		Schema: store.RecordSchema, Episode: eid, Provider: s.Provider, Sandbox: s.Descriptor,
-		SnapshotID: snap.ID, KeepsProcesses: s.KeepsProcesses, PauseSeq: s.PauseSeq, PauseMode: string(s.PauseMode),
-		PauseConfirmed: s.PauseConfirmed, PauseFrozen: s.PauseFrozen, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
-		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, LedgerHead: s.LedgerHead, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
-		Image: s.Image, ImageRef: row.Image,
-	}
-	if len(rec.Sandbox) == 0 {
-		rec.Sandbox, _ = json.Marshal(map[string]string{"id": e.SandboxID()})
-	}
-	return f, seq, rec, nil
-}
-
-// finishedRecord verifies an ended episode (capture once) and records it
-// as finished.
-func (c *Coordinator) finishedRecord(ctx context.Context, e *episode.Episode, row store.Episode) (store.Record, error) {
-	v, _, err := e.Verify(ctx)
-	if err != nil {
-		return store.Record{}, err
-	}
-	c.MarkEnded(ctx, row.ID)
-	doc, err := json.Marshal(v)
-	if err != nil {
-		return store.Record{}, err
-	}
-	desc, _ := json.Marshal(map[string]string{"id": e.SandboxID()})
-	return store.Record{
-		Schema: store.RecordSchema, Episode: row.ID, Provider: row.Provider, Sandbox: desc,
-		Attempt: e.Attempt(), Finished: true, Result: doc,
-	}, nil
-}
-
-func (c *Coordinator) continueAll(ctx context.Context, paused map[string]int64) error {
-	ids := make([]string, 0, len(paused))
-	for id := range paused {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return c.each(ids, "continue", func(id string) error {
-		e, ok := c.Live(id)
-		if !ok {
-			return nil
-		}
-		// Retried: an episode must not stay paused because one exec failed
-		// (a repeated continue is answered with its acknowledgement).
-		err := retry(func() error {
-			if _, err := e.Session().Continue(context.WithoutCancel(ctx), paused[id]); err != nil && !checkpoint.IsRefused(err) {
-				return err
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("episode %s: continue %d: %w", id, paused[id], err)
-		}
-		return nil
-	})
-}
-
-// checkImage makes sure the image a record's sandbox ran on is on this
-// host, pulling it again when Options.PullImages allows.
-func (c *Coordinator) checkImage(ctx context.Context, r store.Record) error {
-	is, ok := c.o.Env.Provider.(ImageStore)
-	if r.Image == "" || !ok {
-		return nil
-	}
-	_, err := is.Images().Get(r.Image)
-	if err == nil || !errors.Is(err, image.ErrNotFound) {
-		return err
-	}
-	ref, perr := image.ParseRef(r.ImageRef)
-	pullable := perr == nil && ref.Pullable()
-	if !pullable {
-		return fmt.Errorf("episode %s: its image %s is no longer on this host, and its record names no source to pull it from", r.Episode, r.Image)
-	}
-	if !c.o.PullImages {
-		return fmt.Errorf("episode %s: its image %s is no longer on this host: pull it with `stasis image pull %s`, or start the server with --pull-images", r.Episode, r.Image, r.ImageRef)
-	}
-	im, err := is.Images().Pull(ctx, r.ImageRef, nil)
-	if err != nil {
-		return fmt.Errorf("episode %s: pull its image again from %s: %w", r.Episode, r.ImageRef, err)
-	}
-	if im.Digest != r.Image {
-		return fmt.Errorf("episode %s: %s is now image %s, not the %s it ran on; pull that image by another reference", r.Episode, r.ImageRef, im.Digest, r.Image)
-	}
-	return nil
-}
-
-// Restore brings back every episode of committed checkpoint id. Every
-// record is checked first, before any provider is touched; then every
-// snapshot is forked; then each episode resumes in place (its snapshot kept
-// the processes and the fork's supervisor shows the recorded identity) or
-// is relaunched from its saved session, with the ledger cut or matched and
-// the attempt raised. All or nothing: if any step fails, every sandbox the
-// restore made is deleted and no episode's record in the store changes.
-func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
-	c.op.Lock()
-	defer c.op.Unlock()
-	start := time.Now()
-	res := Result{Checkpoint: id, Phases: map[string]float64{}}
-	recs, err := c.committed(ctx, id, "restores")
-	if err != nil {
-		return res, err
-	}
-	// Validate everything first.
-	var problems []string
-	specs := map[string]episode.Spec{}
-	for _, r := range recs {
-		if r.Provider != c.o.Env.Provider.Name() {
-			problems = append(problems, fmt.Sprintf("episode %s: recorded on provider %s, this coordinator runs %s", r.Episode, r.Provider, c.o.Env.Provider.Name()))
-		}
-		if _, live := c.Live(r.Episode); live {
-			problems = append(problems, fmt.Sprintf("episode %s is live: retire it before restoring it", r.Episode))
-		}
-		row, err := c.o.Store.GetEpisode(ctx, r.Episode)
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("episode %s: %v", r.Episode, err))
-			continue
-		}
-		spec, err := c.specOf(row)
-		if err != nil {
-			problems = append(problems, err.Error())
-			continue
-		}
-		specs[r.Episode] = spec
-		if !r.Finished {
-			problems = append(problems, c.forkProblems(ctx, r)...)
-		}
-	}
-	res.Phases["validate"] = time.Since(start).Seconds()
-	c.progress(Progress{Phase: "validate", Done: 1, Total: 1})
-	if len(problems) > 0 {
-		return res, refused{fmt.Sprintf("checkpoint %s cannot be restored; nothing was changed:\n  %s", id, strings.Join(problems, "\n  "))}
-	}
-
-	// Fork every snapshot.
-	t := time.Now()
-	var (
-		mu    sync.Mutex
-		forks = map[string]string{}
-	)
-	toFork := []string{}
-	byEp := map[string]store.Record{}
-	for _, r := range recs {
-		byEp[r.Episode] = r
-		if !r.Finished {
-			toFork = append(toFork, r.Episode)
-		}
-	}
-	// cleanup deletes every fork, once: a relaunch that failed may have
-	// deleted its own already.
-	cleanup := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, sb := range forks {
-			if err := c.deleteSandbox(ctx, sb); err != nil {
-				c.log.Warn("delete a fork of a failed restore", "sandbox", sb, "err", err)
-			}
-		}
-	}
-	err = c.each(toFork, "fork", func(eid string) error {
-		r := byEp[eid]
-		fs, err := c.o.Env.Provider.Fork(ctx, r.SnapshotID, 1, episode.ForkSpec(specs[eid]))
-		if err != nil {
-			return fmt.Errorf("episode %s: fork %s: %w", eid, r.SnapshotID, err)
-		}
-		mu.Lock()
-		forks[eid] = fs[0].ID
-		mu.Unlock()
-		return nil
-	})
-	res.Phases["fork"] = time.Since(t).Seconds()
-	if err != nil {
-		cleanup()
-		return res, fmt.Errorf("checkpoint %s: restore failed, every fork deleted, nothing changed: %w", id, err)
-	}
-
-	// Resume or relaunch each.
-	t = time.Now()
-	resumed := map[string]*episode.Episode{}
-	figs := map[string]EpisodeFigures{}
-	err = c.each(toFork, "resume", func(eid string) error {
-		mu.Lock()
-		sb := forks[eid]
-		mu.Unlock()
-		e, f, err := c.continueFork(ctx, specs[eid], sb, byEp[eid], "")
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		resumed[eid], figs[eid] = e, f
-		mu.Unlock()
-		return nil
-	})
-	res.Phases["resume"] = time.Since(t).Seconds()
-	if err != nil {
-		cleanup()
-		return res, fmt.Errorf("checkpoint %s: restore failed, every sandbox it made deleted: %w", id, err)
-	}
-
-	// Commit the new state of every episode, in one transaction; if that
-	// fails, nothing is installed.
-	rows := make([]store.Episode, 0, len(recs))
-	for _, r := range recs {
-		row, _ := c.o.Store.GetEpisode(ctx, r.Episode)
-		f := EpisodeFigures{Episode: r.Episode, Finished: r.Finished, Resume: "none"}
-		if r.Finished {
-			// It ended before the checkpoint: no sandbox, its verdict (of
-			// the attempt that ended) kept.
-			row.State, row.Sandbox, row.Attempt = store.EpisodeEnded, "", r.Attempt
-			var v task.Verdict
-			if json.Unmarshal(r.Result, &v) == nil {
-				f.Reward = &v.Reward
-			}
-		} else {
-			e := resumed[r.Episode]
-			f = figs[r.Episode]
-			row.Sandbox, row.Attempt, row.State, row.Resume, row.PauseSeq = e.SandboxID(), e.Attempt(), store.EpisodeRunning, f.Resume, max(row.PauseSeq, r.PauseSeq)
-		}
-		rows = append(rows, row)
-		res.Episodes = append(res.Episodes, f)
-	}
-	if err := c.o.Store.PutEpisodes(ctx, rows); err != nil {
-		for _, e := range resumed {
-			_ = e.Close(context.WithoutCancel(ctx))
-		}
-		cleanup()
-		return res, fmt.Errorf("checkpoint %s: restore failed, every sandbox it made deleted: record the episodes: %w", id, err)
-	}
-	c.mu.Lock()
-	for eid, e := range resumed {
-		c.live[eid] = e
-	}
-	c.mu.Unlock()
-	res.Seconds = time.Since(start).Seconds()
-	return res, nil
-}
-
-// committed returns the records of checkpoint id, which must be committed
-// for what was asked of it (verb: "restores", "branches").
-func (c *Coordinator) committed(ctx context.Context, id, verb string) ([]store.Record, error) {
-	ck, recs, err := c.o.Store.Get(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if ck.State != store.StateCommitted {
-		return nil, errdefs.Errorf(errdefs.ErrConflict, "checkpoint %s is %s: only a committed checkpoint %s", id, ck.State, verb)
-	}
-	return recs, nil
-}
-
-// forkProblems says what keeps record r's snapshot from being forked
-// here: its image gone, or the snapshot itself.
-func (c *Coordinator) forkProblems(ctx context.Context, r store.Record) []string {
-	var problems []string
-	if err := c.checkImage(ctx, r); err != nil {
-		problems = append(problems, err.Error())
-	}
-	if _, err := c.o.Env.Provider.GetSnapshot(ctx, r.SnapshotID); err != nil {
-		problems = append(problems, fmt.Sprintf("episode %s: snapshot %s: %v", r.Episode, r.SnapshotID, err))
-	}
-	return problems
-}
-
-// continueFork continues record r's episode in sb, a fork of its snapshot:
-// in place when the record allows it and the fork's supervisor is the
-// recorded launch, relaunched from its saved session otherwise; as copy
-// name (a branch) unless name is "". The figures say which, and why.
-func (c *Coordinator) continueFork(ctx context.Context, spec episode.Spec, sb string, r store.Record, name string) (*episode.Episode, EpisodeFigures, error) {
-	f := EpisodeFigures{Episode: r.Episode, Resume: "relaunch", ResumeWhy: fmt.Sprintf("the %s provider's snapshot kept files only (keeps_processes false): the harness is relaunched from its saved session", r.Provider)}
-	if name != "" {
-		f.Episode = name
-	}
-	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, LedgerHead: r.LedgerHead, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
-	if r.RestoresInPlace() {
-		st.Identity, st.PauseWall, st.PauseUptime = *r.Identity, *r.PauseWall, *r.PauseUptime
-		var e *episode.Episode
-		var err error
-		if name == "" {
-			e, err = episode.ResumeInPlace(ctx, c.o.Env, spec, sb, st)
-		} else {
-			e, err = episode.ResumeCopy(ctx, c.o.Env, spec, sb, st, name)
-		}
-		if err == nil {
-			cf := e.Clock()
-			f.Resume, f.ResumeWhy, f.Clock = "in_place", "", &cf
-			return e, f, nil
-		}
-		switch {
-		case errors.Is(err, episode.ErrNotSameLaunch):
-			f.ResumeWhy = err.Error()
-		case errors.Is(err, checkpoint.ErrExited):
-			// The recorded launch was in the fork, but its harness ended
-			// before the continue could take effect (the fork still has
-			// its files): relaunch it from its saved session there, as a
-			// file-only snapshot would be, rather than fail every episode
-			// of the restore.
-			f.ResumeWhy = "the harness ended in the fork before the continue, so it is relaunched from its saved session: " + err.Error()
-			if name != "" {
-				// The copy's gateway registration and ledger exist already.
-				spec.Name = name
-				name = ""
-			}
-		default:
-			return nil, f, err
-		}
-		c.log.Warn("resume in place impossible, relaunching", "episode", f.Episode, "why", f.ResumeWhy)
-	} else if r.KeepsProcesses {
-		f.ResumeWhy = "the record lacks the identity or the pause's clocks"
-	}
-	var e *episode.Episode
-	var err error
-	if name == "" {
-		e, err = episode.RelaunchIn(ctx, c.o.Env, spec, sb, r.HarnessSession)
-	} else {
-		e, err = episode.RelaunchCopy(ctx, c.o.Env, spec, sb, r.HarnessSession, st.LedgerCut(), name)
-	}
-	return e, f, err
-}
-
-// Branch continues one episode of a committed checkpoint as len(copies)
-// new episodes, named copies, each in its own fork of the episode's
-// snapshot: RL users branch rollouts from one state. Where the snapshot
-// kept the processes each copy resumes in place (episode.ResumeCopy),
-// otherwise it is relaunched from the saved session (episode.RelaunchCopy);
-// either way each copy has its own gateway registration and a ledger that
-// starts as a copy of the episode's up to the recorded position. The
-// episode itself is not touched: it may be live. All or nothing: if any
-// copy fails, every sandbox and registration the branch made is undone
-// and the store is unchanged.
-func (c *Coordinator) Branch(ctx context.Context, id, episodeID string, copies []string) (Result, error) {
-	c.op.Lock()
-	defer c.op.Unlock()
-	start := time.Now()
-	res := Result{Checkpoint: id, Phases: map[string]float64{}}
-	recs, err := c.committed(ctx, id, "branches")
-	if err != nil {
-		return res, err
-	}
-	var r *store.Record
-	for i := range recs {
-		if recs[i].Episode == episodeID {
-			r = &recs[i]
-		}
-	}
-	if r == nil {
-		return res, fmt.Errorf("checkpoint %s has no record of episode %s: %w", id, episodeID, errdefs.ErrNotFound)
-	}
-	var problems []string
-	if len(copies) == 0 {
-		problems = append(problems, "no copies asked for")
-	}
-	if r.Finished {
-		problems = append(problems, fmt.Sprintf("episode %s had ended at the checkpoint: there is no state to branch from", episodeID))
-	}
-	if r.Provider != c.o.Env.Provider.Name() {
-		problems = append(problems, fmt.Sprintf("episode %s: recorded on provider %s, this coordinator runs %s", episodeID, r.Provider, c.o.Env.Provider.Name()))
-	}
-	seen := map[string]bool{}
-	for _, name := range copies {
-		switch {
-		case !relay.ValidName(name):
-			problems = append(problems, fmt.Sprintf("copy %q: use letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128", name))
-		case name == episodeID:
-			problems = append(problems, fmt.Sprintf("copy %s: that is the episode's own name", name))
-		case seen[name]:
-			problems = append(problems, fmt.Sprintf("copy %s is named twice", name))
-		default:
-			if _, err := c.o.Store.GetEpisode(ctx, name); err == nil {
-				problems = append(problems, fmt.Sprintf("copy %s: an episode of that name exists", name))
-			} else if !errors.Is(err, errdefs.ErrNotFound) {
-				problems = append(problems, fmt.Sprintf("copy %s: %v", name, err))
-			} else if _, err := c.o.Env.Gateway.Episode(name); err == nil {
-				// Left by an interrupted branch: the undo below removes only
-				// what this branch registers.
-				problems = append(problems, fmt.Sprintf("copy %s: the gateway already has an episode of that name (and a ledger) that no episode row names", name))
-			}
-		}
-		seen[name] = true
-	}
-	row, err := c.o.Store.GetEpisode(ctx, episodeID)
-	var spec episode.Spec
-	if err == nil {
-		spec, err = c.specOf(row)
-	}
-	if err != nil {
-		problems = append(problems, fmt.Sprintf("episode %s: %v", episodeID, err))
-	}
-	if !r.Finished && r.Provider == c.o.Env.Provider.Name() {
-		problems = append(problems, c.forkProblems(ctx, *r)...)
-	}
-	res.Phases["validate"] = time.Since(start).Seconds()
-	if len(problems) > 0 {
-		return res, refused{fmt.Sprintf("checkpoint %s: episode %s cannot be branched; nothing was changed:\n  %s", id, episodeID, strings.Join(problems, "\n  "))}
-	}
-
-	t := time.Now()
-	forks, err := c.o.Env.Provider.Fork(ctx, r.SnapshotID, len(copies), episode.ForkSpec(spec))
-	res.Phases["fork"] = time.Since(t).Seconds()
-	if err != nil {
-		return res, fmt.Errorf("checkpoint %s: branch episode %s: fork %s: %w", id, episodeID, r.SnapshotID, err)
-	}
-	t = time.Now()
-	var (
-		mu      sync.Mutex
-		made    = map[string]*episode.Episode{}
-		figs    = map[string]EpisodeFigures{}
-		sandbox = map[string]string{}
-	)
-	for i, name := range copies {
-		sandbox[name] = forks[i].ID
-	}
-	err = c.each(copies, "branch", func(name string) error {
-		e, f, err := c.continueFork(ctx, spec, sandbox[name], *r, name)
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		made[name], figs[name] = e, f
-		mu.Unlock()
-		return nil
-	})
-	res.Phases["resume"] = time.Since(t).Seconds()
-	undo := func() {
-		for _, e := range made {
-			_ = e.Close(context.WithoutCancel(ctx))
-		}
-		for _, name := range copies {
-			if err := c.deleteSandbox(context.WithoutCancel(ctx), sandbox[name]); err != nil {
-				c.log.Warn("delete a fork of a failed branch", "sandbox", sandbox[name], "err", err)
-			}
-			if _, err := c.o.Env.Gateway.Episode(name); err == nil {
-				if err := c.o.Env.Gateway.Remove(name); err != nil {
-					c.log.Warn("remove a copy of a failed branch from the gateway", "episode", name, "err", err)
-				}
-			}
-		}
-	}
-	if err != nil {
-		undo()
-		return res, fmt.Errorf("checkpoint %s: branch of episode %s failed, every sandbox and copy it made undone: %w", id, episodeID, err)
-	}
-	rows := make([]store.Episode, 0, len(copies))
-	for _, name := range copies {
-		e := made[name]
-		rows = append(rows, store.Episode{
-			ID: name, Origin: spec.ID, Task: row.Task, Harness: row.Harness, Provider: c.o.Env.Provider.Name(),
-			Sandbox: e.SandboxID(), Attempt: e.Attempt(), PauseSeq: r.PauseSeq, State: store.EpisodeRunning,
-			DeadlineS: row.DeadlineS, Limits: row.Limits, Image: row.Image, Environment: e.Environment().String(), Resume: figs[name].Resume,
-		})
-		res.Episodes = append(res.Episodes, figs[name])
-	}
-	if err := c.o.Store.PutEpisodes(ctx, rows); err != nil {
-		undo()
-		return res, fmt.Errorf("checkpoint %s: branch of episode %s failed, every sandbox and copy it made undone: record the copies: %w", id, episodeID, err)
-	}
-	c.mu.Lock()
-	for name, e := range made {
-		c.live[name] = e
-	}
-	c.mu.Unlock()
-	res.Seconds = time.Since(start).Seconds()
-	return res, nil
-}
-
 // Retire deletes an episode's sandbox (once) and marks it retired. Its
 // snapshots stay while a checkpoint names them; deleting the checkpoint
 // (DeleteCheckpoint) frees them.
@@ -1120,18 +570,28 @@ func (c *Coordinator) DeleteCheckpoint(ctx context.Context, id string) ([]store.
 	return freed, errors.Join(errs...)
 }
 
-// Wait waits for an episode's harness to end.
+// Wait waits for an episode's harness to end. When its sandbox turns out
+// to be gone, the episode is marked lost and the error matches ErrLost.
 func (c *Coordinator) Wait(ctx context.Context, id string) (*supervisor.Receipt, error) {
 	e, ok := c.Live(id)
 	if !ok {
 		return nil, errdefs.Errorf(errdefs.ErrConflict, "episode %s is not live", id)
 	}
-	return e.Wait(ctx)
+	rc, err := e.Wait(ctx)
+	if err != nil && ctx.Err() == nil {
+		if lerr := c.noticeLost(ctx, id); lerr != nil {
+			return nil, lerr
+		}
+	}
+	return rc, err
 }
 
 // Close forgets the live episodes without stopping them (a server going
-// down leaves its sandboxes running for the next one).
+// down leaves its sandboxes running for the next one) and stops the
+// liveness check.
 func (c *Coordinator) Close() {
+	c.stopOnce.Do(func() { close(c.stop) })
+	c.watching.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.live = map[string]*episode.Episode{}

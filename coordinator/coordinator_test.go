@@ -17,6 +17,7 @@ import (
 
 	"stasis/coordinator"
 	"stasis/episode"
+	"stasis/harness"
 	"stasis/internal/guestclock"
 	"stasis/ledger"
 	"stasis/model"
@@ -52,7 +53,13 @@ type world struct {
 	arrived  sync.Map // "EPISODE/N" → chan struct{}
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { return newWorldWith(t, false) }
+
+// newWorldWith is newWorld; bindBinary binds the stasis binary into every
+// sandbox read-only, as the server does (harness.BoundBinaryPath), rather
+// than copying it into each: sessions start and snapshots are taken
+// faster.
+func newWorldWith(t *testing.T, bindBinary bool) *world {
 	t.Helper()
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
 	ts, err := task.Builtin()
@@ -71,7 +78,11 @@ func newWorld(t *testing.T) *world {
 	}
 	t.Cleanup(func() { os.RemoveAll(gwDir) })
 	w := &world{t: t, tasks: ts, gwState: filepath.Join(t.TempDir(), "gateway"), dbPath: filepath.Join(t.TempDir(), "store.db")}
-	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: w})
+	lo := local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: w}
+	if bindBinary {
+		lo.ReadOnlyBinds = map[string]string{stasistest.Exe(): harness.BoundBinaryPath}
+	}
+	p, err := local.New(lo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +109,9 @@ func newWorld(t *testing.T) *world {
 	w.env = &episode.Env{
 		Provider: p, GatewayURL: "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, Model: model.DefaultName,
 		Binary: stasistest.Exe(), BinaryEnv: stasistest.EnvMap,
+	}
+	if bindBinary {
+		w.env.BinaryInSandbox = harness.BoundBinaryPath
 	}
 	w.modelURL = msrv.URL
 	w.open(msrv.URL)

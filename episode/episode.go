@@ -21,6 +21,7 @@ import (
 	"stasis/errdefs"
 	"stasis/harness"
 	"stasis/internal/guestclock"
+	"stasis/proc"
 	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/supervisor"
@@ -110,6 +111,9 @@ type Spec struct {
 	// Image is the episode's sandbox image (default: the task's, then
 	// Env.Image); see sandbox.Spec.Image.
 	Image string
+	// Labels are more labels for the sandbox Start makes (the
+	// coordinator's operation, to find it again after a crash).
+	Labels map[string]string
 
 	environ task.Environment // resolved by prepare
 }
@@ -134,6 +138,12 @@ func (spec Spec) name() string {
 	return spec.ID
 }
 
+// ExpiryFrom is the sandbox expiry of an episode (re)started at now when
+// its spec sets none: twice its budget and ten minutes later.
+func (spec Spec) ExpiryFrom(now time.Time) time.Time {
+	return now.Add(2*spec.budget() + 10*time.Minute)
+}
+
 // budget is the harness's time budget.
 func (spec Spec) budget() time.Duration {
 	if spec.Deadline > 0 {
@@ -154,6 +164,8 @@ type Episode struct {
 	launch  harness.Launch
 	attempt int
 	clock   ClockFix
+	// resumeSeq is the pause Go continues (ReadyInPlace); 0 for a launch.
+	resumeSeq int64
 }
 
 // ClockFix is what a resume in place did to the guest's wall clock.
@@ -261,7 +273,7 @@ func (spec *Spec) check() error {
 		return fmt.Errorf("episode %s: a negative deadline", spec.ID)
 	}
 	if spec.Expiry.IsZero() {
-		spec.Expiry = time.Now().Add(2*spec.budget() + 10*time.Minute)
+		spec.Expiry = spec.ExpiryFrom(time.Now())
 	}
 	switch spec.PauseMode {
 	case "", supervisor.ModeStop, supervisor.ModeHold, supervisor.ModeHoldFreeze:
@@ -307,10 +319,11 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	if _, own := spec.Task.Env["PATH"]; img != "" && !own {
 		delete(senv, "PATH") // the image's own PATH, not the host's
 	}
-	o.Spec = sandbox.Spec{
-		Root: tree, Env: senv, Expiry: spec.Expiry, Limits: spec.Limits, Image: img,
-		Labels: map[string]string{"stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
+	labels := map[string]string{"stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()}
+	for k, v := range spec.Labels {
+		labels[k] = v
 	}
+	o.Spec = sandbox.Spec{Root: tree, Env: senv, Expiry: spec.Expiry, Limits: spec.Limits, Image: img, Labels: labels}
 	sess, err := checkpoint.NewSession(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
@@ -337,6 +350,15 @@ func closeRetrying(ctx context.Context, sess *checkpoint.Session) error {
 // task's tree (not a relaunch's fork), so a Go build cache seed may be
 // made in it.
 func (e *Episode) boot(ctx context.Context, cred relay.Credentials, fresh bool) error {
+	if err := e.ready(ctx, cred, fresh); err != nil {
+		return err
+	}
+	return e.bindAndStart(ctx)
+}
+
+// ready installs and prepares the harness and writes the relay's
+// credentials: everything a launch needs, all of it inside the sandbox.
+func (e *Episode) ready(ctx context.Context, cred relay.Credentials, fresh bool) error {
 	p, id := e.env.Provider, e.sess.SandboxID()
 	// The session directory is stasis's own; the harness gets harness/.
 	if err := e.sess.PrepareDirs(ctx, path.Base(e.launch.Dir)); err != nil {
@@ -370,16 +392,33 @@ func (e *Episode) boot(ctx context.Context, cred relay.Credentials, fresh bool) 
 	if err := e.spec.Harness.Prepare(ctx, p, id, e.launch); err != nil {
 		return fmt.Errorf("episode %s: prepare %s: %w", e.spec.ID, e.spec.Harness.Name(), err)
 	}
+	return e.writeCredentials(ctx, cred)
+}
+
+// writeCredentials writes the relay's token file.
+func (e *Episode) writeCredentials(ctx context.Context, cred relay.Credentials) error {
 	b, err := json.Marshal(cred)
 	if err != nil {
 		return err
 	}
-	// The token is valid on this sandbox's own gateway socket only.
-	if err := e.env.Gateway.Bind(e.name, id); err != nil {
-		return fmt.Errorf("episode %s: bind it to sandbox %s at the gateway: %w", e.spec.ID, id, err)
-	}
 	if err := e.sess.WriteSecret(ctx, path.Base(tokenFile(e.spec.ID)), b); err != nil {
 		return fmt.Errorf("episode %s: write the relay's credentials: %w", e.spec.ID, err)
+	}
+	return nil
+}
+
+// bind makes the episode's token valid on its sandbox's socket only.
+func (e *Episode) bind() error {
+	if err := e.env.Gateway.Bind(e.name, e.sess.SandboxID()); err != nil {
+		return fmt.Errorf("episode %s: bind it to sandbox %s at the gateway: %w", e.spec.ID, e.sess.SandboxID(), err)
+	}
+	return nil
+}
+
+// bindAndStart binds the episode at the gateway and starts the supervisor.
+func (e *Episode) bindAndStart(ctx context.Context) error {
+	if err := e.bind(); err != nil {
+		return err
 	}
 	if err := e.sess.Start(ctx); err != nil {
 		return fmt.Errorf("episode %s: %w", e.spec.ID, err)
@@ -460,6 +499,26 @@ type Snapshot struct {
 // harness's session, snapshots the sandbox, and continues it when
 // continueAfter is set.
 func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter bool) (Snapshot, error) {
+	snap, err := e.PauseAndSnapshotWith(ctx, n, nil)
+	if err != nil || !continueAfter {
+		return snap, err
+	}
+	if _, err := e.sess.Continue(ctx, n); err != nil {
+		return Snapshot{}, err
+	}
+	return snap, nil
+}
+
+// SnapshotName is the name PauseAndSnapshot gives the snapshot of pause n:
+// with the sandbox it is taken of, it finds a snapshot whose id was lost.
+func (e *Episode) SnapshotName(n int64) string { return fmt.Sprintf("%s-p%d", e.spec.ID, n) }
+
+// PauseAndSnapshotWith pauses the episode (pause n), records the
+// harness's session and snapshots the sandbox (named SnapshotName(n)),
+// leaving the pause in force. between, when set, is called once the pause
+// is acknowledged, before the snapshot; an error from it ends the call
+// there.
+func (e *Episode) PauseAndSnapshotWith(ctx context.Context, n int64, between func() error) (Snapshot, error) {
 	t0 := time.Now()
 	ack, err := e.sess.Pause(ctx, n)
 	if err != nil {
@@ -487,18 +546,17 @@ func (e *Episode) PauseAndSnapshot(ctx context.Context, n int64, continueAfter b
 			return Snapshot{}, fmt.Errorf("episode %s: its ledger's head at the pause: %w", e.spec.ID, err)
 		}
 	}
-	t1 := time.Now()
-	info, err := e.env.Provider.Snapshot(ctx, e.sess.SandboxID(), fmt.Sprintf("%s-p%d", e.spec.ID, n))
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("episode %s: snapshot: %w", e.spec.ID, err)
-	}
-	took := time.Since(t1)
-	if continueAfter {
-		if _, err := e.sess.Continue(ctx, n); err != nil {
+	if between != nil {
+		if err := between(); err != nil {
 			return Snapshot{}, err
 		}
 	}
-	return Snapshot{ID: info.ID, State: st, Pause: pause, Took: took}, nil
+	t1 := time.Now()
+	info, err := e.env.Provider.Snapshot(ctx, e.sess.SandboxID(), e.SnapshotName(n))
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("episode %s: snapshot: %w", e.spec.ID, err)
+	}
+	return Snapshot{ID: info.ID, State: st, Pause: pause, Took: time.Since(t1)}, nil
 }
 
 // Relaunch continues an episode in a fork of its snapshot by relaunching
@@ -522,7 +580,7 @@ func Relaunch(ctx context.Context, env *Env, spec Spec, snap Snapshot) (*Episode
 // ForkSpec is how a restore forks an episode's snapshot.
 func ForkSpec(spec Spec) sandbox.ForkSpec {
 	if spec.Expiry.IsZero() && spec.Task != nil {
-		spec.Expiry = time.Now().Add(2*spec.budget() + 10*time.Minute)
+		spec.Expiry = spec.ExpiryFrom(time.Now())
 	}
 	return sandbox.ForkSpec{
 		Labels: map[string]string{"stasis.episode": spec.name(), "stasis.task": spec.Task.ID, "stasis.harness": spec.Harness.Name()},
@@ -665,6 +723,118 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	}
 	return e, nil
 }
+
+// A restore that must be finished or undone after a crash continues an
+// episode in two steps. The Ready functions make a fork ready to continue
+// as a given attempt and touch nothing outside the fork (no gateway
+// attempt, no ledger cut, no binding), so a fork that was made ready and
+// never continued is undone by deleting it. Go then continues it, once
+// the caller has raised the gateway to that attempt (relay.Gateway.Restore,
+// which cuts the ledger of an in-place resume); Go may be repeated.
+
+// ReadyInPlace makes sandbox, a fork of a snapshot that kept the
+// episode's processes, ready to resume in place as attempt: its
+// supervisor must report the recorded identity (ErrNotSameLaunch
+// otherwise, and an error matching checkpoint.ErrExited when its harness
+// has ended there), the guest's clock is set by the env's policy and the
+// relay's credentials of attempt are written. Go continues the pause.
+func ReadyInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State, attempt int) (*Episode, error) {
+	if err := spec.prepare(ctx); err != nil {
+		return nil, err
+	}
+	e := &Episode{env: env, spec: spec, name: spec.name(), launch: env.launch(spec), attempt: attempt, resumeSeq: rec.PauseSeq}
+	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), attempt)
+	o.Sandbox, o.Adopt, o.Running, o.HarnessSession = sandboxID, true, true, rec.HarnessSession
+	sess, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	e.sess = sess
+	st, err := sess.Status(ctx)
+	if err != nil || st.Identity != rec.Identity {
+		return nil, fmt.Errorf("episode %s: %w (status %+v, %v)", spec.ID, ErrNotSameLaunch, st, err)
+	}
+	if st.State == supervisor.StateExited {
+		return nil, fmt.Errorf("episode %s: %w: the recorded launch's harness ended in the fork before the continue", spec.ID, checkpoint.ErrExited)
+	}
+	if e.clock, err = env.setClock(ctx, sess, rec); err != nil {
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	gst, err := env.Gateway.Episode(e.name)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
+	}
+	cred := gst.Credentials(0)
+	cred.Attempt = attempt
+	if err := e.writeCredentials(ctx, cred); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// ReadyRelaunch makes sandbox, a fork of the episode's snapshot, ready to
+// relaunch its harness from its saved session (harnessSession, or its
+// latest) as attempt: the harness is installed and prepared and the
+// relay's credentials of attempt written. Go starts the supervisor.
+// ReadyRelaunch may be repeated on the same fork.
+func ReadyRelaunch(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSession string, attempt int) (*Episode, error) {
+	if err := spec.prepare(ctx); err != nil {
+		return nil, err
+	}
+	gst, err := env.Gateway.Episode(spec.name())
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: gateway: %w", spec.name(), err)
+	}
+	e := &Episode{env: env, spec: spec, name: spec.name(), launch: env.launch(spec), attempt: attempt}
+	o := env.sessionOptions(spec, spec.Harness.Resume(e.launch, harnessSession), attempt)
+	o.Sandbox, o.Adopt, o.HarnessSession = sandboxID, true, harnessSession
+	sess, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	}
+	e.sess = sess
+	cred := gst.Credentials(int64(attempt)*callsPerAttempt + 1)
+	cred.Attempt = attempt
+	if err := e.ready(ctx, cred, false); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Go continues an episode made ready by ReadyInPlace or ReadyRelaunch; the
+// gateway must be at the episode's attempt. It binds the episode's token
+// to its sandbox, then continues the pause in force (in place) or starts
+// the supervisor (relaunch). A repeated continue is answered again; with
+// old set (a Go that an earlier process may have sent before it died), a
+// relaunch whose supervisor answers and is not the launch old is not
+// started a second time.
+func (e *Episode) Go(ctx context.Context, old *proc.Identity) error {
+	if err := e.bind(); err != nil {
+		return err
+	}
+	if e.resumeSeq > 0 {
+		if _, err := e.sess.Continue(ctx, e.resumeSeq); err != nil {
+			return fmt.Errorf("episode %s: continue %d: %w", e.spec.ID, e.resumeSeq, err)
+		}
+		return nil
+	}
+	if old != nil {
+		started, err := e.sess.FindStarted(ctx, 3*time.Second, *old)
+		if err != nil {
+			return fmt.Errorf("episode %s: %w", e.spec.ID, err)
+		}
+		if started {
+			return nil
+		}
+	}
+	if err := e.sess.Start(ctx); err != nil {
+		return fmt.Errorf("episode %s: %w", e.spec.ID, err)
+	}
+	return nil
+}
+
+// InPlace reports whether the episode resumes in place (ReadyInPlace).
+func (e *Episode) InPlace() bool { return e.resumeSeq > 0 }
 
 // Attach finds a running episode again (after a restart of the host
 // process): its supervisor already runs in sandboxID.

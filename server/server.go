@@ -383,13 +383,6 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	if s.store, err = store.OpenSQLite(filepath.Join(state, store.FileName)); err != nil {
 		return s, err
 	}
-	if failed, err := s.store.RecoverPending(ctx, 0); err != nil {
-		return s, err
-	} else if len(failed) > 0 {
-		// One server per state directory (the socket above says so): a
-		// checkpoint still pending was being taken by a server that died.
-		log.Warn("checkpoints left pending by an earlier server marked failed", "checkpoints", failed)
-	}
 	s.env = &episode.Env{
 		Provider: s.provider, Gateway: s.gw, GatewayURL: gatewayURL, Model: o.Model,
 		Verifier: &task.Verifier{Store: s.store, Provider: s.provider, SeedDir: filepath.Join(state, "verify-seeds")},
@@ -398,8 +391,12 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 	}
 	s.m = newMetrics(s)
 	clog := log.With("component", "coordinator")
+	// One server per state directory (the socket above says so): the
+	// coordinator finishes or undoes the prepare or restore a server that
+	// died was in, and fails the checkpoints it left pending.
 	if s.coord, err = coordinator.New(ctx, coordinator.Options{
 		Env: s.env, Store: s.store, Tasks: o.Tasks, Concurrency: o.Concurrency, Logger: clog, Stragglers: o.Stragglers, PullImages: o.PullImages,
+		LivenessInterval: livenessInterval,
 		Progress: func(p coordinator.Progress) {
 			clog.Debug("progress", "phase", p.Phase, "episode", p.Episode, "done", p.Done, "total", p.Total)
 		},
@@ -411,6 +408,11 @@ func New(ctx context.Context, o Options) (s *Server, err error) {
 		"live_episodes", len(s.coord.LiveIDs()), "tasks", len(o.Tasks), "opencode", s.noOpenCode == "")
 	return s, nil
 }
+
+// livenessInterval is how often the server checks that each live
+// episode's sandbox is still there (an episode whose sandbox died is
+// marked lost within it).
+const livenessInterval = 15 * time.Second
 
 // continueLeftPaused continues every re-attached episode that a prepare
 // of an earlier server left paused (the server died between the pause and

@@ -67,17 +67,26 @@ func (s *sqlStore) PutEpisode(ctx context.Context, e Episode) error {
 
 // PutEpisodes creates or replaces episodes, all in one transaction.
 func (s *sqlStore) PutEpisodes(ctx context.Context, es []Episode) error {
+	docs, err := s.episodeDocs(es)
+	if err != nil {
+		return err
+	}
+	return s.tx(ctx, false, func(tx *sql.Tx) error { return s.putEpisodesTx(ctx, tx, es, docs) })
+}
+
+// episodeDocs checks episodes, stamps their times and encodes them.
+func (s *sqlStore) episodeDocs(es []Episode) ([]string, error) {
 	docs := make([]string, len(es))
 	now := s.now().UTC()
 	for i := range es {
 		e := &es[i]
 		if e.ID == "" {
-			return errors.New("episode: the id is empty")
+			return nil, errors.New("episode: the id is empty")
 		}
 		switch e.State {
 		case EpisodeRunning, EpisodeEnded, EpisodeRetired, EpisodeLost:
 		default:
-			return fmt.Errorf("episode %s: state %q is not running, ended, retired or lost", e.ID, e.State)
+			return nil, fmt.Errorf("episode %s: state %q is not running, ended, retired or lost", e.ID, e.State)
 		}
 		if e.Created.IsZero() {
 			e.Created = now
@@ -85,26 +94,29 @@ func (s *sqlStore) PutEpisodes(ctx context.Context, es []Episode) error {
 		e.Updated = now
 		doc, err := json.Marshal(e)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		docs[i] = string(doc)
 	}
-	return s.tx(ctx, false, func(tx *sql.Tx) error {
-		for i, e := range es {
-			res, err := tx.ExecContext(ctx, s.q(`UPDATE episodes SET state = ?, doc = ? WHERE id = ?`), e.State, docs[i], e.ID)
-			if err != nil {
-				return s.wrap(err)
-			}
-			if n, _ := res.RowsAffected(); n > 0 {
-				continue
-			}
-			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO episodes (id, created_ns, state, doc) VALUES (?, ?, ?, ?)`),
-				e.ID, e.Created.UnixNano(), e.State, docs[i]); err != nil {
-				return s.wrap(err)
-			}
+	return docs, nil
+}
+
+// putEpisodesTx writes encoded episodes inside tx.
+func (s *sqlStore) putEpisodesTx(ctx context.Context, tx *sql.Tx, es []Episode, docs []string) error {
+	for i, e := range es {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE episodes SET state = ?, doc = ? WHERE id = ?`), e.State, docs[i], e.ID)
+		if err != nil {
+			return s.wrap(err)
 		}
-		return nil
-	})
+		if n, _ := res.RowsAffected(); n > 0 {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO episodes (id, created_ns, state, doc) VALUES (?, ?, ?, ?)`),
+			e.ID, e.Created.UnixNano(), e.State, docs[i]); err != nil {
+			return s.wrap(err)
+		}
+	}
+	return nil
 }
 
 // GetEpisode returns an episode (errdefs.ErrNotFound if there is none).

@@ -102,6 +102,19 @@ var migrations = [][]string{
 		`DROP TABLE verdicts`,
 		`ALTER TABLE verdicts_by_attempt RENAME TO verdicts`,
 	},
+	{ // 5: the journal of the coordinator's operations under way: what a
+		// prepare or a restore is about to create, written before it is
+		// created, so that the next server finishes or undoes it.
+		`CREATE TABLE journal (
+			seq        BIGINT NOT NULL PRIMARY KEY,
+			op         TEXT NOT NULL,
+			kind       TEXT NOT NULL,
+			episode    TEXT NOT NULL,
+			doc        TEXT NOT NULL,
+			created_ns BIGINT NOT NULL
+		)`,
+		`CREATE INDEX journal_by_op ON journal (op, seq)`,
+	},
 }
 
 // sqlStore is the Store over database/sql, for any dialect.

@@ -5,7 +5,9 @@
 // a failed or interrupted save leaves the previous committed checkpoint
 // untouched. It also keeps what any server on the store needs about each
 // episode (its sandbox, attempt, state) and each episode's verify verdict,
-// written once. SQLite is the default record store; the SQL is kept
+// written once, and the journal of the coordinator's operations under way
+// (what a prepare or a restore is about to create, so that the next server
+// finishes or undoes it). SQLite is the default record store; the SQL is kept
 // portable so that PostgreSQL can implement the same Store at scale.
 package store
 
@@ -113,6 +115,18 @@ type Store interface {
 	PutEpisodes(ctx context.Context, es []Episode) error
 	GetEpisode(ctx context.Context, id string) (Episode, error)
 	ListEpisodes(ctx context.Context, state EpisodeState) ([]Episode, error)
+	// AppendJournal appends an entry to the journal of the operations
+	// under way, durably, and returns it with its Seq and Created set.
+	// An operation journals each step before it takes it.
+	AppendJournal(ctx context.Context, e JournalEntry) (JournalEntry, error)
+	// Journal returns the entries of every operation not yet closed, in
+	// the order they were appended.
+	Journal(ctx context.Context) ([]JournalEntry, error)
+	// CloseJournal ends operation op: in one transaction its entries are
+	// removed and the episodes es (none, or what the operation leaves)
+	// are put as PutEpisodes puts them. Closing an operation that has no
+	// entries puts es and changes nothing else.
+	CloseJournal(ctx context.Context, op string, es []Episode) error
 	// Close releases the store.
 	Close() error
 }

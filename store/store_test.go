@@ -642,6 +642,7 @@ func TestMigrateVerdictsToAttempts(t *testing.T) {
 	s, path := openTemp(t)
 	for _, stmt := range []string{
 		`DROP TABLE verdicts`,
+		`DROP TABLE journal`,
 		`CREATE TABLE verdicts (episode TEXT NOT NULL PRIMARY KEY, created_ns BIGINT NOT NULL, doc TEXT NOT NULL)`,
 		`INSERT INTO verdicts (episode, created_ns, doc) VALUES ('ep-old', 1, '{"reward":1}')`,
 		`UPDATE schema_version SET version = 3`,
@@ -670,7 +671,7 @@ func TestMigrateFromSchema1(t *testing.T) {
 	ctx := context.Background()
 	s, path := openTemp(t)
 	save(t, s, "A", "snap-1")
-	for _, stmt := range []string{`DROP TABLE verdicts`, `DROP TABLE episodes`} {
+	for _, stmt := range []string{`DROP TABLE verdicts`, `DROP TABLE episodes`, `DROP TABLE journal`} {
 		if _, err := s.db.Exec(stmt); err != nil {
 			t.Fatal(err)
 		}

@@ -202,6 +202,9 @@ const (
 	CodeInvalid = "invalid" // the request is malformed
 	CodeDenied  = "denied"  // the peer is not allowed to talk to this supervisor
 	CodeFailed  = "failed"  // the supervisor tried and failed
+	// CodeUnreachable is `stasis ctl`'s own: no supervisor answered (no
+	// control socket that accepts, and no receipt).
+	CodeUnreachable = "unreachable"
 )
 
 // RefusedError is returned when a request is well formed but not allowed in

@@ -91,7 +91,7 @@ func runCtl(cmd *cobra.Command, dir string, req supervisor.Request, wait time.Du
 		r, err = supervisor.Call(context.Background(), dir, req)
 	}
 	if err != nil {
-		print(map[string]string{"error": err.Error(), "code": "unreachable"})
+		print(map[string]string{"error": err.Error(), "code": supervisor.CodeUnreachable})
 		return &exitError{code: 1, err: err}
 	}
 	if !r.OK {

@@ -101,6 +101,13 @@ func (c Calls[M, PM, K, S, PS]) Retired(id string) int {
 	return s.retired[id]
 }
 
+// FindSnapshots returns the snapshots (not deleted) taken of sandbox id
+// under name, oldest first: how a caller that lost a Snapshot's answer
+// (its process died) finds what it made.
+func (c Calls[M, PM, K, S, PS]) FindSnapshots(_ context.Context, id, name string) ([]sandbox.SnapshotInfo, error) {
+	return c.x.Find(id, name)
+}
+
 // GetSnapshot describes snapshot id.
 func (c Calls[M, PM, K, S, PS]) GetSnapshot(_ context.Context, id string) (sandbox.SnapshotInfo, error) {
 	s, err := c.x.Read("get", id)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -90,6 +91,31 @@ func (x *Snapshots[S, PS]) Read(op, id string) (S, error) {
 		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what, "it was deleted")
 	}
 	return s, nil
+}
+
+// Find returns the snapshots (not deleted) taken of sandbox id under
+// name, oldest first.
+func (x *Snapshots[S, PS]) Find(id, name string) ([]sandbox.SnapshotInfo, error) {
+	ents, err := os.ReadDir(x.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []sandbox.SnapshotInfo
+	for _, e := range ents {
+		sid, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !ValidID(sid, x.Prefix) {
+			continue
+		}
+		s, err := x.Read("find", sid)
+		if err != nil {
+			continue // deleted, or another's
+		}
+		if m := PS(&s).snap(); m.Sandbox == id && m.Name == name {
+			out = append(out, x.Info(s))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
 }
 
 // Add gives s an id that no snapshot here ever had (not even a deleted

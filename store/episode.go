@@ -35,7 +35,7 @@ type Episode struct {
 	Attempt int    `json:"attempt"`
 	// PauseSeq is the last pause number sent to its supervisor; the next
 	// pause uses PauseSeq+1.
-	PauseSeq int64  `json:"pause_seq"`
+	PauseSeq int64        `json:"pause_seq"`
 	State    EpisodeState `json:"state"`
 	// DeadlineS overrides the task's time budget for the harness (0: the
 	// task's budget).

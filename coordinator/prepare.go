@@ -10,6 +10,7 @@ import (
 
 	"stasis/checkpoint"
 	"stasis/episode"
+	"stasis/errdefs"
 	"stasis/store"
 	"stasis/supervisor"
 )
@@ -199,7 +200,7 @@ func (c *Coordinator) prepareOne(ctx context.Context, x *op, eid string) (f Epis
 	}
 	e, ok := c.Live(eid)
 	if !ok {
-		return f, 0, rec, fmt.Errorf("episode %s is not live", eid)
+		return f, 0, rec, errdefs.Errorf(errdefs.ErrConflict, "episode %s is not live", eid)
 	}
 	row, err := c.o.Store.GetEpisode(ctx, eid)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"stasis/checkpoint"
 	"stasis/episode"
+	"stasis/errdefs"
 	"stasis/image"
 	"stasis/proc"
 	"stasis/store"
@@ -371,7 +372,7 @@ func (c *Coordinator) advance(d decision) error {
 	case at == d.Attempt:
 		return nil
 	case at > d.Attempt:
-		return fmt.Errorf("episode %s: the gateway is at attempt %d, past the %d this restore decided: another restore went first", d.Episode, at, d.Attempt)
+		return errdefs.Errorf(errdefs.ErrConflict, "episode %s: the gateway is at attempt %d, past the %d this restore decided: another restore went first", d.Episode, at, d.Attempt)
 	case at < d.Attempt-1:
 		return fmt.Errorf("episode %s: the gateway is at attempt %d, more than one below the %d this restore decided", d.Episode, at, d.Attempt)
 	}
@@ -575,7 +576,7 @@ func (c *Coordinator) committed(ctx context.Context, id, verb string) ([]store.R
 		return nil, err
 	}
 	if ck.State != store.StateCommitted {
-		return nil, fmt.Errorf("checkpoint %s is %s: only a committed checkpoint %s", id, ck.State, verb)
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "checkpoint %s is %s: only a committed checkpoint %s", id, ck.State, verb)
 	}
 	return recs, nil
 }

@@ -802,25 +802,8 @@ func (s *Server) getCheckpoint(w http.ResponseWriter, q *http.Request) {
 func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 	id := q.PathValue("id")
 	ctx := context.WithoutCancel(q.Context())
-	ck, recs, err := s.store.Get(ctx, id)
-	if err != nil {
-		s.fail(w, q, err)
-		return
-	}
-	if ck.State != store.StateCommitted {
-		s.fail(w, q, conflict("checkpoint %s is %s: only a committed checkpoint restores", id, ck.State))
-		return
-	}
-	var live []string
-	for _, r := range recs {
-		if _, ok := s.coord.Live(r.Episode); ok {
-			live = append(live, r.Episode)
-		}
-	}
-	if len(live) > 0 {
-		s.fail(w, q, conflict("checkpoint %s names live episodes (%s): retire them before restoring them; nothing was changed", id, strings.Join(live, ", ")))
-		return
-	}
+	// Whether the checkpoint is committed and names no live episode is the
+	// coordinator's to say (Restore), before it touches anything.
 	start := time.Now()
 	res, err := s.coord.Restore(ctx, id)
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -120,7 +119,10 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, errors.Join(errdefs.ErrUnavailable, err))
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s %s: %w", method, path, err) // the caller's deadline, not the server's fault
+		}
+		return errdefs.Errorf(errdefs.ErrUnavailable, "%s %s: the server did not answer: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswer+1))

@@ -664,6 +664,24 @@ func RelaunchCopy(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSe
 	return RelaunchIn(ctx, env, spec, sandboxID, harnessSession)
 }
 
+// adoptLaunch gives e a session over the supervisor already running in
+// sandboxID (a fork that kept the processes) and checks that it is the
+// recorded launch (ErrNotSameLaunch otherwise); it returns its status.
+func (e *Episode) adoptLaunch(ctx context.Context, sandboxID string, rec checkpoint.State) (*supervisor.Status, error) {
+	o := e.env.sessionOptions(e.spec, e.spec.Harness.Start(e.launch), e.attempt)
+	o.Sandbox, o.Adopt, o.Running, o.HarnessSession = sandboxID, true, true, rec.HarnessSession
+	sess, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("episode %s: %w", e.spec.ID, err)
+	}
+	e.sess = sess
+	st, err := sess.Status(ctx)
+	if err != nil || st.Identity != rec.Identity {
+		return nil, fmt.Errorf("episode %s: %w (status %+v, %v)", e.spec.ID, ErrNotSameLaunch, st, err)
+	}
+	return st, nil
+}
+
 func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, rec checkpoint.State, copyName string) (*Episode, error) {
 	if err := spec.prepare(ctx); err != nil {
 		return nil, err
@@ -673,17 +691,11 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 		name = copyName
 	}
 	e := &Episode{env: env, spec: spec, name: name, launch: env.launch(spec), attempt: rec.Attempt}
-	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), rec.Attempt)
-	o.Sandbox, o.Adopt, o.Running, o.HarnessSession = sandboxID, true, true, rec.HarnessSession
-	sess, err := checkpoint.NewSession(ctx, o)
-	if err != nil {
-		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+	if _, err := e.adoptLaunch(ctx, sandboxID, rec); err != nil {
+		return nil, err
 	}
-	e.sess = sess
-	st, err := sess.Status(ctx)
-	if err != nil || st.Identity != rec.Identity {
-		return nil, fmt.Errorf("episode %s: %w (status %+v, %v)", spec.ID, ErrNotSameLaunch, st, err)
-	}
+	sess := e.sess
+	var err error
 	if e.clock, err = env.setClock(ctx, sess, rec); err != nil {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
@@ -743,17 +755,11 @@ func ReadyInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, re
 		return nil, err
 	}
 	e := &Episode{env: env, spec: spec, name: spec.name(), launch: env.launch(spec), attempt: attempt, resumeSeq: rec.PauseSeq}
-	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), attempt)
-	o.Sandbox, o.Adopt, o.Running, o.HarnessSession = sandboxID, true, true, rec.HarnessSession
-	sess, err := checkpoint.NewSession(ctx, o)
+	st, err := e.adoptLaunch(ctx, sandboxID, rec)
 	if err != nil {
-		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
+		return nil, err
 	}
-	e.sess = sess
-	st, err := sess.Status(ctx)
-	if err != nil || st.Identity != rec.Identity {
-		return nil, fmt.Errorf("episode %s: %w (status %+v, %v)", spec.ID, ErrNotSameLaunch, st, err)
-	}
+	sess := e.sess
 	if st.State == supervisor.StateExited {
 		return nil, fmt.Errorf("episode %s: %w: the recorded launch's harness ended in the fork before the continue", spec.ID, checkpoint.ErrExited)
 	}

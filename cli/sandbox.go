@@ -99,13 +99,24 @@ snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	open := func() (sandbox.Provider, error) { return openProvider(provider) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
-		newSandboxSnapshotCmd(open), newSandboxForkCmd(open), newSandboxRmCmd(open), newSandboxGCCmd(&provider),
+		newSandboxSnapshotCmd(open), newSandboxForkCmd(open), newSandboxRmCmd(open), newSandboxGCCmd(open),
 		newSandboxExtendCmd(open), newSandboxKeeperCmd(), newSandboxDoctorCmd(),
 	)
 	return cmd
 }
 
+// opener opens the provider a sandbox subcommand works on.
 type opener func() (sandbox.Provider, error)
+
+// with opens the provider, runs f with it and closes it.
+func (open opener) with(f func(sandbox.Provider) error) error {
+	p, err := open()
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return f(p)
+}
 
 func newSandboxCreateCmd(open opener) *cobra.Command {
 	var (
@@ -137,30 +148,27 @@ Without it a local sandbox sees an allow-list of the host's userland
 			if ttl <= 0 {
 				return &exitError{code: 2, err: errors.New("--ttl must be above zero")}
 			}
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			if lp, ok := p.(*local.Provider); ok && img != "" {
-				// Pull first, with progress; the sandbox then names the
-				// digest.
-				if _, err := image.ParseRef(img); err != nil {
-					return &exitError{code: 2, err: err}
+			return open.with(func(p sandbox.Provider) error {
+				if lp, ok := p.(*local.Provider); ok && img != "" {
+					// Pull first, with progress; the sandbox then names the
+					// digest.
+					if _, err := image.ParseRef(img); err != nil {
+						return &exitError{code: 2, err: err}
+					}
+					im, err := pullWithProgress(cmd.Context(), cmd, lp.Images(), img)
+					if err != nil {
+						return imageErr(err)
+					}
+					img = im.Digest
 				}
-				im, err := pullWithProgress(cmd.Context(), cmd, lp.Images(), img)
+				info, err := p.Create(cmd.Context(), sandbox.Spec{Root: from, Image: img, Labels: l, Env: e, Expiry: time.Now().Add(ttl)})
 				if err != nil {
-					return imageErr(err)
+					return sandboxErr(err)
 				}
-				img = im.Digest
-			}
-			info, err := p.Create(cmd.Context(), sandbox.Spec{Root: from, Image: img, Labels: l, Env: e, Expiry: time.Now().Add(ttl)})
-			if err != nil {
-				return sandboxErr(err)
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "created %s (%s), expires %s\n", info.ID, info.Provider, info.Expiry.Local().Format(time.RFC3339))
-			fmt.Fprintln(cmd.OutOrStdout(), info.ID)
-			return nil
+				fmt.Fprintf(cmd.ErrOrStderr(), "created %s (%s), expires %s\n", info.ID, info.Provider, info.Expiry.Local().Format(time.RFC3339))
+				fmt.Fprintln(cmd.OutOrStdout(), info.ID)
+				return nil
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -191,31 +199,28 @@ func newSandboxExecCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			req := sandbox.ExecRequest{Argv: args[1:], Env: e, Cwd: cwd, Timeout: timeout, Background: background, LogPath: logPath,
-				Stdin: os.Stdin, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr()}
-			if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-				req.Stdin = nil // a terminal: the command gets no input rather than a hang
-			}
-			res, err := p.Exec(cmd.Context(), args[0], req)
-			if err != nil {
-				return sandboxErr(err)
-			}
-			if background {
-				fmt.Fprintln(cmd.OutOrStdout(), res.PID)
+			return open.with(func(p sandbox.Provider) error {
+				req := sandbox.ExecRequest{Argv: args[1:], Env: e, Cwd: cwd, Timeout: timeout, Background: background, LogPath: logPath,
+					Stdin: os.Stdin, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr()}
+				if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+					req.Stdin = nil // a terminal: the command gets no input rather than a hang
+				}
+				res, err := p.Exec(cmd.Context(), args[0], req)
+				if err != nil {
+					return sandboxErr(err)
+				}
+				if background {
+					fmt.Fprintln(cmd.OutOrStdout(), res.PID)
+					return nil
+				}
+				switch {
+				case res.ExitCode < 0:
+					return &exitError{code: 128 - res.ExitCode}
+				case res.ExitCode > 0:
+					return &exitError{code: res.ExitCode}
+				}
 				return nil
-			}
-			switch {
-			case res.ExitCode < 0:
-				return &exitError{code: 128 - res.ExitCode}
-			case res.ExitCode > 0:
-				return &exitError{code: res.ExitCode}
-			}
-			return nil
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -248,22 +253,19 @@ file is copied to DST.
   stasis sandbox cp sb-0123456789abcdef:/work/out ./out`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			ctx := cmd.Context()
-			sid, spath, sremote := splitRemote(args[0])
-			did, dpath, dremote := splitRemote(args[1])
-			switch {
-			case sremote == dremote:
-				return &exitError{code: 2, err: errors.New("exactly one of SRC and DST must be ID:/path")}
-			case dremote:
-				return sandboxErr(copyIn(ctx, p, args[0], did, dpath))
-			default:
-				return sandboxErr(copyOut(ctx, p, sid, spath, args[1], cmd.ErrOrStderr()))
-			}
+			return open.with(func(p sandbox.Provider) error {
+				ctx := cmd.Context()
+				sid, spath, sremote := splitRemote(args[0])
+				did, dpath, dremote := splitRemote(args[1])
+				switch {
+				case sremote == dremote:
+					return &exitError{code: 2, err: errors.New("exactly one of SRC and DST must be ID:/path")}
+				case dremote:
+					return sandboxErr(copyIn(ctx, p, args[0], did, dpath))
+				default:
+					return sandboxErr(copyOut(ctx, p, sid, spath, args[1], cmd.ErrOrStderr()))
+				}
+			})
 		},
 	}
 }
@@ -349,47 +351,44 @@ func newSandboxLsCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			list, err := p.List(cmd.Context(), l)
-			if err != nil {
-				return sandboxErr(err)
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				if list == nil {
-					list = []sandbox.Info{}
+			return open.with(func(p sandbox.Provider) error {
+				list, err := p.List(cmd.Context(), l)
+				if err != nil {
+					return sandboxErr(err)
 				}
-				b, _ := json.MarshalIndent(list, "", "  ")
-				fmt.Fprintln(out, string(b))
+				out := cmd.OutOrStdout()
+				if asJSON {
+					if list == nil {
+						list = []sandbox.Info{}
+					}
+					b, _ := json.MarshalIndent(list, "", "  ")
+					fmt.Fprintln(out, string(b))
+					return nil
+				}
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSTATE\tCREATED\tEXPIRES IN\tSOURCE\tLABELS")
+				for _, s := range list {
+					left := time.Until(s.Expiry).Round(time.Second).String()
+					if s.State != sandbox.StateRunning {
+						left = "-"
+					}
+					var ls []string
+					for k, v := range s.Labels {
+						ls = append(ls, k+"="+v)
+					}
+					sort.Strings(ls)
+					src := s.Source
+					if src == "" {
+						src = "-"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Created.Local().Format("2006-01-02 15:04:05"), left, src, strings.Join(ls, ","))
+				}
+				tw.Flush()
+				if len(list) == 0 {
+					fmt.Fprintln(cmd.ErrOrStderr(), "no sandboxes")
+				}
 				return nil
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tCREATED\tEXPIRES IN\tSOURCE\tLABELS")
-			for _, s := range list {
-				left := time.Until(s.Expiry).Round(time.Second).String()
-				if s.State != sandbox.StateRunning {
-					left = "-"
-				}
-				var ls []string
-				for k, v := range s.Labels {
-					ls = append(ls, k+"="+v)
-				}
-				sort.Strings(ls)
-				src := s.Source
-				if src == "" {
-					src = "-"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Created.Local().Format("2006-01-02 15:04:05"), left, src, strings.Join(ls, ","))
-			}
-			tw.Flush()
-			if len(list) == 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "no sandboxes")
-			}
-			return nil
+			})
 		},
 	}
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with this label key=value (repeatable)")
@@ -404,19 +403,16 @@ func newSandboxSnapshotCmd(open opener) *cobra.Command {
 		Short: "Snapshot a sandbox; prints the snapshot id on the last line",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			t0 := time.Now()
-			snap, err := p.Snapshot(cmd.Context(), args[0], name)
-			if err != nil {
-				return sandboxErr(err)
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "snapshot of %s in %s: %d bytes, %d new\n", args[0], time.Since(t0).Round(time.Millisecond), snap.Bytes, snap.NewBytes)
-			fmt.Fprintln(cmd.OutOrStdout(), snap.ID)
-			return nil
+			return open.with(func(p sandbox.Provider) error {
+				t0 := time.Now()
+				snap, err := p.Snapshot(cmd.Context(), args[0], name)
+				if err != nil {
+					return sandboxErr(err)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "snapshot of %s in %s: %d bytes, %d new\n", args[0], time.Since(t0).Round(time.Millisecond), snap.Bytes, snap.NewBytes)
+				fmt.Fprintln(cmd.OutOrStdout(), snap.ID)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "a name for the snapshot")
@@ -438,19 +434,16 @@ func newSandboxForkCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			infos, err := p.Fork(cmd.Context(), args[0], count, sandbox.ForkSpec{Labels: l, Expiry: time.Now().Add(ttl)})
-			if err != nil {
-				return sandboxErr(err)
-			}
-			for _, in := range infos {
-				fmt.Fprintln(cmd.OutOrStdout(), in.ID)
-			}
-			return nil
+			return open.with(func(p sandbox.Provider) error {
+				infos, err := p.Fork(cmd.Context(), args[0], count, sandbox.ForkSpec{Labels: l, Expiry: time.Now().Add(ttl)})
+				if err != nil {
+					return sandboxErr(err)
+				}
+				for _, in := range infos {
+					fmt.Fprintln(cmd.OutOrStdout(), in.ID)
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "how many sandboxes")
@@ -466,53 +459,48 @@ func newSandboxRmCmd(open opener) *cobra.Command {
 		Short: "Delete sandboxes (or, with --snapshot, snapshots); deleting one already gone succeeds",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			for _, id := range args {
-				if snapshots {
-					err = p.DeleteSnapshot(cmd.Context(), id)
-				} else {
-					err = p.Delete(cmd.Context(), id)
+			return open.with(func(p sandbox.Provider) error {
+				for _, id := range args {
+					var err error
+					if snapshots {
+						err = p.DeleteSnapshot(cmd.Context(), id)
+					} else {
+						err = p.Delete(cmd.Context(), id)
+					}
+					if err != nil {
+						return sandboxErr(err)
+					}
+					fmt.Fprintln(cmd.OutOrStdout(), "deleted", id)
 				}
-				if err != nil {
-					return sandboxErr(err)
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), "deleted", id)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&snapshots, "snapshot", false, "the ids are snapshots")
 	return cmd
 }
 
-func newSandboxGCCmd(provider *string) *cobra.Command {
+func newSandboxGCCmd(open opener) *cobra.Command {
 	return &cobra.Command{
 		Use:   "gc",
 		Short: "Remove sandboxes whose keeper died (ending a QEMU left behind), and blobs nothing references",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := openProvider(*provider)
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			reaped, err := p.GC(cmd.Context())
-			if err != nil {
-				return err
-			}
-			for _, id := range reaped {
-				fmt.Fprintln(cmd.OutOrStdout(), "reaped", id)
-			}
-			n, bytes, err := p.CollectBlobs(cmd.Context())
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%d sandboxes reaped, %d blobs (%d bytes) freed\n", len(reaped), n, bytes)
-			return nil
+			return open.with(func(p sandbox.Provider) error {
+				reaped, err := p.GC(cmd.Context())
+				if err != nil {
+					return err
+				}
+				for _, id := range reaped {
+					fmt.Fprintln(cmd.OutOrStdout(), "reaped", id)
+				}
+				n, bytes, err := p.CollectBlobs(cmd.Context())
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d sandboxes reaped, %d blobs (%d bytes) freed\n", len(reaped), n, bytes)
+				return nil
+			})
 		},
 	}
 }
@@ -524,17 +512,14 @@ func newSandboxExtendCmd(open opener) *cobra.Command {
 		Short: "Set a sandbox's absolute expiry to D from now (longer or shorter)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			t := time.Now().Add(ttl)
-			if err := p.SetExpiry(cmd.Context(), args[0], t); err != nil {
-				return sandboxErr(err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s expires %s\n", args[0], t.Local().Format(time.RFC3339))
-			return nil
+			return open.with(func(p sandbox.Provider) error {
+				t := time.Now().Add(ttl)
+				if err := p.SetExpiry(cmd.Context(), args[0], t); err != nil {
+					return sandboxErr(err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s expires %s\n", args[0], t.Local().Format(time.RFC3339))
+				return nil
+			})
 		},
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "new lease from now")
@@ -542,15 +527,22 @@ func newSandboxExtendCmd(open opener) *cobra.Command {
 }
 
 func newSandboxKeeperCmd() *cobra.Command {
+	cmd := newKeeperCmd("Hold one local sandbox (started by create and fork)", "keeper", local.RunKeeper)
+	cmd.Hidden = true
+	return cmd
+}
+
+// newKeeperCmd is a provider's keeper command: it holds one sandbox, whose
+// state directory --dir names, logging as component to stderr.
+func newKeeperCmd(short, component string, run func(dir string, log *slog.Logger) int) *cobra.Command {
 	var dir string
 	cmd := &cobra.Command{
-		Use:    "keeper --dir DIR",
-		Short:  "Hold one local sandbox (started by create and fork)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
+		Use:   "keeper --dir DIR",
+		Short: short,
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "keeper")
-			if code := local.RunKeeper(dir, log); code != 0 {
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", component)
+			if code := run(dir, log); code != 0 {
 				return &exitError{code: code}
 			}
 			return nil

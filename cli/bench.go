@@ -61,7 +61,7 @@ supervisor RSS <= 15 MiB.`,
 			for _, m := range modes {
 				mm, err := supervisor.ParseMode(m)
 				if err != nil {
-					return &exitError{code: 2, err: fmt.Errorf("--modes: %w", err)}
+					return &exitError{Code: 2, Err: fmt.Errorf("--modes: %w", err)}
 				}
 				ms = append(ms, mm)
 			}
@@ -93,7 +93,7 @@ supervisor RSS <= 15 MiB.`,
 					float64(base[0].PeakRSSKiB)/1024, float64(peakRSS(rows))/float64(base[0].PeakRSSKiB))
 			}
 			if p := peakRSS(rows); p > superviseRSSTarget {
-				return &exitError{code: 1, err: fmt.Errorf("REGRESSION: the supervisor's peak RSS is %.1f MiB, above the %d MiB target: it runs in every sandbox and goes into every memory snapshot (see BENCHMARKS.md)", float64(p)/1024, superviseRSSTarget/1024)}
+				return &exitError{Code: 1, Err: fmt.Errorf("REGRESSION: the supervisor's peak RSS is %.1f MiB, above the %d MiB target: it runs in every sandbox and goes into every memory snapshot (see BENCHMARKS.md)", float64(p)/1024, superviseRSSTarget/1024)}
 			}
 			return nil
 		},

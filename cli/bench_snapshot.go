@@ -40,10 +40,10 @@ benchmark writes is removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if treeMiB < 1 {
-				return &exitError{code: 2, err: fmt.Errorf("--tree-mib %d: give a size of at least 1 MiB", treeMiB)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--tree-mib %d: give a size of at least 1 MiB", treeMiB)}
 			}
 			if changed <= 0 || changed > 100 {
-				return &exitError{code: 2, err: fmt.Errorf("--changed-percent %g: give a share above 0 and at most 100", changed)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--changed-percent %g: give a share above 0 and at most 100", changed)}
 			}
 			res, err := bench.Snapshot(cmd.Context(), bench.SnapshotOptions{
 				Dir: dir, TreeMiB: treeMiB, ChangedPercent: changed, Progress: cmd.ErrOrStderr(),

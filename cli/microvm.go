@@ -127,7 +127,7 @@ kernel. Exit status 1 when something is missing.`,
 				}
 			}
 			if !r.Ready {
-				return &exitError{code: 1, err: errors.New("the microvm provider is not ready: see the fixes above")}
+				return &exitError{Code: 1, Err: errors.New("the microvm provider is not ready: see the fixes above")}
 			}
 			return nil
 		},

@@ -75,40 +75,40 @@ address cannot be listened on, or the server failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if listen == "" {
-				return &exitError{code: 2, err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
+				return &exitError{Code: 2, Err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
 			}
 			if delay < 0 {
-				return &exitError{code: 2, err: errors.New("--token-delay must not be negative")}
+				return &exitError{Code: 2, Err: errors.New("--token-delay must not be negative")}
 			}
 			if math.IsNaN(failRate) || failRate < 0 || failRate > 1 {
-				return &exitError{code: 2, err: fmt.Errorf("--fail %v: give a fraction from 0 to 1", failRate)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--fail %v: give a fraction from 0 to 1", failRate)}
 			}
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			script := model.DefaultScript()
 			if scriptPath != "" {
 				if script, err = model.LoadScript(scriptPath); err != nil {
-					return &exitError{code: 2, err: err}
+					return &exitError{Code: 2, Err: err}
 				}
 			}
 			var scripts []*model.Script
 			if tasksSpec != "" {
 				ts, problems, err := task.Load(tasksSpec, task.SWEBenchOptions{Repos: repos})
 				if err != nil {
-					return &exitError{code: 2, err: err}
+					return &exitError{Code: 2, Err: err}
 				}
 				for _, p := range problems {
 					log.Warn("task not loaded", "err", p)
 				}
 				if scripts, err = task.Scripts(ts); err != nil {
-					return &exitError{code: 2, err: err}
+					return &exitError{Code: 2, Err: err}
 				}
 			}
 			ln, shown, err := serve.Listen(listen)
 			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("--listen: %w", err)}
+				return &exitError{Code: 1, Err: fmt.Errorf("--listen: %w", err)}
 			}
 			log = log.With("component", "model")
 			h := model.New(model.Options{
@@ -118,7 +118,7 @@ address cannot be listened on, or the server failed.`,
 			log.Info("serving", "addr", shown, "script", script.Name, "turns", len(script.Turns), "task_scripts", len(scripts), "seed", seed,
 				"token_delay", delay, "fail", failRate, "model", h.Name())
 			if err := serve.UntilSignal(cmd.Context(), ln, h, log); err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitError{Code: 1, Err: err}
 			}
 			return nil
 		},

@@ -42,11 +42,11 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger("text", logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			r, err := relay.New(relay.Config{Upstream: upstream, TokenFile: tokenFile, Heartbeat: heartbeat, Logger: log})
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			ln, shown, err := serve.Listen(listen)
 			if err != nil {
@@ -93,7 +93,7 @@ Metrics in Prometheus format at /metrics.`,
 			serve.ProcsForFsync() // each ledger entry is fsync'd before its answer
 			log, err := newLogger("text", logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			dir, err := gatewayStateDir(state)
 			if err != nil {
@@ -101,7 +101,7 @@ Metrics in Prometheus format at /metrics.`,
 			}
 			g, err := relay.OpenGateway(relay.GatewayConfig{Upstream: upstream, State: dir, ModelKey: os.Getenv(keyEnv), Logger: log})
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			defer g.Close()
 			ln, shown, err := serve.Listen(listen)
@@ -155,20 +155,20 @@ attempt; calls of older attempts are refused from now on.`,
 				st, err = g.AddEpisode(args[1])
 			case "restore":
 				if inPlace == relaunch {
-					return &exitError{code: 2, err: errors.New("give exactly one of --in-place and --relaunch")}
+					return &exitError{Code: 2, Err: errors.New("give exactly one of --in-place and --relaunch")}
 				}
 				if inPlace && cmd.Flags().Changed("position") == cmd.Flags().Changed("delivered") {
-					return &exitError{code: 2, err: errors.New("restore --in-place needs exactly one of --position N (the pause's relay_position) and --delivered N (an older acknowledgement's relay_delivered)")}
+					return &exitError{Code: 2, Err: errors.New("restore --in-place needs exactly one of --position N (the pause's relay_position) and --delivered N (an older acknowledgement's relay_delivered)")}
 				}
 				if cmd.Flags().Changed("position") {
 					delivered = position
 				}
 				st, err = g.Restore(args[1], inPlace, delivered, "")
 			default:
-				return &exitError{code: 2, err: fmt.Errorf("unknown action %q: use add or restore", args[0])}
+				return &exitError{Code: 2, Err: fmt.Errorf("unknown action %q: use add or restore", args[0])}
 			}
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitError{Code: 1, Err: err}
 			}
 			creds := st.Credentials(nextCall)
 			if tokenFile != "" {

@@ -5,7 +5,6 @@ package cli
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,17 +21,7 @@ import (
 func versionString() string { return sandboxcli.Version() }
 
 // exitError carries a process exit code out of a command.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit %d", e.code)
-	}
-	return e.err.Error()
-}
+type exitError = sandboxcli.ExitError
 
 func newRoot() *cobra.Command {
 	root := &cobra.Command{
@@ -81,13 +70,6 @@ func Main(args []string) int {
 	}
 	if code, ok := sandboxcli.ExitCode(err); ok {
 		return code
-	}
-	var ee *exitError
-	if errors.As(err, &ee) {
-		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "stasis:", ee.err)
-		}
-		return ee.code
 	}
 	fmt.Fprintln(os.Stderr, "stasis:", err)
 	return 1

@@ -65,7 +65,7 @@ verify; 2 a usage error; 1 the run failed.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			o.Log = log
 			errOut := cmd.ErrOrStderr()
@@ -81,9 +81,9 @@ verify; 2 a usage error; 1 the run failed.`,
 				// A bad option exits 2; anything else 1 (3 is kept
 				// for a run whose episodes did not all resolve).
 				if k := errdefs.Kind(err); k == errdefs.ErrInvalid || k == errdefs.ErrUnsupported {
-					return &exitError{code: errdefs.ExitRefused, err: err}
+					return &exitError{Code: errdefs.ExitRefused, Err: err}
 				}
-				return &exitError{code: errdefs.ExitFailure, err: err}
+				return &exitError{Code: errdefs.ExitFailure, Err: err}
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
@@ -98,7 +98,7 @@ verify; 2 a usage error; 1 the run failed.`,
 				ok = ok && e.LedgerVerified
 			}
 			if !ok {
-				return &exitError{code: 3, err: fmt.Errorf("%d of %d episodes resolved; see the report", rep.Resolved, len(rep.Episodes))}
+				return &exitError{Code: 3, Err: fmt.Errorf("%d of %d episodes resolved; see the report", rep.Resolved, len(rep.Episodes))}
 			}
 			return nil
 		},

@@ -31,7 +31,7 @@ import (
 // openProvider opens the named sandbox provider on $STASIS_HOME.
 func openProvider(name string) (sandbox.Provider, error) {
 	if _, err := sandbox.Lookup(name); err != nil {
-		return nil, &exitError{code: errdefs.ExitRefused, err: fmt.Errorf("--provider: %w", err)}
+		return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--provider: %w", err)}
 	}
 	h, err := home.Dir()
 	if err != nil {
@@ -57,7 +57,7 @@ func sandboxErr(err error) error {
 	if errors.As(err, &ee) {
 		return err
 	}
-	return &exitError{code: errdefs.ExitCode(err), err: err}
+	return &exitError{Code: errdefs.ExitCode(err), Err: err}
 }
 
 func parseLabels(kvs []string, flag string) (map[string]string, error) {
@@ -65,7 +65,7 @@ func parseLabels(kvs []string, flag string) (map[string]string, error) {
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, &exitError{code: 2, err: fmt.Errorf("%s %q: use key=value", flag, kv)}
+			return nil, &exitError{Code: 2, Err: fmt.Errorf("%s %q: use key=value", flag, kv)}
 		}
 		m[k] = v
 	}
@@ -146,14 +146,14 @@ Without it a local sandbox sees an allow-list of the host's userland
 				return err
 			}
 			if ttl <= 0 {
-				return &exitError{code: 2, err: errors.New("--ttl must be above zero")}
+				return &exitError{Code: 2, Err: errors.New("--ttl must be above zero")}
 			}
 			return open.with(func(p sandbox.Provider) error {
 				if lp, ok := p.(*local.Provider); ok && img != "" {
 					// Pull first, with progress; the sandbox then names the
 					// digest.
 					if _, err := image.ParseRef(img); err != nil {
-						return &exitError{code: 2, err: err}
+						return &exitError{Code: 2, Err: err}
 					}
 					im, err := pullWithProgress(cmd.Context(), cmd, lp.Images(), img)
 					if err != nil {
@@ -193,7 +193,7 @@ func newSandboxExecCmd(open opener) *cobra.Command {
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 1 {
-				return &exitError{code: 2, err: errors.New("put the command after --: stasis sandbox exec ID -- CMD")}
+				return &exitError{Code: 2, Err: errors.New("put the command after --: stasis sandbox exec ID -- CMD")}
 			}
 			e, err := parseLabels(env, "--env")
 			if err != nil {
@@ -215,9 +215,9 @@ func newSandboxExecCmd(open opener) *cobra.Command {
 				}
 				switch {
 				case res.ExitCode < 0:
-					return &exitError{code: 128 - res.ExitCode}
+					return &exitError{Code: 128 - res.ExitCode}
 				case res.ExitCode > 0:
-					return &exitError{code: res.ExitCode}
+					return &exitError{Code: res.ExitCode}
 				}
 				return nil
 			})
@@ -259,7 +259,7 @@ file is copied to DST.
 				did, dpath, dremote := splitRemote(args[1])
 				switch {
 				case sremote == dremote:
-					return &exitError{code: 2, err: errors.New("exactly one of SRC and DST must be ID:/path")}
+					return &exitError{Code: 2, Err: errors.New("exactly one of SRC and DST must be ID:/path")}
 				case dremote:
 					return sandboxErr(copyIn(ctx, p, args[0], did, dpath))
 				default:
@@ -280,7 +280,7 @@ file is copied to DST.
 func copyIn(ctx context.Context, p sandbox.Files, src, id, dst string) error {
 	fi, err := os.Stat(src)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return &exitError{Code: 2, Err: err}
 	}
 	pr, pw := io.Pipe()
 	dir, name := dst, "."
@@ -543,7 +543,7 @@ func newKeeperCmd(short, component string, run func(dir string, log *slog.Logger
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", component)
 			if code := run(dir, log); code != 0 {
-				return &exitError{code: code}
+				return &exitError{Code: code}
 			}
 			return nil
 		},

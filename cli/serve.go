@@ -167,21 +167,21 @@ could not start or failed.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			serve.ProcsForFsync() // the gateway fsyncs each ledger entry
 			if listen == "" {
-				return &exitError{code: 2, err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
+				return &exitError{Code: 2, Err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
 			}
 			if state == "" {
-				return &exitError{code: 2, err: errors.New("--state is required: the directory that holds the store, the gateway and the sandboxes")}
+				return &exitError{Code: 2, Err: errors.New("--state is required: the directory that holds the store, the gateway and the sandboxes")}
 			}
 			if concurrency < 1 {
-				return &exitError{code: 2, err: fmt.Errorf("--concurrency %d: give at least 1", concurrency)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--concurrency %d: give at least 1", concurrency)}
 			}
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			lo, err := taskOptions(repos, envs, log)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			if provider != "" && provider != "local" && lo.Envs != "" {
 				// Environments are built on this host; only local
@@ -191,27 +191,27 @@ could not start or failed.`,
 			}
 			ts, problems, err := task.Load(tasksSpec, lo)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			for _, p := range problems {
 				log.Warn("task not loaded", "err", p)
 			}
 			if len(ts) == 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--tasks %s: no task loaded", tasksSpec)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--tasks %s: no task loaded", tasksSpec)}
 			}
 			if err := coordinator.CheckStragglers(stragglers); err != nil {
-				return &exitError{code: 2, err: fmt.Errorf("--%w", err)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--%w", err)}
 			}
 			lim, err := limits.parse()
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			if lim != (sandbox.Limits{}) && provider != "" && provider != "local" {
-				return &exitError{code: 2, err: fmt.Errorf("the limit flags are for the local provider: the %s provider's sandboxes are sized by the service or the VM", provider)}
+				return &exitError{Code: 2, Err: fmt.Errorf("the limit flags are for the local provider: the %s provider's sandboxes are sized by the service or the VM", provider)}
 			}
 			guestMiB, err := parseGuestMemory(guestMemory, provider)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			o := server.Options{
 				GuestMemMiB: guestMiB, Stragglers: stragglers, Limits: lim, Image: imageRef, PullImages: pullImages,
@@ -222,18 +222,18 @@ could not start or failed.`,
 			}
 			ln, shown, err := serve.Listen(listen)
 			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("--listen: %w", err)}
+				return &exitError{Code: 1, Err: fmt.Errorf("--listen: %w", err)}
 			}
 			access.Logger = log
 			if o.Access, err = server.NewAccess(ln.Addr(), access); err != nil {
 				_ = ln.Close()
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			ln = o.Access.Listener(ln)
 			srv, err := server.New(cmd.Context(), o)
 			if err != nil {
 				_ = ln.Close()
-				return &exitError{code: 1, err: err}
+				return &exitError{Code: 1, Err: err}
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), shown)
 			log.Info("serving", "addr", shown, "tls", o.Access.TLSConfig() != nil, "authenticates", o.Access.Authenticates())
@@ -242,7 +242,7 @@ could not start or failed.`,
 				log.Warn("closing the server", "err", cerr)
 			}
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitError{Code: 1, Err: err}
 			}
 			return nil
 		},

@@ -44,20 +44,20 @@ when any task fails to load.`,
 	load := func(cmd *cobra.Command) ([]*task.Task, error) {
 		o, err := taskOptions(repos, envs, nil)
 		if err != nil {
-			return nil, &exitError{code: 2, err: err}
+			return nil, &exitError{Code: 2, Err: err}
 		}
 		ts, problems, err := task.Load(spec, o)
 		if err != nil {
-			return nil, &exitError{code: 2, err: err}
+			return nil, &exitError{Code: 2, Err: err}
 		}
 		for _, p := range problems {
 			fmt.Fprintf(cmd.ErrOrStderr(), "not loaded: %v\n", p)
 		}
 		switch {
 		case len(ts) == 0:
-			return nil, &exitError{code: 2, err: fmt.Errorf("tasks %s: no task could be loaded (%d failed; the reasons are above)", spec, len(problems))}
+			return nil, &exitError{Code: 2, Err: fmt.Errorf("tasks %s: no task could be loaded (%d failed; the reasons are above)", spec, len(problems))}
 		case strict && len(problems) > 0:
-			return nil, &exitError{code: 2, err: fmt.Errorf("tasks %s: %d tasks failed to load (--strict; the reasons are above)", spec, len(problems))}
+			return nil, &exitError{Code: 2, Err: fmt.Errorf("tasks %s: %d tasks failed to load (--strict; the reasons are above)", spec, len(problems))}
 		}
 		return ts, nil
 	}
@@ -106,7 +106,7 @@ when any task fails to load.`,
 			}
 			t, err := task.Lookup(ts, args[0])
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {

@@ -76,7 +76,7 @@ with a higher limit); 2 a usage error; 1 any other error, or SIGINT/SIGTERM
       --workdir /work --session /tmp/mini/session.json --json   # resume`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
-				return &exitError{code: 2, err: errors.New(`put the prompt after --, e.g. stasis mini ... -- "fix the failing test"`)}
+				return &exitError{Code: 2, Err: errors.New(`put the prompt after --, e.g. stasis mini ... -- "fix the failing test"`)}
 			}
 			for _, f := range []struct{ name, val, what string }{
 				{"--endpoint", endpoint, "the OpenAI base URL including /v1, e.g. http://127.0.0.1:8787/v1"},
@@ -84,30 +84,30 @@ with a higher limit); 2 a usage error; 1 any other error, or SIGINT/SIGTERM
 				{"--session", session, "the session file to save the conversation to (and resume from)"},
 			} {
 				if f.val == "" {
-					return &exitError{code: 2, err: fmt.Errorf("%s is required: %s", f.name, f.what)}
+					return &exitError{Code: 2, Err: fmt.Errorf("%s is required: %s", f.name, f.what)}
 				}
 			}
 			if !strings.HasPrefix(endpoint, "http://") && !strings.HasPrefix(endpoint, "https://") {
-				return &exitError{code: 2, err: fmt.Errorf("--endpoint %q: give an http:// or https:// URL ending in /v1", endpoint)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--endpoint %q: give an http:// or https:// URL ending in /v1", endpoint)}
 			}
 			if maxSteps <= 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--max-steps %d: give a positive number", maxSteps)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--max-steps %d: give a positive number", maxSteps)}
 			}
 			if cmdTimeout <= 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--command-timeout %s: give a positive duration", cmdTimeout)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--command-timeout %s: give a positive duration", cmdTimeout)}
 			}
 			if outputLimit <= 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--output-limit %d: give a positive number of bytes", outputLimit)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--output-limit %d: give a positive number of bytes", outputLimit)}
 			}
 			prompt := strings.TrimSpace(strings.Join(args, " "))
 			if prompt == "" {
 				if _, err := os.Stat(session); err != nil {
-					return &exitError{code: 2, err: fmt.Errorf("no prompt: give it after --, or a --session file to resume (%s: %v)", session, err)}
+					return &exitError{Code: 2, Err: fmt.Errorf("no prompt: give it after --, or a --session file to resume (%s: %v)", session, err)}
 				}
 			}
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -119,7 +119,7 @@ with a higher limit); 2 a usage error; 1 any other error, or SIGINT/SIGTERM
 			if asJSON && (err == nil || errors.Is(err, mini.ErrMaxSteps)) {
 				b, jerr := json.MarshalIndent(res, "", "  ")
 				if jerr != nil {
-					return &exitError{code: 1, err: jerr}
+					return &exitError{Code: 1, Err: jerr}
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), string(b))
 			}
@@ -130,11 +130,11 @@ with a higher limit); 2 a usage error; 1 any other error, or SIGINT/SIGTERM
 				}
 				return nil
 			case errors.Is(err, mini.ErrMaxSteps):
-				return &exitError{code: 3, err: err}
+				return &exitError{Code: 3, Err: err}
 			case ctx.Err() != nil:
-				return &exitError{code: 1, err: fmt.Errorf("interrupted; the session is saved in %s: run the same command again to resume", session)}
+				return &exitError{Code: 1, Err: fmt.Errorf("interrupted; the session is saved in %s: run the same command again to resume", session)}
 			}
-			return &exitError{code: 1, err: err}
+			return &exitError{Code: 1, Err: err}
 		},
 	}
 	f := cmd.Flags()

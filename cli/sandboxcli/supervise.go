@@ -92,32 +92,32 @@ the deadline ended it, 1 when the supervisor failed.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			leanGC()
 			if cmd.ArgsLenAtDash() != 0 {
-				return &exitError{code: 2, err: fmt.Errorf("put the harness command after --, e.g. stasis supervise --dir DIR -- sh -c 'work'")}
+				return &exitError{Code: 2, Err: fmt.Errorf("put the harness command after --, e.g. stasis supervise --dir DIR -- sh -c 'work'")}
 			}
 			if dir == "" {
-				return &exitError{code: 2, err: fmt.Errorf("--dir is required: the session directory for the socket, acknowledgements and receipt")}
+				return &exitError{Code: 2, Err: fmt.Errorf("--dir is required: the session directory for the socket, acknowledgements and receipt")}
 			}
 			if freeze {
 				if mode != string(supervisor.ModeHold) {
-					return &exitError{code: 2, err: fmt.Errorf("--freeze goes with --mode hold (it freezes the held harness's control group)")}
+					return &exitError{Code: 2, Err: fmt.Errorf("--freeze goes with --mode hold (it freezes the held harness's control group)")}
 				}
 				mode = string(supervisor.ModeHoldFreeze)
 			}
 			m, err := supervisor.ParseMode(mode)
 			if err != nil {
-				return &exitError{code: 2, err: fmt.Errorf("--mode: %w", err)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--mode: %w", err)}
 			}
 			for name, d := range map[string]time.Duration{"--deadline": deadline, "--stop-confirm-timeout": confirm, "--grace": grace} {
 				if d < 0 {
-					return &exitError{code: 2, err: fmt.Errorf("%s must not be negative", name)}
+					return &exitError{Code: 2, Err: fmt.Errorf("%s must not be negative", name)}
 				}
 			}
 			if confirm == 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--stop-confirm-timeout must be above zero")}
+				return &exitError{Code: 2, Err: fmt.Errorf("--stop-confirm-timeout must be above zero")}
 			}
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			var resumeArgv []string
 			if resume != "" {
@@ -129,14 +129,14 @@ the deadline ended it, 1 when the supervisor failed.`,
 			var closed []supervisor.ClosedFile
 			if cmd.Flags().Changed("harness-uid") || cmd.Flags().Changed("harness-gid") {
 				if !cmd.Flags().Changed("harness-uid") || !cmd.Flags().Changed("harness-gid") {
-					return &exitError{code: 2, err: fmt.Errorf("give both --harness-uid and --harness-gid")}
+					return &exitError{Code: 2, Err: fmt.Errorf("give both --harness-uid and --harness-gid")}
 				}
 				harness = &supervisor.HarnessUser{UID: harnessUID, GID: harnessGID, Home: harnessHome}
 				if harnessHome != "" && !strings.HasPrefix(harnessHome, "/") {
-					return &exitError{code: 2, err: fmt.Errorf("--harness-home %q: give an absolute path", harnessHome)}
+					return &exitError{Code: 2, Err: fmt.Errorf("--harness-home %q: give an absolute path", harnessHome)}
 				}
 				if err := harness.Check(); err != nil {
-					return &exitError{code: 2, err: err}
+					return &exitError{Code: 2, Err: err}
 				}
 				if relayToken != "" {
 					closed = append(closed, supervisor.ClosedFile{Path: relayToken, Access: supervisor.Read, What: "--relay-token-file"})
@@ -150,21 +150,21 @@ the deadline ended it, 1 when the supervisor failed.`,
 			var gate supervisor.Gate
 			if relayListen != "" || relayUpstream != "" || relayToken != "" {
 				if relayListen == "" || relayUpstream == "" || relayToken == "" {
-					return &exitError{code: 2, err: fmt.Errorf("the relay needs all of --relay-listen, --relay-upstream and --relay-token-file")}
+					return &exitError{Code: 2, Err: fmt.Errorf("the relay needs all of --relay-listen, --relay-upstream and --relay-token-file")}
 				}
 				r, err := relay.New(relay.Config{Upstream: relayUpstream, TokenFile: relayToken, Heartbeat: relayHeartbeat, Logger: log.With("component", "relay")})
 				if err != nil {
-					return &exitError{code: 2, err: err}
+					return &exitError{Code: 2, Err: err}
 				}
 				ln, addr, err := serve.Listen(relayListen)
 				if err != nil {
-					return &exitError{code: 1, err: fmt.Errorf("relay: %w", err)}
+					return &exitError{Code: 1, Err: fmt.Errorf("relay: %w", err)}
 				}
 				if p, ok := strings.CutPrefix(addr, "unix:"); ok && harness != nil {
 					// The relay is the harness's: let its user connect.
 					if err := os.Chmod(p, 0o666); err != nil {
 						ln.Close()
-						return &exitError{code: 1, err: fmt.Errorf("relay: %w", err)}
+						return &exitError{Code: 1, Err: fmt.Errorf("relay: %w", err)}
 					}
 				}
 				srv := &http.Server{Handler: r.Handler(), ReadHeaderTimeout: 30 * time.Second}
@@ -189,19 +189,19 @@ the deadline ended it, 1 when the supervisor failed.`,
 				Closed:  closed,
 			})
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitError{Code: 1, Err: err}
 			}
 			switch {
 			case rc.Error != "":
-				return &exitError{code: 1, err: fmt.Errorf("%s", rc.Error)}
+				return &exitError{Code: 1, Err: fmt.Errorf("%s", rc.Error)}
 			case rc.TimedOut:
-				return &exitError{code: 124}
+				return &exitError{Code: 124}
 			case rc.ReturnCode == nil:
 				return nil
 			case *rc.ReturnCode < 0:
-				return &exitError{code: 128 - *rc.ReturnCode}
+				return &exitError{Code: 128 - *rc.ReturnCode}
 			case *rc.ReturnCode > 0:
-				return &exitError{code: *rc.ReturnCode}
+				return &exitError{Code: *rc.ReturnCode}
 			}
 			return nil
 		},

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -85,8 +84,7 @@ supervisor RSS <= 15 MiB.`,
 				return fmt.Errorf("the baseline (the full binary as supervisor): %w", err)
 			}
 			if asJSON {
-				b, _ := json.MarshalIndent(map[string]any{"rows": rows, "baseline_full_binary": base[0]}, "", "  ")
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				printJSON(cmd.OutOrStdout(), map[string]any{"rows": rows, "baseline_full_binary": base[0]})
 			} else {
 				printSuperviseTable(cmd.OutOrStdout(), rows)
 				fmt.Fprintf(cmd.OutOrStdout(), "baseline: the full stasis binary as supervisor peaks at %.1f MiB (hold, 1 process): the lean build's peak is %.2f of it\n",
@@ -116,6 +114,16 @@ func peakRSS(rows []bench.SuperviseRow) int64 {
 		p = max(p, r.PeakRSSKiB)
 	}
 	return p
+}
+
+// printBench prints a benchmark's result: as indented JSON with --json,
+// else with table.
+func printBench[R any](out io.Writer, asJSON bool, r R, table func(io.Writer, R) error) error {
+	if asJSON {
+		printJSON(out, r)
+		return nil
+	}
+	return table(out, r)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/1e6) }

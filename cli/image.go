@@ -66,6 +66,20 @@ func openImages() (*local.Provider, *image.Store, error) {
 	return p, p.Images(), nil
 }
 
+// openImagesInUse opens the image store with what uses each image
+// (imageUsers).
+func openImagesInUse(ctx context.Context) (*image.Store, image.InUse, error) {
+	p, s, err := openImages()
+	if err != nil {
+		return nil, nil, err
+	}
+	inUse, err := imageUsers(ctx, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, inUse, nil
+}
+
 func shortDigest(d string) string {
 	if len(d) > len("sha256:")+12 {
 		return d[:len("sha256:")+12]
@@ -230,11 +244,7 @@ func newImageRmCmd() *cobra.Command {
 		Short: "Remove pulled images that nothing uses",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, s, err := openImages()
-			if err != nil {
-				return err
-			}
-			inUse, err := imageUsers(cmd.Context(), p)
+			s, inUse, err := openImagesInUse(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -300,11 +310,7 @@ func newImageGCCmd() *cobra.Command {
 		Short: "Remove every pulled image nothing uses, and what interrupted pulls left",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, s, err := openImages()
-			if err != nil {
-				return err
-			}
-			inUse, err := imageUsers(cmd.Context(), p)
+			s, inUse, err := openImagesInUse(cmd.Context())
 			if err != nil {
 				return err
 			}

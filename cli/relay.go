@@ -1,9 +1,10 @@
 package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"os"
 	"time"
 
@@ -48,12 +49,7 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 			if err != nil {
 				return &exitError{Code: 2, Err: err}
 			}
-			ln, shown, err := serve.Listen(listen)
-			if err != nil {
-				return fmt.Errorf("--listen: %w", err)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), "relay listening on", shown)
-			return serve.UntilSignal(cmd.Context(), ln, r.Handler(), log)
+			return listenUntilSignal(cmd, "relay", listen, r.Handler(), log)
 		},
 	}
 	f := cmd.Flags()
@@ -65,6 +61,17 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 	_ = cmd.MarkFlagRequired("upstream")
 	_ = cmd.MarkFlagRequired("token-file")
 	return cmd
+}
+
+// listenUntilSignal serves h on addr (the --listen flag) until a signal
+// comes, having printed where name listens.
+func listenUntilSignal(cmd *cobra.Command, name, addr string, h http.Handler, log *slog.Logger) error {
+	ln, shown, err := serve.Listen(addr)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), name+" listening on", shown)
+	return serve.UntilSignal(cmd.Context(), ln, h, log)
 }
 
 func gatewayStateDir(flag string) (string, error) {
@@ -104,12 +111,7 @@ Metrics in Prometheus format at /metrics.`,
 				return &exitError{Code: 2, Err: err}
 			}
 			defer g.Close()
-			ln, shown, err := serve.Listen(listen)
-			if err != nil {
-				return fmt.Errorf("--listen: %w", err)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), "gateway listening on", shown)
-			return serve.UntilSignal(cmd.Context(), ln, g.Handler(), log)
+			return listenUntilSignal(cmd, "gateway", listen, g.Handler(), log)
 		},
 	}
 	f := cmd.Flags()
@@ -174,8 +176,7 @@ attempt; calls of older attempts are refused from now on.`,
 			if tokenFile != "" {
 				return atomicfile.WriteJSON(tokenFile, creds, 0o600)
 			}
-			b, _ := json.MarshalIndent(creds, "", "  ")
-			fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			printJSON(cmd.OutOrStdout(), creds)
 			return nil
 		},
 	}

@@ -79,6 +79,13 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	return sandboxcli.NewLogger(format, level)
 }
 
+// printJSON prints v as indented JSON and a newline (only the newline if v
+// does not marshal).
+func printJSON(out io.Writer, v any) {
+	b, _ := json.MarshalIndent(v, "", "  ")
+	fmt.Fprintln(out, string(b))
+}
+
 // writeJSON prints v as indented JSON, one document per call: every
 // command's --json output.
 func writeJSON(out io.Writer, v any) error {

@@ -3,7 +3,6 @@ package cli
 import (
 	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -361,8 +360,7 @@ func newSandboxLsCmd(open opener) *cobra.Command {
 					if list == nil {
 						list = []sandbox.Info{}
 					}
-					b, _ := json.MarshalIndent(list, "", "  ")
-					fmt.Fprintln(out, string(b))
+					printJSON(out, list)
 					return nil
 				}
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

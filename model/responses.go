@@ -207,42 +207,20 @@ type FunctionCallItem struct {
 }
 
 func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
+	body, req, ok := readRequest(s, w, r, ParseResponsesRequest)
 	if !ok {
 		return
 	}
-	req, err := ParseResponsesRequest(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
-		return
-	}
 	conv, _ := req.conversation()
-	key := requestKey(s.seed, "responses", body)
-	f, draw, ok := s.pickFault(w, r, key)
-	if !ok || s.injectError(w, f) {
-		return
-	}
-	if f == faultDrop && !req.Stream {
-		s.metrics.fault(string(f))
-		drop(w)
-		return
-	}
-	model := req.Model
-	if model == "" {
-		model = s.name
-	}
-	g := s.generate(conv, key)
-	s.metrics.tokens(len(g.promptIDs), len(g.ids))
-	s.log.Debug("response", "turn", g.turn, "calls", len(g.calls), "prompt_tokens", len(g.promptIDs), "completion_tokens", len(g.ids), "stream", req.Stream, "fault", string(f))
-	rb := &responseBuilder{g: g, model: model, created: s.created}
-	if req.Stream {
-		s.stream(w, r, rb.events(), f, draw)
-		return
-	}
-	if err := s.sleepTokens(r, len(g.ids)); err != nil {
-		return
-	}
-	writeJSON(w, rb.response("completed", true))
+	s.answer(w, r, call{
+		api: "responses", logMsg: "response", body: body, conv: conv, model: req.Model, stream: req.Stream,
+		events: func(g *generation, model string) []event {
+			return (&responseBuilder{g: g, model: model, created: s.created}).events()
+		},
+		whole: func(g *generation, model string) any {
+			return (&responseBuilder{g: g, model: model, created: s.created}).response("completed", true)
+		},
+	})
 }
 
 type responseBuilder struct {

@@ -453,18 +453,9 @@ func (p *Provider) snapInfo(s apiSnapshot) sandbox.SnapshotInfo {
 }
 
 func (p *Provider) getSnap(ctx context.Context, op, id string) (apiSnapshot, error) {
-	var s apiSnapshot
-	if id == "" || strings.ContainsAny(id, "/?#") {
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(id), "not an OpenSandbox snapshot id")
-	}
-	err := p.do(ctx, call{method: http.MethodGet, url: p.base + "/snapshots/" + url.PathEscape(id), apiKey: true, idempotent: true, retry500: true}, &s)
-	if isStatus(err, http.StatusNotFound) {
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(id), "the OpenSandbox server has no such snapshot (deleted, or never made)")
-	}
-	if err != nil {
-		return s, p.fail(op, snapWhat(id), err)
-	}
-	return s, nil
+	return get[apiSnapshot](ctx, p, op, "/snapshots/", "snapshot", id, snapWhat(id), func() error {
+		return sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(id), "the OpenSandbox server has no such snapshot (deleted, or never made)")
+	})
 }
 
 // GetSnapshot reads a snapshot; one not Ready is an ErrWrongState error

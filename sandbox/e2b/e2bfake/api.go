@@ -317,28 +317,38 @@ func (f *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	f.mu.Unlock()
-	sort.Slice(all, func(i, j int) bool {
-		if !all[i].StartedAt.Equal(all[j].StartedAt) {
-			return all[i].StartedAt.After(all[j].StartedAt)
-		}
-		return all[i].SandboxID > all[j].SandboxID
-	})
-	if !after.IsZero() {
-		i := sort.Search(len(all), func(i int) bool {
-			s := all[i]
-			return s.StartedAt.Before(after) || (s.StartedAt.Equal(after) && s.SandboxID < afterID)
-		})
-		all = all[i:]
-	}
-	if len(all) > limit {
-		last := all[limit-1]
-		w.Header().Set(headerNextToken, cursor(last.StartedAt, last.SandboxID))
-		all = all[:limit]
-	}
+	all = page(w, all, func(d listedJSON) (time.Time, string) { return d.StartedAt, d.SandboxID }, limit, after, afterID)
 	if all == nil {
 		all = []listedJSON{}
 	}
 	writeJSON(w, http.StatusOK, all)
+}
+
+// page is one page of a list: items sorted newest first (by their key's
+// time, then id, descending), those from the cursor (after, afterID) on,
+// at most limit of them; the next page's token is set when more are left.
+func page[T any](w http.ResponseWriter, items []T, key func(T) (time.Time, string), limit int, after time.Time, afterID string) []T {
+	sort.Slice(items, func(i, j int) bool {
+		ti, idi := key(items[i])
+		tj, idj := key(items[j])
+		if !ti.Equal(tj) {
+			return ti.After(tj)
+		}
+		return idi > idj
+	})
+	if !after.IsZero() {
+		i := sort.Search(len(items), func(i int) bool {
+			t, id := key(items[i])
+			return t.Before(after) || (t.Equal(after) && id < afterID)
+		})
+		items = items[i:]
+	}
+	if len(items) > limit {
+		t, id := key(items[limit-1])
+		w.Header().Set(headerNextToken, cursor(t, id))
+		items = items[:limit]
+	}
+	return items
 }
 
 func (f *Server) kill(w http.ResponseWriter, r *http.Request) {
@@ -366,14 +376,20 @@ func (f *Server) runningLocked(w http.ResponseWriter, id string) (*sbx, bool) {
 	return sb, true
 }
 
+// timeoutSeconds reads a body of one required timeout (setTimeout's and
+// connect's).
+func timeoutSeconds(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	var body timeoutBody
+	if !decode(w, r, &body, true) {
+		return 0, false
+	}
+	return seconds(w, body.Timeout, true)
+}
+
 // setTimeout is POST /sandboxes/{id}/timeout: the end moves to now +
 // timeout, earlier or later.
 func (f *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var body timeoutBody
-	if !decode(w, r, &body, true) {
-		return
-	}
-	secs, ok := seconds(w, body.Timeout, true)
+	secs, ok := timeoutSeconds(w, r)
 	if !ok {
 		return
 	}
@@ -449,11 +465,7 @@ func (f *Server) pause(w http.ResponseWriter, r *http.Request) {
 // connect is POST /sandboxes/{id}/connect: a running sandbox's end is only
 // ever extended (200); a paused one is resumed from its snapshot (201).
 func (f *Server) connect(w http.ResponseWriter, r *http.Request) {
-	var body timeoutBody
-	if !decode(w, r, &body, true) {
-		return
-	}
-	secs, ok := seconds(w, body.Timeout, true)
+	secs, ok := timeoutSeconds(w, r)
 	if !ok {
 		return
 	}
@@ -587,22 +599,7 @@ func (f *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		ts = append(ts, t)
 	}
 	f.mu.Unlock()
-	sort.Slice(ts, func(i, j int) bool {
-		if !ts[i].created.Equal(ts[j].created) {
-			return ts[i].created.After(ts[j].created)
-		}
-		return ts[i].id > ts[j].id
-	})
-	if !after.IsZero() {
-		i := sort.Search(len(ts), func(i int) bool {
-			return ts[i].created.Before(after) || (ts[i].created.Equal(after) && ts[i].id < afterID)
-		})
-		ts = ts[i:]
-	}
-	if len(ts) > limit {
-		w.Header().Set(headerNextToken, cursor(ts[limit-1].created, ts[limit-1].id))
-		ts = ts[:limit]
-	}
+	ts = page(w, ts, func(t *tmpl) (time.Time, string) { return t.created, t.id }, limit, after, afterID)
 	out := []snapshotJSON{}
 	for _, t := range ts {
 		out = append(out, snapshotJSON{SnapshotID: t.id + ":default", Names: []string{}})

@@ -138,13 +138,20 @@ func filePath(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return p, true
 }
 
-// getFile is GET /files.
-func (f *Server) getFile(w http.ResponseWriter, r *http.Request) {
+// fileTarget is the sandbox and the path of a /files request (target,
+// filePath).
+func (f *Server) fileTarget(w http.ResponseWriter, r *http.Request) (target, string, bool) {
 	t, ok := f.target(w, r)
 	if !ok {
-		return
+		return t, "", false
 	}
 	p, ok := filePath(w, r)
+	return t, p, ok
+}
+
+// getFile is GET /files.
+func (f *Server) getFile(w http.ResponseWriter, r *http.Request) {
+	t, p, ok := f.fileTarget(w, r)
 	if !ok {
 		return
 	}
@@ -170,11 +177,7 @@ func (f *Server) getFile(w http.ResponseWriter, r *http.Request) {
 // postFile is POST /files with a raw body: the file is written (mode 0644,
 // as envd's 0666 under the usual umask), its directories made.
 func (f *Server) postFile(w http.ResponseWriter, r *http.Request) {
-	t, ok := f.target(w, r)
-	if !ok {
-		return
-	}
-	p, ok := filePath(w, r)
+	t, p, ok := f.fileTarget(w, r)
 	if !ok {
 		return
 	}
@@ -454,19 +457,30 @@ func (f *Server) unaryStart(w http.ResponseWriter, r *http.Request, in any) (tar
 	return t, true
 }
 
+// unaryProc starts a unary call about a process (unaryStart) and finds
+// the process that sel, a member of in, names; not_found is answered when
+// there is none.
+func (f *Server) unaryProc(w http.ResponseWriter, r *http.Request, in any, sel *selectorJSON) (target, *process, bool) {
+	t, ok := f.unaryStart(w, r, in)
+	if !ok {
+		return t, nil, false
+	}
+	p, ok := f.proc(t, *sel)
+	if !ok {
+		unaryError(w, "not_found", "process not found")
+		return t, nil, false
+	}
+	return t, p, true
+}
+
 func unaryOK(w http.ResponseWriter) {
 	writeJSON(w, http.StatusOK, struct{}{})
 }
 
 func (f *Server) sendInput(w http.ResponseWriter, r *http.Request) {
 	var in sendInputJSON
-	t, ok := f.unaryStart(w, r, &in)
+	_, p, ok := f.unaryProc(w, r, &in, &in.Process)
 	if !ok {
-		return
-	}
-	p, ok := f.proc(t, in.Process)
-	if !ok {
-		unaryError(w, "not_found", "process not found")
 		return
 	}
 	if err := p.write(in.Input.Stdin); err != nil {
@@ -478,13 +492,8 @@ func (f *Server) sendInput(w http.ResponseWriter, r *http.Request) {
 
 func (f *Server) closeStdin(w http.ResponseWriter, r *http.Request) {
 	var in closeStdinJSON
-	t, ok := f.unaryStart(w, r, &in)
+	_, p, ok := f.unaryProc(w, r, &in, &in.Process)
 	if !ok {
-		return
-	}
-	p, ok := f.proc(t, in.Process)
-	if !ok {
-		unaryError(w, "not_found", "process not found")
 		return
 	}
 	p.closeStdin()
@@ -493,13 +502,8 @@ func (f *Server) closeStdin(w http.ResponseWriter, r *http.Request) {
 
 func (f *Server) sendSignal(w http.ResponseWriter, r *http.Request) {
 	var in sendSignalJSON
-	t, ok := f.unaryStart(w, r, &in)
+	t, p, ok := f.unaryProc(w, r, &in, &in.Process)
 	if !ok {
-		return
-	}
-	p, ok := f.proc(t, in.Process)
-	if !ok {
-		unaryError(w, "not_found", "process not found")
 		return
 	}
 	switch in.Signal {

@@ -44,7 +44,9 @@ import (
 	"sync"
 	"time"
 
+	"stasis/internal/retryafter"
 	"stasis/sandbox"
+	"stasis/sandbox/internal/faults"
 	"stasis/sandbox/internal/strictjson"
 )
 
@@ -257,14 +259,7 @@ func (f *Fake) StickSnapshots(sandboxID string) (undo func()) {
 // from the snapshot from now on fail to provision (it goes Failed); undo
 // ends that.
 func (f *Fake) FailFork(snapshot string, k int) (undo func()) {
-	f.mu.Lock()
-	f.failFork[snapshot] = &forkFault{k: k}
-	f.mu.Unlock()
-	return func() {
-		f.mu.Lock()
-		delete(f.failFork, snapshot)
-		f.mu.Unlock()
-	}
+	return faults.Put(&f.mu, f.failFork, snapshot, &forkFault{k: k})
 }
 
 // Fault is a misbehaviour for the requests that match Method (any when
@@ -293,19 +288,7 @@ func (ft *Fault) Hits() []time.Time {
 
 // Inject adds a fault; remove takes it away.
 func (f *Fake) Inject(ft *Fault) (remove func()) {
-	f.mu.Lock()
-	f.faults = append(f.faults, ft)
-	f.mu.Unlock()
-	return func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		for i, x := range f.faults {
-			if x == ft {
-				f.faults = append(f.faults[:i], f.faults[i+1:]...)
-				return
-			}
-		}
-	}
+	return faults.Add(&f.mu, &f.faults, ft)
 }
 
 // fault applies the first fault that matches; true when it answered.
@@ -329,14 +312,8 @@ func (f *Fake) fault(w http.ResponseWriter, r *http.Request) bool {
 	if hit == nil {
 		return false
 	}
-	if hit.Delay > 0 {
-		t := time.NewTimer(hit.Delay)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
-			return true
-		}
+	if retryafter.Wait(r.Context(), hit.Delay) != nil {
+		return true // the client gave up
 	}
 	if hit.Status == 0 {
 		return false
@@ -688,12 +665,26 @@ func page(w http.ResponseWriter, q url.Values) (int, int, bool) {
 	return pg, size, true
 }
 
-func paginate[T any](items []T, pg, size int) ([]T, map[string]any) {
+// listPage is the body of a list answer: page pg (of size) of items,
+// newest first by key's time (ties by its id), each as toJSON makes it.
+func listPage[T any](items []T, pg, size int, key func(T) (time.Time, string), toJSON func(T) map[string]any) map[string]any {
+	sort.Slice(items, func(i, j int) bool {
+		ti, idi := key(items[i])
+		tj, idj := key(items[j])
+		if !ti.Equal(tj) {
+			return ti.After(tj)
+		}
+		return idi < idj
+	})
 	total := len(items)
 	pages := (total + size - 1) / size
 	start := min((pg-1)*size, total)
 	end := min(start+size, total)
-	return items[start:end], map[string]any{"page": pg, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": pg < pages}
+	out := make([]map[string]any, 0, end-start)
+	for _, x := range items[start:end] {
+		out = append(out, toJSON(x))
+	}
+	return map[string]any{"items": out, "pagination": map[string]any{"page": pg, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": pg < pages}}
 }
 
 func (f *Fake) listSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -727,19 +718,9 @@ func (f *Fake) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			match = append(match, s)
 		}
 	}
-	sort.Slice(match, func(i, j int) bool {
-		if !match[i].created.Equal(match[j].created) {
-			return match[i].created.After(match[j].created)
-		}
-		return match[i].id < match[j].id
-	})
-	items, pi := paginate(match, pg, size)
-	out := make([]map[string]any, len(items))
-	for i, s := range items {
-		out[i] = s.json(true)
-	}
+	body := listPage(match, pg, size, func(s *sb) (time.Time, string) { return s.created, s.id }, func(s *sb) map[string]any { return s.json(true) })
 	f.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"items": out, "pagination": pi})
+	writeJSON(w, http.StatusOK, body)
 }
 
 func contains(list []string, s string) bool {
@@ -1018,19 +999,9 @@ func (f *Fake) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		}
 		match = append(match, s)
 	}
-	sort.Slice(match, func(i, j int) bool {
-		if !match[i].created.Equal(match[j].created) {
-			return match[i].created.After(match[j].created)
-		}
-		return match[i].id < match[j].id
-	})
-	items, pi := paginate(match, pg, size)
-	out := make([]map[string]any, len(items))
-	for i, s := range items {
-		out[i] = s.json()
-	}
+	body := listPage(match, pg, size, func(s *snap) (time.Time, string) { return s.created, s.id }, (*snap).json)
 	f.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"items": out, "pagination": pi})
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (f *Fake) deleteSnapshot(w http.ResponseWriter, r *http.Request) {

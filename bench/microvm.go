@@ -86,14 +86,12 @@ func MicroVM(ctx context.Context, o MicroVMOptions) (MicroVMResult, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	if o.Home == "" {
-		dir, err := os.MkdirTemp("", "stasis-bench-microvm-")
-		if err != nil {
-			return res, err
-		}
-		defer os.RemoveAll(dir)
-		o.Home = dir
+	home, remove, err := dirOr(o.Home, "stasis-bench-microvm-")
+	if err != nil {
+		return res, err
 	}
+	defer remove()
+	o.Home = home
 	for _, mem := range o.Mem {
 		p, err := microvm.New(ctx, microvm.Options{Home: filepath.Join(o.Home, strconv.Itoa(mem)), Exe: o.Exe, ExeEnv: o.Env, GuestBinary: o.GuestBinary, MemMiB: mem})
 		if err != nil {

@@ -103,15 +103,11 @@ func Relay(ctx context.Context, o RelayOptions) (RelayResult, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	dir := o.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "stasis-bench-relay-")
-		if err != nil {
-			return res, err
-		}
-		defer os.RemoveAll(d)
-		dir = d
+	dir, remove, err := dirOr(o.Dir, "stasis-bench-relay-")
+	if err != nil {
+		return res, err
 	}
+	defer remove()
 	modelURL, stopModel, err := serve(model.New(model.Options{TokenDelay: o.TokenDelay}).Handler())
 	if err != nil {
 		return res, err

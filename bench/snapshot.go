@@ -12,8 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
 )
@@ -153,7 +152,7 @@ func Snapshot(ctx context.Context, o SnapshotOptions) (res SnapshotResult, err e
 	res.Rows = append(res.Rows, inc)
 
 	fmt.Fprintf(o.Progress, "snapshot: restore (fork) of the incremental snapshot ...\n")
-	if err := syncScratch(scratch); err != nil {
+	if err := atomicfile.SyncFS(scratch); err != nil {
 		return res, err
 	}
 	forkDir := filepath.Join(scratch, "fork")
@@ -198,7 +197,7 @@ func snapshotRatio(a, b float64) float64 {
 }
 
 func measureSnapshot(ctx context.Context, store *cas.Store, storeDir, tree, prev, what string) (SnapshotRow, string, error) {
-	if err := syncScratch(storeDir); err != nil {
+	if err := atomicfile.SyncFS(storeDir); err != nil {
 		return SnapshotRow{}, "", err
 	}
 	before, err := treeSize(storeDir)
@@ -222,7 +221,7 @@ func measureSnapshot(ctx context.Context, store *cas.Store, storeDir, tree, prev
 // measureCommand runs a baseline command in dir and measures it and the
 // size of out, what it made.
 func measureCommand(ctx context.Context, dir, out, what string, argv ...string) (SnapshotRow, error) {
-	if err := syncScratch(dir); err != nil {
+	if err := atomicfile.SyncFS(dir); err != nil {
 		return SnapshotRow{}, err
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -258,20 +257,6 @@ func treeSize(p string) (int64, error) {
 		return nil
 	})
 	return n, err
-}
-
-// syncScratch flushes the file system holding p, so that the next measured
-// step does not pay for the previous one's writes.
-func syncScratch(p string) error {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: p, Err: err}
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return &os.PathError{Op: "syncfs", Path: p, Err: err}
-	}
-	return nil
 }
 
 type genFile struct {

@@ -79,12 +79,14 @@ func reapForever() {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGCHLD)
 	for {
-		reapAll()
+		reapAll(nil)
 		<-ch
 	}
 }
 
-func reapAll() {
+// reapAll reaps every child that has ended, telling reaped (when not nil)
+// of each.
+func reapAll(reaped func(pid int, ws unix.WaitStatus)) {
 	for {
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
@@ -93,6 +95,9 @@ func reapAll() {
 		}
 		if pid <= 0 || err != nil {
 			return
+		}
+		if reaped != nil {
+			reaped(pid, ws)
 		}
 	}
 }
@@ -377,7 +382,7 @@ func killBelowExcept(root, spare int, timeout time.Duration) ([]int, error) {
 			_ = unix.Kill(s.PID, unix.SIGKILL)
 			pids = append(pids, s.PID)
 		}
-		reapAll()
+		reapAll(nil)
 		if time.Now().After(deadline) {
 			sort.Ints(pids)
 			return pids, nil

@@ -117,15 +117,7 @@ func RunShim(argv []string) int {
 			if s != syscall.SIGCHLD {
 				continue // the supervisor decides what ends the harness
 			}
-			for {
-				var ws unix.WaitStatus
-				pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
-				if err == unix.EINTR {
-					continue
-				}
-				if pid <= 0 || err != nil {
-					break
-				}
+			reapAll(func(pid int, ws unix.WaitStatus) {
 				if pid == harness && !reported {
 					reported = true
 					if ws.Signaled() {
@@ -134,7 +126,7 @@ func RunShim(argv []string) int {
 						say("exit %d", ws.ExitStatus())
 					}
 				}
-			}
+			})
 		}
 	}
 }

@@ -93,140 +93,25 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) ([]CheckpointResult, e
 
 func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res CheckpointResult, err error) {
 	res.Episodes = n
-	ts, err := task.Builtin()
+	r, err := newCheckpointRig(o, n)
 	if err != nil {
 		return res, err
 	}
-	var quick []*task.Task
-	for _, t := range ts {
-		if t.Language != "go" { // Go tasks spend their time compiling
-			quick = append(quick, t)
-		}
-	}
-	scripts, err := task.Scripts(quick)
-	if err != nil {
-		return res, err
-	}
-	dir, err := os.MkdirTemp("", "stasis-bench-ckpt-")
-	if err != nil {
-		return res, err
-	}
-	defer os.RemoveAll(dir)
-
-	mln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return res, err
-	}
-	msrv := &http.Server{Handler: model.New(model.Options{Scripts: scripts})}
-	go func() { _ = msrv.Serve(mln) }()
-	defer msrv.Close()
-
-	gw, err := relay.OpenGateway(relay.GatewayConfig{Upstream: "http://" + mln.Addr().String(), State: filepath.Join(dir, "gateway")})
-	if err != nil {
-		return res, err
-	}
-	defer gw.Close()
-	sockDir := filepath.Join(dir, "gw")
-	if err := os.MkdirAll(sockDir, 0o755); err != nil {
-		return res, err
-	}
-	// The gateway holds every episode's third call until released.
-	release := make(chan struct{})
-	var held sync.WaitGroup
-	held.Add(n)
-	var once sync.Map
-	hold := func(h http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-			call := q.Header.Get(relay.HeaderCallID)
-			if strings.HasSuffix(call, "/3") && q.Header.Get(relay.HeaderAttempt) == "0" {
-				if _, dup := once.LoadOrStore(call, true); !dup {
-					held.Done()
-				}
-				select {
-				case <-release:
-				case <-q.Context().Done():
-					return
-				}
-			}
-			h.ServeHTTP(w, q)
-		})
-	}
-	// Each sandbox reaches the gateway on a socket of its own.
-	sockets := relay.NewSandboxSockets(gw, hold)
-	defer sockets.Close()
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	defer releaseOnce()
-
-	home := filepath.Join(dir, "local")
-	// The stasis binary is bound into each sandbox read-only: nothing to
-	// copy at start, nothing of it in the snapshots.
-	p, err := local.New(local.Options{Home: home, Exe: o.Exe, ExeEnv: o.Env, GatewayDir: sockDir, Gateway: sockets,
-		ReadOnlyBinds: map[string]string{o.Exe: harness.BoundBinaryPath}})
-	if err != nil {
-		return res, err
-	}
-	defer func() { _, _ = local.Crash(home) }()
-	st, err := store.OpenSQLite(filepath.Join(dir, "store.db"))
-	if err != nil {
-		return res, err
-	}
-	defer st.Close()
-	binEnv := map[string]string{}
-	for _, kv := range o.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		binEnv[k] = v
-	}
-	env := &episode.Env{
-		Provider: p, Gateway: gw, GatewayURL: "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, Model: model.DefaultName,
-		Verifier: &task.Verifier{Store: st, Provider: p}, Binary: o.Exe, BinaryEnv: binEnv, BinaryInSandbox: harness.BoundBinaryPath,
-	}
-	c, err := coordinator.New(ctx, coordinator.Options{Env: env, Store: st, Tasks: quick, Concurrency: o.Concurrency})
+	defer r.close()
+	c, err := coordinator.New(ctx, coordinator.Options{Env: r.env, Store: r.st, Tasks: r.quick, Concurrency: o.Concurrency})
 	if err != nil {
 		return res, err
 	}
 	defer func() { _ = c.Shutdown(context.WithoutCancel(ctx)) }()
-
-	fmt.Fprintf(o.Progress, "checkpoint bench: starting %d episodes\n", n)
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-		sem  = make(chan struct{}, o.Concurrency)
-	)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			t := quick[i%len(quick)]
-			if _, err := c.Start(ctx, "ep-"+strconv.Itoa(i), t.ID, "mini"); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-				held.Done()
-			}
-		}()
-	}
-	wg.Wait()
-	if len(errs) > 0 {
-		return res, errs[0]
-	}
-	heldAll := make(chan struct{})
-	go func() { held.Wait(); close(heldAll) }()
-	select {
-	case <-heldAll:
-	case <-time.After(5 * time.Minute):
-		return res, fmt.Errorf("the episodes did not all reach their third model call in 5 minutes")
-	case <-ctx.Done():
-		return res, ctx.Err()
+	if err := r.startHeld(ctx, c, o, n); err != nil {
+		return res, err
 	}
 
 	fmt.Fprintf(o.Progress, "checkpoint bench: %d episodes held at their third call; checkpoint\n", n)
 	// Each pause finds its episode waiting on a model call in flight, as a
 	// checkpoint mid-episode usually does; the calls go on after it.
 	pr, err := c.Prepare(ctx, "bench")
-	releaseOnce()
+	r.release()
 	if err != nil {
 		return res, err
 	}
@@ -240,18 +125,18 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 	}
 	res.PauseP50S, res.PauseMaxS = p50max(pauses)
 	res.SnapshotP50S, res.SnapshotMaxS = p50max(snaps)
-	res.Stored = duBytes(filepath.Join(home, "blobs"))
+	res.Stored = duBytes(filepath.Join(r.home, "blobs"))
 
 	// Lose every sandbox, as a crash would, and restore.
 	fmt.Fprintf(o.Progress, "checkpoint bench: crash and restore\n")
-	if _, err := local.Crash(home); err != nil {
+	if _, err := local.Crash(r.home); err != nil {
 		return res, err
 	}
 	c.Close()
-	if _, err := p.GC(ctx); err != nil {
+	if _, err := r.p.GC(ctx); err != nil {
 		return res, err
 	}
-	c, err = coordinator.New(ctx, coordinator.Options{Env: env, Store: st, Tasks: quick, Concurrency: o.Concurrency})
+	c, err = coordinator.New(ctx, coordinator.Options{Env: r.env, Store: r.st, Tasks: r.quick, Concurrency: o.Concurrency})
 	if err != nil {
 		return res, err
 	}
@@ -272,6 +157,164 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 	}
 	res.PeakRSSKiB = peakRSS(os.Getpid())
 	return res, nil
+}
+
+// checkpointRig is what a checkpoint bench runs on: the quick built-in
+// tasks, the scripted model, the gateway (holding every episode's third
+// call until release), the local provider and the store, in a temporary
+// directory.
+type checkpointRig struct {
+	quick   []*task.Task
+	home    string
+	p       *local.Provider
+	st      *store.SQLite
+	env     *episode.Env
+	held    sync.WaitGroup // done as each episode's third call is held
+	release func()
+	stops   []func() // close stops them, last first
+}
+
+func newCheckpointRig(o CheckpointOptions, n int) (r *checkpointRig, err error) {
+	r = &checkpointRig{}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	ts, err := task.Builtin()
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		if t.Language != "go" { // Go tasks spend their time compiling
+			r.quick = append(r.quick, t)
+		}
+	}
+	scripts, err := task.Scripts(r.quick)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "stasis-bench-ckpt-")
+	if err != nil {
+		return nil, err
+	}
+	r.stops = append(r.stops, func() { os.RemoveAll(dir) })
+
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	msrv := &http.Server{Handler: model.New(model.Options{Scripts: scripts})}
+	go func() { _ = msrv.Serve(mln) }()
+	r.stops = append(r.stops, func() { msrv.Close() })
+
+	gw, err := relay.OpenGateway(relay.GatewayConfig{Upstream: "http://" + mln.Addr().String(), State: filepath.Join(dir, "gateway")})
+	if err != nil {
+		return nil, err
+	}
+	r.stops = append(r.stops, func() { gw.Close() })
+	sockDir := filepath.Join(dir, "gw")
+	if err := os.MkdirAll(sockDir, 0o755); err != nil {
+		return nil, err
+	}
+	// Each sandbox reaches the gateway on a socket of its own.
+	sockets := relay.NewSandboxSockets(gw, r.hold(n))
+	r.stops = append(r.stops, func() { sockets.Close() }, r.release)
+
+	r.home = filepath.Join(dir, "local")
+	// The stasis binary is bound into each sandbox read-only: nothing to
+	// copy at start, nothing of it in the snapshots.
+	if r.p, err = local.New(local.Options{Home: r.home, Exe: o.Exe, ExeEnv: o.Env, GatewayDir: sockDir, Gateway: sockets,
+		ReadOnlyBinds: map[string]string{o.Exe: harness.BoundBinaryPath}}); err != nil {
+		return nil, err
+	}
+	r.stops = append(r.stops, func() { _, _ = local.Crash(r.home) })
+	if r.st, err = store.OpenSQLite(filepath.Join(dir, "store.db")); err != nil {
+		return nil, err
+	}
+	r.stops = append(r.stops, func() { r.st.Close() })
+	binEnv := map[string]string{}
+	for _, kv := range o.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		binEnv[k] = v
+	}
+	r.env = &episode.Env{
+		Provider: r.p, Gateway: gw, GatewayURL: "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, Model: model.DefaultName,
+		Verifier: &task.Verifier{Store: r.st, Provider: r.p}, Binary: o.Exe, BinaryEnv: binEnv, BinaryInSandbox: harness.BoundBinaryPath,
+	}
+	return r, nil
+}
+
+// hold wraps the gateway so that it holds every episode's third call (of
+// its first attempt) until release; n episodes are waited for.
+func (r *checkpointRig) hold(n int) func(http.Handler) http.Handler {
+	release := make(chan struct{})
+	r.release = sync.OnceFunc(func() { close(release) })
+	r.held.Add(n)
+	var once sync.Map
+	return func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+			call := q.Header.Get(relay.HeaderCallID)
+			if strings.HasSuffix(call, "/3") && q.Header.Get(relay.HeaderAttempt) == "0" {
+				if _, dup := once.LoadOrStore(call, true); !dup {
+					r.held.Done()
+				}
+				select {
+				case <-release:
+				case <-q.Context().Done():
+					return
+				}
+			}
+			h.ServeHTTP(w, q)
+		})
+	}
+}
+
+func (r *checkpointRig) close() {
+	for i := len(r.stops) - 1; i >= 0; i-- {
+		r.stops[i]()
+	}
+}
+
+// startHeld starts n episodes of the quick tasks, in turn, and waits until
+// each is held at its third call.
+func (r *checkpointRig) startHeld(ctx context.Context, c *coordinator.Coordinator, o CheckpointOptions, n int) error {
+	fmt.Fprintf(o.Progress, "checkpoint bench: starting %d episodes\n", n)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		sem  = make(chan struct{}, o.Concurrency)
+	)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			t := r.quick[i%len(r.quick)]
+			if _, err := c.Start(ctx, "ep-"+strconv.Itoa(i), t.ID, "mini"); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				r.held.Done()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	heldAll := make(chan struct{})
+	go func() { r.held.Wait(); close(heldAll) }()
+	select {
+	case <-heldAll:
+	case <-time.After(5 * time.Minute):
+		return fmt.Errorf("the episodes did not all reach their third model call in 5 minutes")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 func p50max(xs []float64) (float64, float64) {

@@ -115,57 +115,15 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	tid := templateID(template)
-	env := map[string]string{}
-	var backendSnap string
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
-		writeError(w, http.StatusServiceUnavailable, "the fake is closed")
+	backendSnap, env, ok := f.template(w, template)
+	if !ok {
 		return
 	}
-	if t, ok := f.tmpls[tid]; ok && !t.deleted {
-		if ff, ok := f.forkFaults[tid]; ok {
-			n := ff.seen
-			ff.seen++
-			if n == ff.k {
-				f.mu.Unlock()
-				writeError(w, http.StatusInternalServerError, fmt.Sprintf("injected failure of sandbox %d made from snapshot %s", n, template))
-				return
-			}
-		}
-		backendSnap = t.backend
-		for k, v := range t.env {
-			env[k] = v
-		}
-	} else if !slices.Contains(f.o.Templates, tid) {
-		f.mu.Unlock()
-		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", template))
-		return
-	}
-	f.mu.Unlock()
 	for k, v := range body.EnvVars {
 		env[k] = v
 	}
 	id := newID()
-	var (
-		info sandbox.Info
-		err  error
-	)
-	lease := f.now().Add(f.o.Lease)
-	labels := map[string]string{"e2bfake": id}
-	if backendSnap != "" {
-		var infos []sandbox.Info
-		infos, err = f.b.Fork(r.Context(), backendSnap, 1, sandbox.ForkSpec{Labels: labels, Expiry: lease})
-		if err == nil {
-			info = infos[0]
-			if err = f.hostClock(r.Context(), info.ID); err != nil {
-				_ = f.b.Delete(context.Background(), info.ID)
-			}
-		}
-	} else {
-		info, err = f.b.Create(r.Context(), sandbox.Spec{Labels: labels, Expiry: lease, Image: f.o.Image})
-	}
+	info, err := f.backendSandbox(r.Context(), id, backendSnap)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", template))
 		return
@@ -199,6 +157,65 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 	out := f.sandboxOf(sb)
 	f.mu.Unlock()
 	writeJSON(w, http.StatusCreated, out)
+}
+
+// template finds what a sandbox is made from: a snapshot's template (its
+// backend snapshot and environment; an injected fork failure answers
+// 500) or a base template of the options (no snapshot). The answer is
+// written when it is neither.
+func (f *Server) template(w http.ResponseWriter, template string) (backendSnap string, env map[string]string, ok bool) {
+	tid := templateID(template)
+	env = map[string]string{}
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, "the fake is closed")
+		return "", nil, false
+	}
+	t, ok := f.tmpls[tid]
+	if !ok || t.deleted {
+		f.mu.Unlock()
+		if !slices.Contains(f.o.Templates, tid) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", template))
+			return "", nil, false
+		}
+		return "", env, true
+	}
+	if ff, ok := f.forkFaults[tid]; ok {
+		n := ff.seen
+		ff.seen++
+		if n == ff.k {
+			f.mu.Unlock()
+			writeError(w, http.StatusInternalServerError, fmt.Sprintf("injected failure of sandbox %d made from snapshot %s", n, template))
+			return "", nil, false
+		}
+	}
+	for k, v := range t.env {
+		env[k] = v
+	}
+	backendSnap = t.backend
+	f.mu.Unlock()
+	return backendSnap, env, true
+}
+
+// backendSandbox makes the backend's sandbox for sandbox id: a fork of
+// backendSnap (its clock set to the host's), or a new one.
+func (f *Server) backendSandbox(ctx context.Context, id, backendSnap string) (sandbox.Info, error) {
+	lease := f.now().Add(f.o.Lease)
+	labels := map[string]string{"e2bfake": id}
+	if backendSnap == "" {
+		return f.b.Create(ctx, sandbox.Spec{Labels: labels, Expiry: lease, Image: f.o.Image})
+	}
+	infos, err := f.b.Fork(ctx, backendSnap, 1, sandbox.ForkSpec{Labels: labels, Expiry: lease})
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	info := infos[0]
+	if err := f.hostClock(ctx, info.ID); err != nil {
+		_ = f.b.Delete(context.Background(), info.ID)
+		return info, err
+	}
+	return info, nil
 }
 
 func (f *Server) get(w http.ResponseWriter, r *http.Request) {

@@ -516,48 +516,11 @@ func (f *Fake) createSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "invalid request body: "+err.Error())
 		return
 	}
-	hasImage := req.Image != nil && strings.TrimSpace(req.Image.URI) != ""
-	pool := req.Extensions["poolRef"] != ""
-	switch {
-	case hasImage == (req.SnapshotID != "") && !pool:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "Exactly one of image or snapshotId must be provided.")
-		return
-	case hasImage && len(req.Entrypoint) == 0 && !pool:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "entrypoint is required when image is provided.")
-		return
-	case len(req.ResourceLimits) == 0 && !pool:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "resourceLimits is required.")
-		return
-	case req.Timeout != nil && *req.Timeout < 60:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "timeout must be at least 60 seconds.")
-		return
-	case req.Timeout != nil && time.Duration(*req.Timeout)*time.Second > f.o.MaxTimeout:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", fmt.Sprintf("timeout exceeds the server's maximum of %d seconds.", int(f.o.MaxTimeout.Seconds())))
+	if code, msg := req.check(f.o.MaxTimeout); msg != "" {
+		writeError(w, http.StatusBadRequest, code, msg)
 		return
 	}
-	if msg := checkMetadata(req.Metadata); msg != "" {
-		writeError(w, http.StatusBadRequest, "INVALID_METADATA_LABEL", msg)
-		return
-	}
-	now := time.Now().UTC()
-	s := &sb{id: newUUID(), token: newHex(16), snapshotID: req.SnapshotID, entrypoint: req.Entrypoint, metadata: map[string]string{}, env: req.Env, created: now}
-	if len(s.entrypoint) == 0 {
-		// A restore, or a pool's sandbox: the server's default entry
-		// process (the specification has entrypoint in every answer, never
-		// null).
-		s.entrypoint = []string{"tail", "-f", "/dev/null"}
-	}
-	for k, v := range req.Metadata {
-		s.metadata[k] = v
-	}
-	if hasImage {
-		s.image = req.Image.URI
-	}
-	if req.Timeout != nil {
-		t := now.Add(time.Duration(*req.Timeout) * time.Second)
-		s.expires = &t
-	}
-	s.set("Pending", "SANDBOX_SCHEDULED", "Sandbox is being provisioned.")
+	s := req.sandbox()
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -595,6 +558,58 @@ func (f *Fake) createSandbox(w http.ResponseWriter, r *http.Request) {
 	go f.provision(s, backendSnap, injected)
 	w.Header().Set("Location", "/v1/sandboxes/"+s.id)
 	writeJSON(w, http.StatusAccepted, resp)
+}
+
+// hasImage says whether the request names an image.
+func (req *createRequest) hasImage() bool {
+	return req.Image != nil && strings.TrimSpace(req.Image.URI) != ""
+}
+
+// check checks a create request as the server does: the error's code and
+// message, or "" for a good one.
+func (req *createRequest) check(maxTimeout time.Duration) (code, msg string) {
+	hasImage := req.hasImage()
+	pool := req.Extensions["poolRef"] != ""
+	switch {
+	case hasImage == (req.SnapshotID != "") && !pool:
+		return "SANDBOX::INVALID_PARAMETER", "Exactly one of image or snapshotId must be provided."
+	case hasImage && len(req.Entrypoint) == 0 && !pool:
+		return "SANDBOX::INVALID_PARAMETER", "entrypoint is required when image is provided."
+	case len(req.ResourceLimits) == 0 && !pool:
+		return "SANDBOX::INVALID_PARAMETER", "resourceLimits is required."
+	case req.Timeout != nil && *req.Timeout < 60:
+		return "SANDBOX::INVALID_PARAMETER", "timeout must be at least 60 seconds."
+	case req.Timeout != nil && time.Duration(*req.Timeout)*time.Second > maxTimeout:
+		return "SANDBOX::INVALID_PARAMETER", fmt.Sprintf("timeout exceeds the server's maximum of %d seconds.", int(maxTimeout.Seconds()))
+	}
+	if msg := checkMetadata(req.Metadata); msg != "" {
+		return "INVALID_METADATA_LABEL", msg
+	}
+	return "", ""
+}
+
+// sandbox is the Pending sandbox a checked request makes.
+func (req *createRequest) sandbox() *sb {
+	now := time.Now().UTC()
+	s := &sb{id: newUUID(), token: newHex(16), snapshotID: req.SnapshotID, entrypoint: req.Entrypoint, metadata: map[string]string{}, env: req.Env, created: now}
+	if len(s.entrypoint) == 0 {
+		// A restore, or a pool's sandbox: the server's default entry
+		// process (the specification has entrypoint in every answer, never
+		// null).
+		s.entrypoint = []string{"tail", "-f", "/dev/null"}
+	}
+	for k, v := range req.Metadata {
+		s.metadata[k] = v
+	}
+	if req.hasImage() {
+		s.image = req.Image.URI
+	}
+	if req.Timeout != nil {
+		t := now.Add(time.Duration(*req.Timeout) * time.Second)
+		s.expires = &t
+	}
+	s.set("Pending", "SANDBOX_SCHEDULED", "Sandbox is being provisioned.")
+	return s
 }
 
 // provision makes the backend sandbox of a Pending one.

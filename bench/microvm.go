@@ -86,14 +86,12 @@ func MicroVM(ctx context.Context, o MicroVMOptions) (MicroVMResult, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	if o.Home == "" {
-		dir, err := os.MkdirTemp("", "stasis-bench-microvm-")
-		if err != nil {
-			return res, err
-		}
-		defer os.RemoveAll(dir)
-		o.Home = dir
+	home, remove, err := dirOr(o.Home, "stasis-bench-microvm-")
+	if err != nil {
+		return res, err
 	}
+	defer remove()
+	o.Home = home
 	for _, mem := range o.Mem {
 		p, err := microvm.New(ctx, microvm.Options{Home: filepath.Join(o.Home, strconv.Itoa(mem)), Exe: o.Exe, ExeEnv: o.Env, GuestBinary: o.GuestBinary, MemMiB: mem})
 		if err != nil {
@@ -122,113 +120,32 @@ func median(ds []time.Duration) time.Duration {
 
 func microVMRow(ctx context.Context, p *microvm.Provider, mem int, fill float64, dir string) (row MicroVMRow, err error) {
 	row.MemMiB = mem
-	var made []string
+	b := &vmBench{ctx: ctx, p: p, ddFile: filepath.Join(dir, "dd.bin")}
 	defer func() {
-		for _, id := range made {
-			if derr := p.Delete(context.WithoutCancel(ctx), id); derr != nil && err == nil {
-				err = derr
-			}
+		if cerr := b.cleanup(); cerr != nil && err == nil {
+			err = cerr
 		}
 	}()
-	exec1 := func(id string, script string) error {
-		var out bytes.Buffer
-		res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out, Timeout: 5 * time.Minute})
-		if err == nil && res.ExitCode != 0 {
-			err = fmt.Errorf("%q exited %d: %s", script, res.ExitCode, strings.TrimSpace(out.String()))
-		}
-		return err
+	b.expiry = time.Now().Add(time.Hour)
+	src, s1, err := b.firstSnapshots(&row, mem, fill)
+	if err != nil {
+		return row, err
 	}
-	expiry := time.Now().Add(time.Hour)
-	ddFile := filepath.Join(dir, "dd.bin")
-	dd := func(args ...string) (time.Duration, error) {
-		t0 := time.Now()
-		if out, err := exec.CommandContext(ctx, "dd", args...).CombinedOutput(); err != nil {
-			return 0, fmt.Errorf("dd: %v: %s", err, out)
-		}
-		return time.Since(t0), nil
-	}
-	// Three rounds, each taking the median: a cold boot; fill of the
-	// memory filled; the first snapshot of that VM; dd writing as
-	// many bytes as the snapshot added to the store, right after it.
-	// The first guest of a run is the slowest (QEMU and the image are not
-	// in the page cache yet). The last VM and its snapshot stay, for the
-	// second snapshot and the restores; the others are deleted, their
-	// snapshots too, so that each round's snapshot starts from an empty
-	// store.
-	var boots, snaps, paused, dds []time.Duration
-	var ratios []float64
-	var src sandbox.Info
-	var s1 sandbox.SnapshotInfo
-	for i := 0; i < reps; i++ {
-		t0 := time.Now()
-		if src, err = p.Create(ctx, sandbox.Spec{Expiry: expiry}); err != nil {
-			return row, err
-		}
-		made = append(made, src.ID)
-		if err := exec1(src.ID, "true"); err != nil {
-			return row, err
-		}
-		boots = append(boots, time.Since(t0))
 
-		// Fill a share of the guest's memory (its RAM file system) with
-		// data that does not compress or deduplicate.
-		if fillMiB := int(float64(mem) * fill); fillMiB > 0 {
-			if err := exec1(src.ID, fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1048576 count=%d 2>/dev/null", fillMiB)); err != nil {
-				return row, err
-			}
-		}
-		t0 = time.Now()
-		if s1, err = p.Snapshot(ctx, src.ID, ""); err != nil {
-			return row, err
-		}
-		took := time.Since(t0)
-		defer p.DeleteSnapshot(context.WithoutCancel(ctx), s1.ID)
-		si, err := p.Saved(s1.ID)
-		if err != nil {
-			return row, err
-		}
-		if !si.ByAddress() {
-			return row, fmt.Errorf("the state was not cut by guest address: %s", si.Cut)
-		}
-		row.Cut = si.Cut
-		// dd: the bytes the snapshot wrote, made durable, on the same
-		// file system, in the same run.
-		count := (s1.NewBytes + 1<<20 - 1) >> 20
-		ddt, err := dd("if=/dev/zero", "of="+ddFile, "bs=1M", "count="+strconv.FormatInt(count, 10), "conv=fsync")
-		if err != nil {
-			return row, err
-		}
-		snaps, paused, dds = append(snaps, took), append(paused, si.Paused), append(dds, ddt)
-		ratios = append(ratios, float64(took)/float64(ddt))
-		if i < reps-1 {
-			if err := p.Delete(ctx, src.ID); err != nil {
-				return row, err
-			}
-			made = made[:len(made)-1]
-			if err := p.DeleteSnapshot(ctx, s1.ID); err != nil {
-				return row, err
-			}
-		}
-	}
-	row.ColdBoot, row.Snapshot, row.Paused, row.DDWrite = median(boots), median(snaps), median(paused), median(dds)
-	sort.Float64s(ratios)
-	row.SnapshotOverDD = ratios[len(ratios)/2]
-	row.StateBytes, row.NewBytes = s1.Bytes, s1.NewBytes
-
-	if err := exec1(src.ID, "sleep 1"); err != nil {
+	if err := b.exec1(src.ID, "sleep 1"); err != nil {
 		return row, err
 	}
 	s2, err := p.Snapshot(ctx, src.ID, "")
 	if err != nil {
 		return row, err
 	}
-	defer p.DeleteSnapshot(context.WithoutCancel(ctx), s2.ID)
+	b.snaps = append(b.snaps, s2.ID)
 	row.SecondNewBytes = s2.NewBytes
 
-	if row.DDRead, err = dd("if="+ddFile, "of=/dev/null", "bs=1M"); err != nil {
+	if row.DDRead, err = b.dd("if="+b.ddFile, "of=/dev/null", "bs=1M"); err != nil {
 		return row, err
 	}
-	_ = os.Remove(ddFile)
+	_ = os.Remove(b.ddFile)
 
 	// Restores are timed as after a crash: the source VM is gone. (Under
 	// TCG a guest that has just been saved spends a second re-translating
@@ -237,39 +154,163 @@ func microVMRow(ctx context.Context, p *microvm.Provider, mem int, fill float64,
 	if err := p.Delete(ctx, src.ID); err != nil {
 		return row, err
 	}
-	made = made[1:]
+	b.made = b.made[1:]
+	if row.Restore, err = b.restores(s1.ID); err != nil {
+		return row, err
+	}
+	row.Fork4, err = b.fork4(s1.ID)
+	return row, err
+}
 
+// vmBench measures one guest size on p. What it makes is deleted at the
+// end (cleanup): the snapshots, last first, then the sandboxes.
+type vmBench struct {
+	ctx    context.Context
+	p      *microvm.Provider
+	expiry time.Time
+	ddFile string
+	made   []string // sandboxes
+	snaps  []string // snapshots
+}
+
+func (b *vmBench) cleanup() error {
+	for i := len(b.snaps) - 1; i >= 0; i-- {
+		b.p.DeleteSnapshot(context.WithoutCancel(b.ctx), b.snaps[i])
+	}
+	var err error
+	for _, id := range b.made {
+		if derr := b.p.Delete(context.WithoutCancel(b.ctx), id); derr != nil && err == nil {
+			err = derr
+		}
+	}
+	return err
+}
+
+// exec1 runs a shell script in a sandbox; it fails unless it exits 0.
+func (b *vmBench) exec1(id string, script string) error {
+	var out bytes.Buffer
+	res, err := b.p.Exec(b.ctx, id, sandbox.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out, Timeout: 5 * time.Minute})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("%q exited %d: %s", script, res.ExitCode, strings.TrimSpace(out.String()))
+	}
+	return err
+}
+
+// dd times dd with args.
+func (b *vmBench) dd(args ...string) (time.Duration, error) {
+	t0 := time.Now()
+	if out, err := exec.CommandContext(b.ctx, "dd", args...).CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("dd: %v: %s", err, out)
+	}
+	return time.Since(t0), nil
+}
+
+// firstSnapshots takes three rounds, each taking the median: a cold boot;
+// fill of the memory filled; the first snapshot of that VM; dd writing as
+// many bytes as the snapshot added to the store, right after it. The
+// first guest of a run is the slowest (QEMU and the image are not in the
+// page cache yet). The last VM (src) and its snapshot (s1) stay, for the
+// second snapshot and the restores; the others are deleted, their
+// snapshots too, so that each round's snapshot starts from an empty store.
+func (b *vmBench) firstSnapshots(row *MicroVMRow, mem int, fill float64) (src sandbox.Info, s1 sandbox.SnapshotInfo, err error) {
+	p, ctx := b.p, b.ctx
+	var boots, snaps, paused, dds []time.Duration
+	var ratios []float64
+	for i := 0; i < reps; i++ {
+		t0 := time.Now()
+		if src, err = p.Create(ctx, sandbox.Spec{Expiry: b.expiry}); err != nil {
+			return src, s1, err
+		}
+		b.made = append(b.made, src.ID)
+		if err := b.exec1(src.ID, "true"); err != nil {
+			return src, s1, err
+		}
+		boots = append(boots, time.Since(t0))
+
+		// Fill a share of the guest's memory (its RAM file system) with
+		// data that does not compress or deduplicate.
+		if fillMiB := int(float64(mem) * fill); fillMiB > 0 {
+			if err := b.exec1(src.ID, fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1048576 count=%d 2>/dev/null", fillMiB)); err != nil {
+				return src, s1, err
+			}
+		}
+		t0 = time.Now()
+		if s1, err = p.Snapshot(ctx, src.ID, ""); err != nil {
+			return src, s1, err
+		}
+		took := time.Since(t0)
+		b.snaps = append(b.snaps, s1.ID)
+		si, err := p.Saved(s1.ID)
+		if err != nil {
+			return src, s1, err
+		}
+		if !si.ByAddress() {
+			return src, s1, fmt.Errorf("the state was not cut by guest address: %s", si.Cut)
+		}
+		row.Cut = si.Cut
+		// dd: the bytes the snapshot wrote, made durable, on the same
+		// file system, in the same run.
+		count := (s1.NewBytes + 1<<20 - 1) >> 20
+		ddt, err := b.dd("if=/dev/zero", "of="+b.ddFile, "bs=1M", "count="+strconv.FormatInt(count, 10), "conv=fsync")
+		if err != nil {
+			return src, s1, err
+		}
+		snaps, paused, dds = append(snaps, took), append(paused, si.Paused), append(dds, ddt)
+		ratios = append(ratios, float64(took)/float64(ddt))
+		if i < reps-1 {
+			if err := p.Delete(ctx, src.ID); err != nil {
+				return src, s1, err
+			}
+			b.made = b.made[:len(b.made)-1]
+			if err := p.DeleteSnapshot(ctx, s1.ID); err != nil {
+				return src, s1, err
+			}
+		}
+	}
+	row.ColdBoot, row.Snapshot, row.Paused, row.DDWrite = median(boots), median(snaps), median(paused), median(dds)
+	sort.Float64s(ratios)
+	row.SnapshotOverDD = ratios[len(ratios)/2]
+	row.StateBytes, row.NewBytes = s1.Bytes, s1.NewBytes
+	return src, s1, nil
+}
+
+// restores times, reps times, a fork of 1 of snapshot to the end of its
+// first exec: the median.
+func (b *vmBench) restores(snapshot string) (time.Duration, error) {
 	var restores []time.Duration
 	for i := 0; i < reps; i++ {
 		t0 := time.Now()
-		f1, err := p.Fork(ctx, s1.ID, 1, sandbox.ForkSpec{Expiry: expiry})
+		f1, err := b.p.Fork(b.ctx, snapshot, 1, sandbox.ForkSpec{Expiry: b.expiry})
 		if err != nil {
-			return row, err
+			return 0, err
 		}
-		if err := exec1(f1[0].ID, "true"); err != nil {
-			_ = p.Delete(ctx, f1[0].ID)
-			return row, err
+		if err := b.exec1(f1[0].ID, "true"); err != nil {
+			_ = b.p.Delete(b.ctx, f1[0].ID)
+			return 0, err
 		}
 		restores = append(restores, time.Since(t0))
-		if err := p.Delete(ctx, f1[0].ID); err != nil {
-			return row, err
+		if err := b.p.Delete(b.ctx, f1[0].ID); err != nil {
+			return 0, err
 		}
 	}
-	row.Restore = median(restores)
+	return median(restores), nil
+}
 
+// fork4 times a fork of 4 of snapshot to the end of the first exec in
+// each.
+func (b *vmBench) fork4(snapshot string) (time.Duration, error) {
 	t0 := time.Now()
-	f4, err := p.Fork(ctx, s1.ID, 4, sandbox.ForkSpec{Expiry: expiry})
+	f4, err := b.p.Fork(b.ctx, snapshot, 4, sandbox.ForkSpec{Expiry: b.expiry})
 	if err != nil {
-		return row, err
+		return 0, err
 	}
 	for _, f := range f4 {
-		made = append(made, f.ID)
+		b.made = append(b.made, f.ID)
 	}
 	for _, f := range f4 {
-		if err := exec1(f.ID, "true"); err != nil {
-			return row, err
+		if err := b.exec1(f.ID, "true"); err != nil {
+			return 0, err
 		}
 	}
-	row.Fork4 = time.Since(t0)
-	return row, nil
+	return time.Since(t0), nil
 }

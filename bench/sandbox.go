@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"time"
 
@@ -62,15 +61,11 @@ func SandboxStart(ctx context.Context, o SandboxStartOptions) (SandboxStartResul
 		o.Progress = io.Discard
 	}
 	res := SandboxStartResult{N: o.N}
-	home := o.Home
-	if home == "" {
-		d, err := os.MkdirTemp("", "stasis-bench-sandbox-")
-		if err != nil {
-			return res, err
-		}
-		defer os.RemoveAll(d)
-		home = d
+	home, remove, err := dirOr(o.Home, "stasis-bench-sandbox-")
+	if err != nil {
+		return res, err
 	}
+	defer remove()
 	p, err := local.New(local.Options{Home: home, Exe: o.Exe, ExeEnv: o.Env, SandboxBinary: o.SandboxBinary})
 	if err != nil {
 		return res, err

@@ -12,8 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"stasis/atomicfile"
 	"stasis/blob"
 	"stasis/cas"
 )
@@ -82,25 +81,8 @@ const SnapshotTarget = 10
 // the snapshots fsync what they write, the baselines do not (in their
 // favour).
 func Snapshot(ctx context.Context, o SnapshotOptions) (res SnapshotResult, err error) {
-	if o.TreeMiB == 0 {
-		o.TreeMiB = 200
-	}
-	if o.ChangedPercent == 0 {
-		o.ChangedPercent = 1
-	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
-	if o.TreeMiB < 1 {
-		return res, fmt.Errorf("tree size %d MiB: must be at least 1", o.TreeMiB)
-	}
-	if o.ChangedPercent <= 0 || o.ChangedPercent > 100 {
-		return res, fmt.Errorf("changed percent %g: must be above 0 and at most 100", o.ChangedPercent)
-	}
-	for _, tool := range []string{"cp", "tar"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return res, fmt.Errorf("baseline %s: %w (install coreutils and tar)", tool, err)
-		}
+	if err := o.check(); err != nil {
+		return res, err
 	}
 	scratch, err := os.MkdirTemp(o.Dir, "stasis-bench-snapshot-")
 	if err != nil {
@@ -153,34 +135,16 @@ func Snapshot(ctx context.Context, o SnapshotOptions) (res SnapshotResult, err e
 	res.Rows = append(res.Rows, inc)
 
 	fmt.Fprintf(o.Progress, "snapshot: restore (fork) of the incremental snapshot ...\n")
-	if err := syncScratch(scratch); err != nil {
-		return res, err
-	}
-	forkDir := filepath.Join(scratch, "fork")
-	t0 := time.Now()
-	rst, err := store.Restore(ctx, id2, forkDir)
+	fork, err := measureFork(ctx, store, scratch, id2)
 	if err != nil {
 		return res, err
 	}
-	d := time.Since(t0)
-	size, err := treeSize(forkDir)
-	if err != nil {
-		return res, err
-	}
-	fork := SnapshotRow{What: "restore (fork)", Duration: d, BytesWritten: rst.Bytes, DirGrowth: size, ReadBytes: rst.ReadBytes}
 
-	fmt.Fprintf(o.Progress, "snapshot: baseline cp -a ...\n")
-	cp, err := measureCommand(ctx, scratch, "copy", "cp -a", "cp", "-a", "tree", "copy")
+	cp, tar, err := measureBaselines(ctx, o.Progress, scratch, &res)
 	if err != nil {
 		return res, err
 	}
-	res.Rows = append(res.Rows, cp)
-	fmt.Fprintf(o.Progress, "snapshot: baseline tar -cf ...\n")
-	tar, err := measureCommand(ctx, scratch, "copy.tar", "tar -cf", "tar", "-cf", "copy.tar", "tree")
-	if err != nil {
-		return res, err
-	}
-	res.Rows = append(res.Rows, tar, fork)
+	res.Rows = append(res.Rows, fork)
 
 	res.CpTimeRatio = snapshotRatio(float64(cp.Duration), float64(inc.Duration))
 	res.CpBytesRatio = snapshotRatio(float64(cp.BytesWritten), float64(inc.BytesWritten))
@@ -188,6 +152,67 @@ func Snapshot(ctx context.Context, o SnapshotOptions) (res SnapshotResult, err e
 	res.TarBytesRatio = snapshotRatio(float64(tar.BytesWritten), float64(inc.BytesWritten))
 	res.MeetsTarget = res.CpTimeRatio >= SnapshotTarget && res.CpBytesRatio >= SnapshotTarget
 	return res, nil
+}
+
+// check fills in the defaults and checks the options and the baselines'
+// commands.
+func (o *SnapshotOptions) check() error {
+	if o.TreeMiB == 0 {
+		o.TreeMiB = 200
+	}
+	if o.ChangedPercent == 0 {
+		o.ChangedPercent = 1
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.TreeMiB < 1 {
+		return fmt.Errorf("tree size %d MiB: must be at least 1", o.TreeMiB)
+	}
+	if o.ChangedPercent <= 0 || o.ChangedPercent > 100 {
+		return fmt.Errorf("changed percent %g: must be above 0 and at most 100", o.ChangedPercent)
+	}
+	for _, tool := range []string{"cp", "tar"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("baseline %s: %w (install coreutils and tar)", tool, err)
+		}
+	}
+	return nil
+}
+
+// measureBaselines measures cp -a and tar -cf of scratch/tree, each a
+// row of res.
+func measureBaselines(ctx context.Context, progress io.Writer, scratch string, res *SnapshotResult) (cp, tar SnapshotRow, err error) {
+	fmt.Fprintf(progress, "snapshot: baseline cp -a ...\n")
+	if cp, err = measureCommand(ctx, scratch, "copy", "cp -a", "cp", "-a", "tree", "copy"); err != nil {
+		return cp, tar, err
+	}
+	res.Rows = append(res.Rows, cp)
+	fmt.Fprintf(progress, "snapshot: baseline tar -cf ...\n")
+	if tar, err = measureCommand(ctx, scratch, "copy.tar", "tar -cf", "tar", "-cf", "copy.tar", "tree"); err != nil {
+		return cp, tar, err
+	}
+	res.Rows = append(res.Rows, tar)
+	return cp, tar, nil
+}
+
+// measureFork restores snapshot id into scratch/fork and measures it.
+func measureFork(ctx context.Context, store *cas.Store, scratch, id string) (SnapshotRow, error) {
+	if err := atomicfile.SyncFS(scratch); err != nil {
+		return SnapshotRow{}, err
+	}
+	forkDir := filepath.Join(scratch, "fork")
+	t0 := time.Now()
+	rst, err := store.Restore(ctx, id, forkDir)
+	if err != nil {
+		return SnapshotRow{}, err
+	}
+	d := time.Since(t0)
+	size, err := treeSize(forkDir)
+	if err != nil {
+		return SnapshotRow{}, err
+	}
+	return SnapshotRow{What: "restore (fork)", Duration: d, BytesWritten: rst.Bytes, DirGrowth: size, ReadBytes: rst.ReadBytes}, nil
 }
 
 func snapshotRatio(a, b float64) float64 {
@@ -198,7 +223,7 @@ func snapshotRatio(a, b float64) float64 {
 }
 
 func measureSnapshot(ctx context.Context, store *cas.Store, storeDir, tree, prev, what string) (SnapshotRow, string, error) {
-	if err := syncScratch(storeDir); err != nil {
+	if err := atomicfile.SyncFS(storeDir); err != nil {
 		return SnapshotRow{}, "", err
 	}
 	before, err := treeSize(storeDir)
@@ -222,7 +247,7 @@ func measureSnapshot(ctx context.Context, store *cas.Store, storeDir, tree, prev
 // measureCommand runs a baseline command in dir and measures it and the
 // size of out, what it made.
 func measureCommand(ctx context.Context, dir, out, what string, argv ...string) (SnapshotRow, error) {
-	if err := syncScratch(dir); err != nil {
+	if err := atomicfile.SyncFS(dir); err != nil {
 		return SnapshotRow{}, err
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -258,20 +283,6 @@ func treeSize(p string) (int64, error) {
 		return nil
 	})
 	return n, err
-}
-
-// syncScratch flushes the file system holding p, so that the next measured
-// step does not pay for the previous one's writes.
-func syncScratch(p string) error {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: p, Err: err}
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return &os.PathError{Op: "syncfs", Path: p, Err: err}
-	}
-	return nil
 }
 
 type genFile struct {

@@ -91,15 +91,11 @@ func Supervise(ctx context.Context, o SuperviseOptions) ([]SuperviseRow, error) 
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	base := o.Dir
-	if base == "" {
-		d, err := os.MkdirTemp("", "stasis-bench-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(d)
-		base = d
+	base, remove, err := dirOr(o.Dir, "stasis-bench-")
+	if err != nil {
+		return nil, err
 	}
+	defer remove()
 	var rows []SuperviseRow
 	for _, n := range o.Sizes {
 		if n < 1 {
@@ -307,4 +303,18 @@ func allStopped(states []byte) bool {
 		}
 	}
 	return true
+}
+
+// dirOr is dir, or when dir is empty a new temporary directory (its name
+// begins with prefix) that remove removes; for a dir given, remove does
+// nothing.
+func dirOr(dir, prefix string) (d string, remove func(), err error) {
+	if dir != "" {
+		return dir, func() {}, nil
+	}
+	d, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	return d, func() { os.RemoveAll(d) }, nil
 }

@@ -176,16 +176,22 @@ func (d *decoder) fail(format string, args ...any) {
 	}
 }
 
-func (d *decoder) uvarint(what string, limit uint64) uint64 {
+// number reads a number with read (binary.Uvarint or binary.Varint).
+func number[T uint64 | int64](d *decoder, what string, read func([]byte) (T, int)) T {
 	if d.err != nil {
 		return 0
 	}
-	v, n := binary.Uvarint(d.b[d.off:])
+	v, n := read(d.b[d.off:])
 	if n <= 0 {
 		d.fail("%s: truncated or overlong number", what)
 		return 0
 	}
 	d.off += n
+	return v
+}
+
+func (d *decoder) uvarint(what string, limit uint64) uint64 {
+	v := number(d, what, binary.Uvarint)
 	if v > limit {
 		d.fail("%s %d above %d", what, v, limit)
 		return 0
@@ -193,18 +199,7 @@ func (d *decoder) uvarint(what string, limit uint64) uint64 {
 	return v
 }
 
-func (d *decoder) varint(what string) int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b[d.off:])
-	if n <= 0 {
-		d.fail("%s: truncated or overlong number", what)
-		return 0
-	}
-	d.off += n
-	return v
-}
+func (d *decoder) varint(what string) int64 { return number(d, what, binary.Varint) }
 
 func (d *decoder) bytes(what string, n uint64) []byte {
 	if d.err != nil {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -61,7 +60,7 @@ supervisor RSS <= 15 MiB.`,
 			for _, m := range modes {
 				mm, err := supervisor.ParseMode(m)
 				if err != nil {
-					return &exitError{code: 2, err: fmt.Errorf("--modes: %w", err)}
+					return &exitError{Code: 2, Err: fmt.Errorf("--modes: %w", err)}
 				}
 				ms = append(ms, mm)
 			}
@@ -85,15 +84,14 @@ supervisor RSS <= 15 MiB.`,
 				return fmt.Errorf("the baseline (the full binary as supervisor): %w", err)
 			}
 			if asJSON {
-				b, _ := json.MarshalIndent(map[string]any{"rows": rows, "baseline_full_binary": base[0]}, "", "  ")
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				printJSON(cmd.OutOrStdout(), map[string]any{"rows": rows, "baseline_full_binary": base[0]})
 			} else {
 				printSuperviseTable(cmd.OutOrStdout(), rows)
 				fmt.Fprintf(cmd.OutOrStdout(), "baseline: the full stasis binary as supervisor peaks at %.1f MiB (hold, 1 process): the lean build's peak is %.2f of it\n",
 					float64(base[0].PeakRSSKiB)/1024, float64(peakRSS(rows))/float64(base[0].PeakRSSKiB))
 			}
 			if p := peakRSS(rows); p > superviseRSSTarget {
-				return &exitError{code: 1, err: fmt.Errorf("REGRESSION: the supervisor's peak RSS is %.1f MiB, above the %d MiB target: it runs in every sandbox and goes into every memory snapshot (see BENCHMARKS.md)", float64(p)/1024, superviseRSSTarget/1024)}
+				return &exitError{Code: 1, Err: fmt.Errorf("REGRESSION: the supervisor's peak RSS is %.1f MiB, above the %d MiB target: it runs in every sandbox and goes into every memory snapshot (see BENCHMARKS.md)", float64(p)/1024, superviseRSSTarget/1024)}
 			}
 			return nil
 		},
@@ -116,6 +114,16 @@ func peakRSS(rows []bench.SuperviseRow) int64 {
 		p = max(p, r.PeakRSSKiB)
 	}
 	return p
+}
+
+// printBench prints a benchmark's result: as indented JSON with --json,
+// else with table.
+func printBench[R any](out io.Writer, asJSON bool, r R, table func(io.Writer, R) error) error {
+	if asJSON {
+		printJSON(out, r)
+		return nil
+	}
+	return table(out, r)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/1e6) }

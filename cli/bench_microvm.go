@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -55,33 +54,7 @@ snapshot stores <= 25% of the first.`,
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				b, _ := json.MarshalIndent(r, "", "  ")
-				fmt.Fprintln(out, string(b))
-				return nil
-			}
-			fmt.Fprintf(out, "accelerator %s (%s); kernel %s\n\n", r.Accel, r.Reason, r.Kernel)
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "MEM MiB\tSTATE MB\tSTORED MB\tSNAPSHOT ms\tPAUSED ms\tDD WRITE ms\tSNAP/DD\tRESTORE ms\tDD READ ms\tCOLD BOOT ms\tRESTORE/BOOT\tFORK 4 ms\t2ND SNAP MB\t2ND/1ST\t")
-			worst := struct{ snap, restore, second float64 }{}
-			for _, row := range r.Rows {
-				rb := float64(row.Restore) / float64(row.ColdBoot)
-				second := float64(row.SecondNewBytes) / float64(row.NewBytes)
-				worst.snap, worst.restore, worst.second = max(worst.snap, row.SnapshotOverDD), max(worst.restore, rb), max(worst.second, second)
-				fmt.Fprintf(tw, "%d\t%.1f\t%.1f\t%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%.2f\t%s\t%.1f\t%.2f\t\n", row.MemMiB, float64(row.StateBytes)/1e6, float64(row.NewBytes)/1e6,
-					ms(row.Snapshot), ms(row.Paused), ms(row.DDWrite), row.SnapshotOverDD, ms(row.Restore), ms(row.DDRead), ms(row.ColdBoot), rb, ms(row.Fork4),
-					float64(row.SecondNewBytes)/1e6, second)
-			}
-			tw.Flush()
-			fmt.Fprintln(out)
-			if len(r.Rows) > 0 {
-				fmt.Fprintf(out, "the state was cut %s\n", r.Rows[len(r.Rows)-1].Cut)
-			}
-			ratio(out, "snapshot, stored content-addressed / dd write (worst)", worst.snap, 1.5)
-			ratio(out, "restore / cold boot, to first exec (worst)", worst.restore, 1.0/3)
-			ratio(out, "second snapshot / first (worst)", worst.second, 0.25)
-			return nil
+			return printBench(cmd.OutOrStdout(), asJSON, r, printMicroVMBench)
 		},
 	}
 	cmd.Flags().IntSliceVar(&mem, "mem", []int{128, 256, 512}, "guest memory sizes, MiB")
@@ -89,6 +62,30 @@ snapshot stores <= 25% of the first.`,
 	cmd.Flags().StringVar(&guestBinary, "guest-binary", "", "the static stasis for the guest image (default: this binary)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+func printMicroVMBench(out io.Writer, r bench.MicroVMResult) error {
+	fmt.Fprintf(out, "accelerator %s (%s); kernel %s\n\n", r.Accel, r.Reason, r.Kernel)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "MEM MiB\tSTATE MB\tSTORED MB\tSNAPSHOT ms\tPAUSED ms\tDD WRITE ms\tSNAP/DD\tRESTORE ms\tDD READ ms\tCOLD BOOT ms\tRESTORE/BOOT\tFORK 4 ms\t2ND SNAP MB\t2ND/1ST\t")
+	worst := struct{ snap, restore, second float64 }{}
+	for _, row := range r.Rows {
+		rb := float64(row.Restore) / float64(row.ColdBoot)
+		second := float64(row.SecondNewBytes) / float64(row.NewBytes)
+		worst.snap, worst.restore, worst.second = max(worst.snap, row.SnapshotOverDD), max(worst.restore, rb), max(worst.second, second)
+		fmt.Fprintf(tw, "%d\t%.1f\t%.1f\t%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%.2f\t%s\t%.1f\t%.2f\t\n", row.MemMiB, float64(row.StateBytes)/1e6, float64(row.NewBytes)/1e6,
+			ms(row.Snapshot), ms(row.Paused), ms(row.DDWrite), row.SnapshotOverDD, ms(row.Restore), ms(row.DDRead), ms(row.ColdBoot), rb, ms(row.Fork4),
+			float64(row.SecondNewBytes)/1e6, second)
+	}
+	tw.Flush()
+	fmt.Fprintln(out)
+	if len(r.Rows) > 0 {
+		fmt.Fprintf(out, "the state was cut %s\n", r.Rows[len(r.Rows)-1].Cut)
+	}
+	ratio(out, "snapshot, stored content-addressed / dd write (worst)", worst.snap, 1.5)
+	ratio(out, "restore / cold boot, to first exec (worst)", worst.restore, 1.0/3)
+	ratio(out, "second snapshot / first (worst)", worst.second, 0.25)
+	return nil
 }
 
 func ratio(out io.Writer, what string, got, target float64) {

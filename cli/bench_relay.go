@@ -1,8 +1,8 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -75,39 +75,7 @@ is the extra hops plus the cheapest durable append (BENCHMARKS.md).`,
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				b, _ := json.MarshalIndent(r, "", "  ")
-				fmt.Fprintln(out, string(b))
-				return nil
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "ONE CALLER\tP50 ms\tP99 ms\t")
-			fmt.Fprintf(tw, "direct\t%s\t%s\t\n", ms(r.Direct.P50), ms(r.Direct.P99))
-			fmt.Fprintf(tw, "relay + gateway\t%s\t%s\t\n", ms(r.Relayed.P50), ms(r.Relayed.P99))
-			fmt.Fprintf(tw, "added\t%s\t%s\t\n", ms(r.AddedP50), ms(r.AddedP99))
-			tw.Flush()
-			fmt.Fprintln(out)
-			tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "CONCURRENT\tDIRECT calls/s\tRELAYED calls/s\tRELAYED/DIRECT\tCPU µs/call DIRECT\tRELAYED\t")
-			var at512 *bench.RelayRow
-			for i, row := range r.Rows {
-				fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t\n", row.Concurrency, row.Direct, row.Relayed, row.Ratio, row.DirectCPU, row.RelayedCPU)
-				if row.Concurrency == 512 {
-					at512 = &r.Rows[i]
-				}
-			}
-			tw.Flush()
-			fmt.Fprintln(out)
-			verdict(out, "added latency p50", r.AddedP50, time.Millisecond)
-			if at512 != nil {
-				mark := "meets"
-				if at512.Ratio < 0.9 {
-					mark = "MISSES"
-				}
-				fmt.Fprintf(out, "throughput at 512 is %.0f%% of direct: %s the 90%% target\n", 100*at512.Ratio, mark)
-			}
-			return nil
+			return printBench(cmd.OutOrStdout(), asJSON, r, printRelayBench)
 		},
 	}
 	f := cmd.Flags()
@@ -120,6 +88,36 @@ is the extra hops plus the cheapest durable append (BENCHMARKS.md).`,
 	f.StringVar(&memProf, "memprofile", "", "write an allocation profile to this file (go tool pprof); with --profile-phase, subtract FILE.start (pprof -base)")
 	f.StringVar(&profPhase, "profile-phase", "", "profile only this part of the run: latency, direct/C or relayed/C (C a concurrency)")
 	return cmd
+}
+
+func printRelayBench(out io.Writer, r bench.RelayResult) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "ONE CALLER\tP50 ms\tP99 ms\t")
+	fmt.Fprintf(tw, "direct\t%s\t%s\t\n", ms(r.Direct.P50), ms(r.Direct.P99))
+	fmt.Fprintf(tw, "relay + gateway\t%s\t%s\t\n", ms(r.Relayed.P50), ms(r.Relayed.P99))
+	fmt.Fprintf(tw, "added\t%s\t%s\t\n", ms(r.AddedP50), ms(r.AddedP99))
+	tw.Flush()
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "CONCURRENT\tDIRECT calls/s\tRELAYED calls/s\tRELAYED/DIRECT\tCPU µs/call DIRECT\tRELAYED\t")
+	var at512 *bench.RelayRow
+	for i, row := range r.Rows {
+		fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t\n", row.Concurrency, row.Direct, row.Relayed, row.Ratio, row.DirectCPU, row.RelayedCPU)
+		if row.Concurrency == 512 {
+			at512 = &r.Rows[i]
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(out)
+	verdict(out, "added latency p50", r.AddedP50, time.Millisecond)
+	if at512 != nil {
+		mark := "meets"
+		if at512.Ratio < 0.9 {
+			mark = "MISSES"
+		}
+		fmt.Fprintf(out, "throughput at 512 is %.0f%% of direct: %s the 90%% target\n", 100*at512.Ratio, mark)
+	}
+	return nil
 }
 
 // profiles are the CPU and allocation profiles of bench relay's

@@ -1,8 +1,8 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -42,38 +42,36 @@ Target: create-to-first-exec p50 <= 50 ms.`,
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				b, _ := json.MarshalIndent(r, "", "  ")
-				fmt.Fprintln(out, string(b))
-				return nil
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "MEASURE\tP50 ms\tP99 ms\tMAX ms\t")
-			for _, row := range []struct {
-				name string
-				l    bench.Latency
-			}{{"create → first exec", r.CreateExec}, {"  create", r.Create}, {"  first exec", r.FirstExec}, {"baseline: bwrap true", r.Bwrap}} {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", row.name, ms(row.l.P50), ms(row.l.P99), ms(row.l.Max))
-			}
-			tw.Flush()
-			fmt.Fprintf(out, "\n%d sandboxes; create-to-first-exec p50 is %.1f× bubblewrap alone\n", r.N, float64(r.CreateExec.P50)/float64(r.Bwrap.P50))
-			verdict(out, "create-to-first-exec p50", r.CreateExec.P50, 50*time.Millisecond)
-			if r.ImageCreateExec != nil {
-				u := r.Unpack
-				fmt.Fprintf(out, "\nimage %s: unpacked %s in %d files in %.1fs\n", shortDigest(u.Digest), humanize.IBytes(uint64(u.Bytes)), u.Files, u.Seconds)
-				fmt.Fprintf(out, "on the image: create-to-first-exec p50 %s ms, p99 %s ms: %.2f× the host-root mode\n", ms(r.ImageCreateExec.P50), ms(r.ImageCreateExec.P99), r.ImageRatio)
-				mark := "meets"
-				if r.ImageRatio > 1.5 {
-					mark = "MISSES"
-				}
-				fmt.Fprintf(out, "image/host-root p50 %.2f× %s the 1.5× target\n", r.ImageRatio, mark)
-			}
-			return nil
+			return printBench(cmd.OutOrStdout(), asJSON, r, printSandboxBench)
 		},
 	}
 	cmd.Flags().IntVar(&n, "n", 50, "sandboxes to time")
 	cmd.Flags().StringVar(&img, "image", "", "also time sandboxes on this image (see stasis image --help)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+func printSandboxBench(out io.Writer, r bench.SandboxStartResult) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "MEASURE\tP50 ms\tP99 ms\tMAX ms\t")
+	for _, row := range []struct {
+		name string
+		l    bench.Latency
+	}{{"create → first exec", r.CreateExec}, {"  create", r.Create}, {"  first exec", r.FirstExec}, {"baseline: bwrap true", r.Bwrap}} {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", row.name, ms(row.l.P50), ms(row.l.P99), ms(row.l.Max))
+	}
+	tw.Flush()
+	fmt.Fprintf(out, "\n%d sandboxes; create-to-first-exec p50 is %.1f× bubblewrap alone\n", r.N, float64(r.CreateExec.P50)/float64(r.Bwrap.P50))
+	verdict(out, "create-to-first-exec p50", r.CreateExec.P50, 50*time.Millisecond)
+	if r.ImageCreateExec != nil {
+		u := r.Unpack
+		fmt.Fprintf(out, "\nimage %s: unpacked %s in %d files in %.1fs\n", shortDigest(u.Digest), humanize.IBytes(uint64(u.Bytes)), u.Files, u.Seconds)
+		fmt.Fprintf(out, "on the image: create-to-first-exec p50 %s ms, p99 %s ms: %.2f× the host-root mode\n", ms(r.ImageCreateExec.P50), ms(r.ImageCreateExec.P99), r.ImageRatio)
+		mark := "meets"
+		if r.ImageRatio > 1.5 {
+			mark = "MISSES"
+		}
+		fmt.Fprintf(out, "image/host-root p50 %.2f× %s the 1.5× target\n", r.ImageRatio, mark)
+	}
+	return nil
 }

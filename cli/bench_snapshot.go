@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -40,10 +39,10 @@ benchmark writes is removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if treeMiB < 1 {
-				return &exitError{code: 2, err: fmt.Errorf("--tree-mib %d: give a size of at least 1 MiB", treeMiB)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--tree-mib %d: give a size of at least 1 MiB", treeMiB)}
 			}
 			if changed <= 0 || changed > 100 {
-				return &exitError{code: 2, err: fmt.Errorf("--changed-percent %g: give a share above 0 and at most 100", changed)}
+				return &exitError{Code: 2, Err: fmt.Errorf("--changed-percent %g: give a share above 0 and at most 100", changed)}
 			}
 			res, err := bench.Snapshot(cmd.Context(), bench.SnapshotOptions{
 				Dir: dir, TreeMiB: treeMiB, ChangedPercent: changed, Progress: cmd.ErrOrStderr(),
@@ -51,13 +50,7 @@ benchmark writes is removed at the end.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				b, _ := json.MarshalIndent(res, "", "  ")
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
-				return nil
-			}
-			printSnapshotBench(cmd.OutOrStdout(), res)
-			return nil
+			return printBench(cmd.OutOrStdout(), asJSON, res, printSnapshotBench)
 		},
 	}
 	f := cmd.Flags()
@@ -70,7 +63,7 @@ benchmark writes is removed at the end.`,
 
 func snapshotMiB(n int64) string { return fmt.Sprintf("%.2f", float64(n)/(1<<20)) }
 
-func printSnapshotBench(out io.Writer, r bench.SnapshotResult) {
+func printSnapshotBench(out io.Writer, r bench.SnapshotResult) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "WHAT\tTIME ms\tWRITTEN MiB\tDIR GROWTH MiB\tREAD MiB\tNEW BLOBS\tREUSED FILES\t")
 	for _, row := range r.Rows {
@@ -97,4 +90,5 @@ func printSnapshotBench(out io.Writer, r bench.SnapshotResult) {
 	}
 	fmt.Fprintf(out, "incremental snapshot %.1fx cheaper than cp -a in time, %.1fx in bytes: %s the %gx target\n",
 		r.CpTimeRatio, r.CpBytesRatio, mark, r.Target)
+	return nil
 }

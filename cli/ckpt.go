@@ -62,21 +62,21 @@ func ckptError(cmd *cobra.Command, asJSON bool, err error) error {
 	if asJSON {
 		_ = writeJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": kind})
 	}
-	return &exitError{code: errdefs.ExitCode(err), err: err}
+	return &exitError{Code: errdefs.ExitCode(err), Err: err}
 }
 
 func ckptUsageError(cmd *cobra.Command, asJSON bool, err error) error {
 	if asJSON {
 		_ = writeJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": "invalid"})
 	}
-	return &exitError{code: 2, err: err}
+	return &exitError{Code: 2, Err: err}
 }
 
 // ckptOneID accepts exactly one argument, the checkpoint id, and makes any
 // other count a usage error (exit 2).
 func ckptOneID(cmd *cobra.Command, args []string) error {
 	if len(args) != 1 {
-		return &exitError{code: 2, err: fmt.Errorf("%s takes one checkpoint id, got %d arguments: stasis ckpt %s ID (list them with stasis ckpt ls)", cmd.Name(), len(args), cmd.Name())}
+		return &exitError{Code: 2, Err: fmt.Errorf("%s takes one checkpoint id, got %d arguments: stasis ckpt %s ID (list them with stasis ckpt ls)", cmd.Name(), len(args), cmd.Name())}
 	}
 	return nil
 }
@@ -305,7 +305,7 @@ deletes it.`,
 				printCkptRm(out, res)
 			}
 			if freeErr != nil {
-				return &exitError{code: 1, err: fmt.Errorf("checkpoint %q was deleted, but %s", id, res.Note)}
+				return &exitError{Code: 1, Err: fmt.Errorf("checkpoint %q was deleted, but %s", id, res.Note)}
 			}
 			return nil
 		},

@@ -72,67 +72,94 @@ func runDemo(ctx context.Context, out io.Writer, keep bool) error {
 	var rows []demoRow
 	var receipts []*supervisor.Receipt
 	for _, mode := range []supervisor.Mode{supervisor.ModeStop, supervisor.ModeHold} {
-		dir := filepath.Join(base, string(mode))
-		logf := filepath.Join(dir, "harness.log")
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
+		r, rc, err := demoMode(ctx, out, exe, filepath.Join(base, string(mode)), mode)
+		if rc != nil {
+			receipts = append(receipts, rc)
 		}
-		fmt.Fprintf(out, "starting a supervisor in %s mode over a harness-like process tree ...\n", mode)
-		c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
-			Exe: exe, Dir: dir, Flags: []string{"--mode", string(mode), "--grace", "2s", "--log-level", "warn"},
-			Argv: []string{"/bin/sh", "-c", demoTree, "demo-harness", logf}, Stderr: os.Stderr,
-		})
-		if err != nil {
-			return err
-		}
-		r, err := func() ([]demoRow, error) {
-			defer func() {
-				if rc, err := c.Stop(ctx, 30*time.Second); err == nil {
-					receipts = append(receipts, rc)
-				} else {
-					c.Kill()
-				}
-			}()
-			if err := waitFor(func() bool { return countLines(logf, "setsid") >= 2 }, 10*time.Second); err != nil {
-				return nil, fmt.Errorf("the demo tree did not start writing: %w", err)
-			}
-			var rs []demoRow
-			for seq := int64(1); seq <= 1; seq++ {
-				t0 := time.Now()
-				pr, err := c.Do(ctx, supervisor.Request{Op: supervisor.OpPause, Seq: seq})
-				if err != nil {
-					return nil, err
-				}
-				lat := time.Since(t0)
-				st, _ := c.Do(ctx, supervisor.Request{Op: supervisor.OpStatus})
-				before := fileSize(logf)
-				// Watch the log for a while: a stopped tree writes nothing, a held one goes on.
-				time.Sleep(300 * time.Millisecond) // observation window, not synchronisation
-				grew := fileSize(logf) - before
-				procs := 0
-				if st != nil {
-					procs = treeSize(st.Status.Identity.PID)
-				}
-				rs = append(rs, demoRow{mode: mode, ack: pr.Ack, latency: lat, procs: procs, grewBytes: grew})
-				t0 = time.Now()
-				cr, err := c.Do(ctx, supervisor.Request{Op: supervisor.OpContinue, Seq: seq})
-				if err != nil {
-					return nil, err
-				}
-				lat = time.Since(t0)
-				before = fileSize(logf)
-				if err := waitFor(func() bool { return fileSize(logf) > before }, 5*time.Second); err != nil {
-					return nil, fmt.Errorf("the tree did not resume after continue %d: %w", seq, err)
-				}
-				rs = append(rs, demoRow{mode: mode, ack: cr.Ack, latency: lat, procs: procs, grewBytes: -1})
-			}
-			return rs, nil
-		}()
 		if err != nil {
 			return err
 		}
 		rows = append(rows, r...)
 	}
+	printDemo(out, rows, receipts)
+	if keep {
+		fmt.Fprintln(out, "session directories kept under", base)
+	}
+	return nil
+}
+
+// demoMode runs a supervisor in mode over the demo tree, in dir, pauses
+// and continues it, and stops it: the rows of its pause and continue, and
+// its receipt (nil when it had to be killed).
+func demoMode(ctx context.Context, out io.Writer, exe, dir string, mode supervisor.Mode) (rows []demoRow, rc *supervisor.Receipt, err error) {
+	logf := filepath.Join(dir, "harness.log")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, err
+	}
+	fmt.Fprintf(out, "starting a supervisor in %s mode over a harness-like process tree ...\n", mode)
+	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
+		Exe: exe, Dir: dir, Flags: []string{"--mode", string(mode), "--grace", "2s", "--log-level", "warn"},
+		Argv: []string{"/bin/sh", "-c", demoTree, "demo-harness", logf}, Stderr: os.Stderr,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		var serr error
+		if rc, serr = c.Stop(ctx, 30*time.Second); serr != nil {
+			rc = nil
+			c.Kill()
+		}
+	}()
+	if err := waitFor(func() bool { return countLines(logf, "setsid") >= 2 }, 10*time.Second); err != nil {
+		return nil, nil, fmt.Errorf("the demo tree did not start writing: %w", err)
+	}
+	for seq := int64(1); seq <= 1; seq++ {
+		r, err := demoPauseContinue(ctx, c, mode, logf, seq)
+		rows = append(rows, r...)
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	return rows, nil, nil
+}
+
+// demoPauseContinue pauses the supervisor (seq), watches the log for a
+// while, and continues it: a row each.
+func demoPauseContinue(ctx context.Context, c *supervisor.Child, mode supervisor.Mode, logf string, seq int64) ([]demoRow, error) {
+	var rs []demoRow
+	t0 := time.Now()
+	pr, err := c.Do(ctx, supervisor.Request{Op: supervisor.OpPause, Seq: seq})
+	if err != nil {
+		return nil, err
+	}
+	lat := time.Since(t0)
+	st, _ := c.Do(ctx, supervisor.Request{Op: supervisor.OpStatus})
+	before := fileSize(logf)
+	// Watch the log for a while: a stopped tree writes nothing, a held one goes on.
+	time.Sleep(300 * time.Millisecond) // observation window, not synchronisation
+	grew := fileSize(logf) - before
+	procs := 0
+	if st != nil {
+		procs = treeSize(st.Status.Identity.PID)
+	}
+	rs = append(rs, demoRow{mode: mode, ack: pr.Ack, latency: lat, procs: procs, grewBytes: grew})
+	t0 = time.Now()
+	cr, err := c.Do(ctx, supervisor.Request{Op: supervisor.OpContinue, Seq: seq})
+	if err != nil {
+		return nil, err
+	}
+	lat = time.Since(t0)
+	before = fileSize(logf)
+	if err := waitFor(func() bool { return fileSize(logf) > before }, 5*time.Second); err != nil {
+		return nil, fmt.Errorf("the tree did not resume after continue %d: %w", seq, err)
+	}
+	rs = append(rs, demoRow{mode: mode, ack: cr.Ack, latency: lat, procs: procs, grewBytes: -1})
+	return rs, nil
+}
+
+// printDemo prints the acknowledgements as a table, and the receipts.
+func printDemo(out io.Writer, rows []demoRow, receipts []*supervisor.Receipt) {
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tOP\tSEQ\tCONFIRMED\tRELAUNCHED\tIDENTITY\tWALL\tUPTIME\tLATENCY\tTREE\tLOG WHILE PAUSED")
@@ -156,10 +183,6 @@ func runDemo(ctx context.Context, out io.Writer, keep bool) error {
 			i+1, rc.CleanupConfirmed, rc.TimedOut, rc.Relaunches, rc.PausedTotal)
 	}
 	fmt.Fprintln(out, "\nstop mode froze the whole tree (the log stood still); hold mode sent no signal (the log kept growing).")
-	if keep {
-		fmt.Fprintln(out, "session directories kept under", base)
-	}
-	return nil
 }
 
 // waitFor polls cond until it holds or timeout passes.

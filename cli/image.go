@@ -66,6 +66,20 @@ func openImages() (*local.Provider, *image.Store, error) {
 	return p, p.Images(), nil
 }
 
+// openImagesInUse opens the image store with what uses each image
+// (imageUsers).
+func openImagesInUse(ctx context.Context) (*image.Store, image.InUse, error) {
+	p, s, err := openImages()
+	if err != nil {
+		return nil, nil, err
+	}
+	inUse, err := imageUsers(ctx, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, inUse, nil
+}
+
 func shortDigest(d string) string {
 	if len(d) > len("sha256:")+12 {
 		return d[:len("sha256:")+12]
@@ -127,7 +141,7 @@ func imageErr(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &exitError{code: errdefs.ExitCode(err), err: err}
+	return &exitError{Code: errdefs.ExitCode(err), Err: err}
 }
 
 func newImagePullCmd() *cobra.Command {
@@ -137,7 +151,7 @@ func newImagePullCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if _, err := image.ParseRef(args[0]); err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			_, s, err := openImages()
 			if err != nil {
@@ -230,11 +244,7 @@ func newImageRmCmd() *cobra.Command {
 		Short: "Remove pulled images that nothing uses",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, s, err := openImages()
-			if err != nil {
-				return err
-			}
-			inUse, err := imageUsers(cmd.Context(), p)
+			s, inUse, err := openImagesInUse(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -256,9 +266,9 @@ func newImageRmCmd() *cobra.Command {
 			if failed != nil {
 				var ee *exitError
 				if errors.As(failed, &ee) {
-					return &exitError{code: ee.code}
+					return &exitError{Code: ee.Code}
 				}
-				return &exitError{code: 1}
+				return &exitError{Code: 1}
 			}
 			return nil
 		},
@@ -291,7 +301,7 @@ func digestOf(s *image.Store, a string) (string, error) {
 	case 1:
 		return hits[0], nil
 	}
-	return "", &exitError{code: 2, err: fmt.Errorf("image %s names %d images: %s; give more of the digest", a, len(hits), strings.Join(hits, ", "))}
+	return "", &exitError{Code: 2, Err: fmt.Errorf("image %s names %d images: %s; give more of the digest", a, len(hits), strings.Join(hits, ", "))}
 }
 
 func newImageGCCmd() *cobra.Command {
@@ -300,11 +310,7 @@ func newImageGCCmd() *cobra.Command {
 		Short: "Remove every pulled image nothing uses, and what interrupted pulls left",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, s, err := openImages()
-			if err != nil {
-				return err
-			}
-			inUse, err := imageUsers(cmd.Context(), p)
+			s, inUse, err := openImagesInUse(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -334,11 +340,11 @@ tarball always makes one digest.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if layoutDir == "" || tag == "" {
-				return &exitError{code: 2, err: errors.New("give --layout DIR and --tag TAG")}
+				return &exitError{Code: 2, Err: errors.New("give --layout DIR and --tag TAG")}
 			}
 			for _, kv := range env {
 				if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-					return &exitError{code: 2, err: fmt.Errorf("--env %q: use KEY=VALUE", kv)}
+					return &exitError{Code: 2, Err: fmt.Errorf("--env %q: use KEY=VALUE", kv)}
 				}
 			}
 			d, err := image.Import(args[0], layoutDir, tag, image.ImportConfig{Env: env, WorkingDir: workdir})

@@ -75,7 +75,7 @@ func ledgerFail(cmd *cobra.Command, asJSON bool, code int, kind string, err erro
 	if asJSON {
 		_ = writeJSON(cmd.OutOrStdout(), map[string]string{"error": err.Error(), "code": kind})
 	}
-	return &exitError{code: code, err: err}
+	return &exitError{Code: code, Err: err}
 }
 
 // ledgerReadError classifies an error of ledger.Read or ledger.Verify.
@@ -277,7 +277,7 @@ another failure. --json prints the report: {"path", "episode", "format",
 				printLedgerVerify(out, rep)
 			}
 			if !rep.OK {
-				return &exitError{code: 2, err: fmt.Errorf("ledger %s is damaged at %s: restore the file from a copy or discard the episode", rep.Path, rep.Bad)}
+				return &exitError{Code: 2, Err: fmt.Errorf("ledger %s is damaged at %s: restore the file from a copy or discard the episode", rep.Path, rep.Bad)}
 			}
 			return nil
 		},

@@ -35,10 +35,10 @@ func init() {
 	case err == nil:
 		os.Exit(0)
 	case errors.As(err, &ee):
-		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "stasis:", ee.err)
+		if ee.Err != nil {
+			fmt.Fprintln(os.Stderr, "stasis:", ee.Err)
 		}
-		os.Exit(ee.code)
+		os.Exit(ee.Code)
 	}
 	fmt.Fprintln(os.Stderr, "stasis:", err)
 	os.Exit(1)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -28,20 +27,7 @@ func newMicroVMCmd() *cobra.Command {
 		Short:  "Processes of the microVM provider (keeper, pipe, guest agent)",
 		Hidden: true,
 	}
-	var dir string
-	keeper := &cobra.Command{
-		Use:   "keeper --dir DIR",
-		Short: "Hold one microVM's QEMU and enforce its expiry (started by create and fork)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "microvm-keeper")
-			if code := microvm.RunKeeper(dir, log); code != 0 {
-				return &exitError{code: code}
-			}
-			return nil
-		},
-	}
-	keeper.Flags().StringVar(&dir, "dir", "", "the sandbox's state directory")
+	keeper := newKeeperCmd("Hold one microVM's QEMU and enforce its expiry (started by create and fork)", "microvm-keeper", microvm.RunKeeper)
 
 	var sock string
 	pipe := &cobra.Command{
@@ -141,7 +127,7 @@ kernel. Exit status 1 when something is missing.`,
 				}
 			}
 			if !r.Ready {
-				return &exitError{code: 1, err: errors.New("the microvm provider is not ready: see the fixes above")}
+				return &exitError{Code: 1, Err: errors.New("the microvm provider is not ready: see the fixes above")}
 			}
 			return nil
 		},

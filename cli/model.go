@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"time"
 
@@ -13,18 +14,100 @@ import (
 	"stasis/task"
 )
 
+// modelFlags are model's flags.
+type modelFlags struct {
+	listen, scriptPath, name, logFormat, logLevel string
+	tasksSpec, repos                              string
+	seed                                          int64
+	delay                                         time.Duration
+	failRate                                      float64
+}
+
 func newModelCmd() *cobra.Command {
-	var (
-		listen, scriptPath, name, logFormat, logLevel string
-		tasksSpec, repos                              string
-		seed                                          int64
-		delay                                         time.Duration
-		failRate                                      float64
-	)
+	var mf modelFlags
 	cmd := &cobra.Command{
-		Use:   "model --listen ADDR [--script FILE] [--seed N] [--token-delay D] [--fail RATE]",
-		Short: "Serve a scripted OpenAI-compatible model for tests, benchmarks and the demo",
-		Long: `model serves a scripted policy model over the OpenAI API:
+		Use:     "model --listen ADDR [--script FILE] [--seed N] [--token-delay D] [--fail RATE]",
+		Short:   "Serve a scripted OpenAI-compatible model for tests, benchmarks and the demo",
+		Long:    modelLong,
+		Example: modelExample,
+		Args:    cobra.NoArgs,
+		RunE:    mf.run,
+	}
+	f := cmd.Flags()
+	f.StringVar(&mf.listen, "listen", "", "address to serve on: host:port or unix:/path")
+	f.StringVar(&mf.scriptPath, "script", "", "JSON script of the conversation (default: read README.md, run ls, answer)")
+	f.StringVar(&mf.tasksSpec, "tasks", "", "also solve these tasks (builtin, a task directory, or SWE-bench JSONL with --repos) with their reference solutions")
+	f.StringVar(&mf.repos, "repos", "", "the directory of git clones a SWE-bench --tasks file refers to")
+	f.Int64Var(&mf.seed, "seed", 0, "seed of ids, timestamps, logprobs and faults")
+	f.DurationVar(&mf.delay, "token-delay", 0, "time to spend per generated token")
+	f.Float64Var(&mf.failRate, "fail", 0, "fraction of requests that fail with 429, 500 or a dropped connection")
+	f.StringVar(&mf.name, "name", model.DefaultName, "model name listed by /v1/models")
+	f.StringVar(&mf.logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&mf.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+// run serves the scripted model until a signal.
+func (mf *modelFlags) run(cmd *cobra.Command, _ []string) error {
+	log, script, scripts, err := mf.load()
+	if err != nil {
+		return err
+	}
+	ln, shown, err := serve.Listen(mf.listen)
+	if err != nil {
+		return &exitError{Code: 1, Err: fmt.Errorf("--listen: %w", err)}
+	}
+	log = log.With("component", "model")
+	h := model.New(model.Options{
+		Script: script, Scripts: scripts, Seed: mf.seed, TokenDelay: mf.delay, FailRate: mf.failRate, Name: mf.name, Logger: log,
+	})
+	fmt.Fprintln(cmd.OutOrStdout(), shown)
+	log.Info("serving", "addr", shown, "script", script.Name, "turns", len(script.Turns), "task_scripts", len(scripts), "seed", mf.seed,
+		"token_delay", mf.delay, "fail", mf.failRate, "model", h.Name())
+	if err := serve.UntilSignal(cmd.Context(), ln, h, log); err != nil {
+		return &exitError{Code: 1, Err: err}
+	}
+	return nil
+}
+
+// load checks the flags and loads the script and the tasks' scripts.
+func (mf *modelFlags) load() (*slog.Logger, *model.Script, []*model.Script, error) {
+	if mf.listen == "" {
+		return nil, nil, nil, &exitError{Code: 2, Err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
+	}
+	if mf.delay < 0 {
+		return nil, nil, nil, &exitError{Code: 2, Err: errors.New("--token-delay must not be negative")}
+	}
+	if math.IsNaN(mf.failRate) || mf.failRate < 0 || mf.failRate > 1 {
+		return nil, nil, nil, &exitError{Code: 2, Err: fmt.Errorf("--fail %v: give a fraction from 0 to 1", mf.failRate)}
+	}
+	log, err := newLogger(mf.logFormat, mf.logLevel)
+	if err != nil {
+		return nil, nil, nil, &exitError{Code: 2, Err: err}
+	}
+	script := model.DefaultScript()
+	if mf.scriptPath != "" {
+		if script, err = model.LoadScript(mf.scriptPath); err != nil {
+			return nil, nil, nil, &exitError{Code: 2, Err: err}
+		}
+	}
+	var scripts []*model.Script
+	if mf.tasksSpec != "" {
+		ts, problems, err := task.Load(mf.tasksSpec, task.SWEBenchOptions{Repos: mf.repos})
+		if err != nil {
+			return nil, nil, nil, &exitError{Code: 2, Err: err}
+		}
+		for _, p := range problems {
+			log.Warn("task not loaded", "err", p)
+		}
+		if scripts, err = task.Scripts(ts); err != nil {
+			return nil, nil, nil, &exitError{Code: 2, Err: err}
+		}
+	}
+	return log, script, scripts, nil
+}
+
+const modelLong = `model serves a scripted policy model over the OpenAI API:
 
   POST /v1/chat/completions   streamed (SSE, ending with data: [DONE]) or not
   POST /v1/responses          streamed or not (best effort)
@@ -68,71 +151,8 @@ solution (look at the tree, read each file the fix changes, write it, run
 the tests, answer; one step per call). Other conversations get the script.
 
 Exit status: 0 after a signal; 2 a usage error (bad flag or script); 1 the
-address cannot be listened on, or the server failed.`,
-		Example: `  stasis model --listen 127.0.0.1:0
+address cannot be listened on, or the server failed.`
+
+const modelExample = `  stasis model --listen 127.0.0.1:0
   stasis model --listen unix:/tmp/model.sock --script fix.json --seed 7 --token-delay 5ms --fail 0.1
-  stasis model --listen 127.0.0.1:8080 --tasks builtin`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if listen == "" {
-				return &exitError{code: 2, err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
-			}
-			if delay < 0 {
-				return &exitError{code: 2, err: errors.New("--token-delay must not be negative")}
-			}
-			if math.IsNaN(failRate) || failRate < 0 || failRate > 1 {
-				return &exitError{code: 2, err: fmt.Errorf("--fail %v: give a fraction from 0 to 1", failRate)}
-			}
-			log, err := newLogger(logFormat, logLevel)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			script := model.DefaultScript()
-			if scriptPath != "" {
-				if script, err = model.LoadScript(scriptPath); err != nil {
-					return &exitError{code: 2, err: err}
-				}
-			}
-			var scripts []*model.Script
-			if tasksSpec != "" {
-				ts, problems, err := task.Load(tasksSpec, task.SWEBenchOptions{Repos: repos})
-				if err != nil {
-					return &exitError{code: 2, err: err}
-				}
-				for _, p := range problems {
-					log.Warn("task not loaded", "err", p)
-				}
-				if scripts, err = task.Scripts(ts); err != nil {
-					return &exitError{code: 2, err: err}
-				}
-			}
-			ln, shown, err := serve.Listen(listen)
-			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("--listen: %w", err)}
-			}
-			log = log.With("component", "model")
-			h := model.New(model.Options{
-				Script: script, Scripts: scripts, Seed: seed, TokenDelay: delay, FailRate: failRate, Name: name, Logger: log,
-			})
-			fmt.Fprintln(cmd.OutOrStdout(), shown)
-			log.Info("serving", "addr", shown, "script", script.Name, "turns", len(script.Turns), "task_scripts", len(scripts), "seed", seed,
-				"token_delay", delay, "fail", failRate, "model", h.Name())
-			if err := serve.UntilSignal(cmd.Context(), ln, h, log); err != nil {
-				return &exitError{code: 1, err: err}
-			}
-			return nil
-		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path")
-	f.StringVar(&scriptPath, "script", "", "JSON script of the conversation (default: read README.md, run ls, answer)")
-	f.StringVar(&tasksSpec, "tasks", "", "also solve these tasks (builtin, a task directory, or SWE-bench JSONL with --repos) with their reference solutions")
-	f.StringVar(&repos, "repos", "", "the directory of git clones a SWE-bench --tasks file refers to")
-	f.Int64Var(&seed, "seed", 0, "seed of ids, timestamps, logprobs and faults")
-	f.DurationVar(&delay, "token-delay", 0, "time to spend per generated token")
-	f.Float64Var(&failRate, "fail", 0, "fraction of requests that fail with 429, 500 or a dropped connection")
-	f.StringVar(&name, "name", model.DefaultName, "model name listed by /v1/models")
-	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
-	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	return cmd
-}
+  stasis model --listen 127.0.0.1:8080 --tasks builtin`

@@ -1,9 +1,10 @@
 package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"os"
 	"time"
 
@@ -42,18 +43,13 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger("text", logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			r, err := relay.New(relay.Config{Upstream: upstream, TokenFile: tokenFile, Heartbeat: heartbeat, Logger: log})
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
-			ln, shown, err := serve.Listen(listen)
-			if err != nil {
-				return fmt.Errorf("--listen: %w", err)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), "relay listening on", shown)
-			return serve.UntilSignal(cmd.Context(), ln, r.Handler(), log)
+			return listenUntilSignal(cmd, "relay", listen, r.Handler(), log)
 		},
 	}
 	f := cmd.Flags()
@@ -65,6 +61,17 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 	_ = cmd.MarkFlagRequired("upstream")
 	_ = cmd.MarkFlagRequired("token-file")
 	return cmd
+}
+
+// listenUntilSignal serves h on addr (the --listen flag) until a signal
+// comes, having printed where name listens.
+func listenUntilSignal(cmd *cobra.Command, name, addr string, h http.Handler, log *slog.Logger) error {
+	ln, shown, err := serve.Listen(addr)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), name+" listening on", shown)
+	return serve.UntilSignal(cmd.Context(), ln, h, log)
 }
 
 func gatewayStateDir(flag string) (string, error) {
@@ -93,7 +100,7 @@ Metrics in Prometheus format at /metrics.`,
 			serve.ProcsForFsync() // each ledger entry is fsync'd before its answer
 			log, err := newLogger("text", logLevel)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			dir, err := gatewayStateDir(state)
 			if err != nil {
@@ -101,15 +108,10 @@ Metrics in Prometheus format at /metrics.`,
 			}
 			g, err := relay.OpenGateway(relay.GatewayConfig{Upstream: upstream, State: dir, ModelKey: os.Getenv(keyEnv), Logger: log})
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			defer g.Close()
-			ln, shown, err := serve.Listen(listen)
-			if err != nil {
-				return fmt.Errorf("--listen: %w", err)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), "gateway listening on", shown)
-			return serve.UntilSignal(cmd.Context(), ln, g.Handler(), log)
+			return listenUntilSignal(cmd, "gateway", listen, g.Handler(), log)
 		},
 	}
 	f := cmd.Flags()
@@ -155,27 +157,26 @@ attempt; calls of older attempts are refused from now on.`,
 				st, err = g.AddEpisode(args[1])
 			case "restore":
 				if inPlace == relaunch {
-					return &exitError{code: 2, err: errors.New("give exactly one of --in-place and --relaunch")}
+					return &exitError{Code: 2, Err: errors.New("give exactly one of --in-place and --relaunch")}
 				}
 				if inPlace && cmd.Flags().Changed("position") == cmd.Flags().Changed("delivered") {
-					return &exitError{code: 2, err: errors.New("restore --in-place needs exactly one of --position N (the pause's relay_position) and --delivered N (an older acknowledgement's relay_delivered)")}
+					return &exitError{Code: 2, Err: errors.New("restore --in-place needs exactly one of --position N (the pause's relay_position) and --delivered N (an older acknowledgement's relay_delivered)")}
 				}
 				if cmd.Flags().Changed("position") {
 					delivered = position
 				}
 				st, err = g.Restore(args[1], inPlace, delivered, "")
 			default:
-				return &exitError{code: 2, err: fmt.Errorf("unknown action %q: use add or restore", args[0])}
+				return &exitError{Code: 2, Err: fmt.Errorf("unknown action %q: use add or restore", args[0])}
 			}
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitError{Code: 1, Err: err}
 			}
 			creds := st.Credentials(nextCall)
 			if tokenFile != "" {
 				return atomicfile.WriteJSON(tokenFile, creds, 0o600)
 			}
-			b, _ := json.MarshalIndent(creds, "", "  ")
-			fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			printJSON(cmd.OutOrStdout(), creds)
 			return nil
 		},
 	}

@@ -5,7 +5,6 @@ package cli
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,17 +21,7 @@ import (
 func versionString() string { return sandboxcli.Version() }
 
 // exitError carries a process exit code out of a command.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit %d", e.code)
-	}
-	return e.err.Error()
-}
+type exitError = sandboxcli.ExitError
 
 func newRoot() *cobra.Command {
 	root := &cobra.Command{
@@ -82,19 +71,19 @@ func Main(args []string) int {
 	if code, ok := sandboxcli.ExitCode(err); ok {
 		return code
 	}
-	var ee *exitError
-	if errors.As(err, &ee) {
-		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "stasis:", ee.err)
-		}
-		return ee.code
-	}
 	fmt.Fprintln(os.Stderr, "stasis:", err)
 	return 1
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {
 	return sandboxcli.NewLogger(format, level)
+}
+
+// printJSON prints v as indented JSON and a newline (only the newline if v
+// does not marshal).
+func printJSON(out io.Writer, v any) {
+	b, _ := json.MarshalIndent(v, "", "  ")
+	fmt.Fprintln(out, string(b))
 }
 
 // writeJSON prints v as indented JSON, one document per call: every

@@ -16,16 +16,90 @@ import (
 	"stasis/sandbox/microvm"
 )
 
+// runFlags are run's flags: the job's options and how to report.
+type runFlags struct {
+	o                   job.Options
+	asJSON, noProgress  bool
+	logFormat, logLevel string
+}
+
 func newRunCmd() *cobra.Command {
-	var (
-		o                   job.Options
-		asJSON, noProgress  bool
-		logFormat, logLevel string
-	)
+	var rf runFlags
 	cmd := &cobra.Command{
-		Use:   "run [--tasks builtin|DIR|FILE] [--episodes N] [--harness mini|opencode|mixed] [--provider local|microvm|opensandbox|e2b] [--checkpoint-at FRACTION] [--crash] [--json]",
-		Short: "Run episodes, checkpoint them mid-way, optionally crash everything, restore, finish, verify, report",
-		Long: `run is the main job. It runs N episodes on the embedded defaults (the local
+		Use:     "run [--tasks builtin|DIR|FILE] [--episodes N] [--harness mini|opencode|mixed] [--provider local|microvm|opensandbox|e2b] [--checkpoint-at FRACTION] [--crash] [--json]",
+		Short:   "Run episodes, checkpoint them mid-way, optionally crash everything, restore, finish, verify, report",
+		Long:    runLong,
+		Example: runExample,
+		Args:    cobra.NoArgs,
+		RunE:    rf.run,
+	}
+	f := cmd.Flags()
+	f.StringVar(&rf.o.Tasks, "tasks", "builtin", "builtin, a task directory (or a directory of them), or a SWE-bench JSONL file")
+	f.StringVar(&rf.o.Repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench file refers to")
+	addEnvsFlag(f, &rf.o.Envs)
+	f.IntVar(&rf.o.N, "episodes", 4, "how many episodes")
+	f.StringVar(&rf.o.Harness, "harness", "mini", "mini, opencode, or mixed (alternating)")
+	f.StringVar(&rf.o.Provider, "provider", "local", "the sandbox provider: local, microvm, opensandbox (OPENSANDBOX_URL) or e2b (E2B_API_KEY); see serve --help")
+	f.StringVar(&rf.o.GuestMemory, "guest-memory", "", fmt.Sprintf("microvm: each guest's memory, e.g. 1GiB (default %d MiB)", microvm.DefaultMemMiB))
+	f.StringVar(&rf.o.GuestBinary, "guest-binary", "", "microvm: the static stasis for the guest image (default: this binary)")
+	f.StringVar(&rf.o.Image, "image", "", "the sandboxes' image where a task names none: oci:PATH[:TAG], docker-archive:PATH, docker://HOST/REPO:TAG or sha256:HEX (see stasis image --help); default: the provider's own root")
+	f.Float64Var(&rf.o.CheckpointAt, "checkpoint-at", 0.5, "take the checkpoint when about this fraction of the model calls is made")
+	f.StringVar(&rf.o.Stragglers, "stragglers", "exclude", "an episode the checkpoint cannot pause or snapshot: exclude (commit without it, named in the report) or fail (fail the checkpoint, naming it)")
+	f.BoolVar(&rf.o.Crash, "crash", false, "after the checkpoint, kill the server and every sandbox, start again and restore")
+	f.BoolVar(&rf.asJSON, "json", false, "print the report as one JSON document")
+	f.BoolVar(&rf.noProgress, "no-progress", false, "print no progress")
+	f.StringVar(&rf.o.State, "state", "", "state directory (default: a fresh one, removed at the end)")
+	f.BoolVar(&rf.o.Keep, "keep", false, "keep the state directory (store, ledgers, logs) and print where it is")
+	f.DurationVar(&rf.o.TokenDelay, "token-delay", 0, "the scripted model's time per token (default 2ms), so a checkpoint falls mid-episode")
+	f.DurationVar(&rf.o.Timeout, "timeout", 0, "give up after this long (default 20m)")
+	f.StringVar(&rf.logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&rf.logLevel, "log-level", "warn", "log level: debug, info, warn or error")
+	return cmd
+}
+
+// run runs the job and reports.
+func (rf *runFlags) run(cmd *cobra.Command, _ []string) error {
+	log, err := newLogger(rf.logFormat, rf.logLevel)
+	if err != nil {
+		return &exitError{Code: 2, Err: err}
+	}
+	rf.o.Log = log
+	errOut := cmd.ErrOrStderr()
+	if !rf.noProgress && !rf.asJSON {
+		if f, ok := errOut.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			rf.o.Progress = &bars{w: errOut}
+		} else {
+			rf.o.Progress = &phaseLines{w: errOut}
+		}
+	}
+	rep, err := job.Run(cmd.Context(), rf.o)
+	if err != nil {
+		// A bad option exits 2; anything else 1 (3 is kept
+		// for a run whose episodes did not all resolve).
+		if k := errdefs.Kind(err); k == errdefs.ErrInvalid || k == errdefs.ErrUnsupported {
+			return &exitError{Code: errdefs.ExitRefused, Err: err}
+		}
+		return &exitError{Code: errdefs.ExitFailure, Err: err}
+	}
+	out := cmd.OutOrStdout()
+	if rf.asJSON {
+		if err := writeJSON(out, rep); err != nil {
+			return err
+		}
+	} else {
+		printRunReport(out, rep)
+	}
+	ok := rep.Resolved == len(rep.Episodes)
+	for _, e := range rep.Episodes {
+		ok = ok && e.LedgerVerified
+	}
+	if !ok {
+		return &exitError{Code: 3, Err: fmt.Errorf("%d of %d episodes resolved; see the report", rep.Resolved, len(rep.Episodes))}
+	}
+	return nil
+}
+
+const runLong = `run is the main job. It runs N episodes on the embedded defaults (the local
 provider, SQLite, the scripted model solving the tasks with their reference
 solutions) through a real ` + "`stasis serve`" + ` child process, as a trainer drives it:
 
@@ -58,74 +132,10 @@ under $TMPDIR unless --state) is removed unless --keep.
 
 Exit status: 0 when every episode is resolved and every ledger verifies; 3
 when the run completed but some episode is not resolved or a ledger does not
-verify; 2 a usage error; 1 the run failed.`,
-		Example: `  stasis run --episodes 8 --harness mixed --crash
-  stasis run --episodes 4 --checkpoint-at 0.3 --json`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logFormat, logLevel)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			o.Log = log
-			errOut := cmd.ErrOrStderr()
-			if !noProgress && !asJSON {
-				if f, ok := errOut.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-					o.Progress = &bars{w: errOut}
-				} else {
-					o.Progress = &phaseLines{w: errOut}
-				}
-			}
-			rep, err := job.Run(cmd.Context(), o)
-			if err != nil {
-				// A bad option exits 2; anything else 1 (3 is kept
-				// for a run whose episodes did not all resolve).
-				if k := errdefs.Kind(err); k == errdefs.ErrInvalid || k == errdefs.ErrUnsupported {
-					return &exitError{code: errdefs.ExitRefused, err: err}
-				}
-				return &exitError{code: errdefs.ExitFailure, err: err}
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				if err := writeJSON(out, rep); err != nil {
-					return err
-				}
-			} else {
-				printRunReport(out, rep)
-			}
-			ok := rep.Resolved == len(rep.Episodes)
-			for _, e := range rep.Episodes {
-				ok = ok && e.LedgerVerified
-			}
-			if !ok {
-				return &exitError{code: 3, err: fmt.Errorf("%d of %d episodes resolved; see the report", rep.Resolved, len(rep.Episodes))}
-			}
-			return nil
-		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&o.Tasks, "tasks", "builtin", "builtin, a task directory (or a directory of them), or a SWE-bench JSONL file")
-	f.StringVar(&o.Repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench file refers to")
-	addEnvsFlag(f, &o.Envs)
-	f.IntVar(&o.N, "episodes", 4, "how many episodes")
-	f.StringVar(&o.Harness, "harness", "mini", "mini, opencode, or mixed (alternating)")
-	f.StringVar(&o.Provider, "provider", "local", "the sandbox provider: local, microvm, opensandbox (OPENSANDBOX_URL) or e2b (E2B_API_KEY); see serve --help")
-	f.StringVar(&o.GuestMemory, "guest-memory", "", fmt.Sprintf("microvm: each guest's memory, e.g. 1GiB (default %d MiB)", microvm.DefaultMemMiB))
-	f.StringVar(&o.GuestBinary, "guest-binary", "", "microvm: the static stasis for the guest image (default: this binary)")
-	f.StringVar(&o.Image, "image", "", "the sandboxes' image where a task names none: oci:PATH[:TAG], docker-archive:PATH, docker://HOST/REPO:TAG or sha256:HEX (see stasis image --help); default: the provider's own root")
-	f.Float64Var(&o.CheckpointAt, "checkpoint-at", 0.5, "take the checkpoint when about this fraction of the model calls is made")
-	f.StringVar(&o.Stragglers, "stragglers", "exclude", "an episode the checkpoint cannot pause or snapshot: exclude (commit without it, named in the report) or fail (fail the checkpoint, naming it)")
-	f.BoolVar(&o.Crash, "crash", false, "after the checkpoint, kill the server and every sandbox, start again and restore")
-	f.BoolVar(&asJSON, "json", false, "print the report as one JSON document")
-	f.BoolVar(&noProgress, "no-progress", false, "print no progress")
-	f.StringVar(&o.State, "state", "", "state directory (default: a fresh one, removed at the end)")
-	f.BoolVar(&o.Keep, "keep", false, "keep the state directory (store, ledgers, logs) and print where it is")
-	f.DurationVar(&o.TokenDelay, "token-delay", 0, "the scripted model's time per token (default 2ms), so a checkpoint falls mid-episode")
-	f.DurationVar(&o.Timeout, "timeout", 0, "give up after this long (default 20m)")
-	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
-	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn or error")
-	return cmd
-}
+verify; 2 a usage error; 1 the run failed.`
+
+const runExample = `  stasis run --episodes 8 --harness mixed --crash
+  stasis run --episodes 4 --checkpoint-at 0.3 --json`
 
 func printRunReport(out io.Writer, rep *job.Report) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

@@ -3,7 +3,6 @@ package cli
 import (
 	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,7 +30,7 @@ import (
 // openProvider opens the named sandbox provider on $STASIS_HOME.
 func openProvider(name string) (sandbox.Provider, error) {
 	if _, err := sandbox.Lookup(name); err != nil {
-		return nil, &exitError{code: errdefs.ExitRefused, err: fmt.Errorf("--provider: %w", err)}
+		return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--provider: %w", err)}
 	}
 	h, err := home.Dir()
 	if err != nil {
@@ -57,7 +56,7 @@ func sandboxErr(err error) error {
 	if errors.As(err, &ee) {
 		return err
 	}
-	return &exitError{code: errdefs.ExitCode(err), err: err}
+	return &exitError{Code: errdefs.ExitCode(err), Err: err}
 }
 
 func parseLabels(kvs []string, flag string) (map[string]string, error) {
@@ -65,7 +64,7 @@ func parseLabels(kvs []string, flag string) (map[string]string, error) {
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, &exitError{code: 2, err: fmt.Errorf("%s %q: use key=value", flag, kv)}
+			return nil, &exitError{Code: 2, Err: fmt.Errorf("%s %q: use key=value", flag, kv)}
 		}
 		m[k] = v
 	}
@@ -99,13 +98,24 @@ snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	open := func() (sandbox.Provider, error) { return openProvider(provider) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
-		newSandboxSnapshotCmd(open), newSandboxForkCmd(open), newSandboxRmCmd(open), newSandboxGCCmd(&provider),
+		newSandboxSnapshotCmd(open), newSandboxForkCmd(open), newSandboxRmCmd(open), newSandboxGCCmd(open),
 		newSandboxExtendCmd(open), newSandboxKeeperCmd(), newSandboxDoctorCmd(),
 	)
 	return cmd
 }
 
+// opener opens the provider a sandbox subcommand works on.
 type opener func() (sandbox.Provider, error)
+
+// with opens the provider, runs f with it and closes it.
+func (open opener) with(f func(sandbox.Provider) error) error {
+	p, err := open()
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return f(p)
+}
 
 func newSandboxCreateCmd(open opener) *cobra.Command {
 	var (
@@ -135,32 +145,29 @@ Without it a local sandbox sees an allow-list of the host's userland
 				return err
 			}
 			if ttl <= 0 {
-				return &exitError{code: 2, err: errors.New("--ttl must be above zero")}
+				return &exitError{Code: 2, Err: errors.New("--ttl must be above zero")}
 			}
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			if lp, ok := p.(*local.Provider); ok && img != "" {
-				// Pull first, with progress; the sandbox then names the
-				// digest.
-				if _, err := image.ParseRef(img); err != nil {
-					return &exitError{code: 2, err: err}
+			return open.with(func(p sandbox.Provider) error {
+				if lp, ok := p.(*local.Provider); ok && img != "" {
+					// Pull first, with progress; the sandbox then names the
+					// digest.
+					if _, err := image.ParseRef(img); err != nil {
+						return &exitError{Code: 2, Err: err}
+					}
+					im, err := pullWithProgress(cmd.Context(), cmd, lp.Images(), img)
+					if err != nil {
+						return imageErr(err)
+					}
+					img = im.Digest
 				}
-				im, err := pullWithProgress(cmd.Context(), cmd, lp.Images(), img)
+				info, err := p.Create(cmd.Context(), sandbox.Spec{Root: from, Image: img, Labels: l, Env: e, Expiry: time.Now().Add(ttl)})
 				if err != nil {
-					return imageErr(err)
+					return sandboxErr(err)
 				}
-				img = im.Digest
-			}
-			info, err := p.Create(cmd.Context(), sandbox.Spec{Root: from, Image: img, Labels: l, Env: e, Expiry: time.Now().Add(ttl)})
-			if err != nil {
-				return sandboxErr(err)
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "created %s (%s), expires %s\n", info.ID, info.Provider, info.Expiry.Local().Format(time.RFC3339))
-			fmt.Fprintln(cmd.OutOrStdout(), info.ID)
-			return nil
+				fmt.Fprintf(cmd.ErrOrStderr(), "created %s (%s), expires %s\n", info.ID, info.Provider, info.Expiry.Local().Format(time.RFC3339))
+				fmt.Fprintln(cmd.OutOrStdout(), info.ID)
+				return nil
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -185,37 +192,34 @@ func newSandboxExecCmd(open opener) *cobra.Command {
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 1 {
-				return &exitError{code: 2, err: errors.New("put the command after --: stasis sandbox exec ID -- CMD")}
+				return &exitError{Code: 2, Err: errors.New("put the command after --: stasis sandbox exec ID -- CMD")}
 			}
 			e, err := parseLabels(env, "--env")
 			if err != nil {
 				return err
 			}
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			req := sandbox.ExecRequest{Argv: args[1:], Env: e, Cwd: cwd, Timeout: timeout, Background: background, LogPath: logPath,
-				Stdin: os.Stdin, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr()}
-			if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-				req.Stdin = nil // a terminal: the command gets no input rather than a hang
-			}
-			res, err := p.Exec(cmd.Context(), args[0], req)
-			if err != nil {
-				return sandboxErr(err)
-			}
-			if background {
-				fmt.Fprintln(cmd.OutOrStdout(), res.PID)
+			return open.with(func(p sandbox.Provider) error {
+				req := sandbox.ExecRequest{Argv: args[1:], Env: e, Cwd: cwd, Timeout: timeout, Background: background, LogPath: logPath,
+					Stdin: os.Stdin, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr()}
+				if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+					req.Stdin = nil // a terminal: the command gets no input rather than a hang
+				}
+				res, err := p.Exec(cmd.Context(), args[0], req)
+				if err != nil {
+					return sandboxErr(err)
+				}
+				if background {
+					fmt.Fprintln(cmd.OutOrStdout(), res.PID)
+					return nil
+				}
+				switch {
+				case res.ExitCode < 0:
+					return &exitError{Code: 128 - res.ExitCode}
+				case res.ExitCode > 0:
+					return &exitError{Code: res.ExitCode}
+				}
 				return nil
-			}
-			switch {
-			case res.ExitCode < 0:
-				return &exitError{code: 128 - res.ExitCode}
-			case res.ExitCode > 0:
-				return &exitError{code: res.ExitCode}
-			}
-			return nil
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -248,22 +252,19 @@ file is copied to DST.
   stasis sandbox cp sb-0123456789abcdef:/work/out ./out`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			ctx := cmd.Context()
-			sid, spath, sremote := splitRemote(args[0])
-			did, dpath, dremote := splitRemote(args[1])
-			switch {
-			case sremote == dremote:
-				return &exitError{code: 2, err: errors.New("exactly one of SRC and DST must be ID:/path")}
-			case dremote:
-				return sandboxErr(copyIn(ctx, p, args[0], did, dpath))
-			default:
-				return sandboxErr(copyOut(ctx, p, sid, spath, args[1], cmd.ErrOrStderr()))
-			}
+			return open.with(func(p sandbox.Provider) error {
+				ctx := cmd.Context()
+				sid, spath, sremote := splitRemote(args[0])
+				did, dpath, dremote := splitRemote(args[1])
+				switch {
+				case sremote == dremote:
+					return &exitError{Code: 2, Err: errors.New("exactly one of SRC and DST must be ID:/path")}
+				case dremote:
+					return sandboxErr(copyIn(ctx, p, args[0], did, dpath))
+				default:
+					return sandboxErr(copyOut(ctx, p, sid, spath, args[1], cmd.ErrOrStderr()))
+				}
+			})
 		},
 	}
 }
@@ -278,7 +279,7 @@ file is copied to DST.
 func copyIn(ctx context.Context, p sandbox.Files, src, id, dst string) error {
 	fi, err := os.Stat(src)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return &exitError{Code: 2, Err: err}
 	}
 	pr, pw := io.Pipe()
 	dir, name := dst, "."
@@ -349,47 +350,43 @@ func newSandboxLsCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			list, err := p.List(cmd.Context(), l)
-			if err != nil {
-				return sandboxErr(err)
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				if list == nil {
-					list = []sandbox.Info{}
+			return open.with(func(p sandbox.Provider) error {
+				list, err := p.List(cmd.Context(), l)
+				if err != nil {
+					return sandboxErr(err)
 				}
-				b, _ := json.MarshalIndent(list, "", "  ")
-				fmt.Fprintln(out, string(b))
+				out := cmd.OutOrStdout()
+				if asJSON {
+					if list == nil {
+						list = []sandbox.Info{}
+					}
+					printJSON(out, list)
+					return nil
+				}
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSTATE\tCREATED\tEXPIRES IN\tSOURCE\tLABELS")
+				for _, s := range list {
+					left := time.Until(s.Expiry).Round(time.Second).String()
+					if s.State != sandbox.StateRunning {
+						left = "-"
+					}
+					var ls []string
+					for k, v := range s.Labels {
+						ls = append(ls, k+"="+v)
+					}
+					sort.Strings(ls)
+					src := s.Source
+					if src == "" {
+						src = "-"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Created.Local().Format("2006-01-02 15:04:05"), left, src, strings.Join(ls, ","))
+				}
+				tw.Flush()
+				if len(list) == 0 {
+					fmt.Fprintln(cmd.ErrOrStderr(), "no sandboxes")
+				}
 				return nil
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tCREATED\tEXPIRES IN\tSOURCE\tLABELS")
-			for _, s := range list {
-				left := time.Until(s.Expiry).Round(time.Second).String()
-				if s.State != sandbox.StateRunning {
-					left = "-"
-				}
-				var ls []string
-				for k, v := range s.Labels {
-					ls = append(ls, k+"="+v)
-				}
-				sort.Strings(ls)
-				src := s.Source
-				if src == "" {
-					src = "-"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Created.Local().Format("2006-01-02 15:04:05"), left, src, strings.Join(ls, ","))
-			}
-			tw.Flush()
-			if len(list) == 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "no sandboxes")
-			}
-			return nil
+			})
 		},
 	}
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with this label key=value (repeatable)")
@@ -404,19 +401,16 @@ func newSandboxSnapshotCmd(open opener) *cobra.Command {
 		Short: "Snapshot a sandbox; prints the snapshot id on the last line",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			t0 := time.Now()
-			snap, err := p.Snapshot(cmd.Context(), args[0], name)
-			if err != nil {
-				return sandboxErr(err)
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "snapshot of %s in %s: %d bytes, %d new\n", args[0], time.Since(t0).Round(time.Millisecond), snap.Bytes, snap.NewBytes)
-			fmt.Fprintln(cmd.OutOrStdout(), snap.ID)
-			return nil
+			return open.with(func(p sandbox.Provider) error {
+				t0 := time.Now()
+				snap, err := p.Snapshot(cmd.Context(), args[0], name)
+				if err != nil {
+					return sandboxErr(err)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "snapshot of %s in %s: %d bytes, %d new\n", args[0], time.Since(t0).Round(time.Millisecond), snap.Bytes, snap.NewBytes)
+				fmt.Fprintln(cmd.OutOrStdout(), snap.ID)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "a name for the snapshot")
@@ -438,19 +432,16 @@ func newSandboxForkCmd(open opener) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			infos, err := p.Fork(cmd.Context(), args[0], count, sandbox.ForkSpec{Labels: l, Expiry: time.Now().Add(ttl)})
-			if err != nil {
-				return sandboxErr(err)
-			}
-			for _, in := range infos {
-				fmt.Fprintln(cmd.OutOrStdout(), in.ID)
-			}
-			return nil
+			return open.with(func(p sandbox.Provider) error {
+				infos, err := p.Fork(cmd.Context(), args[0], count, sandbox.ForkSpec{Labels: l, Expiry: time.Now().Add(ttl)})
+				if err != nil {
+					return sandboxErr(err)
+				}
+				for _, in := range infos {
+					fmt.Fprintln(cmd.OutOrStdout(), in.ID)
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "how many sandboxes")
@@ -466,53 +457,48 @@ func newSandboxRmCmd(open opener) *cobra.Command {
 		Short: "Delete sandboxes (or, with --snapshot, snapshots); deleting one already gone succeeds",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			for _, id := range args {
-				if snapshots {
-					err = p.DeleteSnapshot(cmd.Context(), id)
-				} else {
-					err = p.Delete(cmd.Context(), id)
+			return open.with(func(p sandbox.Provider) error {
+				for _, id := range args {
+					var err error
+					if snapshots {
+						err = p.DeleteSnapshot(cmd.Context(), id)
+					} else {
+						err = p.Delete(cmd.Context(), id)
+					}
+					if err != nil {
+						return sandboxErr(err)
+					}
+					fmt.Fprintln(cmd.OutOrStdout(), "deleted", id)
 				}
-				if err != nil {
-					return sandboxErr(err)
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), "deleted", id)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&snapshots, "snapshot", false, "the ids are snapshots")
 	return cmd
 }
 
-func newSandboxGCCmd(provider *string) *cobra.Command {
+func newSandboxGCCmd(open opener) *cobra.Command {
 	return &cobra.Command{
 		Use:   "gc",
 		Short: "Remove sandboxes whose keeper died (ending a QEMU left behind), and blobs nothing references",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := openProvider(*provider)
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			reaped, err := p.GC(cmd.Context())
-			if err != nil {
-				return err
-			}
-			for _, id := range reaped {
-				fmt.Fprintln(cmd.OutOrStdout(), "reaped", id)
-			}
-			n, bytes, err := p.CollectBlobs(cmd.Context())
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%d sandboxes reaped, %d blobs (%d bytes) freed\n", len(reaped), n, bytes)
-			return nil
+			return open.with(func(p sandbox.Provider) error {
+				reaped, err := p.GC(cmd.Context())
+				if err != nil {
+					return err
+				}
+				for _, id := range reaped {
+					fmt.Fprintln(cmd.OutOrStdout(), "reaped", id)
+				}
+				n, bytes, err := p.CollectBlobs(cmd.Context())
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d sandboxes reaped, %d blobs (%d bytes) freed\n", len(reaped), n, bytes)
+				return nil
+			})
 		},
 	}
 }
@@ -524,17 +510,14 @@ func newSandboxExtendCmd(open opener) *cobra.Command {
 		Short: "Set a sandbox's absolute expiry to D from now (longer or shorter)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := open()
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			t := time.Now().Add(ttl)
-			if err := p.SetExpiry(cmd.Context(), args[0], t); err != nil {
-				return sandboxErr(err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s expires %s\n", args[0], t.Local().Format(time.RFC3339))
-			return nil
+			return open.with(func(p sandbox.Provider) error {
+				t := time.Now().Add(ttl)
+				if err := p.SetExpiry(cmd.Context(), args[0], t); err != nil {
+					return sandboxErr(err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s expires %s\n", args[0], t.Local().Format(time.RFC3339))
+				return nil
+			})
 		},
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "new lease from now")
@@ -542,16 +525,23 @@ func newSandboxExtendCmd(open opener) *cobra.Command {
 }
 
 func newSandboxKeeperCmd() *cobra.Command {
+	cmd := newKeeperCmd("Hold one local sandbox (started by create and fork)", "keeper", local.RunKeeper)
+	cmd.Hidden = true
+	return cmd
+}
+
+// newKeeperCmd is a provider's keeper command: it holds one sandbox, whose
+// state directory --dir names, logging as component to stderr.
+func newKeeperCmd(short, component string, run func(dir string, log *slog.Logger) int) *cobra.Command {
 	var dir string
 	cmd := &cobra.Command{
-		Use:    "keeper --dir DIR",
-		Short:  "Hold one local sandbox (started by create and fork)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
+		Use:   "keeper --dir DIR",
+		Short: short,
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "keeper")
-			if code := local.RunKeeper(dir, log); code != 0 {
-				return &exitError{code: code}
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", component)
+			if code := run(dir, log); code != 0 {
+				return &exitError{Code: code}
 			}
 			return nil
 		},

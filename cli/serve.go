@@ -3,10 +3,12 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"stasis/coordinator"
 	"stasis/sandbox"
@@ -30,21 +32,155 @@ func selfEnv() map[string]string {
 	return env
 }
 
+// serveFlags are serve's flags.
+type serveFlags struct {
+	listen, state, tasksSpec, repos, envs, upstream, keyEnv, modelName string
+	concurrency                                                        int
+	logFormat, logLevel                                                string
+	provider, guestBinary, guestMemory, clockPolicy, gwListen, gwURL   string
+	access                                                             server.AccessOptions
+	stragglers, imageRef                                               string
+	pullImages                                                         bool
+	limits                                                             limitFlags
+}
+
 func newServeCmd() *cobra.Command {
-	var (
-		listen, state, tasksSpec, repos, envs, upstream, keyEnv, modelName string
-		concurrency                                                        int
-		logFormat, logLevel                                                string
-		provider, guestBinary, guestMemory, clockPolicy, gwListen, gwURL   string
-		access                                                             server.AccessOptions
-		stragglers, imageRef                                               string
-		pullImages                                                         bool
-		limits                                                             limitFlags
-	)
+	var sf serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve --listen ADDR --state DIR [--api-token-file FILE] [--tls-cert F --tls-key F [--tls-client-ca F]] [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
-		Short: "Serve the environment API: episodes, checkpoints, metrics",
-		Long: `serve is the environment server: an HTTP JSON API for trainers.
+		Use:     "serve --listen ADDR --state DIR [--api-token-file FILE] [--tls-cert F --tls-key F [--tls-client-ca F]] [--tasks builtin|DIR|FILE.jsonl] [--model-upstream URL] [--concurrency N]",
+		Short:   "Serve the environment API: episodes, checkpoints, metrics",
+		Long:    serveLong,
+		Example: serveExample,
+		Args:    cobra.NoArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return sf.run(cmd) },
+	}
+	sf.add(cmd.Flags())
+	return cmd
+}
+
+func (sf *serveFlags) add(f *pflag.FlagSet) {
+	f.StringVar(&sf.listen, "listen", "", "address to serve on: host:port or unix:/path (anything but loopback or a unix socket needs --api-token-file or --tls-client-ca)")
+	f.StringVar(&sf.access.TokenFile, "api-token-file", "", "bearer tokens the API accepts, one a line (blank and # lines ignored); every request but /healthz then needs Authorization: Bearer TOKEN")
+	f.StringArrayVar(&sf.access.Hosts, "api-host", nil, "a Host name the API answers to, NAME or NAME:PORT (repeatable; default: loopback names on loopback, else the listen address or, for 0.0.0.0 and [::], this machine's addresses and host name)")
+	f.StringVar(&sf.access.TLSCert, "tls-cert", "", "serve the API over TLS with this certificate chain (PEM; with --tls-key)")
+	f.StringVar(&sf.access.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
+	f.StringVar(&sf.access.TLSClientCA, "tls-client-ca", "", "require a client certificate signed by this CA (PEM) on every connection (with --tls-cert)")
+	f.StringVar(&sf.provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch)")
+	f.StringVar(&sf.gwListen, "gateway-listen", "", "hosted providers: a TCP address where the gateway also listens for the sandboxes' relays")
+	f.StringVar(&sf.gwURL, "gateway-url", "", "hosted providers: the gateway's URL as the sandboxes reach it (default: http:// and the --gateway-listen address)")
+	f.StringVar(&sf.guestMemory, "guest-memory", "", fmt.Sprintf("microvm: each guest's memory, e.g. 1GiB (default %d MiB)", microvm.DefaultMemMiB))
+	f.StringVar(&sf.guestBinary, "guest-binary", "", "microvm: the static stasis binary for the guest image (default: this binary, which must be static)")
+	f.StringVar(&sf.clockPolicy, "clock-policy", "continuous", "microvm: a guest's wall clock after a resume in place: continuous (pause wall + uptime since) or host")
+	f.StringVar(&sf.state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")
+	f.StringVar(&sf.tasksSpec, "tasks", "builtin", "the tasks episodes may name: builtin, a task directory, or SWE-bench JSONL with --repos")
+	f.StringVar(&sf.repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench --tasks file refers to")
+	addEnvsFlag(f, &sf.envs)
+	f.StringVar(&sf.upstream, "model-upstream", "", "the model server the gateway forwards to (default: the scripted model, in-process)")
+	f.StringVar(&sf.keyEnv, "model-key-env", "STASIS_MODEL_KEY", "environment variable holding the model server's API key, if it needs one")
+	f.StringVar(&sf.modelName, "model", "", "the model name harnesses ask for (default: the scripted model's)")
+	f.StringVar(&sf.stragglers, "stragglers", "exclude", "a checkpoint's episode that cannot be paused or snapshotted: exclude (commit without it, named with the reason in the answer) or fail (fail the checkpoint, naming it); a request's \"stragglers\" overrides it")
+	sf.limits.add(f)
+	f.StringVar(&sf.imageRef, "image", "", "the sandboxes' image where neither the start request nor the task names one: oci:PATH[:TAG], docker-archive:PATH, docker://HOST/REPO:TAG or sha256:HEX on the local provider (pulled at start), the service's template name on e2b and opensandbox (default: the provider's own root)")
+	f.BoolVar(&sf.pullImages, "pull-images", false, "a restore whose records name an image no longer on this host pulls it again from the reference it was pulled as (default: refuse, saying how to pull it)")
+	f.IntVar(&sf.concurrency, "concurrency", 64, "episodes a checkpoint or a restore works on at once")
+	f.StringVar(&sf.logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+// run serves the API until a signal.
+func (sf *serveFlags) run(cmd *cobra.Command) error {
+	serve.ProcsForFsync() // the gateway fsyncs each ledger entry
+	log, o, err := sf.options()
+	if err != nil {
+		return err
+	}
+	ln, shown, err := serve.Listen(sf.listen)
+	if err != nil {
+		return &exitError{Code: 1, Err: fmt.Errorf("--listen: %w", err)}
+	}
+	sf.access.Logger = log
+	if o.Access, err = server.NewAccess(ln.Addr(), sf.access); err != nil {
+		_ = ln.Close()
+		return &exitError{Code: 2, Err: err}
+	}
+	ln = o.Access.Listener(ln)
+	srv, err := server.New(cmd.Context(), o)
+	if err != nil {
+		_ = ln.Close()
+		return &exitError{Code: 1, Err: err}
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), shown)
+	log.Info("serving", "addr", shown, "tls", o.Access.TLSConfig() != nil, "authenticates", o.Access.Authenticates())
+	err = serve.UntilSignal(cmd.Context(), ln, srv.Handler(), log)
+	if cerr := srv.Close(); cerr != nil {
+		log.Warn("closing the server", "err", cerr)
+	}
+	if err != nil {
+		return &exitError{Code: 1, Err: err}
+	}
+	return nil
+}
+
+// options checks the flags, loads the tasks and makes the server's
+// options (all but Access) and its logger.
+func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
+	if sf.listen == "" {
+		return nil, server.Options{}, &exitError{Code: 2, Err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
+	}
+	if sf.state == "" {
+		return nil, server.Options{}, &exitError{Code: 2, Err: errors.New("--state is required: the directory that holds the store, the gateway and the sandboxes")}
+	}
+	if sf.concurrency < 1 {
+		return nil, server.Options{}, &exitError{Code: 2, Err: fmt.Errorf("--concurrency %d: give at least 1", sf.concurrency)}
+	}
+	log, err := newLogger(sf.logFormat, sf.logLevel)
+	if err != nil {
+		return nil, server.Options{}, &exitError{Code: 2, Err: err}
+	}
+	lo, err := taskOptions(sf.repos, sf.envs, log)
+	if err != nil {
+		return nil, server.Options{}, &exitError{Code: 2, Err: err}
+	}
+	if sf.provider != "" && sf.provider != "local" && lo.Envs != "" {
+		// Environments are built on this host; only local
+		// sandboxes can see them.
+		log.Warn("SWE-bench environments are built for local sandboxes only: the tests run with the sandbox's own Python", "provider", sf.provider)
+		lo.Envs = ""
+	}
+	ts, problems, err := task.Load(sf.tasksSpec, lo)
+	if err != nil {
+		return nil, server.Options{}, &exitError{Code: 2, Err: err}
+	}
+	for _, p := range problems {
+		log.Warn("task not loaded", "err", p)
+	}
+	if len(ts) == 0 {
+		return nil, server.Options{}, &exitError{Code: 2, Err: fmt.Errorf("--tasks %s: no task loaded", sf.tasksSpec)}
+	}
+	if err := coordinator.CheckStragglers(sf.stragglers); err != nil {
+		return nil, server.Options{}, &exitError{Code: 2, Err: fmt.Errorf("--%w", err)}
+	}
+	lim, err := sf.limits.parse()
+	if err != nil {
+		return nil, server.Options{}, &exitError{Code: 2, Err: err}
+	}
+	if lim != (sandbox.Limits{}) && sf.provider != "" && sf.provider != "local" {
+		return nil, server.Options{}, &exitError{Code: 2, Err: fmt.Errorf("the limit flags are for the local provider: the %s provider's sandboxes are sized by the service or the VM", sf.provider)}
+	}
+	guestMiB, err := parseGuestMemory(sf.guestMemory, sf.provider)
+	if err != nil {
+		return nil, server.Options{}, &exitError{Code: 2, Err: err}
+	}
+	return log, server.Options{
+		GuestMemMiB: guestMiB, Stragglers: sf.stragglers, Limits: lim, Image: sf.imageRef, PullImages: sf.pullImages,
+		State: sf.state, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
+		Concurrency: sf.concurrency, Logger: log, BinaryEnv: selfEnv(),
+		Provider: sf.provider, GuestBinary: sf.guestBinary, ClockPolicy: sf.clockPolicy,
+		GatewayListen: sf.gwListen, GatewayURL: sf.gwURL, Envs: lo.Envs,
+	}, nil
+}
+
+const serveLong = `serve is the environment server: an HTTP JSON API for trainers.
 
   POST   /v1/episodes                   start {"task", "harness": "mini|opencode"} (201)
   GET    /v1/episodes                   list (?state=running|ended|retired|lost&task=T&harness=H)
@@ -158,124 +294,12 @@ On the network, with tokens and TLS:
 
 Exit status: 0 after a signal; 2 a usage error (also a networked ADDR
 without authentication, or a bad token file or certificate); 1 the server
-could not start or failed.`,
-		Example: `  stasis serve --listen 127.0.0.1:8080 --state /var/lib/stasis
+could not start or failed.`
+
+const serveExample = `  stasis serve --listen 127.0.0.1:8080 --state /var/lib/stasis
   stasis serve --listen unix:/run/stasis/api.sock --state /var/lib/stasis
   stasis serve --listen 10.0.0.5:8443 --state /var/lib/stasis --api-token-file tokens --tls-cert node.pem --tls-key node-key.pem --tls-client-ca nodes-ca.pem
-  stasis serve --listen 127.0.0.1:0 --state ./state --tasks swe.jsonl --repos ~/clones --model-upstream http://127.0.0.1:8000`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			serve.ProcsForFsync() // the gateway fsyncs each ledger entry
-			if listen == "" {
-				return &exitError{code: 2, err: errors.New("--listen is required: host:port (port 0 picks one) or unix:/path")}
-			}
-			if state == "" {
-				return &exitError{code: 2, err: errors.New("--state is required: the directory that holds the store, the gateway and the sandboxes")}
-			}
-			if concurrency < 1 {
-				return &exitError{code: 2, err: fmt.Errorf("--concurrency %d: give at least 1", concurrency)}
-			}
-			log, err := newLogger(logFormat, logLevel)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			lo, err := taskOptions(repos, envs, log)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			if provider != "" && provider != "local" && lo.Envs != "" {
-				// Environments are built on this host; only local
-				// sandboxes can see them.
-				log.Warn("SWE-bench environments are built for local sandboxes only: the tests run with the sandbox's own Python", "provider", provider)
-				lo.Envs = ""
-			}
-			ts, problems, err := task.Load(tasksSpec, lo)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			for _, p := range problems {
-				log.Warn("task not loaded", "err", p)
-			}
-			if len(ts) == 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--tasks %s: no task loaded", tasksSpec)}
-			}
-			if err := coordinator.CheckStragglers(stragglers); err != nil {
-				return &exitError{code: 2, err: fmt.Errorf("--%w", err)}
-			}
-			lim, err := limits.parse()
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			if lim != (sandbox.Limits{}) && provider != "" && provider != "local" {
-				return &exitError{code: 2, err: fmt.Errorf("the limit flags are for the local provider: the %s provider's sandboxes are sized by the service or the VM", provider)}
-			}
-			guestMiB, err := parseGuestMemory(guestMemory, provider)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			o := server.Options{
-				GuestMemMiB: guestMiB, Stragglers: stragglers, Limits: lim, Image: imageRef, PullImages: pullImages,
-				State: state, Tasks: ts, ModelUpstream: upstream, ModelKey: os.Getenv(keyEnv), Model: modelName,
-				Concurrency: concurrency, Logger: log, BinaryEnv: selfEnv(),
-				Provider: provider, GuestBinary: guestBinary, ClockPolicy: clockPolicy,
-				GatewayListen: gwListen, GatewayURL: gwURL, Envs: lo.Envs,
-			}
-			ln, shown, err := serve.Listen(listen)
-			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("--listen: %w", err)}
-			}
-			access.Logger = log
-			if o.Access, err = server.NewAccess(ln.Addr(), access); err != nil {
-				_ = ln.Close()
-				return &exitError{code: 2, err: err}
-			}
-			ln = o.Access.Listener(ln)
-			srv, err := server.New(cmd.Context(), o)
-			if err != nil {
-				_ = ln.Close()
-				return &exitError{code: 1, err: err}
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), shown)
-			log.Info("serving", "addr", shown, "tls", o.Access.TLSConfig() != nil, "authenticates", o.Access.Authenticates())
-			err = serve.UntilSignal(cmd.Context(), ln, srv.Handler(), log)
-			if cerr := srv.Close(); cerr != nil {
-				log.Warn("closing the server", "err", cerr)
-			}
-			if err != nil {
-				return &exitError{code: 1, err: err}
-			}
-			return nil
-		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&listen, "listen", "", "address to serve on: host:port or unix:/path (anything but loopback or a unix socket needs --api-token-file or --tls-client-ca)")
-	f.StringVar(&access.TokenFile, "api-token-file", "", "bearer tokens the API accepts, one a line (blank and # lines ignored); every request but /healthz then needs Authorization: Bearer TOKEN")
-	f.StringArrayVar(&access.Hosts, "api-host", nil, "a Host name the API answers to, NAME or NAME:PORT (repeatable; default: loopback names on loopback, else the listen address or, for 0.0.0.0 and [::], this machine's addresses and host name)")
-	f.StringVar(&access.TLSCert, "tls-cert", "", "serve the API over TLS with this certificate chain (PEM; with --tls-key)")
-	f.StringVar(&access.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
-	f.StringVar(&access.TLSClientCA, "tls-client-ca", "", "require a client certificate signed by this CA (PEM) on every connection (with --tls-cert)")
-	f.StringVar(&provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch)")
-	f.StringVar(&gwListen, "gateway-listen", "", "hosted providers: a TCP address where the gateway also listens for the sandboxes' relays")
-	f.StringVar(&gwURL, "gateway-url", "", "hosted providers: the gateway's URL as the sandboxes reach it (default: http:// and the --gateway-listen address)")
-	f.StringVar(&guestMemory, "guest-memory", "", fmt.Sprintf("microvm: each guest's memory, e.g. 1GiB (default %d MiB)", microvm.DefaultMemMiB))
-	f.StringVar(&guestBinary, "guest-binary", "", "microvm: the static stasis binary for the guest image (default: this binary, which must be static)")
-	f.StringVar(&clockPolicy, "clock-policy", "continuous", "microvm: a guest's wall clock after a resume in place: continuous (pause wall + uptime since) or host")
-	f.StringVar(&state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")
-	f.StringVar(&tasksSpec, "tasks", "builtin", "the tasks episodes may name: builtin, a task directory, or SWE-bench JSONL with --repos")
-	f.StringVar(&repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench --tasks file refers to")
-	addEnvsFlag(f, &envs)
-	f.StringVar(&upstream, "model-upstream", "", "the model server the gateway forwards to (default: the scripted model, in-process)")
-	f.StringVar(&keyEnv, "model-key-env", "STASIS_MODEL_KEY", "environment variable holding the model server's API key, if it needs one")
-	f.StringVar(&modelName, "model", "", "the model name harnesses ask for (default: the scripted model's)")
-	f.StringVar(&stragglers, "stragglers", "exclude", "a checkpoint's episode that cannot be paused or snapshotted: exclude (commit without it, named with the reason in the answer) or fail (fail the checkpoint, naming it); a request's \"stragglers\" overrides it")
-	limits.add(f)
-	f.StringVar(&imageRef, "image", "", "the sandboxes' image where neither the start request nor the task names one: oci:PATH[:TAG], docker-archive:PATH, docker://HOST/REPO:TAG or sha256:HEX on the local provider (pulled at start), the service's template name on e2b and opensandbox (default: the provider's own root)")
-	f.BoolVar(&pullImages, "pull-images", false, "a restore whose records name an image no longer on this host pulls it again from the reference it was pulled as (default: refuse, saying how to pull it)")
-	f.IntVar(&concurrency, "concurrency", 64, "episodes a checkpoint or a restore works on at once")
-	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
-	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	return cmd
-}
+  stasis serve --listen 127.0.0.1:0 --state ./state --tasks swe.jsonl --repos ~/clones --model-upstream http://127.0.0.1:8000`
 
 // parseGuestMemory reads --guest-memory: a size of at least 128 MiB, for
 // the microvm provider only; 0 when not given.

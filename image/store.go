@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"stasis/atomicfile"
@@ -228,28 +229,11 @@ func (s *Store) pull(ctx context.Context, r Ref, progress Progress) (Image, erro
 		}
 	}()
 	rootfs := filepath.Join(tmp, rootfsName)
-	if err := os.Mkdir(rootfs, 0o755); err != nil {
-		return Image{}, err
-	}
-	if err := os.Lchown(rootfs, s.idBase, s.idBase); err != nil {
-		return Image{}, err
-	}
-	root, err := os.OpenRoot(rootfs)
+	st, err := s.unpack(ctx, r, img, rootfs, progress)
 	if err != nil {
 		return Image{}, err
 	}
-	defer root.Close()
-	u := &unpacker{root: root, idBase: s.idBase}
-	if progress != nil {
-		u.progress = func(st unpackStats) { progress(st.Bytes, st.Files) }
-	}
-	rc := mutate.Extract(img)
-	err = u.run(ctx, rc)
-	rc.Close()
-	if err != nil {
-		return Image{}, fmt.Errorf("image %s: %w", r, err)
-	}
-	im.Bytes, im.Files, im.Dirs, im.Links, im.Devices = u.stats.Bytes, u.stats.Files, u.stats.Dirs, u.stats.Links, u.stats.Devices
+	im.Bytes, im.Files, im.Dirs, im.Links, im.Devices = st.Bytes, st.Files, st.Dirs, st.Links, st.Devices
 	im.Unpacked = time.Now().UTC()
 	if err := atomicfile.SyncFS(rootfs); err != nil {
 		return Image{}, err
@@ -267,6 +251,33 @@ func (s *Store) pull(ctx context.Context, r Ref, progress Progress) (Image, erro
 	}
 	im.Root = filepath.Join(final, rootfsName)
 	return im, nil
+}
+
+// unpack makes rootfs, owned by the image's root, and unpacks img's
+// layers into it.
+func (s *Store) unpack(ctx context.Context, r Ref, img v1.Image, rootfs string, progress Progress) (unpackStats, error) {
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return unpackStats{}, err
+	}
+	if err := os.Lchown(rootfs, s.idBase, s.idBase); err != nil {
+		return unpackStats{}, err
+	}
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return unpackStats{}, err
+	}
+	defer root.Close()
+	u := &unpacker{root: root, idBase: s.idBase}
+	if progress != nil {
+		u.progress = func(st unpackStats) { progress(st.Bytes, st.Files) }
+	}
+	rc := mutate.Extract(img)
+	err = u.run(ctx, rc)
+	rc.Close()
+	if err != nil {
+		return unpackStats{}, fmt.Errorf("image %s: %w", r, err)
+	}
+	return u.stats, nil
 }
 
 // addRef records that im was pulled as ref.

@@ -186,52 +186,14 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 	}
-	lo, err := task.EnvsOption(o.Envs)
+	solvable, scripts, turns, err := o.solvableTasks()
 	if err != nil {
 		return nil, err
-	}
-	lo.Repos, lo.Log = o.Repos, o.Log
-	ts, problems, err := task.Load(o.Tasks, lo)
-	if err != nil {
-		return nil, err
-	}
-	for _, p := range problems {
-		o.Log.Warn("task not loaded", "err", p)
-	}
-	var solvable []*task.Task
-	for _, t := range ts {
-		if t.Solution == nil {
-			continue
-		}
-		if o.Provider == microvm.Name && !microvm.CanRun(t.Language, cmp.Or(t.Image, o.Image)) {
-			continue
-		}
-		solvable = append(solvable, t)
-	}
-	if len(solvable) == 0 {
-		if o.Provider == microvm.Name {
-			return nil, fmt.Errorf("tasks %s: none the microVM guest can run (it has busybox: shell tasks) has a reference solution", o.Tasks)
-		}
-		return nil, fmt.Errorf("tasks %s: none has a reference solution, so the scripted model cannot solve any", o.Tasks)
-	}
-	solvable = interleave(solvable)
-	scripts, err := task.Scripts(solvable)
-	if err != nil {
-		return nil, err
-	}
-	turns := map[string]int{}
-	for i, s := range scripts {
-		turns[solvable[i].ID] = len(s.Turns)
 	}
 
 	// The state directory, removed at the end unless kept.
-	madeState := false
-	if o.State == "" {
-		if o.State, err = os.MkdirTemp("", "stasis-run-"); err != nil {
-			return nil, err
-		}
-		madeState = true
-	} else if err := os.MkdirAll(o.State, 0o755); err != nil {
+	madeState, err := o.makeState()
+	if err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -243,14 +205,11 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}()
 
 	// The model, in this process, outlives the server.
-	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	modelURL, stopModel, err := serveModel(scripts, o.TokenDelay)
 	if err != nil {
 		return nil, err
 	}
-	msrv := &http.Server{Handler: model.New(model.Options{Scripts: scripts, TokenDelay: o.TokenDelay})}
-	go func() { _ = msrv.Serve(mln) }()
-	defer msrv.Close()
-	modelURL := "http://" + mln.Addr().String()
+	defer stopModel()
 
 	srv, err := startServer(ctx, o, modelURL)
 	if err != nil {
@@ -267,8 +226,105 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	if o.Keep {
 		rep.State = o.State
 	}
-	// Start the episodes.
-	type planned struct{ id, task, harness string }
+	plan := o.plan(solvable)
+	if err := startEpisodes(ctx, srv, o, plan); err != nil {
+		return rep, err
+	}
+	if err := runToCheckpoint(ctx, srv, o, plan, turns); err != nil {
+		return rep, err
+	}
+	ckID, finishedAt, err := takeCheckpoint(ctx, srv, o, rep)
+	if err != nil {
+		return rep, err
+	}
+	var rs restored
+	if o.Crash {
+		if srv, rs, err = crashAndRestore(ctx, srv, o, modelURL, ckID, rep); err != nil {
+			return rep, err
+		}
+	}
+	if err := runToEnd(ctx, srv, o, len(plan)); err != nil {
+		return rep, err
+	}
+	if err := verifyAll(ctx, srv, o, plan, finishedAt, rs, rep); err != nil {
+		return rep, err
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	return rep, nil
+}
+
+// solvableTasks loads the tasks and keeps those the scripted model can
+// solve (they have a reference solution) on the provider, interleaved,
+// with their scripts and the number of turns of each task's.
+func (o *Options) solvableTasks() (solvable []*task.Task, scripts []*model.Script, turns map[string]int, err error) {
+	lo, err := task.EnvsOption(o.Envs)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	lo.Repos, lo.Log = o.Repos, o.Log
+	ts, problems, err := task.Load(o.Tasks, lo)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for _, p := range problems {
+		o.Log.Warn("task not loaded", "err", p)
+	}
+	for _, t := range ts {
+		if t.Solution == nil {
+			continue
+		}
+		if o.Provider == microvm.Name && !microvm.CanRun(t.Language, cmp.Or(t.Image, o.Image)) {
+			continue
+		}
+		solvable = append(solvable, t)
+	}
+	if len(solvable) == 0 {
+		if o.Provider == microvm.Name {
+			return nil, nil, nil, fmt.Errorf("tasks %s: none the microVM guest can run (it has busybox: shell tasks) has a reference solution", o.Tasks)
+		}
+		return nil, nil, nil, fmt.Errorf("tasks %s: none has a reference solution, so the scripted model cannot solve any", o.Tasks)
+	}
+	solvable = interleave(solvable)
+	if scripts, err = task.Scripts(solvable); err != nil {
+		return nil, nil, nil, err
+	}
+	turns = map[string]int{}
+	for i, s := range scripts {
+		turns[solvable[i].ID] = len(s.Turns)
+	}
+	return solvable, scripts, turns, nil
+}
+
+// serveModel serves the scripted model in this process, where it outlives
+// the server: its URL, and stop.
+func serveModel(scripts []*model.Script, tokenDelay time.Duration) (url string, stop func() error, err error) {
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	msrv := &http.Server{Handler: model.New(model.Options{Scripts: scripts, TokenDelay: tokenDelay})}
+	go func() { _ = msrv.Serve(mln) }()
+	return "http://" + mln.Addr().String(), msrv.Close, nil
+}
+
+// makeState makes the state directory, a new one under $TMPDIR when
+// o.State is empty (made then says so).
+func (o *Options) makeState() (made bool, err error) {
+	if o.State == "" {
+		if o.State, err = os.MkdirTemp("", "stasis-run-"); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	return false, os.MkdirAll(o.State, 0o755)
+}
+
+// planned is an episode the run starts.
+type planned struct{ id, task, harness string }
+
+// plan names the N episodes and gives each its task, in turn, and its
+// harness (mini and opencode in turn when mixed).
+func (o *Options) plan(solvable []*task.Task) []planned {
 	var plan []planned
 	for i := range o.N {
 		h := o.Harness
@@ -278,25 +334,33 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		t := solvable[i%len(solvable)]
 		plan = append(plan, planned{fmt.Sprintf("ep-%03d", i+1), t.ID, h})
 	}
+	return plan
+}
+
+func startEpisodes(ctx context.Context, srv *server, o Options, plan []planned) error {
 	o.Progress.Phase("start episodes", len(plan))
 	for i, p := range plan {
 		if _, err := srv.api.StartEpisode(ctx, client.StartRequest{ID: p.id, Task: p.task, Harness: p.harness}); err != nil {
-			return rep, fmt.Errorf("start %s: %w", p.id, err)
+			return fmt.Errorf("start %s: %w", p.id, err)
 		}
 		o.Progress.Set(i + 1)
 	}
 	o.Progress.Done()
+	return nil
+}
 
-	// Run until about CheckpointAt of the calls are made (or all ended).
+// runToCheckpoint waits until about CheckpointAt of the calls are made
+// (or every harness ended).
+func runToCheckpoint(ctx context.Context, srv *server, o Options, plan []planned, turns map[string]int) error {
 	expected := 0
 	for _, p := range plan {
 		expected += turns[p.task]
 	}
 	o.Progress.Phase(fmt.Sprintf("episodes to %.0f%%", 100*o.CheckpointAt), expected)
-	var views []episodeView
 	for {
-		if views, err = srv.episodes(ctx); err != nil {
-			return rep, err
+		views, err := srv.episodes(ctx)
+		if err != nil {
+			return err
 		}
 		made, ended := 0, 0
 		for _, v := range views {
@@ -310,18 +374,22 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 			break
 		}
 		if err := pause(ctx, 100*time.Millisecond); err != nil {
-			return rep, err
+			return err
 		}
 	}
 	o.Progress.Done()
+	return nil
+}
 
-	// The checkpoint.
+// takeCheckpoint takes the checkpoint, ckID, into the report; finishedAt
+// says which episodes had finished then.
+func takeCheckpoint(ctx context.Context, srv *server, o Options, rep *Report) (ckID string, finishedAt map[string]bool, err error) {
 	o.Progress.Phase("checkpoint", 1)
-	ckID := "ckpt-" + time.Now().UTC().Format("20060102T150405")
+	ckID = "ckpt-" + time.Now().UTC().Format("20060102T150405")
 	t0 := time.Now()
 	ck, err := srv.api.Checkpoint(ctx, client.CheckpointRequest{ID: ckID, Stragglers: o.Stragglers})
 	if err != nil {
-		return rep, fmt.Errorf("checkpoint: %w", err)
+		return "", nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	rep.Checkpoint.ID, rep.Checkpoint.Seconds = ckID, time.Since(t0).Seconds()
 	for _, e := range ck.Episodes {
@@ -333,57 +401,72 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 	o.Progress.Set(1)
 	o.Progress.Done()
-	finishedAt := map[string]bool{}
-	why, clockStep := map[string]string{}, map[string]*float64{}
+	finishedAt = map[string]bool{}
 	for _, e := range ck.Episodes {
 		finishedAt[e.Episode] = e.Finished
 	}
+	return ckID, finishedAt, nil
+}
 
-	if o.Crash {
-		// Everything dies at once: the server and every sandbox, no
-		// clean shutdown.
-		o.Progress.Phase("crash", 1)
-		_ = srv.cmd.Process.Signal(syscall.SIGKILL)
-		_ = srv.cmd.Wait()
-		n, err := crashSandboxes(o.State)
-		if err == nil && hostedProvider(o.Provider) {
-			n, err = crashHosted(ctx, o.Provider)
-		}
-		if err != nil {
-			return rep, fmt.Errorf("crash: %w", err)
-		}
-		rep.Killed = n
-		o.Progress.Set(1)
-		o.Progress.Done()
-		// A new server on the same state, and the restore.
-		if srv, err = startServer(ctx, o, modelURL); err != nil {
-			return rep, err
-		}
-		o.Progress.Phase("restore", 1)
-		t0 := time.Now()
-		res, err := srv.api.Restore(ctx, ckID)
-		if err != nil {
-			return rep, fmt.Errorf("restore: %w", err)
-		}
-		for _, e := range res.Episodes {
-			why[e.Episode] = e.ResumeWhy
-			if e.Clock != nil {
-				step := e.Clock.Step
-				clockStep[e.Episode] = &step
-			}
-		}
-		rep.Restore = &struct {
-			Seconds float64 `json:"seconds"`
-		}{time.Since(t0).Seconds()}
-		o.Progress.Set(1)
-		o.Progress.Done()
+// restored is what the restore said of each episode: why it relaunched,
+// and how far a resume in place moved its clock.
+type restored struct {
+	why       map[string]string
+	clockStep map[string]*float64
+}
+
+// crashAndRestore kills everything as a crash would (the server and every
+// sandbox, no clean shutdown), starts a new server on the same state and
+// restores the checkpoint there. It returns the server the run has now
+// (the old one, dead, when the crash failed; nil when the new one did not
+// start).
+func crashAndRestore(ctx context.Context, srv *server, o Options, modelURL, ckID string, rep *Report) (*server, restored, error) {
+	rs := restored{why: map[string]string{}, clockStep: map[string]*float64{}}
+	o.Progress.Phase("crash", 1)
+	_ = srv.cmd.Process.Signal(syscall.SIGKILL)
+	_ = srv.cmd.Wait()
+	n, err := crashSandboxes(o.State)
+	if err == nil && hostedProvider(o.Provider) {
+		n, err = crashHosted(ctx, o.Provider)
 	}
+	if err != nil {
+		return srv, rs, fmt.Errorf("crash: %w", err)
+	}
+	rep.Killed = n
+	o.Progress.Set(1)
+	o.Progress.Done()
+	// A new server on the same state, and the restore.
+	if srv, err = startServer(ctx, o, modelURL); err != nil {
+		return srv, rs, err
+	}
+	o.Progress.Phase("restore", 1)
+	t0 := time.Now()
+	res, err := srv.api.Restore(ctx, ckID)
+	if err != nil {
+		return srv, rs, fmt.Errorf("restore: %w", err)
+	}
+	for _, e := range res.Episodes {
+		rs.why[e.Episode] = e.ResumeWhy
+		if e.Clock != nil {
+			step := e.Clock.Step
+			rs.clockStep[e.Episode] = &step
+		}
+	}
+	rep.Restore = &struct {
+		Seconds float64 `json:"seconds"`
+	}{time.Since(t0).Seconds()}
+	o.Progress.Set(1)
+	o.Progress.Done()
+	return srv, rs, nil
+}
 
-	// Let every episode finish.
-	o.Progress.Phase("episodes to the end", len(plan))
+// runToEnd lets every episode finish.
+func runToEnd(ctx context.Context, srv *server, o Options, n int) error {
+	o.Progress.Phase("episodes to the end", n)
 	for {
-		if views, err = srv.episodes(ctx); err != nil {
-			return rep, err
+		views, err := srv.episodes(ctx)
+		if err != nil {
+			return err
 		}
 		ended := 0
 		for _, v := range views {
@@ -396,27 +479,30 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 			break
 		}
 		if err := pause(ctx, 200*time.Millisecond); err != nil {
-			return rep, fmt.Errorf("waiting for the episodes to end: %w", err)
+			return fmt.Errorf("waiting for the episodes to end: %w", err)
 		}
 	}
 	o.Progress.Done()
+	return nil
+}
 
-	// Verify, and read each episode's figures.
+// verifyAll verifies every episode and reads its figures into the report.
+func verifyAll(ctx context.Context, srv *server, o Options, plan []planned, finishedAt map[string]bool, rs restored, rep *Report) error {
 	o.Progress.Phase("verify", len(plan))
 	for i, p := range plan {
 		vr, err := srv.api.Verify(ctx, p.id)
 		if err != nil {
-			return rep, fmt.Errorf("verify %s: %w", p.id, err)
+			return fmt.Errorf("verify %s: %w", p.id, err)
 		}
 		v, err := srv.api.Episode(ctx, p.id)
 		if err != nil {
-			return rep, err
+			return err
 		}
 		resume := v.Resume
 		if resume == "" {
 			resume = "none"
 		}
-		er := EpisodeReport{ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume, ResumeWhy: why[p.id], ClockStep: clockStep[p.id],
+		er := EpisodeReport{ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume, ResumeWhy: rs.why[p.id], ClockStep: rs.clockStep[p.id],
 			Reward: vr.Verdict.Reward, ModelCalls: int(v.ModelCalls), LedgerVerified: v.LedgerOK,
 			ResolvedAtCheckpoint: finishedAt[p.id] && vr.Verdict.Reward == 1,
 			Verdict:              vr.Verdict.Status, Reason: vr.Verdict.Reason, Environment: vr.Verdict.Environment,
@@ -434,8 +520,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		o.Progress.Set(i + 1)
 	}
 	o.Progress.Done()
-	rep.Seconds = time.Since(start).Seconds()
-	return rep, nil
+	return nil
 }
 
 // interleave orders tasks so that languages take turns (go, javascript,
@@ -613,36 +698,7 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", o.State, "--tasks", o.Tasks, "--model-upstream", modelURL, "--log-format", "json", "--provider", o.Provider}
-	if o.GuestBinary != "" {
-		args = append(args, "--guest-binary", o.GuestBinary)
-	}
-	if o.GuestMemory != "" {
-		args = append(args, "--guest-memory", o.GuestMemory)
-	}
-	if o.Image != "" {
-		// The restore after a crash must find it too: pull it again if
-		// the store lost it.
-		args = append(args, "--image", o.Image, "--pull-images")
-	}
-	if hostedProvider(o.Provider) {
-		// The sandboxes are elsewhere: the gateway listens on TCP too.
-		listen := o.GatewayListen
-		if listen == "" {
-			listen = "127.0.0.1:0"
-		}
-		args = append(args, "--gateway-listen", listen)
-		if o.GatewayURL != "" {
-			args = append(args, "--gateway-url", o.GatewayURL)
-		}
-	}
-	if o.Repos != "" {
-		args = append(args, "--repos", o.Repos)
-	}
-	if o.Envs != "" {
-		args = append(args, "--envs", o.Envs)
-	}
-	cmd := exec.Command(o.Exe, args...)
+	cmd := exec.Command(o.Exe, serveArgs(o, modelURL)...)
 	cmd.Env = append(os.Environ(), o.ExeEnv...)
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
@@ -697,6 +753,40 @@ func startServer(ctx context.Context, o Options, modelURL string) (*server, erro
 		return nil, ctx.Err()
 	}
 	return s, nil
+}
+
+// serveArgs are the arguments of `stasis serve` for the run.
+func serveArgs(o Options, modelURL string) []string {
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", o.State, "--tasks", o.Tasks, "--model-upstream", modelURL, "--log-format", "json", "--provider", o.Provider}
+	if o.GuestBinary != "" {
+		args = append(args, "--guest-binary", o.GuestBinary)
+	}
+	if o.GuestMemory != "" {
+		args = append(args, "--guest-memory", o.GuestMemory)
+	}
+	if o.Image != "" {
+		// The restore after a crash must find it too: pull it again if
+		// the store lost it.
+		args = append(args, "--image", o.Image, "--pull-images")
+	}
+	if hostedProvider(o.Provider) {
+		// The sandboxes are elsewhere: the gateway listens on TCP too.
+		listen := o.GatewayListen
+		if listen == "" {
+			listen = "127.0.0.1:0"
+		}
+		args = append(args, "--gateway-listen", listen)
+		if o.GatewayURL != "" {
+			args = append(args, "--gateway-url", o.GatewayURL)
+		}
+	}
+	if o.Repos != "" {
+		args = append(args, "--repos", o.Repos)
+	}
+	if o.Envs != "" {
+		args = append(args, "--envs", o.Envs)
+	}
+	return args
 }
 
 func lastLines(b []byte, n int) string {

@@ -179,26 +179,9 @@ func appendRecord(b []byte, r *record, canon bool) (_ []byte, ok bool) {
 		}
 	}
 	if r.Tokens != nil {
-		b = append(b, `,"tokens":{`...)
-		n := len(b)
-		if len(r.Tokens.PromptIDs) > 0 {
-			b = appendInts(append(b, `"prompt_token_ids":`...), r.Tokens.PromptIDs)
+		if b, ok = appendTokens(append(b, `,"tokens":`...), r.Tokens); !ok {
+			return b, false
 		}
-		if len(r.Tokens.CompletionIDs) > 0 {
-			if len(b) > n {
-				b = append(b, ',')
-			}
-			b = appendInts(append(b, `"completion_token_ids":`...), r.Tokens.CompletionIDs)
-		}
-		if len(r.Tokens.Logprobs) > 0 {
-			if len(b) > n {
-				b = append(b, ',')
-			}
-			if b, ok = appendFloats(append(b, `"logprobs":`...), r.Tokens.Logprobs); !ok {
-				return b, false
-			}
-		}
-		b = append(b, '}')
 	}
 	for _, f := range [...]struct {
 		key string
@@ -223,17 +206,7 @@ func appendRecord(b []byte, r *record, canon bool) (_ []byte, ok bool) {
 		b = append(b, `,"boundary":true`...)
 	}
 	if len(r.Settled) > 0 {
-		b = append(b, `,"settled":[`...)
-		for i, s := range r.Settled {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(append(b, `{"seq":`...), s.Seq, 10)
-			b = appendString(append(b, `,"call_id":`...), s.CallID)
-			b = appendString(append(b, `,"disposition":`...), string(s.Disposition))
-			b = append(b, '}')
-		}
-		b = append(b, ']')
+		b = appendSettled(append(b, `,"settled":`...), r.Settled)
 	}
 	if !r.At.IsZero() {
 		if b, ok = appendTime(append(b, `,"at":`...), r.At); !ok {
@@ -243,6 +216,45 @@ func appendRecord(b []byte, r *record, canon bool) (_ []byte, ok bool) {
 	b = append(b, `,"parent":`...)
 	b = appendString(b, r.Parent)
 	return append(b, `,"hash":""}`...), true
+}
+
+// appendTokens appends t as json.Marshal would write it.
+func appendTokens(b []byte, t *Tokens) (_ []byte, ok bool) {
+	b = append(b, '{')
+	n := len(b)
+	if len(t.PromptIDs) > 0 {
+		b = appendInts(append(b, `"prompt_token_ids":`...), t.PromptIDs)
+	}
+	if len(t.CompletionIDs) > 0 {
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		b = appendInts(append(b, `"completion_token_ids":`...), t.CompletionIDs)
+	}
+	if len(t.Logprobs) > 0 {
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		if b, ok = appendFloats(append(b, `"logprobs":`...), t.Logprobs); !ok {
+			return b, false
+		}
+	}
+	return append(b, '}'), true
+}
+
+// appendSettled appends settlements as json.Marshal would write them.
+func appendSettled(b []byte, settled []Settlement) []byte {
+	b = append(b, '[')
+	for i, s := range settled {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(append(b, `{"seq":`...), s.Seq, 10)
+		b = appendString(append(b, `,"call_id":`...), s.CallID)
+		b = appendString(append(b, `,"disposition":`...), string(s.Disposition))
+		b = append(b, '}')
+	}
+	return append(b, ']')
 }
 
 // appendString appends s as a JSON string the way encoding/json writes it

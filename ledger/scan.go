@@ -92,10 +92,16 @@ func scan(resp []byte, wantFP bool) scanned {
 	if usageSet && string(usage) != "null" {
 		s.usage = usage
 	}
-	// As tokensOf: the top-level prompt ids, else choices[0]'s; the
-	// completion ids and logprobs of choices[0].
+	s.tokens = c.tokens(topPrompt, nChoices > 0)
+	return s
+}
+
+// tokens are the response's tokens as tokensOf reads them: the top-level
+// prompt ids, else choices[0]'s; the completion ids and logprobs of
+// choices[0] (c, when there is one); nil when there are none.
+func (c *choiceScan) tokens(topPrompt []int64, haveChoice bool) *Tokens {
 	t := Tokens{PromptIDs: topPrompt}
-	if nChoices > 0 {
+	if haveChoice {
 		if len(t.PromptIDs) == 0 {
 			t.PromptIDs = c.prompt
 		}
@@ -105,9 +111,9 @@ func scan(resp []byte, wantFP bool) scanned {
 		}
 	}
 	if len(t.PromptIDs) > 0 || len(t.CompletionIDs) > 0 || len(t.Logprobs) > 0 {
-		s.tokens = &t
+		return &t
 	}
-	return s
+	return nil
 }
 
 // choiceScan is what the first choice holds for the tokens.

@@ -201,18 +201,27 @@ type Report struct {
 	TornBytes int64 `json:"torn_bytes,omitempty"`
 }
 
+// readFile reads the ledger file of episode in dir, at path.
+func readFile(dir, episode string) (path string, data []byte, err error) {
+	path, err = Path(dir, episode)
+	if err != nil {
+		return "", nil, err
+	}
+	data, err = os.ReadFile(path)
+	if err != nil {
+		return "", nil, fmt.Errorf("ledger of episode %s: %w", episode, err)
+	}
+	return path, data, nil
+}
+
 // Verify walks the whole ledger file of episode in dir — every hash, every
 // parent link, every sequence number — without locking it. A damaged file is
 // not an error: the Report says which record is bad. The error is for a
 // file that cannot be read (fs.ErrNotExist when there is none).
 func Verify(dir, episode string) (Report, error) {
-	path, err := Path(dir, episode)
+	path, data, err := readFile(dir, episode)
 	if err != nil {
 		return Report{}, err
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return Report{}, fmt.Errorf("ledger of episode %s: %w", episode, err)
 	}
 	st, prob := load(data, episode, false)
 	rep := Report{
@@ -268,13 +277,9 @@ type History struct {
 // Read loads the ledger of episode in dir without locking it (a gateway may
 // be appending). A damaged file fails with ErrCorrupt.
 func Read(dir, episode string) (History, error) {
-	path, err := Path(dir, episode)
+	path, data, err := readFile(dir, episode)
 	if err != nil {
 		return History{}, err
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return History{}, fmt.Errorf("ledger of episode %s: %w", episode, err)
 	}
 	st, prob := load(data, episode, true)
 	if prob != nil {

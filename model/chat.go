@@ -82,40 +82,17 @@ type Delta struct {
 const fingerprint = "fp_stasis_scripted"
 
 func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
+	body, req, ok := readRequest(s, w, r, ParseChatRequest)
 	if !ok {
 		return
 	}
-	req, err := ParseChatRequest(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
-		return
-	}
-	key := requestKey(s.seed, "chat", body)
-	f, draw, ok := s.pickFault(w, r, key)
-	if !ok || s.injectError(w, f) {
-		return
-	}
-	if f == faultDrop && !req.Stream {
-		s.metrics.fault(string(f))
-		drop(w)
-		return
-	}
-	model := req.Model
-	if model == "" {
-		model = s.name
-	}
-	g := s.generate(req.conversation(), key)
-	s.metrics.tokens(len(g.promptIDs), len(g.ids))
-	s.log.Debug("chat completion", "turn", g.turn, "calls", len(g.calls), "prompt_tokens", len(g.promptIDs), "completion_tokens", len(g.ids), "stream", req.Stream, "fault", string(f))
-	if req.Stream {
-		s.stream(w, r, chatEvents(g, model, s.created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage), f, draw)
-		return
-	}
-	if err := s.sleepTokens(r, len(g.ids)); err != nil {
-		return
-	}
-	writeJSON(w, chatCompletion(g, model, s.created))
+	s.answer(w, r, call{
+		api: "chat", logMsg: "chat completion", body: body, conv: req.conversation(), model: req.Model, stream: req.Stream,
+		events: func(g *generation, model string) []event {
+			return chatEvents(g, model, s.created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+		},
+		whole: func(g *generation, model string) any { return chatCompletion(g, model, s.created) },
+	})
 }
 
 func (g *generation) usage() *Usage {

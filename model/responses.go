@@ -83,9 +83,27 @@ func (r *ResponsesRequest) conversation() (*conversation, error) {
 	if err := json.Unmarshal(in, &items); err != nil {
 		return nil, fmt.Errorf("input: %w", err)
 	}
-	// Consecutive assistant items (text, function calls, reasoning) are one
-	// assistant turn.
+	if err := c.addItems(items); err != nil {
+		return nil, err
+	}
+	if len(c.messages) == 0 {
+		return nil, errors.New(`"input" is empty: send at least one item`)
+	}
+	return c, nil
+}
+
+// addItems adds the conversation's input items. Consecutive assistant
+// items (text, function calls, reasoning) are one assistant turn.
+func (c *conversation) addItems(items []inputItem) error {
 	inAssistant := false
+	assistant := func() *convMessage {
+		if !inAssistant {
+			c.assistant++
+			c.messages = append(c.messages, convMessage{role: "assistant"})
+			inAssistant = true
+		}
+		return &c.messages[len(c.messages)-1]
+	}
 	for i, it := range items {
 		typ := it.Type
 		if typ == "" {
@@ -95,37 +113,27 @@ func (r *ResponsesRequest) conversation() (*conversation, error) {
 		case "message":
 			text, err := contentText(it.Content)
 			if err != nil {
-				return nil, fmt.Errorf("input[%d].content: %w", i, err)
+				return fmt.Errorf("input[%d].content: %w", i, err)
 			}
 			if it.Role == "" {
-				return nil, fmt.Errorf(`input[%d]: "role" is missing`, i)
+				return fmt.Errorf(`input[%d]: "role" is missing`, i)
 			}
 			if it.Role == "assistant" {
-				if !inAssistant {
-					c.assistant++
-					c.messages = append(c.messages, convMessage{role: "assistant"})
-					inAssistant = true
-				}
-				c.messages[len(c.messages)-1].content += text
+				assistant().content += text
 				continue
 			}
 			inAssistant = false
 			c.messages = append(c.messages, convMessage{role: it.Role, content: text})
 		case "function_call", "reasoning":
-			if !inAssistant {
-				c.assistant++
-				c.messages = append(c.messages, convMessage{role: "assistant"})
-				inAssistant = true
-			}
+			m := assistant()
 			if typ == "function_call" {
-				m := &c.messages[len(c.messages)-1]
 				m.calls = append(m.calls, genCall{name: it.Name, args: it.Arguments})
 			}
 		case "function_call_output":
 			inAssistant = false
 			text, err := outputText(it.Output)
 			if err != nil {
-				return nil, fmt.Errorf("input[%d].output: %w", i, err)
+				return fmt.Errorf("input[%d].output: %w", i, err)
 			}
 			c.messages = append(c.messages, convMessage{role: "tool", content: text})
 		default:
@@ -133,10 +141,7 @@ func (r *ResponsesRequest) conversation() (*conversation, error) {
 			c.messages = append(c.messages, convMessage{role: typ})
 		}
 	}
-	if len(c.messages) == 0 {
-		return nil, errors.New(`"input" is empty: send at least one item`)
-	}
-	return c, nil
+	return nil
 }
 
 func outputText(raw json.RawMessage) (string, error) {
@@ -207,42 +212,20 @@ type FunctionCallItem struct {
 }
 
 func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
+	body, req, ok := readRequest(s, w, r, ParseResponsesRequest)
 	if !ok {
 		return
 	}
-	req, err := ParseResponsesRequest(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
-		return
-	}
 	conv, _ := req.conversation()
-	key := requestKey(s.seed, "responses", body)
-	f, draw, ok := s.pickFault(w, r, key)
-	if !ok || s.injectError(w, f) {
-		return
-	}
-	if f == faultDrop && !req.Stream {
-		s.metrics.fault(string(f))
-		drop(w)
-		return
-	}
-	model := req.Model
-	if model == "" {
-		model = s.name
-	}
-	g := s.generate(conv, key)
-	s.metrics.tokens(len(g.promptIDs), len(g.ids))
-	s.log.Debug("response", "turn", g.turn, "calls", len(g.calls), "prompt_tokens", len(g.promptIDs), "completion_tokens", len(g.ids), "stream", req.Stream, "fault", string(f))
-	rb := &responseBuilder{g: g, model: model, created: s.created}
-	if req.Stream {
-		s.stream(w, r, rb.events(), f, draw)
-		return
-	}
-	if err := s.sleepTokens(r, len(g.ids)); err != nil {
-		return
-	}
-	writeJSON(w, rb.response("completed", true))
+	s.answer(w, r, call{
+		api: "responses", logMsg: "response", body: body, conv: conv, model: req.Model, stream: req.Stream,
+		events: func(g *generation, model string) []event {
+			return (&responseBuilder{g: g, model: model, created: s.created}).events()
+		},
+		whole: func(g *generation, model string) any {
+			return (&responseBuilder{g: g, model: model, created: s.created}).response("completed", true)
+		},
+	})
 }
 
 type responseBuilder struct {

@@ -243,6 +243,21 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 	return body, true
 }
 
+// readRequest reads a request body and parses it, answering 400 itself
+// when it does not parse.
+func readRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte) (T, error)) (body []byte, req T, ok bool) {
+	body, ok = s.readBody(w, r)
+	if !ok {
+		return nil, req, false
+	}
+	req, err := parse(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+		return nil, req, false
+	}
+	return body, req, true
+}
+
 // A fault is what goes wrong with one request.
 type fault string
 
@@ -252,6 +267,50 @@ const (
 	fault500  fault = "500"
 	faultDrop fault = "drop"
 )
+
+// call is a parsed chat or responses call, and how its reply is made.
+type call struct {
+	api    string // "chat" or "responses", a part of the request key
+	logMsg string
+	body   []byte
+	conv   *conversation
+	model  string // as the request names it
+	stream bool
+	// events makes the streamed reply, whole the reply in one body.
+	events func(g *generation, model string) []event
+	whole  func(g *generation, model string) any
+}
+
+// answer draws the call's fault, and unless the fault is the whole
+// answer (an error, or a drop of a call that does not stream) generates
+// the reply and sends it.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, c call) {
+	key := requestKey(s.seed, c.api, c.body)
+	f, draw, ok := s.pickFault(w, r, key)
+	if !ok || s.injectError(w, f) {
+		return
+	}
+	if f == faultDrop && !c.stream {
+		s.metrics.fault(string(f))
+		drop(w)
+		return
+	}
+	model := c.model
+	if model == "" {
+		model = s.name
+	}
+	g := s.generate(c.conv, key)
+	s.metrics.tokens(len(g.promptIDs), len(g.ids))
+	s.log.Debug(c.logMsg, "turn", g.turn, "calls", len(g.calls), "prompt_tokens", len(g.promptIDs), "completion_tokens", len(g.ids), "stream", c.stream, "fault", string(f))
+	if c.stream {
+		s.stream(w, r, c.events(g, model), f, draw)
+		return
+	}
+	if err := s.sleepTokens(r, len(g.ids)); err != nil {
+		return
+	}
+	writeJSON(w, c.whole(g, model))
+}
 
 // pickFault decides the request's fault: the header's, or, at the fail rate,
 // one drawn from the seed, the request and how many times this very request

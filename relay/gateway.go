@@ -261,12 +261,11 @@ func (g *Gateway) Revoke(id string) error {
 
 // update changes and saves one episode's state under its lock.
 func (g *Gateway) update(id string, change func(*EpisodeState)) error {
-	if err := g.load(id); err != nil {
+	unlock, err := g.lockLoaded(id)
+	if err != nil {
 		return err
 	}
-	lock := g.epLock(id)
-	lock.Lock()
-	defer lock.Unlock()
+	defer unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	next, ok := g.desk.episode(id)
@@ -431,16 +430,26 @@ func (g *Gateway) epLock(id string) *sync.Mutex {
 	return l
 }
 
+// lockLoaded loads the episode, if it is not, and takes its lock; unlock
+// lets it go.
+func (g *Gateway) lockLoaded(id string) (unlock func(), err error) {
+	if err := g.load(id); err != nil {
+		return nil, err
+	}
+	l := g.epLock(id)
+	l.Lock()
+	return l.Unlock, nil
+}
+
 // Remove forgets an episode: its registration, its token and its ledger
 // file. It is for undoing a copy that Fork made and a failed restore never
 // installed; an episode a store still names must not be removed.
 func (g *Gateway) Remove(id string) error {
-	if err := g.load(id); err != nil {
+	unlock, err := g.lockLoaded(id)
+	if err != nil {
 		return err
 	}
-	mu := g.epLock(id)
-	mu.Lock()
-	defer mu.Unlock()
+	defer unlock()
 	g.mu.Lock()
 	l := g.ledgers[id]
 	delete(g.ledgers, id)
@@ -619,12 +628,8 @@ func (g *Gateway) serveCall(w http.ResponseWriter, q *http.Request, path string)
 // when it is not admitted.
 func (g *Gateway) receive(w http.ResponseWriter, q *http.Request, path string) (*gatewayCall, bool) {
 	c := &gatewayCall{path: path, started: g.clock.Now()}
-	r := g.request(q)
-	g.mu.Lock()
-	st, ref := g.desk.admitCall(r)
-	g.mu.Unlock()
-	if ref != nil {
-		g.refuse(w, ref)
+	r, st, ok := g.admit(w, q, (*desk).admitCall)
+	if !ok {
 		return nil, false
 	}
 	body, err := readAll(http.MaxBytesReader(w, q.Body, g.cfg.MaxBody), q.ContentLength)
@@ -632,14 +637,39 @@ func (g *Gateway) receive(w http.ResponseWriter, q *http.Request, path string) (
 		g.refuse(w, ref)
 		return nil, false
 	}
-	l, err := g.ledger(st.Episode)
-	if err != nil {
-		g.refuse(w, serverError(err.Error()))
+	l, ok := g.episodeLedger(w, st.Episode)
+	if !ok {
 		return nil, false
 	}
 	c.st, c.callID, c.body, c.l = st, r.callID, body, l
 	c.key = callKey(st.Episode, r.callID)
 	return c, true
+}
+
+// admit reads q as the desk judges it (request) and puts it to check, the
+// desk's authenticate, admit or admitCall, under the gateway's lock; the
+// refusal is written when q is not admitted.
+func (g *Gateway) admit(w http.ResponseWriter, q *http.Request, check func(*desk, request) (EpisodeState, *refusal)) (request, EpisodeState, bool) {
+	r := g.request(q)
+	g.mu.Lock()
+	st, ref := check(g.desk, r)
+	g.mu.Unlock()
+	if ref != nil {
+		g.refuse(w, ref)
+		return r, st, false
+	}
+	return r, st, true
+}
+
+// episodeLedger is the episode's ledger, opened if it is not; a server
+// error is written when it cannot be.
+func (g *Gateway) episodeLedger(w http.ResponseWriter, episode string) (*ledger.Ledger, bool) {
+	l, err := g.ledger(episode)
+	if err != nil {
+		g.refuse(w, serverError(err.Error()))
+		return nil, false
+	}
+	return l, true
 }
 
 // claim waits until the desk lets the call named key be answered; false
@@ -794,17 +824,12 @@ func settleAlone(w http.ResponseWriter, l *ledger.Ledger, s []ledger.Settlement)
 
 // serveSettle records settlements that had no call to ride on.
 func (g *Gateway) serveSettle(w http.ResponseWriter, q *http.Request) {
-	r := g.request(q)
-	g.mu.Lock()
-	st, ref := g.desk.admit(r)
-	g.mu.Unlock()
-	if ref != nil {
-		g.refuse(w, ref)
+	_, st, ok := g.admit(w, q, (*desk).admit)
+	if !ok {
 		return
 	}
-	l, err := g.ledger(st.Episode)
-	if err != nil {
-		g.refuse(w, serverError(err.Error()))
+	l, ok := g.episodeLedger(w, st.Episode)
+	if !ok {
 		return
 	}
 	s, err := g.settlements(st.Episode, l, q.Header.Get(HeaderSettled))
@@ -846,12 +871,7 @@ func (g *Gateway) forward(ctx context.Context, path string, body []byte) (int, h
 }
 
 func (g *Gateway) serveModels(w http.ResponseWriter, q *http.Request) {
-	r := g.request(q)
-	g.mu.Lock()
-	_, ref := g.desk.authenticate(r)
-	g.mu.Unlock()
-	if ref != nil {
-		g.refuse(w, ref)
+	if _, _, ok := g.admit(w, q, (*desk).authenticate); !ok {
 		return
 	}
 	h := map[string]string{}

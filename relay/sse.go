@@ -260,6 +260,19 @@ func (o obj) strField(k string) (string, bool) {
 	return s, json.Unmarshal(o[k], &s) == nil
 }
 
+// strOr reads member k as a string, def when it is absent, null or "";
+// the error says that where.k is not a string.
+func (o obj) strOr(k, def, where string) (string, error) {
+	v, ok := o.strField(k)
+	if !ok {
+		return "", fmt.Errorf("%s.%s is not a string", where, k)
+	}
+	if v == "" {
+		v = def
+	}
+	return v, nil
+}
+
 // objList reads member k as a list of objects; absent and null read as an
 // empty list.
 func (o obj) objList(k string) ([]obj, error) {
@@ -424,34 +437,29 @@ func choiceChunks(i int, ch obj) ([]chatChunk, error) {
 			return nil, fmt.Errorf("choices[%d].message: %w", i, err)
 		}
 	}
-	role, ok := msg.strField("role")
-	if !ok {
-		return nil, fmt.Errorf("choices[%d].message.role is not a string", i)
-	}
-	if role == "" {
-		role = "assistant"
+	where := fmt.Sprintf("choices[%d].message", i)
+	role, err := msg.strOr("role", "assistant", where)
+	if err != nil {
+		return nil, err
 	}
 	if role != "assistant" {
 		return nil, fmt.Errorf("choices[%d].message.role is %q, not assistant", i, role)
 	}
-	content, ok := msg.strField("content")
-	if !ok {
-		return nil, fmt.Errorf("choices[%d].message.content is not a string", i)
+	content, err := msg.strOr("content", "", where)
+	if err != nil {
+		return nil, err
 	}
-	refusal, ok := msg.strField("refusal")
-	if !ok {
-		return nil, fmt.Errorf("choices[%d].message.refusal is not a string", i)
+	refusal, err := msg.strOr("refusal", "", where)
+	if err != nil {
+		return nil, err
 	}
 	calls, err := msg.objList("tool_calls")
 	if err != nil {
 		return nil, fmt.Errorf("choices[%d].message: %w", i, err)
 	}
-	finish, ok := ch.strField("finish_reason")
-	if !ok {
-		return nil, fmt.Errorf("choices[%d].finish_reason is not a string", i)
-	}
-	if finish == "" {
-		finish = "stop"
+	finish, err := ch.strOr("finish_reason", "stop", fmt.Sprintf("choices[%d]", i))
+	if err != nil {
+		return nil, err
 	}
 	s := &choiceStream{i: i, rest: obj{}, logprobs: ch["logprobs"]}
 	for k, v := range ch {
@@ -492,16 +500,14 @@ func choiceChunks(i int, ch obj) ([]chatChunk, error) {
 // (index, id, type, function name, arguments "") and one with its
 // arguments; a call of another type than function goes whole.
 func (s *choiceStream) toolCall(j int, tc obj) error {
+	where := fmt.Sprintf("choices[%d].message.tool_calls[%d]", s.i, j)
 	id, ok := tc.strField("id")
 	if !ok || id == "" {
-		return fmt.Errorf("choices[%d].message.tool_calls[%d].id is not a string", s.i, j)
+		return fmt.Errorf("%s.id is not a string", where)
 	}
-	typ, ok := tc.strField("type")
-	if !ok {
-		return fmt.Errorf("choices[%d].message.tool_calls[%d].type is not a string", s.i, j)
-	}
-	if typ == "" {
-		typ = "function"
+	typ, err := tc.strOr("type", "function", where)
+	if err != nil {
+		return err
 	}
 	if typ != "function" {
 		// Another kind of call (a custom tool's, say) goes whole.
@@ -512,18 +518,17 @@ func (s *choiceStream) toolCall(j int, tc obj) error {
 	}
 	fn := obj{}
 	if !isNull(tc["function"]) {
-		var err error
 		if fn, err = decodeObj(tc["function"]); err != nil {
-			return fmt.Errorf("choices[%d].message.tool_calls[%d].function: %w", s.i, j, err)
+			return fmt.Errorf("%s.function: %w", where, err)
 		}
 	}
 	name, ok := fn.strField("name")
 	if !ok || name == "" {
-		return fmt.Errorf("choices[%d].message.tool_calls[%d].function.name is not a string", s.i, j)
+		return fmt.Errorf("%s.function.name is not a string", where)
 	}
-	args, ok := fn.strField("arguments")
-	if !ok {
-		return fmt.Errorf("choices[%d].message.tool_calls[%d].function.arguments is not a string", s.i, j)
+	args, err := fn.strOr("arguments", "", where+".function")
+	if err != nil {
+		return err
 	}
 	openFn := fn.clone()
 	openFn["arguments"] = raw("")
@@ -836,21 +841,9 @@ func streamResponseItem(e *responsesEmitter, i int, it obj) {
 		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
 		streamMessageParts(e, at, parts)
 	case "function_call":
-		args := it.str("arguments")
-		added["arguments"] = raw("")
-		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
-		if args != "" {
-			e.emit("response.function_call_arguments.delta", at(obj{"delta": raw(args)}))
-		}
-		e.emit("response.function_call_arguments.done", at(obj{"name": it["name"], "arguments": raw(args)}))
+		streamCallInput(e, at, i, it, added, "arguments", "response.function_call_arguments", obj{"name": it["name"]})
 	case "custom_tool_call":
-		input := it.str("input")
-		added["input"] = raw("")
-		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
-		if input != "" {
-			e.emit("response.custom_tool_call_input.delta", at(obj{"delta": raw(input)}))
-		}
-		e.emit("response.custom_tool_call_input.done", at(obj{"input": raw(input)}))
+		streamCallInput(e, at, i, it, added, "input", "response.custom_tool_call_input", obj{})
 	case "reasoning":
 		summary, _ := it.objList("summary")
 		content, _ := it.objList("content")
@@ -865,6 +858,20 @@ func streamResponseItem(e *responsesEmitter, i int, it obj) {
 		e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
 	}
 	e.emit("response.output_item.done", obj{"output_index": raw(i), "item": raw(it)})
+}
+
+// streamCallInput streams output item i, a call whose input is its
+// member k: the item added with k empty, a delta event with the input
+// (unless it is empty) and a done event with done's members and k.
+func streamCallInput(e *responsesEmitter, at func(obj) obj, i int, it, added obj, k, event string, done obj) {
+	input := it.str(k)
+	added[k] = raw("")
+	e.emit("response.output_item.added", obj{"output_index": raw(i), "item": raw(added)})
+	if input != "" {
+		e.emit(event+".delta", at(obj{"delta": raw(input)}))
+	}
+	done[k] = raw(input)
+	e.emit(event+".done", at(done))
 }
 
 // upstreamError reads an OpenAI-style error body ({"error": {"message",

@@ -64,6 +64,21 @@ type Driver struct {
 	Open func(ctx context.Context, c Config) (Provider, error)
 }
 
+// HostedDriver is the Driver of a hosted service's provider, which
+// fromEnv configures from the environment.
+func HostedDriver[P Provider](fromEnv func() (P, error)) Driver {
+	return Driver{
+		Hosted: true,
+		Open: func(context.Context, Config) (Provider, error) {
+			p, err := fromEnv()
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		},
+	}
+}
+
 var registry = struct {
 	sync.RWMutex
 	drivers map[string]Driver

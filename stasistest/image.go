@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,11 +36,7 @@ func TestImage(tb testing.TB) string {
 // BusyboxText is what /etc/os-release holds in BusyboxImage.
 const BusyboxText = "ID=stasis-busybox"
 
-var (
-	bbOnce sync.Once
-	bbRef  string
-	bbErr  error
-)
+var busyboxImage = oncePerProcess(buildBusybox)
 
 // BusyboxImage makes, once per test process, a small OCI image layout of
 // the host's static busybox (busybox-static, which make installs): every
@@ -49,11 +44,7 @@ var (
 // /usr/bin/id a setuid-root copy of busybox (its id applet). It returns its reference.
 func BusyboxImage(tb testing.TB) string {
 	tb.Helper()
-	bbOnce.Do(func() { bbRef, bbErr = buildBusybox() })
-	if bbErr != nil {
-		tb.Fatal(bbErr)
-	}
-	return bbRef
+	return busyboxImage(tb)
 }
 
 func buildBusybox() (string, error) {
@@ -124,11 +115,7 @@ func buildImage(name string, cfg image.ImportConfig, fill func(add addFunc)) (st
 	return "oci:" + layout + ":" + name, nil
 }
 
-var (
-	bareOnce sync.Once
-	bareRef  string
-	bareErr  error
-)
+var bareImage = oncePerProcess(buildBare)
 
 // BareImage makes, once per test process, an OCI image layout with no
 // program at all: /etc/passwd, /etc/os-release (BareText) and empty /work,
@@ -136,11 +123,7 @@ var (
 // sandbox on it, the in-sandbox binary must do.
 func BareImage(tb testing.TB) string {
 	tb.Helper()
-	bareOnce.Do(func() { bareRef, bareErr = buildBare() })
-	if bareErr != nil {
-		tb.Fatal(bareErr)
-	}
-	return bareRef
+	return bareImage(tb)
 }
 
 // BareText is what /etc/os-release holds in BareImage.

@@ -122,10 +122,8 @@ func childrenLeft(timeout time.Duration) []proc.Stat {
 }
 
 var (
-	staticOnce sync.Once
-	staticDir  string
-	staticBin  string
-	staticErr  error
+	staticDir    string // removed by Main
+	staticBinary = oncePerProcess(buildStatic)
 )
 
 // StaticBinary builds the lean in-sandbox stasis (cmd/stasis-sandbox) from
@@ -134,23 +132,36 @@ var (
 // per test process, and returns its path; Main removes it after the tests.
 func StaticBinary(tb testing.TB) string {
 	tb.Helper()
-	staticOnce.Do(func() {
-		if staticDir, staticErr = os.MkdirTemp(tmpRoot, "stasis-static-"); staticErr != nil {
-			return
-		}
-		bin := filepath.Join(staticDir, "stasis")
-		cmd := exec.Command("go", "build", "-o", bin, "stasis/cmd/stasis-sandbox")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			staticErr = fmt.Errorf("go build a static stasis: %v: %s", err, out)
-			return
-		}
-		staticBin = bin
-	})
-	if staticErr != nil {
-		tb.Fatal(staticErr)
+	return staticBinary(tb)
+}
+
+func buildStatic() (string, error) {
+	var err error
+	if staticDir, err = os.MkdirTemp(tmpRoot, "stasis-static-"); err != nil {
+		return "", err
 	}
-	return staticBin
+	bin := filepath.Join(staticDir, "stasis")
+	cmd := exec.Command("go", "build", "-o", bin, "stasis/cmd/stasis-sandbox")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build a static stasis: %v: %s", err, out)
+	}
+	return bin, nil
+}
+
+// oncePerProcess makes what build makes the first time it is asked for in
+// a test process; the test fails when that failed (then and at every later
+// ask).
+func oncePerProcess(build func() (string, error)) func(testing.TB) string {
+	get := sync.OnceValues(build)
+	return func(tb testing.TB) string {
+		tb.Helper()
+		v, err := get()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return v
+	}
 }
 
 // Exe is the binary to start as stasis, with Env.

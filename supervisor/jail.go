@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -16,6 +15,8 @@ import (
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"stasis/internal/enter"
 )
 
 // HarnessUser is the uid and gid the harness runs as when it is not the
@@ -156,17 +157,9 @@ const capSetpcap = 8
 // bounding set left (0 when emptied). The caller must be locked to its OS
 // thread: capabilities are per thread, and the harness is forked from it.
 func dropCapabilitySets() (uint64, error) {
-	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-		return 0, fmt.Errorf("clear the ambient capabilities: %w", err)
-	}
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return 0, fmt.Errorf("read capabilities: %w", err)
-	}
-	data[0].Inheritable, data[1].Inheritable = 0, 0
-	if err := unix.Capset(&hdr, &data[0]); err != nil {
-		return 0, fmt.Errorf("clear the inheritable capabilities: %w", err)
+	data, err := enter.ClearInheritable()
+	if err != nil {
+		return 0, err
 	}
 	last, err := lastCap()
 	if err != nil {
@@ -292,12 +285,9 @@ const (
 // the place of: a directory on the way, or a symlink met there, that it
 // can change. what names the file in the message ("--relay-token-file").
 func CheckClosedTo(path string, u HarnessUser, access Access, what string) error {
-	w, err := walk(path, u)
+	w, err := walkUnreplaceable(path, u, what)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", what, path, err)
-	}
-	if w.replaceable != "" {
-		return fmt.Errorf("%s %s: %s", what, path, w.replaceable)
+		return err
 	}
 	st := w.final
 	open, verb := false, "read"
@@ -320,12 +310,9 @@ func CheckClosedTo(path string, u HarnessUser, access Access, what string) error
 // the receipt: a harness that could write it could put its own socket in
 // the supervisor's place, or its own acknowledgements.
 func CheckDirClosedTo(dir string, u HarnessUser, what string) error {
-	w, err := walk(dir, u)
+	w, err := walkUnreplaceable(dir, u, what)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", what, dir, err)
-	}
-	if w.replaceable != "" {
-		return fmt.Errorf("%s %s: %s", what, dir, w.replaceable)
+		return err
 	}
 	st := w.final
 	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
@@ -336,6 +323,19 @@ func CheckDirClosedTo(dir string, u HarnessUser, what string) error {
 			what, dir, u.UID, st.Uid, st.Gid, st.Mode&0o7777, os.Geteuid(), os.Getegid(), dir, dir)
 	}
 	return nil
+}
+
+// walkUnreplaceable walks to path (walk) and refuses it when the harness
+// user could replace a name on the way; what names the file in errors.
+func walkUnreplaceable(path string, u HarnessUser, what string) (walked, error) {
+	w, err := walk(path, u)
+	if err != nil {
+		return w, fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	if w.replaceable != "" {
+		return w, fmt.Errorf("%s %s: %s", what, path, w.replaceable)
+	}
+	return w, nil
 }
 
 // walked is what walk found on the way to a file.

@@ -255,44 +255,7 @@ func (m *Machine) Pause(seq int64) (*Ack, bool, error) {
 	confirmed, note := true, ""
 	next := stPausedHold
 	if m.cfg.Mode == ModeStop || m.cfg.Mode == ModeHoldFreeze {
-		var ok bool
-		var n string
-		var err error
-		if m.cfg.Mode == ModeStop {
-			next = stPausedStop
-			ok, n, err = m.p.StopTree(m.cfg.StopConfirmTimeout)
-		} else {
-			// A process in uninterruptible sleep delays a freeze as it
-			// delays a stop: the same bound, the same outcome.
-			ok, n, err = m.p.FreezeTree(m.cfg.StopConfirmTimeout)
-			m.frozen = true
-		}
-		if err != nil {
-			ok, n = false, err.Error()
-		}
-		confirmed, note = ok, n
-		if !confirmed {
-			next = stPausedUnconfirmed
-			left, err := m.p.KillTree()
-			m.leftover = left
-			switch {
-			case err != nil:
-				note += "; killing the tree failed: " + err.Error()
-			case len(left) > 0:
-				note += fmt.Sprintf("; %d processes survived SIGKILL: %v", len(left), left)
-			default:
-				note += "; the harness tree was killed and will be relaunched on continue"
-			}
-			if m.frozen {
-				// The relaunch must not start in a frozen group.
-				if err := m.p.ThawTree(); err != nil {
-					note += "; thawing its control group failed: " + err.Error()
-				} else {
-					m.frozen = false
-				}
-			}
-			m.harnessPID = 0
-		}
+		next, confirmed, note = m.stopOrFreeze()
 	}
 	m.state = next
 	m.lastPause = seq
@@ -305,6 +268,49 @@ func (m *Machine) Pause(seq int64) (*Ack, bool, error) {
 	a.Note = note
 	m.pauseAck = a
 	return a, true, nil
+}
+
+// stopOrFreeze stops (stop mode) or freezes (hold+freeze) the harness
+// tree for a pause; a tree not confirmed stopped or frozen in time is
+// killed, to be relaunched on continue. note says what happened.
+func (m *Machine) stopOrFreeze() (next stateName, confirmed bool, note string) {
+	var err error
+	if m.cfg.Mode == ModeStop {
+		next = stPausedStop
+		confirmed, note, err = m.p.StopTree(m.cfg.StopConfirmTimeout)
+	} else {
+		// A process in uninterruptible sleep delays a freeze as it
+		// delays a stop: the same bound, the same outcome.
+		next = stPausedHold
+		confirmed, note, err = m.p.FreezeTree(m.cfg.StopConfirmTimeout)
+		m.frozen = true
+	}
+	if err != nil {
+		confirmed, note = false, err.Error()
+	}
+	if confirmed {
+		return next, true, note
+	}
+	left, err := m.p.KillTree()
+	m.leftover = left
+	switch {
+	case err != nil:
+		note += "; killing the tree failed: " + err.Error()
+	case len(left) > 0:
+		note += fmt.Sprintf("; %d processes survived SIGKILL: %v", len(left), left)
+	default:
+		note += "; the harness tree was killed and will be relaunched on continue"
+	}
+	if m.frozen {
+		// The relaunch must not start in a frozen group.
+		if err := m.p.ThawTree(); err != nil {
+			note += "; thawing its control group failed: " + err.Error()
+		} else {
+			m.frozen = false
+		}
+	}
+	m.harnessPID = 0
+	return stPausedUnconfirmed, false, note
 }
 
 // Continue handles "continue seq".

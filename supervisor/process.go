@@ -79,12 +79,14 @@ func reapForever() {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGCHLD)
 	for {
-		reapAll()
+		reapAll(nil)
 		<-ch
 	}
 }
 
-func reapAll() {
+// reapAll reaps every child that has ended, telling reaped (when not nil)
+// of each.
+func reapAll(reaped func(pid int, ws unix.WaitStatus)) {
 	for {
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
@@ -93,6 +95,9 @@ func reapAll() {
 		}
 		if pid <= 0 || err != nil {
 			return
+		}
+		if reaped != nil {
+			reaped(pid, ws)
 		}
 	}
 }
@@ -116,30 +121,7 @@ func (p *procLayer) Launch(gen int, argv []string) (int, error) {
 		return 0, err
 	}
 	defer devnull.Close()
-	cmd := &exec.Cmd{
-		Path:       p.exe,
-		Args:       append([]string{"stasis-shim", ShimArg, "--"}, argv...),
-		Stdin:      devnull,
-		Stdout:     os.Stdout,
-		Stderr:     os.Stderr,
-		ExtraFiles: []*os.File{lifeR, statW},
-		// Its own process group: a signal to the supervisor's group must not
-		// take the shim down with it, or the lifeline cleanup could not run.
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
-	}
-	if p.harness != nil || p.freezer != nil {
-		cmd.Env = os.Environ()
-	}
-	if p.harness != nil {
-		u := fmt.Sprintf("%s=%d:%d", ShimHarnessEnv, p.harness.UID, p.harness.GID)
-		if p.harness.Home != "" {
-			u += ":" + p.harness.Home
-		}
-		cmd.Env = append(cmd.Env, u)
-	}
-	if p.freezer != nil {
-		cmd.Env = append(cmd.Env, ShimCgroupEnv+"="+p.freezer.dir)
-	}
+	cmd := p.shimCmd(argv, devnull, lifeR, statW)
 	err = cmd.Start()
 	lifeR.Close()
 	statW.Close()
@@ -180,29 +162,63 @@ func (p *procLayer) Launch(gen int, argv []string) (int, error) {
 	p.harnessPID = pid
 	p.reported = reported
 	p.mu.Unlock()
-	go func() {
-		defer lifeW.Close()
-		defer statR.Close()
-		ev := exitEvent{gen: gen}
-		line, err := br.ReadString('\n')
-		close(reported)
-		word, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
-		n, convErr := strconv.Atoi(rest)
-		switch {
-		case err != nil:
-			ev.code, ev.err = -1, fmt.Errorf("shim ended without reporting the harness's exit")
-		case word == "exit" && convErr == nil:
-			ev.code = n
-		case word == "signal" && convErr == nil:
-			ev.code = -n
-		default:
-			ev.code, ev.err = -1, fmt.Errorf("shim said %q", line)
-		}
-		p.exits <- ev
-		// Keep the lifeline open until the shim is gone (killed by KillTree).
-		_, _ = br.ReadString('\n')
-	}()
+	go p.awaitExit(gen, br, lifeW, statR, reported)
 	return pid, nil
+}
+
+// shimCmd is the command of the shim that starts argv, with the lifeline's
+// reading end and the status pipe's writing end as its fds 3 and 4.
+func (p *procLayer) shimCmd(argv []string, devnull, lifeR, statW *os.File) *exec.Cmd {
+	cmd := &exec.Cmd{
+		Path:       p.exe,
+		Args:       append([]string{"stasis-shim", ShimArg, "--"}, argv...),
+		Stdin:      devnull,
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
+		ExtraFiles: []*os.File{lifeR, statW},
+		// Its own process group: a signal to the supervisor's group must not
+		// take the shim down with it, or the lifeline cleanup could not run.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if p.harness != nil || p.freezer != nil {
+		cmd.Env = os.Environ()
+	}
+	if p.harness != nil {
+		u := fmt.Sprintf("%s=%d:%d", ShimHarnessEnv, p.harness.UID, p.harness.GID)
+		if p.harness.Home != "" {
+			u += ":" + p.harness.Home
+		}
+		cmd.Env = append(cmd.Env, u)
+	}
+	if p.freezer != nil {
+		cmd.Env = append(cmd.Env, ShimCgroupEnv+"="+p.freezer.dir)
+	}
+	return cmd
+}
+
+// awaitExit reads the harness's end from the shim's status pipe (closing
+// reported as it does), sends it as generation gen's exit, and holds the
+// lifeline open until the shim is gone (killed by KillTree).
+func (p *procLayer) awaitExit(gen int, br *bufio.Reader, lifeW, statR *os.File, reported chan struct{}) {
+	defer lifeW.Close()
+	defer statR.Close()
+	ev := exitEvent{gen: gen}
+	line, err := br.ReadString('\n')
+	close(reported)
+	word, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
+	n, convErr := strconv.Atoi(rest)
+	switch {
+	case err != nil:
+		ev.code, ev.err = -1, fmt.Errorf("shim ended without reporting the harness's exit")
+	case word == "exit" && convErr == nil:
+		ev.code = n
+	case word == "signal" && convErr == nil:
+		ev.code = -n
+	default:
+		ev.code, ev.err = -1, fmt.Errorf("shim said %q", line)
+	}
+	p.exits <- ev
+	_, _ = br.ReadString('\n')
 }
 
 // tree lists the harness tree: every descendant of the supervisor but the
@@ -377,7 +393,7 @@ func killBelowExcept(root, spare int, timeout time.Duration) ([]int, error) {
 			_ = unix.Kill(s.PID, unix.SIGKILL)
 			pids = append(pids, s.PID)
 		}
-		reapAll()
+		reapAll(nil)
 		if time.Now().After(deadline) {
 			sort.Ints(pids)
 			return pids, nil

@@ -135,64 +135,22 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if len(o.Config.Argv) == 0 {
-		return nil, errors.New("no harness command: give it after --")
-	}
-	if o.Config.Mode == "" {
-		o.Config.Mode = ModeStop
-	}
-	// Always, with or without a harness user: a process of the same uid
-	// without CAP_SYS_PTRACE cannot trace this one or open its
-	// /proc/PID/mem, environ or fd, and no core dump holds the relay's
-	// token.
-	if err := SetNotDumpable(); err != nil {
-		return nil, err
-	}
-	if o.Harness != nil {
-		if err := o.Harness.Check(); err != nil {
-			return nil, err
-		}
-	}
-	dir, err := filepath.Abs(o.Dir)
+	dir, id, pl, err := o.setUp()
 	if err != nil {
 		return nil, err
 	}
-	if err := prepareDir(dir); err != nil {
-		return nil, err
-	}
-	id, err := proc.Self()
-	if err != nil {
-		return nil, fmt.Errorf("read own identity: %w", err)
-	}
-	pl, err := newProcLayer(o.Harness)
-	if err != nil {
-		return nil, err
-	}
-	if o.Config.Mode == ModeHoldFreeze {
-		root := o.CgroupRoot
-		if root == "" {
-			root = CgroupRoot
-		}
-		if pl.freezer, err = newFreezer(root); err != nil {
-			return nil, err
-		}
+	if pl.freezer != nil {
 		defer func() {
 			if err := pl.freezer.Remove(); err != nil {
 				log.Warn("the harness's control group stays", "err", err)
 			}
 		}()
 	}
-	ln, err := listenUnix(filepath.Join(dir, SocketFile))
+	ln, err := o.listen(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer ln.Close()
-	if o.Harness != nil {
-		if err := checkClosed(dir, *o.Harness, o.Closed); err != nil {
-			_ = os.Remove(filepath.Join(dir, SocketFile))
-			return nil, fmt.Errorf("the harness's uid %d could reach what is the supervisor's alone: %w", o.Harness.UID, err)
-		}
-	}
 	clock := realClock{}
 	info := Info{
 		Identity: id, Dir: dir, Socket: filepath.Join(dir, SocketFile), Mode: o.Config.Mode,
@@ -219,7 +177,78 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 		log.Info("harness launched", "pid", s.m.harnessPID, "mode", o.Config.Mode, "identity", id.String())
 	}
 	s.mu.Unlock()
+	s.run(ctx, pl.exits, o.Config.Grace)
+	return s.finish(o.Gate, ln)
+}
 
+// setUp checks the options (the mode defaults to stop) and makes what the
+// harness is launched with: the session directory (dir, absolute), the
+// supervisor's identity and the process layer, with the harness's control
+// group for hold+freeze (to be removed at the end).
+func (o *Options) setUp() (dir string, id proc.Identity, pl *procLayer, err error) {
+	if len(o.Config.Argv) == 0 {
+		return "", id, nil, errors.New("no harness command: give it after --")
+	}
+	if o.Config.Mode == "" {
+		o.Config.Mode = ModeStop
+	}
+	// Always, with or without a harness user: a process of the same uid
+	// without CAP_SYS_PTRACE cannot trace this one or open its
+	// /proc/PID/mem, environ or fd, and no core dump holds the relay's
+	// token.
+	if err := SetNotDumpable(); err != nil {
+		return "", id, nil, err
+	}
+	if o.Harness != nil {
+		if err := o.Harness.Check(); err != nil {
+			return "", id, nil, err
+		}
+	}
+	if dir, err = filepath.Abs(o.Dir); err != nil {
+		return "", id, nil, err
+	}
+	if err := prepareDir(dir); err != nil {
+		return "", id, nil, err
+	}
+	if id, err = proc.Self(); err != nil {
+		return "", id, nil, fmt.Errorf("read own identity: %w", err)
+	}
+	if pl, err = newProcLayer(o.Harness); err != nil {
+		return "", id, nil, err
+	}
+	if o.Config.Mode == ModeHoldFreeze {
+		root := o.CgroupRoot
+		if root == "" {
+			root = CgroupRoot
+		}
+		if pl.freezer, err = newFreezer(root); err != nil {
+			return "", id, nil, err
+		}
+	}
+	return dir, id, pl, nil
+}
+
+// listen listens on the control socket in dir and, with a harness user,
+// checks that the directory, the socket and the other closed files are
+// closed to it.
+func (o *Options) listen(dir string) (*net.UnixListener, error) {
+	ln, err := listenUnix(filepath.Join(dir, SocketFile))
+	if err != nil {
+		return nil, err
+	}
+	if o.Harness != nil {
+		if err := checkClosed(dir, *o.Harness, o.Closed); err != nil {
+			_ = os.Remove(filepath.Join(dir, SocketFile))
+			ln.Close()
+			return nil, fmt.Errorf("the harness's uid %d could reach what is the supervisor's alone: %w", o.Harness.UID, err)
+		}
+	}
+	return ln, nil
+}
+
+// run steps the machine on its timer, on the harness's exits, on requests
+// (kick) and on ctx's end (a stop), until the harness has exited.
+func (s *server) run(ctx context.Context, exits <-chan exitEvent, grace time.Duration) {
 	stopAsked := false
 	for {
 		s.mu.Lock()
@@ -245,19 +274,19 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 			before := s.m.state
 			s.m.Tick()
 			if before == stRunning && s.m.state == stStopping {
-				log.Warn("deadline reached; SIGTERM sent to the harness", "grace", o.Config.Grace)
+				s.log.Warn("deadline reached; SIGTERM sent to the harness", "grace", grace)
 			}
 			s.mu.Unlock()
-		case ev := <-pl.exits:
+		case ev := <-exits:
 			s.mu.Lock()
 			if err := s.m.HarnessExited(ev.gen, ev.code); err == nil {
-				log.Info("harness ended", "return_code", ev.code, "shim_err", ev.err)
+				s.log.Info("harness ended", "return_code", ev.code, "shim_err", ev.err)
 			}
 			s.mu.Unlock()
 		case <-s.kick:
 		case <-ctxDone:
 			stopAsked = true
-			log.Info("supervisor asked to end; stopping the harness")
+			s.log.Info("supervisor asked to end; stopping the harness")
 			s.mu.Lock()
 			s.m.Stop()
 			s.mu.Unlock()
@@ -266,14 +295,20 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 			timer.Stop()
 		}
 	}
-	if o.Gate != nil {
+}
+
+// finish, once the harness has exited, has the gateway record the last
+// settlements, writes the receipt, closes the control socket and lets the
+// requests in flight answer.
+func (s *server) finish(gate Gate, ln net.Listener) (*Receipt, error) {
+	if gate != nil {
 		// The harness has ended: before the receipt says so, the gateway
 		// records what became of its last responses (otherwise they would
 		// stay pending in the ledger, their settlements lost with this
 		// process).
 		fctx, cancel := context.WithTimeout(context.Background(), gateFlushTimeout)
-		if err := o.Gate.Flush(fctx); err != nil {
-			log.Warn("the gateway did not record the last settlements: their ledger entries stay pending", "err", err)
+		if err := gate.Flush(fctx); err != nil {
+			s.log.Warn("the gateway did not record the last settlements: their ledger entries stay pending", "err", err)
 		}
 		cancel()
 	}
@@ -281,8 +316,8 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 	s.flushLocked()
 	rc := s.m.Receipt()
 	s.mu.Unlock()
-	werr := atomicfile.WriteJSON(filepath.Join(dir, ReceiptFile), rc, 0o644)
-	_ = os.Remove(filepath.Join(dir, SocketFile))
+	werr := atomicfile.WriteJSON(filepath.Join(s.dir, ReceiptFile), rc, 0o644)
+	_ = os.Remove(filepath.Join(s.dir, SocketFile))
 	close(s.done)
 	ln.Close()
 	// Let requests in flight (a stop waiting for this receipt) answer.
@@ -292,7 +327,7 @@ func Run(ctx context.Context, o Options) (*Receipt, error) {
 	case <-flushed:
 	case <-time.After(5 * time.Second):
 	}
-	log.Info("supervisor done", "cleanup_confirmed", rc.CleanupConfirmed, "timed_out", rc.TimedOut, "relaunches", rc.Relaunches)
+	s.log.Info("supervisor done", "cleanup_confirmed", rc.CleanupConfirmed, "timed_out", rc.TimedOut, "relaunches", rc.Relaunches)
 	return rc, werr
 }
 

@@ -64,14 +64,33 @@ func RunShim(argv []string) int {
 		say("error no harness command")
 		return 2
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd, code := harnessCmd(argv, say)
+	if cmd == nil {
+		return code
+	}
+	if err := cmd.Start(); err != nil {
+		say("error start harness %q: %v", argv[0], err)
+		return 127
+	}
+	harness := cmd.Process.Pid
+	_ = cmd.Process.Release() // reaped below with wait4
+	say("pid %d", harness)
+	return shimWait(life, sigs, harness, say)
+}
+
+// harnessCmd is the command that starts the harness: in its own session,
+// in the harness's control group and jailed as the harness user when the
+// supervisor says so. When it cannot be made, the error is said and cmd is
+// nil, with the shim's exit code.
+func harnessCmd(argv []string, say func(format string, args ...any)) (cmd *exec.Cmd, code int) {
+	cmd = exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// The harness leads its own session and process group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	env, hu, err := shimHarnessUser(os.Environ())
 	if err != nil {
 		say("error %v", err)
-		return 2
+		return nil, 2
 	}
 	env, cgroup := takeEnv(env, ShimCgroupEnv)
 	cmd.Env = env
@@ -81,7 +100,7 @@ func RunShim(argv []string) int {
 		fd, err := unix.Open(cgroup, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			say("error open the harness's control group %s: %v", cgroup, err)
-			return 1
+			return nil, 1
 		}
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
 	}
@@ -91,17 +110,16 @@ func RunShim(argv []string) int {
 		runtime.LockOSThread()
 		if err := jail(cmd, *hu); err != nil {
 			say("error %v", err)
-			return 1
+			return nil, 1
 		}
 	}
-	if err := cmd.Start(); err != nil {
-		say("error start harness %q: %v", argv[0], err)
-		return 127
-	}
-	harness := cmd.Process.Pid
-	_ = cmd.Process.Release() // reaped below with wait4
-	say("pid %d", harness)
+	return cmd, 0
+}
 
+// shimWait reaps what ends below the shim, saying how the harness ended,
+// until the lifeline breaks; then it kills everything below and returns
+// the shim's exit code.
+func shimWait(life *os.File, sigs <-chan os.Signal, harness int, say func(format string, args ...any)) int {
 	lost := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, life)
@@ -117,15 +135,7 @@ func RunShim(argv []string) int {
 			if s != syscall.SIGCHLD {
 				continue // the supervisor decides what ends the harness
 			}
-			for {
-				var ws unix.WaitStatus
-				pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
-				if err == unix.EINTR {
-					continue
-				}
-				if pid <= 0 || err != nil {
-					break
-				}
+			reapAll(func(pid int, ws unix.WaitStatus) {
 				if pid == harness && !reported {
 					reported = true
 					if ws.Signaled() {
@@ -134,7 +144,7 @@ func RunShim(argv []string) int {
 						say("exit %d", ws.ExitStatus())
 					}
 				}
-			}
+			})
 		}
 	}
 }

@@ -226,65 +226,95 @@ func ResetTests(ctx context.Context, p sandbox.Files, sandboxID string, t *Task)
 	// below goes into a copy.
 	tt.Files = append([]TestFile(nil), tt.Files...)
 	if tt.Known != nil {
-		var out, errb bytes.Buffer
-		res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{
-			Argv: append([]string{"/bin/sh", "-c", findTestsScript, "find-tests"}, TestPatterns...),
-			Cwd:  WorkDir, Stdout: &out, Stderr: &errb, Timeout: time.Minute,
-		})
-		if err != nil {
-			return r, fmt.Errorf("task %s: look for added test files in sandbox %s: %w", t.ID, sandboxID, err)
+		if err := findChangedTests(ctx, p, sandboxID, t, &tt, &r); err != nil {
+			return r, err
 		}
-		if res.ExitCode != 0 {
-			return r, fmt.Errorf("task %s: look for added test files in sandbox %s: exit %d: %s", t.ID, sandboxID, res.ExitCode, strings.TrimSpace(errb.String()))
-		}
-		listed := map[string]bool{}
-		for _, p := range tt.Paths {
-			listed[p] = true
-		}
-		fields := strings.Split(out.String(), "\x00")
-		for i := 0; i+1 < len(fields); i += 2 {
-			f, sum := strings.TrimPrefix(fields[i], "./"), fields[i+1]
-			switch {
-			case f == "" || checkRelPath(f) != nil || listed[f]:
-			case !tt.Known[f]:
-				r.Removed = append(r.Removed, f)
-			case tt.Sums != nil && tt.Read != nil && tt.Sums[f] != "" && tt.Sums[f] != sum:
-				tf, err := tt.Read(f)
-				if err != nil {
-					return r, fmt.Errorf("task %s: test file %s: %w", t.ID, f, err)
-				}
-				r.Reverted = append(r.Reverted, f)
-				tt.Files = append(tt.Files, tf)
-			}
-		}
-		sort.Strings(r.Removed)
-		sort.Strings(r.Reverted)
 	}
 	paths := append(append(append([]string(nil), tt.Paths...), r.Removed...), r.Reverted...)
 	if len(paths) == 0 {
 		return r, nil
 	}
-	var errb bytes.Buffer
-	res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{
-		Argv: append([]string{"/bin/sh", "-c", resetScript, "reset"}, paths...),
-		Cwd:  WorkDir, Stdout: &errb, Stderr: &errb, Timeout: time.Minute,
-	})
-	if err != nil {
-		return r, fmt.Errorf("task %s: remove the tests in sandbox %s: %w", t.ID, sandboxID, err)
-	}
-	if res.ExitCode != 0 {
-		return r, fmt.Errorf("task %s: remove the tests in sandbox %s: exit %d: %s", t.ID, sandboxID, res.ExitCode, strings.TrimSpace(errb.String()))
+	if err := runScript(ctx, p, sandboxID, t, "remove the tests", resetScript, "reset", paths, nil); err != nil {
+		return r, err
 	}
 	if len(tt.Files) == 0 {
 		return r, nil
 	}
+	buf, err := testsTar(t.ID, tt.Files)
+	if err != nil {
+		return r, err
+	}
+	if err := p.Upload(ctx, sandboxID, WorkDir, buf); err != nil {
+		return r, fmt.Errorf("task %s: restore the tests in sandbox %s: %w", t.ID, sandboxID, err)
+	}
+	r.Restored = len(tt.Files)
+	return r, nil
+}
+
+// findChangedTests looks in the sandbox's work tree for test files the
+// agent added (r.Removed) and test files of the task it changed
+// (r.Reverted, their content added to tt.Files).
+func findChangedTests(ctx context.Context, p sandbox.Files, sandboxID string, t *Task, tt *TestTree, r *Reset) error {
+	var out bytes.Buffer
+	if err := runScript(ctx, p, sandboxID, t, "look for added test files", findTestsScript, "find-tests", TestPatterns, &out); err != nil {
+		return err
+	}
+	listed := map[string]bool{}
+	for _, p := range tt.Paths {
+		listed[p] = true
+	}
+	fields := strings.Split(out.String(), "\x00")
+	for i := 0; i+1 < len(fields); i += 2 {
+		f, sum := strings.TrimPrefix(fields[i], "./"), fields[i+1]
+		switch {
+		case f == "" || checkRelPath(f) != nil || listed[f]:
+		case !tt.Known[f]:
+			r.Removed = append(r.Removed, f)
+		case tt.Sums != nil && tt.Read != nil && tt.Sums[f] != "" && tt.Sums[f] != sum:
+			tf, err := tt.Read(f)
+			if err != nil {
+				return fmt.Errorf("task %s: test file %s: %w", t.ID, f, err)
+			}
+			r.Reverted = append(r.Reverted, f)
+			tt.Files = append(tt.Files, tf)
+		}
+	}
+	sort.Strings(r.Removed)
+	sort.Strings(r.Reverted)
+	return nil
+}
+
+// runScript runs a shell script in the sandbox's work tree, named name,
+// with args; stdout gets its output (nil: the output goes with its stderr
+// into the error of a run that fails). what says what it does, in errors.
+func runScript(ctx context.Context, p sandbox.Files, sandboxID string, t *Task, what, script, name string, args []string, stdout *bytes.Buffer) error {
+	var errb bytes.Buffer
+	if stdout == nil {
+		stdout = &errb
+	}
+	res, err := p.Exec(ctx, sandboxID, sandbox.ExecRequest{
+		Argv: append([]string{"/bin/sh", "-c", script, name}, args...),
+		Cwd:  WorkDir, Stdout: stdout, Stderr: &errb, Timeout: time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("task %s: %s in sandbox %s: %w", t.ID, what, sandboxID, err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("task %s: %s in sandbox %s: exit %d: %s", t.ID, what, sandboxID, res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	return nil
+}
+
+// testsTar is a tar of task's test files (sorted by path, in place), with
+// the directories above them.
+func testsTar(task string, files []TestFile) (*bytes.Buffer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dirs := map[string]bool{}
-	sort.Slice(tt.Files, func(i, j int) bool { return tt.Files[i].Path < tt.Files[j].Path })
-	for _, f := range tt.Files {
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	for _, f := range files {
 		if err := checkRelPath(f.Path); err != nil {
-			return r, fmt.Errorf("task %s: test file: %w", t.ID, err)
+			return nil, fmt.Errorf("task %s: test file: %w", task, err)
 		}
 		var parents []string
 		for d := path.Dir(f.Path); d != "." && !dirs[d]; d = path.Dir(d) {
@@ -293,22 +323,18 @@ func ResetTests(ctx context.Context, p sandbox.Files, sandboxID string, t *Task)
 		}
 		for i := len(parents) - 1; i >= 0; i-- {
 			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: parents[i] + "/", Mode: 0o755}); err != nil {
-				return r, err
+				return nil, err
 			}
 		}
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode), Size: int64(len(f.Data))}); err != nil {
-			return r, err
+			return nil, err
 		}
 		if _, err := tw.Write(f.Data); err != nil {
-			return r, err
+			return nil, err
 		}
 	}
 	if err := tw.Close(); err != nil {
-		return r, err
+		return nil, err
 	}
-	if err := p.Upload(ctx, sandboxID, WorkDir, &buf); err != nil {
-		return r, fmt.Errorf("task %s: restore the tests in sandbox %s: %w", t.ID, sandboxID, err)
-	}
-	r.Restored = len(tt.Files)
-	return r, nil
+	return &buf, nil
 }

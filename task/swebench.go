@@ -166,76 +166,26 @@ func instanceTask(line []byte, o SWEBenchOptions) (*Task, error) {
 	if in.InstanceID == "" {
 		return nil, errors.New("instance_id is missing")
 	}
-	fail := func(format string, a ...any) error {
-		return fmt.Errorf("instance %s: %s", in.InstanceID, fmt.Sprintf(format, a...))
-	}
-	f2p, err := testList(in.FailToPass)
+	f2p, p2p, clone, err := in.check(o)
 	if err != nil {
-		return nil, fail("FAIL_TO_PASS: %v", err)
-	}
-	p2p, err := testList(in.PassToPass)
-	if err != nil {
-		return nil, fail("PASS_TO_PASS: %v", err)
-	}
-	if !commitRE.MatchString(in.BaseCommit) {
-		return nil, fail("base_commit %q is not a commit hash", in.BaseCommit)
-	}
-	if in.EnvironmentSetupCommit != "" && !commitRE.MatchString(in.EnvironmentSetupCommit) {
-		return nil, fail("environment_setup_commit %q is not a commit hash", in.EnvironmentSetupCommit)
-	}
-	if in.Repo == "" || strings.Contains(in.Repo, "..") || strings.Count(in.Repo, "/") != 1 {
-		return nil, fail("repo %q: want OWNER/NAME", in.Repo)
-	}
-	clone, looked, err := findClone(o.Repos, in.Repo)
-	if err != nil {
-		return nil, fail("%v", err)
-	}
-	if clone == "" {
-		return nil, fail("repository %s is not here (looked for %s)", in.Repo, strings.Join(looked, ", "))
-	}
-	if err := git(clone, "cat-file", "-e", in.BaseCommit+"^{commit}"); err != nil {
-		return nil, fail("the clone %s has no commit %s (fetch it, or use a fuller clone)", clone, in.BaseCommit)
-	}
-	if strings.TrimSpace(in.TestPatch) == "" {
-		return nil, fail("test_patch is empty: SWE-bench's tests come with it")
+		return nil, err
 	}
 	// The test patch applied to base in a throwaway index: what verify
 	// restores, and the files of the task's own tree.
 	tests, err := testPatchTree(clone, in.BaseCommit, in.TestPatch)
 	if err != nil {
-		return nil, fail("test_patch does not apply at %s: %v", in.BaseCommit, err)
+		return nil, in.errorf("test_patch does not apply at %s: %v", in.BaseCommit, err)
 	}
 	t := &Task{
 		ID: in.InstanceID, Language: "python", Title: in.Repo + " " + in.InstanceID,
 		Statement: in.ProblemStatement, TestCmd: in.TestCmd, Parser: in.Parser,
 		FailToPass: f2p, PassToPass: p2p, BudgetS: in.BudgetS, TestFiles: tests.Paths, Image: in.Image,
 	}
-	if t.Parser == "" && in.LogParser != "" {
-		p, ok := HarnessParser(in.LogParser)
-		if !ok {
-			return nil, fail("log_parser %q: stasis has no such parser (%s)", in.LogParser, strings.Join(ParserNames(), ", "))
-		}
-		t.Parser = p
-	}
-	if t.TestCmd == "" {
-		h, err := HarnessTest(in.Repo, in.VersionString(), in.TestPatch)
-		if err != nil {
-			return nil, fail("%v", err)
-		}
-		t.TestCmd = h.TestCmd
-		if t.Parser == "" {
-			t.Parser = h.Parser
-		}
-	}
-	if t.Parser == "" {
-		p, ok := DefaultParser(t.TestCmd)
-		if !ok {
-			return nil, fail("parser: test_cmd %q implies no parser; name one (%s)", t.TestCmd, strings.Join(ParserNames(), ", "))
-		}
-		t.Parser = p
+	if err := in.testCommand(t); err != nil {
+		return nil, err
 	}
 	if err := t.Validate(); err != nil {
-		return nil, fail("%v", err)
+		return nil, in.errorf("%v", err)
 	}
 	if strings.TrimSpace(in.Patch) != "" {
 		t.Solution = &Solution{Patch: in.Patch}
@@ -260,6 +210,77 @@ func instanceTask(line []byte, o SWEBenchOptions) (*Task, error) {
 	}
 	t.Environ = &pyEnv{dir: o.Envs, log: o.Log, req: pyenv.Request{Repo: in.Repo, Clone: clone, Commit: envCommit}}
 	return t, nil
+}
+
+// errorf is an error about the instance.
+func (in *Instance) errorf(format string, a ...any) error {
+	return fmt.Errorf("instance %s: %s", in.InstanceID, fmt.Sprintf(format, a...))
+}
+
+// check checks the instance's fields, and finds its repository's clone
+// under o.Repos with the base commit in it: the test lists, and the
+// clone.
+func (in *Instance) check(o SWEBenchOptions) (f2p, p2p []string, clone string, err error) {
+	if f2p, err = testList(in.FailToPass); err != nil {
+		return nil, nil, "", in.errorf("FAIL_TO_PASS: %v", err)
+	}
+	if p2p, err = testList(in.PassToPass); err != nil {
+		return nil, nil, "", in.errorf("PASS_TO_PASS: %v", err)
+	}
+	if !commitRE.MatchString(in.BaseCommit) {
+		return nil, nil, "", in.errorf("base_commit %q is not a commit hash", in.BaseCommit)
+	}
+	if in.EnvironmentSetupCommit != "" && !commitRE.MatchString(in.EnvironmentSetupCommit) {
+		return nil, nil, "", in.errorf("environment_setup_commit %q is not a commit hash", in.EnvironmentSetupCommit)
+	}
+	if in.Repo == "" || strings.Contains(in.Repo, "..") || strings.Count(in.Repo, "/") != 1 {
+		return nil, nil, "", in.errorf("repo %q: want OWNER/NAME", in.Repo)
+	}
+	clone, looked, err := findClone(o.Repos, in.Repo)
+	if err != nil {
+		return nil, nil, "", in.errorf("%v", err)
+	}
+	if clone == "" {
+		return nil, nil, "", in.errorf("repository %s is not here (looked for %s)", in.Repo, strings.Join(looked, ", "))
+	}
+	if err := git(clone, "cat-file", "-e", in.BaseCommit+"^{commit}"); err != nil {
+		return nil, nil, "", in.errorf("the clone %s has no commit %s (fetch it, or use a fuller clone)", clone, in.BaseCommit)
+	}
+	if strings.TrimSpace(in.TestPatch) == "" {
+		return nil, nil, "", in.errorf("test_patch is empty: SWE-bench's tests come with it")
+	}
+	return f2p, p2p, clone, nil
+}
+
+// testCommand completes t's test command and parser: the log parser the
+// instance names, else SWE-bench's harness's command for the repository,
+// else the parser the command implies.
+func (in *Instance) testCommand(t *Task) error {
+	if t.Parser == "" && in.LogParser != "" {
+		p, ok := HarnessParser(in.LogParser)
+		if !ok {
+			return in.errorf("log_parser %q: stasis has no such parser (%s)", in.LogParser, strings.Join(ParserNames(), ", "))
+		}
+		t.Parser = p
+	}
+	if t.TestCmd == "" {
+		h, err := HarnessTest(in.Repo, in.VersionString(), in.TestPatch)
+		if err != nil {
+			return in.errorf("%v", err)
+		}
+		t.TestCmd = h.TestCmd
+		if t.Parser == "" {
+			t.Parser = h.Parser
+		}
+	}
+	if t.Parser == "" {
+		p, ok := DefaultParser(t.TestCmd)
+		if !ok {
+			return in.errorf("parser: test_cmd %q implies no parser; name one (%s)", t.TestCmd, strings.Join(ParserNames(), ", "))
+		}
+		t.Parser = p
+	}
+	return nil
 }
 
 // EnvsOption reads an --envs flag: "" is the user's cache directory
@@ -323,65 +344,13 @@ func testPatchTree(clone, commit, patch string) (TestTree, error) {
 	}
 	defer os.RemoveAll(dir)
 	env := []string{"GIT_INDEX_FILE=" + filepath.Join(dir, "index")}
-	p := filepath.Join(dir, "test.patch")
-	if err := os.WriteFile(p, []byte(patch), 0o644); err != nil {
-		return TestTree{}, err
-	}
-	for _, args := range [][]string{{"read-tree", commit}, {"apply", "--cached", p}} {
-		if _, err := runGit(clone, env, args...); err != nil {
-			return TestTree{}, err
-		}
-	}
-	touched, err := gitRaw(clone, env, "apply", "--numstat", "-z", p)
+	paths, err := applyTestPatch(clone, env, dir, commit, patch)
 	if err != nil {
 		return TestTree{}, err
 	}
-	paths := map[string]bool{}
-	for _, f := range numstatPaths(touched) {
-		if err := checkRelPath(f); err != nil {
-			return TestTree{}, fmt.Errorf("the patch touches %v", err)
-		}
-		paths[f] = true
-	}
-	if len(paths) == 0 {
-		return TestTree{}, errors.New("it touches no file")
-	}
-	staged, err := gitRaw(clone, env, "ls-files", "--stage", "-z")
+	tt, named, err := stagedTests(clone, env, paths)
 	if err != nil {
 		return TestTree{}, err
-	}
-	tt := TestTree{Known: map[string]bool{}, Sums: map[string]string{}}
-	named := map[string]string{} // test-named files (TestPatterns) → blob
-	for _, ent := range strings.Split(staged, "\x00") {
-		// MODE SHA STAGE\tPATH
-		meta, name, ok := strings.Cut(ent, "\t")
-		if !ok {
-			continue
-		}
-		tt.Known[name] = true
-		f := strings.Fields(meta)
-		if len(f) != 3 {
-			return TestTree{}, fmt.Errorf("git ls-files: %q", ent)
-		}
-		if !paths[name] {
-			if (f[0] == "100644" || f[0] == "100755") && isTestName(name) {
-				named[name] = f[1]
-			}
-			continue
-		}
-		mode := fs.FileMode(0o644)
-		switch f[0] {
-		case "100755":
-			mode = 0o755
-		case "100644":
-		default:
-			return TestTree{}, fmt.Errorf("the patch leaves %s as a link or submodule (mode %s): only regular files are restored", name, f[0])
-		}
-		b, err := gitRaw(clone, nil, "cat-file", "blob", f[1])
-		if err != nil {
-			return TestTree{}, err
-		}
-		tt.Files = append(tt.Files, TestFile{Path: name, Data: []byte(b), Mode: mode})
 	}
 	for f := range paths {
 		tt.Paths = append(tt.Paths, f)
@@ -404,6 +373,79 @@ func testPatchTree(clone, commit, patch string) (TestTree, error) {
 		return TestFile{Path: p, Data: []byte(b), Mode: 0o644}, nil
 	}
 	return tt, nil
+}
+
+// applyTestPatch applies the patch to commit in the index env names (a
+// file in dir): the paths it touches.
+func applyTestPatch(clone string, env []string, dir, commit, patch string) (map[string]bool, error) {
+	p := filepath.Join(dir, "test.patch")
+	if err := os.WriteFile(p, []byte(patch), 0o644); err != nil {
+		return nil, err
+	}
+	for _, args := range [][]string{{"read-tree", commit}, {"apply", "--cached", p}} {
+		if _, err := runGit(clone, env, args...); err != nil {
+			return nil, err
+		}
+	}
+	touched, err := gitRaw(clone, env, "apply", "--numstat", "-z", p)
+	if err != nil {
+		return nil, err
+	}
+	paths := map[string]bool{}
+	for _, f := range numstatPaths(touched) {
+		if err := checkRelPath(f); err != nil {
+			return nil, fmt.Errorf("the patch touches %v", err)
+		}
+		paths[f] = true
+	}
+	if len(paths) == 0 {
+		return nil, errors.New("it touches no file")
+	}
+	return paths, nil
+}
+
+// stagedTests reads the index env names: every file in it (Known), the
+// content of the files paths names (Files), and the blobs of the other
+// test-named files (named).
+func stagedTests(clone string, env []string, paths map[string]bool) (tt TestTree, named map[string]string, err error) {
+	staged, err := gitRaw(clone, env, "ls-files", "--stage", "-z")
+	if err != nil {
+		return TestTree{}, nil, err
+	}
+	tt = TestTree{Known: map[string]bool{}, Sums: map[string]string{}}
+	named = map[string]string{} // test-named files (TestPatterns) → blob
+	for _, ent := range strings.Split(staged, "\x00") {
+		// MODE SHA STAGE\tPATH
+		meta, name, ok := strings.Cut(ent, "\t")
+		if !ok {
+			continue
+		}
+		tt.Known[name] = true
+		f := strings.Fields(meta)
+		if len(f) != 3 {
+			return TestTree{}, nil, fmt.Errorf("git ls-files: %q", ent)
+		}
+		if !paths[name] {
+			if (f[0] == "100644" || f[0] == "100755") && isTestName(name) {
+				named[name] = f[1]
+			}
+			continue
+		}
+		mode := fs.FileMode(0o644)
+		switch f[0] {
+		case "100755":
+			mode = 0o755
+		case "100644":
+		default:
+			return TestTree{}, nil, fmt.Errorf("the patch leaves %s as a link or submodule (mode %s): only regular files are restored", name, f[0])
+		}
+		b, err := gitRaw(clone, nil, "cat-file", "blob", f[1])
+		if err != nil {
+			return TestTree{}, nil, err
+		}
+		tt.Files = append(tt.Files, TestFile{Path: name, Data: []byte(b), Mode: mode})
+	}
+	return tt, named, nil
 }
 
 // blobSums reads the blobs (path → blob id) with one git cat-file --batch

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,30 +80,30 @@ const OutputLimit = 256 << 10
 // Evaluate turns a test run's output into per-test outcomes and a reward.
 func (t *Task) Evaluate(output string) (reward int, f2p, p2p map[string]string) {
 	got := Parsers[t.Parser](output)
-	f2p, p2p = map[string]string{}, map[string]string{}
-	reward = 1
-	for _, n := range t.FailToPass {
-		o, ok := got[n]
-		if !ok {
-			o = Missing
-		}
-		f2p[n] = o
-		if o != Passed {
-			reward = 0
-		}
-	}
-	for _, n := range t.PassToPass {
-		o, ok := got[n]
-		if !ok {
-			o = Missing
-		}
-		p2p[n] = o
-		// A skipped PASS_TO_PASS test did not break.
-		if o != Passed && o != Skipped {
-			reward = 0
-		}
+	f2p, okF := outcomes(got, t.FailToPass, Passed)
+	// A skipped PASS_TO_PASS test did not break.
+	p2p, okP := outcomes(got, t.PassToPass, Passed, Skipped)
+	if okF && okP {
+		reward = 1
 	}
 	return reward, f2p, p2p
+}
+
+// outcomes are the outcomes of the tests named (Missing for one the output
+// does not give); ok says whether each is one of good.
+func outcomes(got map[string]string, names []string, good ...string) (out map[string]string, ok bool) {
+	out, ok = map[string]string{}, true
+	for _, n := range names {
+		o, found := got[n]
+		if !found {
+			o = Missing
+		}
+		out[n] = o
+		if !slices.Contains(good, o) {
+			ok = false
+		}
+	}
+	return out, ok
 }
 
 // pytestExits are pytest's exit codes that mean the tests were not run as

@@ -39,15 +39,15 @@ status 1 when the clock could not be set, 2 for a usage error.`,
 			fl := cmd.Flags()
 			cont := fl.Changed("pause-wall") || fl.Changed("pause-uptime")
 			if cont == fl.Changed("wall") || (cont && !(fl.Changed("pause-wall") && fl.Changed("pause-uptime"))) {
-				return &exitError{code: 2, err: errors.New("clock set: give --pause-wall and --pause-uptime, or --wall")}
+				return &exitError{Code: 2, Err: errors.New("clock set: give --pause-wall and --pause-uptime, or --wall")}
 			}
 			t := guestclock.Target{Continuous: cont, PauseWall: pauseWall, PauseUptime: pauseUptime, Wall: wall}
 			if err := t.Check(); err != nil {
-				return &exitError{code: 2, err: fmt.Errorf("clock set: %w", err)}
+				return &exitError{Code: 2, Err: fmt.Errorf("clock set: %w", err)}
 			}
 			f, err := guestclock.System.Set(t)
 			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("clock set: %w", err)}
+				return &exitError{Code: 1, Err: fmt.Errorf("clock set: %w", err)}
 			}
 			b, _ := json.Marshal(f)
 			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)

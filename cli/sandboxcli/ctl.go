@@ -44,11 +44,11 @@ the supervisor's state); 1 no supervisor reachable or another failure.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dir == "" {
-				return &exitError{code: 2, err: errors.New("--dir is required: the supervisor's session directory")}
+				return &exitError{Code: 2, Err: errors.New("--dir is required: the supervisor's session directory")}
 			}
 			req, err := ctlRequest(args)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return &exitError{Code: 2, Err: err}
 			}
 			return runCtl(cmd, dir, req, wait)
 		},
@@ -92,7 +92,7 @@ func runCtl(cmd *cobra.Command, dir string, req supervisor.Request, wait time.Du
 	}
 	if err != nil {
 		print(map[string]string{"error": err.Error(), "code": supervisor.CodeUnreachable})
-		return &exitError{code: 1, err: err}
+		return &exitError{Code: 1, Err: err}
 	}
 	if !r.OK {
 		doc := map[string]any{"error": r.Error, "code": r.Code}
@@ -104,7 +104,7 @@ func runCtl(cmd *cobra.Command, dir string, req supervisor.Request, wait time.Du
 		if r.Code == supervisor.CodeRefused || r.Code == supervisor.CodeInvalid {
 			code = 2
 		}
-		return &exitError{code: code, err: errors.New(r.Error)}
+		return &exitError{Code: code, Err: errors.New(r.Error)}
 	}
 	switch {
 	case r.Ack != nil:

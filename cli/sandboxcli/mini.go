@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -15,17 +16,112 @@ import (
 	"stasis/harness/mini"
 )
 
+// miniFlags are mini's flags.
+type miniFlags struct {
+	endpoint, modelName, workdir, session, logFormat, logLevel string
+	maxSteps, outputLimit                                      int
+	cmdTimeout                                                 time.Duration
+	asJSON                                                     bool
+}
+
 func newMiniCmd() *cobra.Command {
-	var (
-		endpoint, modelName, workdir, session, logFormat, logLevel string
-		maxSteps, outputLimit                                      int
-		cmdTimeout                                                 time.Duration
-		asJSON                                                     bool
-	)
+	var mf miniFlags
 	cmd := &cobra.Command{
-		Use:   "mini --endpoint URL --model NAME --workdir DIR --session FILE [flags] -- PROMPT",
-		Short: "Run mini, the small built-in coding agent, on a task (for sandboxes without OpenCode)",
-		Long: `mini is a small tool-calling coding agent built into stasis, for sandboxes
+		Use:     "mini --endpoint URL --model NAME --workdir DIR --session FILE [flags] -- PROMPT",
+		Short:   "Run mini, the small built-in coding agent, on a task (for sandboxes without OpenCode)",
+		Long:    miniLong,
+		Example: miniExample,
+		RunE:    mf.run,
+	}
+	f := cmd.Flags()
+	f.StringVar(&mf.endpoint, "endpoint", "", "OpenAI base URL including /v1 (normally the relay)")
+	f.StringVar(&mf.modelName, "model", "", "model name to send")
+	f.StringVar(&mf.workdir, "workdir", ".", "directory the tools work in")
+	f.StringVar(&mf.session, "session", "", "session file: the saved conversation, resumed when it exists")
+	f.IntVar(&mf.maxSteps, "max-steps", mini.DefaultMaxSteps, "most model replies per session")
+	f.DurationVar(&mf.cmdTimeout, "command-timeout", mini.DefaultCommandTimeout, "time limit of each run tool call")
+	f.IntVar(&mf.outputLimit, "output-limit", mini.DefaultOutputLimit, "bytes of each tool result kept")
+	f.BoolVar(&mf.asJSON, "json", false, "print the result as JSON instead of the answer")
+	f.StringVar(&mf.logFormat, "log-format", "text", "log format on stderr: text or json")
+	f.StringVar(&mf.logLevel, "log-level", "warn", "log level: debug, info, warn or error")
+	return cmd
+}
+
+// run runs mini on the prompt args (or resumes its session).
+func (mf *miniFlags) run(cmd *cobra.Command, args []string) error {
+	prompt, log, err := mf.check(cmd, args)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	res, err := mini.Run(ctx, mini.Config{
+		Endpoint: mf.endpoint, Model: mf.modelName, WorkDir: mf.workdir, SessionFile: mf.session, Prompt: prompt,
+		MaxSteps: mf.maxSteps, CommandTimeout: mf.cmdTimeout, OutputLimit: mf.outputLimit,
+		Log: cmd.ErrOrStderr(), Logger: log.With("component", "mini"),
+	})
+	if mf.asJSON && (err == nil || errors.Is(err, mini.ErrMaxSteps)) {
+		b, jerr := json.MarshalIndent(res, "", "  ")
+		if jerr != nil {
+			return &exitError{Code: 1, Err: jerr}
+		}
+		fmt.Fprintln(cmd.OutOrStdout(), string(b))
+	}
+	switch {
+	case err == nil:
+		if !mf.asJSON {
+			fmt.Fprintln(cmd.OutOrStdout(), res.Answer)
+		}
+		return nil
+	case errors.Is(err, mini.ErrMaxSteps):
+		return &exitError{Code: 3, Err: err}
+	case ctx.Err() != nil:
+		return &exitError{Code: 1, Err: fmt.Errorf("interrupted; the session is saved in %s: run the same command again to resume", mf.session)}
+	}
+	return &exitError{Code: 1, Err: err}
+}
+
+// check checks the flags and the prompt and returns the prompt and the
+// logger.
+func (mf *miniFlags) check(cmd *cobra.Command, args []string) (string, *slog.Logger, error) {
+	if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+		return "", nil, &exitError{Code: 2, Err: errors.New(`put the prompt after --, e.g. stasis mini ... -- "fix the failing test"`)}
+	}
+	for _, f := range []struct{ name, val, what string }{
+		{"--endpoint", mf.endpoint, "the OpenAI base URL including /v1, e.g. http://127.0.0.1:8787/v1"},
+		{"--model", mf.modelName, "the model name to send"},
+		{"--session", mf.session, "the session file to save the conversation to (and resume from)"},
+	} {
+		if f.val == "" {
+			return "", nil, &exitError{Code: 2, Err: fmt.Errorf("%s is required: %s", f.name, f.what)}
+		}
+	}
+	if !strings.HasPrefix(mf.endpoint, "http://") && !strings.HasPrefix(mf.endpoint, "https://") {
+		return "", nil, &exitError{Code: 2, Err: fmt.Errorf("--endpoint %q: give an http:// or https:// URL ending in /v1", mf.endpoint)}
+	}
+	if mf.maxSteps <= 0 {
+		return "", nil, &exitError{Code: 2, Err: fmt.Errorf("--max-steps %d: give a positive number", mf.maxSteps)}
+	}
+	if mf.cmdTimeout <= 0 {
+		return "", nil, &exitError{Code: 2, Err: fmt.Errorf("--command-timeout %s: give a positive duration", mf.cmdTimeout)}
+	}
+	if mf.outputLimit <= 0 {
+		return "", nil, &exitError{Code: 2, Err: fmt.Errorf("--output-limit %d: give a positive number of bytes", mf.outputLimit)}
+	}
+	prompt := strings.TrimSpace(strings.Join(args, " "))
+	if prompt == "" {
+		if _, err := os.Stat(mf.session); err != nil {
+			return "", nil, &exitError{Code: 2, Err: fmt.Errorf("no prompt: give it after --, or a --session file to resume (%s: %v)", mf.session, err)}
+		}
+	}
+	log, err := newLogger(mf.logFormat, mf.logLevel)
+	if err != nil {
+		return "", nil, &exitError{Code: 2, Err: err}
+	}
+	return prompt, log, nil
+}
+
+const miniLong = `mini is a small tool-calling coding agent built into stasis, for sandboxes
 that cannot run OpenCode. It talks the OpenAI chat-completions API
 (POST URL/chat/completions, not streamed) to --endpoint, normally the stasis
 relay, and works in --workdir with four tools:
@@ -69,84 +165,9 @@ Progress goes to stderr, one line per tool call:
 Exit status: 0 a final answer (printed; with --json the result as JSON);
 3 --max-steps replies without a final answer (the session can be resumed
 with a higher limit); 2 a usage error; 1 any other error, or SIGINT/SIGTERM
-(the session is saved: run the same command again to resume).`,
-		Example: `  stasis mini --endpoint http://127.0.0.1:8787/v1 --model stasis-scripted \
+(the session is saved: run the same command again to resume).`
+
+const miniExample = `  stasis mini --endpoint http://127.0.0.1:8787/v1 --model stasis-scripted \
       --workdir /work --session /tmp/mini/session.json -- "fix the failing test"
   stasis mini --endpoint http://127.0.0.1:8787/v1 --model stasis-scripted \
-      --workdir /work --session /tmp/mini/session.json --json   # resume`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
-				return &exitError{code: 2, err: errors.New(`put the prompt after --, e.g. stasis mini ... -- "fix the failing test"`)}
-			}
-			for _, f := range []struct{ name, val, what string }{
-				{"--endpoint", endpoint, "the OpenAI base URL including /v1, e.g. http://127.0.0.1:8787/v1"},
-				{"--model", modelName, "the model name to send"},
-				{"--session", session, "the session file to save the conversation to (and resume from)"},
-			} {
-				if f.val == "" {
-					return &exitError{code: 2, err: fmt.Errorf("%s is required: %s", f.name, f.what)}
-				}
-			}
-			if !strings.HasPrefix(endpoint, "http://") && !strings.HasPrefix(endpoint, "https://") {
-				return &exitError{code: 2, err: fmt.Errorf("--endpoint %q: give an http:// or https:// URL ending in /v1", endpoint)}
-			}
-			if maxSteps <= 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--max-steps %d: give a positive number", maxSteps)}
-			}
-			if cmdTimeout <= 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--command-timeout %s: give a positive duration", cmdTimeout)}
-			}
-			if outputLimit <= 0 {
-				return &exitError{code: 2, err: fmt.Errorf("--output-limit %d: give a positive number of bytes", outputLimit)}
-			}
-			prompt := strings.TrimSpace(strings.Join(args, " "))
-			if prompt == "" {
-				if _, err := os.Stat(session); err != nil {
-					return &exitError{code: 2, err: fmt.Errorf("no prompt: give it after --, or a --session file to resume (%s: %v)", session, err)}
-				}
-			}
-			log, err := newLogger(logFormat, logLevel)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			res, err := mini.Run(ctx, mini.Config{
-				Endpoint: endpoint, Model: modelName, WorkDir: workdir, SessionFile: session, Prompt: prompt,
-				MaxSteps: maxSteps, CommandTimeout: cmdTimeout, OutputLimit: outputLimit,
-				Log: cmd.ErrOrStderr(), Logger: log.With("component", "mini"),
-			})
-			if asJSON && (err == nil || errors.Is(err, mini.ErrMaxSteps)) {
-				b, jerr := json.MarshalIndent(res, "", "  ")
-				if jerr != nil {
-					return &exitError{code: 1, err: jerr}
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
-			}
-			switch {
-			case err == nil:
-				if !asJSON {
-					fmt.Fprintln(cmd.OutOrStdout(), res.Answer)
-				}
-				return nil
-			case errors.Is(err, mini.ErrMaxSteps):
-				return &exitError{code: 3, err: err}
-			case ctx.Err() != nil:
-				return &exitError{code: 1, err: fmt.Errorf("interrupted; the session is saved in %s: run the same command again to resume", session)}
-			}
-			return &exitError{code: 1, err: err}
-		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&endpoint, "endpoint", "", "OpenAI base URL including /v1 (normally the relay)")
-	f.StringVar(&modelName, "model", "", "model name to send")
-	f.StringVar(&workdir, "workdir", ".", "directory the tools work in")
-	f.StringVar(&session, "session", "", "session file: the saved conversation, resumed when it exists")
-	f.IntVar(&maxSteps, "max-steps", mini.DefaultMaxSteps, "most model replies per session")
-	f.DurationVar(&cmdTimeout, "command-timeout", mini.DefaultCommandTimeout, "time limit of each run tool call")
-	f.IntVar(&outputLimit, "output-limit", mini.DefaultOutputLimit, "bytes of each tool result kept")
-	f.BoolVar(&asJSON, "json", false, "print the result as JSON instead of the answer")
-	f.StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
-	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn or error")
-	return cmd
-}
+      --workdir /work --session /tmp/mini/session.json --json   # resume`

@@ -53,18 +53,22 @@ func Version() string {
 	return "dev"
 }
 
-// exitError carries a process exit code out of a command.
-type exitError struct {
-	code int
-	err  error
+// ExitError carries a process exit code out of a command, of this
+// package or of the full command line's: Err, when set, is printed on
+// stderr before the process exits with Code.
+type ExitError struct {
+	Code int
+	Err  error
 }
 
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit %d", e.code)
+func (e *ExitError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("exit %d", e.Code)
 	}
-	return e.err.Error()
+	return e.Err.Error()
 }
+
+type exitError = ExitError
 
 // ExitCode reports the exit code that err, returned by one of these
 // commands, asks for, after printing its message on stderr; ok is false for
@@ -74,10 +78,10 @@ func ExitCode(err error) (code int, ok bool) {
 	if !errors.As(err, &ee) {
 		return 0, false
 	}
-	if ee.err != nil {
-		fmt.Fprintln(os.Stderr, "stasis:", ee.err)
+	if ee.Err != nil {
+		fmt.Fprintln(os.Stderr, "stasis:", ee.Err)
 	}
-	return ee.code, true
+	return ee.Code, true
 }
 
 // NewLogger is the slog logger every stasis command writes to stderr.

@@ -120,41 +120,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	cfg = a.cfg
 	defer func() { res.ModelCalls, res.ToolCalls = a.calls, a.tools }()
 
-	s, err := loadSession(cfg.SessionFile)
-	switch {
-	case err == nil:
-		res.Resumed = true
-		st := s.state()
-		a.log.Info("resuming session", "file", cfg.SessionFile, "steps", st.steps, "pending_tool_calls", len(st.pending), "done", st.done)
-		ignored := ""
-		if strings.TrimSpace(cfg.Prompt) != "" {
-			ignored = "; the prompt given is ignored"
-			a.log.Info("the session exists: the prompt given is ignored", "file", cfg.SessionFile)
-		}
-		if st.done {
-			fmt.Fprintf(a.out, "session %s already ended with a final answer at step %d%s\n", cfg.SessionFile, st.steps, ignored)
-		} else {
-			fmt.Fprintf(a.out, "resuming %s after step %d (%d tool calls to run first)%s\n", cfg.SessionFile, st.steps, len(st.pending), ignored)
-		}
-		if s.model != cfg.Model {
-			a.log.Warn("the session was started with another model", "session_model", s.model, "model", cfg.Model)
-		}
-		if s.workdir != cfg.WorkDir {
-			a.log.Warn("the session was started in another working directory", "session_workdir", s.workdir, "workdir", cfg.WorkDir)
-		}
-	case errors.Is(err, fs.ErrNotExist):
-		if strings.TrimSpace(cfg.Prompt) == "" {
-			return res, fmt.Errorf("mini: no prompt, and no session to resume at %s", cfg.SessionFile)
-		}
-		s = &session{path: cfg.SessionFile, model: cfg.Model, workdir: cfg.WorkDir, messages: []json.RawMessage{
-			jsonMessage(textMessage{Role: "system", Content: systemPrompt(cfg.WorkDir)}),
-			jsonMessage(textMessage{Role: "user", Content: cfg.Prompt}),
-		}}
-		if err := s.save(); err != nil {
-			return res, err
-		}
-		a.log.Info("new session", "file", cfg.SessionFile, "model", cfg.Model, "workdir", cfg.WorkDir)
-	default:
+	s, resumed, err := a.openSession()
+	res.Resumed = resumed
+	if err != nil {
 		return res, err
 	}
 
@@ -190,6 +158,50 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		if len(m.ToolCalls) == 0 {
 			fmt.Fprintf(a.out, "step %d: final answer: %s\n", step, firstLine(contentText(m.Content), 160))
 		}
+	}
+}
+
+// openSession resumes the session file (resumed), or starts a new session
+// with the prompt when there is none.
+func (a *agent) openSession() (s *session, resumed bool, err error) {
+	cfg := a.cfg
+	s, err = loadSession(cfg.SessionFile)
+	switch {
+	case err == nil:
+		st := s.state()
+		a.log.Info("resuming session", "file", cfg.SessionFile, "steps", st.steps, "pending_tool_calls", len(st.pending), "done", st.done)
+		ignored := ""
+		if strings.TrimSpace(cfg.Prompt) != "" {
+			ignored = "; the prompt given is ignored"
+			a.log.Info("the session exists: the prompt given is ignored", "file", cfg.SessionFile)
+		}
+		if st.done {
+			fmt.Fprintf(a.out, "session %s already ended with a final answer at step %d%s\n", cfg.SessionFile, st.steps, ignored)
+		} else {
+			fmt.Fprintf(a.out, "resuming %s after step %d (%d tool calls to run first)%s\n", cfg.SessionFile, st.steps, len(st.pending), ignored)
+		}
+		if s.model != cfg.Model {
+			a.log.Warn("the session was started with another model", "session_model", s.model, "model", cfg.Model)
+		}
+		if s.workdir != cfg.WorkDir {
+			a.log.Warn("the session was started in another working directory", "session_workdir", s.workdir, "workdir", cfg.WorkDir)
+		}
+		return s, true, nil
+	case errors.Is(err, fs.ErrNotExist):
+		if strings.TrimSpace(cfg.Prompt) == "" {
+			return nil, false, fmt.Errorf("mini: no prompt, and no session to resume at %s", cfg.SessionFile)
+		}
+		s = &session{path: cfg.SessionFile, model: cfg.Model, workdir: cfg.WorkDir, messages: []json.RawMessage{
+			jsonMessage(textMessage{Role: "system", Content: systemPrompt(cfg.WorkDir)}),
+			jsonMessage(textMessage{Role: "user", Content: cfg.Prompt}),
+		}}
+		if err := s.save(); err != nil {
+			return nil, false, err
+		}
+		a.log.Info("new session", "file", cfg.SessionFile, "model", cfg.Model, "workdir", cfg.WorkDir)
+		return s, false, nil
+	default:
+		return nil, false, err
 	}
 }
 

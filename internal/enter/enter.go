@@ -93,19 +93,30 @@ func Main(args []string) int {
 	return code
 }
 
-func run(r Request) (int, error) {
-	runtime.LockOSThread() // never unlocked: this thread execs
+// ClearInheritable empties the calling thread's ambient and inheritable
+// capability sets, and returns its capabilities as they are then (the
+// effective and permitted sets untouched). Capabilities are per thread:
+// the caller must be locked to its OS thread.
+func ClearInheritable() ([2]unix.CapUserData, error) {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-		return 125, fmt.Errorf("clear the ambient capabilities: %w", err)
+		return [2]unix.CapUserData{}, fmt.Errorf("clear the ambient capabilities: %w", err)
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return 125, fmt.Errorf("read capabilities: %w", err)
+		return data, fmt.Errorf("read capabilities: %w", err)
 	}
 	data[0].Inheritable, data[1].Inheritable = 0, 0
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
-		return 125, fmt.Errorf("clear the inheritable capabilities: %w", err)
+		return data, fmt.Errorf("clear the inheritable capabilities: %w", err)
+	}
+	return data, nil
+}
+
+func run(r Request) (int, error) {
+	runtime.LockOSThread() // never unlocked: this thread execs
+	if _, err := ClearInheritable(); err != nil {
+		return 125, err
 	}
 	keep := map[int]bool{}
 	for _, c := range r.KeepCaps {

@@ -69,39 +69,17 @@ func checkChat(s *Stream, includeUsage bool) (*chatBuild, error) {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		if e, ok := c["error"]; ok {
-			eo, ok := e.(obj)
-			if !ok {
-				return nil, fmt.Errorf("%s: error is not an object", where)
+			if b.errObj, err = errorEvent(e, where, n != len(s.Events)-1 || s.Done); err != nil {
+				return nil, err
 			}
-			if _, ok := str(eo, "message"); !ok {
-				return nil, fmt.Errorf("%s: error has no message", where)
-			}
-			if n != len(s.Events)-1 || s.Done {
-				return nil, fmt.Errorf("%s: the error event is not the last of the stream", where)
-			}
-			b.errObj = eo
 			return b, nil
-		}
-		if id, ok := str(c, "id"); !ok || id == "" {
-			return nil, fmt.Errorf("%s: no id", where)
-		}
-		if o, _ := str(c, "object"); o != "chat.completion.chunk" {
-			return nil, fmt.Errorf("%s: object is %v", where, c["object"])
-		}
-		if _, ok := c["created"].(json.Number); !ok {
-			return nil, fmt.Errorf("%s: created is not a number", where)
-		}
-		if _, ok := str(c, "model"); !ok {
-			return nil, fmt.Errorf("%s: model is not a string", where)
 		}
 		if head == nil {
 			head = c
 			b.top = obj{}
 		}
-		for _, k := range chatHead {
-			if canon(c[k]) != canon(head[k]) || has(c, k) != has(head, k) {
-				return nil, fmt.Errorf("%s: %s is %s, the first chunk's is %s", where, k, canon(c[k]), canon(head[k]))
-			}
+		if err := checkChunkHead(c, head, where); err != nil {
+			return nil, err
 		}
 		for k, v := range c {
 			if k != "choices" {
@@ -115,22 +93,8 @@ func checkChat(s *Stream, includeUsage bool) (*chatBuild, error) {
 		if !ok {
 			return nil, fmt.Errorf("%s: choices is not a list", where)
 		}
-		u, hasUsage := c["usage"]
-		switch {
-		case includeUsage && !hasUsage:
-			return nil, fmt.Errorf("%s: no usage member (include_usage was asked)", where)
-		case !includeUsage && u != nil:
-			return nil, fmt.Errorf("%s: usage %s (include_usage was not asked)", where, canon(u))
-		case includeUsage && (u != nil || (len(choices) == 0 && n == len(s.Events)-1)):
-			// The usage chunk: no choices, the usage (null only when the
-			// completion had none).
-			if _, ok := u.(obj); !ok && u != nil {
-				return nil, fmt.Errorf("%s: usage is not an object", where)
-			}
-			if len(choices) != 0 {
-				return nil, fmt.Errorf("%s: the usage chunk has choices", where)
-			}
-			usageSeen = true
+		if usageSeen, err = usageChunk(c, choices, includeUsage, n == len(s.Events)-1, where); err != nil {
+			return nil, err
 		}
 		for _, chv := range choices {
 			ch, ok := chv.(obj)
@@ -158,6 +122,67 @@ func checkChat(s *Stream, includeUsage bool) (*chatBuild, error) {
 		}
 	}
 	return b, nil
+}
+
+// errorEvent checks an error chunk's error (notLast: it is not the
+// stream's last event, which it must be).
+func errorEvent(e any, where string, notLast bool) (obj, error) {
+	eo, ok := e.(obj)
+	if !ok {
+		return nil, fmt.Errorf("%s: error is not an object", where)
+	}
+	if _, ok := str(eo, "message"); !ok {
+		return nil, fmt.Errorf("%s: error has no message", where)
+	}
+	if notLast {
+		return nil, fmt.Errorf("%s: the error event is not the last of the stream", where)
+	}
+	return eo, nil
+}
+
+// checkChunkHead checks a chunk's id, object, created and model, and that
+// the members every chunk repeats are the first chunk's (head's).
+func checkChunkHead(c, head obj, where string) error {
+	if id, ok := str(c, "id"); !ok || id == "" {
+		return fmt.Errorf("%s: no id", where)
+	}
+	if o, _ := str(c, "object"); o != "chat.completion.chunk" {
+		return fmt.Errorf("%s: object is %v", where, c["object"])
+	}
+	if _, ok := c["created"].(json.Number); !ok {
+		return fmt.Errorf("%s: created is not a number", where)
+	}
+	if _, ok := str(c, "model"); !ok {
+		return fmt.Errorf("%s: model is not a string", where)
+	}
+	for _, k := range chatHead {
+		if canon(c[k]) != canon(head[k]) || has(c, k) != has(head, k) {
+			return fmt.Errorf("%s: %s is %s, the first chunk's is %s", where, k, canon(c[k]), canon(head[k]))
+		}
+	}
+	return nil
+}
+
+// usageChunk checks a chunk's usage member against include_usage; it
+// reports whether the chunk is the usage chunk (no choices, the usage;
+// null only when the completion had none).
+func usageChunk(c obj, choices []any, includeUsage, last bool, where string) (bool, error) {
+	u, hasUsage := c["usage"]
+	switch {
+	case includeUsage && !hasUsage:
+		return false, fmt.Errorf("%s: no usage member (include_usage was asked)", where)
+	case !includeUsage && u != nil:
+		return false, fmt.Errorf("%s: usage %s (include_usage was not asked)", where, canon(u))
+	case includeUsage && (u != nil || (len(choices) == 0 && last)):
+		if _, ok := u.(obj); !ok && u != nil {
+			return false, fmt.Errorf("%s: usage is not an object", where)
+		}
+		if len(choices) != 0 {
+			return false, fmt.Errorf("%s: the usage chunk has choices", where)
+		}
+		return true, nil
+	}
+	return false, nil
 }
 
 func (b *chatBuild) choice(ch obj) error {
@@ -198,28 +223,42 @@ func (b *chatBuild) choice(ch obj) error {
 		switch k {
 		case "index", "delta", "finish_reason":
 		case "logprobs":
-			if v == nil {
-				continue
-			}
-			lp, ok := v.(obj)
-			if !ok {
-				return fmt.Errorf("choice %d: logprobs is not an object", idx)
-			}
-			if c.logprobs == nil {
-				c.logprobs = obj{}
-			}
-			for lk, lv := range lp {
-				if l, ok := lv.([]any); ok && (lk == "content" || lk == "refusal") {
-					prev, _ := c.logprobs[lk].([]any)
-					c.logprobs[lk] = append(prev, l...)
-				} else {
-					c.logprobs[lk] = lv
-				}
+			if err := c.addLogprobs(idx, v); err != nil {
+				return err
 			}
 		default:
 			c.other[k] = v
 		}
 	}
+	return c.addDelta(idx, delta)
+}
+
+// addLogprobs adds a chunk's logprobs: the content and refusal lists
+// grow, other members are replaced.
+func (c *chatChoice) addLogprobs(idx int, v any) error {
+	if v == nil {
+		return nil
+	}
+	lp, ok := v.(obj)
+	if !ok {
+		return fmt.Errorf("choice %d: logprobs is not an object", idx)
+	}
+	if c.logprobs == nil {
+		c.logprobs = obj{}
+	}
+	for lk, lv := range lp {
+		if l, ok := lv.([]any); ok && (lk == "content" || lk == "refusal") {
+			prev, _ := c.logprobs[lk].([]any)
+			c.logprobs[lk] = append(prev, l...)
+		} else {
+			c.logprobs[lk] = lv
+		}
+	}
+	return nil
+}
+
+// addDelta adds a chunk's delta to the message, as the SDKs accumulate it.
+func (c *chatChoice) addDelta(idx int, delta obj) error {
 	for k, v := range delta {
 		switch k {
 		case "role":

@@ -247,49 +247,11 @@ func (r *respCheck) item(i int) (obj, error) {
 	}
 	built := deepCopy(added).(obj)
 	r.built = append(r.built, built)
-	empty := map[string]string{"message": "content", "function_call": "arguments", "custom_tool_call": "input", "reasoning": "summary"}
-	if k, ok := empty[typ]; ok {
-		if id, _ := str(added, "id"); id == "" {
-			return fail(errors.New("added without an id"))
-		}
-		v := added[k]
-		if l, ok := v.([]any); (ok && len(l) != 0) || (!ok && v != "") {
-			return fail(fmt.Errorf("added with %s %s, not empty", k, canon(v)))
-		}
-		if typ == "reasoning" {
-			if l, ok := added["content"].([]any); (ok && len(l) != 0) || (!ok && added["content"] != nil) {
-				return fail(fmt.Errorf("added with content %s, not empty", canon(added["content"])))
-			}
-		}
+	if err := addedEmpty(typ, added); err != nil {
+		return fail(err)
 	}
-	switch typ {
-	case "message":
-		for j := 0; r.is("response.content_part.added"); j++ {
-			if err := r.part(i, j, added, built, "content"); err != nil {
-				return fail(err)
-			}
-		}
-	case "reasoning":
-		for j := 0; r.is("response.reasoning_summary_part.added"); j++ {
-			if err := r.part(i, j, added, built, "summary"); err != nil {
-				return fail(err)
-			}
-		}
-		for j := 0; r.is("response.content_part.added"); j++ {
-			if err := r.part(i, j, added, built, "content"); err != nil {
-				return fail(err)
-			}
-		}
-	case "function_call", "custom_tool_call":
-		k, ev := "arguments", "response.function_call_arguments"
-		if typ == "custom_tool_call" {
-			k, ev = "input", "response.custom_tool_call_input"
-		}
-		text, err := r.text(i, added, ev, "", -1, k)
-		if err != nil {
-			return fail(err)
-		}
-		built[k] = text
+	if err := r.itemContent(i, typ, added, built); err != nil {
+		return fail(err)
 	}
 	d, err = r.next("response.output_item.done", i, nil)
 	if err != nil {
@@ -313,6 +275,64 @@ func (r *respCheck) item(i int) (obj, error) {
 	}
 	r.built[i] = mergeDone(typ, item, built)
 	return item, nil
+}
+
+// addedEmpty checks that an added item of a type that is streamed has an
+// id and nothing yet of what is streamed.
+func addedEmpty(typ string, added obj) error {
+	empty := map[string]string{"message": "content", "function_call": "arguments", "custom_tool_call": "input", "reasoning": "summary"}
+	k, ok := empty[typ]
+	if !ok {
+		return nil
+	}
+	if id, _ := str(added, "id"); id == "" {
+		return errors.New("added without an id")
+	}
+	v := added[k]
+	if l, ok := v.([]any); (ok && len(l) != 0) || (!ok && v != "") {
+		return fmt.Errorf("added with %s %s, not empty", k, canon(v))
+	}
+	if typ == "reasoning" {
+		if l, ok := added["content"].([]any); (ok && len(l) != 0) || (!ok && added["content"] != nil) {
+			return fmt.Errorf("added with content %s, not empty", canon(added["content"]))
+		}
+	}
+	return nil
+}
+
+// itemContent checks the events between item i's added and done events:
+// its parts, or its streamed arguments or input, built into built.
+func (r *respCheck) itemContent(i int, typ string, added, built obj) error {
+	switch typ {
+	case "message":
+		for j := 0; r.is("response.content_part.added"); j++ {
+			if err := r.part(i, j, added, built, "content"); err != nil {
+				return err
+			}
+		}
+	case "reasoning":
+		for j := 0; r.is("response.reasoning_summary_part.added"); j++ {
+			if err := r.part(i, j, added, built, "summary"); err != nil {
+				return err
+			}
+		}
+		for j := 0; r.is("response.content_part.added"); j++ {
+			if err := r.part(i, j, added, built, "content"); err != nil {
+				return err
+			}
+		}
+	case "function_call", "custom_tool_call":
+		k, ev := "arguments", "response.function_call_arguments"
+		if typ == "custom_tool_call" {
+			k, ev = "input", "response.custom_tool_call_input"
+		}
+		text, err := r.text(i, added, ev, "", -1, k)
+		if err != nil {
+			return err
+		}
+		built[k] = text
+	}
+	return nil
 }
 
 // text checks the deltas and the done event of one piece of text (ev is
@@ -397,65 +417,8 @@ func (r *respCheck) part(i, j int, item, built obj, list string) error {
 		if p[textKey] != "" {
 			return fmt.Errorf("%s: %s %s, not empty", addedEv, textKey, canon(p[textKey]))
 		}
-		var lps []any
-		text := ""
-		for r.is(ev + ".delta") {
-			d, _ := r.next(ev+".delta", i, item)
-			if err := index(d, idxKey, j); err != nil {
-				return fmt.Errorf("%s.delta: %w", ev, err)
-			}
-			s, err := strMember(d, "delta")
-			if err != nil {
-				return fmt.Errorf("%s.delta: %w", ev, err)
-			}
-			text += s
-			if ev == "response.output_text" {
-				l, ok := d["logprobs"].([]any)
-				if !ok {
-					return fmt.Errorf("%s.delta: logprobs %s, not a list", ev, canon(d["logprobs"]))
-				}
-				lps = append(lps, l...)
-			}
-		}
-		var anns []any
-		for ev == "response.output_text" && r.is("response.output_text.annotation.added") {
-			d, _ := r.next("response.output_text.annotation.added", i, item)
-			if err := index(d, idxKey, j); err != nil {
-				return fmt.Errorf("annotation.added: %w", err)
-			}
-			if err := index(d, "annotation_index", len(anns)); err != nil {
-				return fmt.Errorf("annotation.added: %w", err)
-			}
-			anns = append(anns, d["annotation"])
-		}
-		d, err := r.next(ev+".done", i, item)
-		if err != nil {
+		if err := r.partText(i, j, item, part, idxKey, textKey, ev); err != nil {
 			return err
-		}
-		if err := index(d, idxKey, j); err != nil {
-			return fmt.Errorf("%s.done: %w", ev, err)
-		}
-		doneKey := textKey
-		s, err := strMember(d, doneKey)
-		if err != nil {
-			return fmt.Errorf("%s.done: %w", ev, err)
-		}
-		if s != text {
-			return fmt.Errorf("%s.done says %q, the deltas %q", ev, s, text)
-		}
-		part[textKey] = text
-		if ev == "response.output_text" {
-			if _, ok := d["logprobs"].([]any); !ok {
-				return fmt.Errorf("%s.done: logprobs %s, not a list", ev, canon(d["logprobs"]))
-			}
-			if lps == nil {
-				lps = []any{}
-			}
-			part["logprobs"] = lps
-			if anns == nil {
-				anns = []any{}
-			}
-			part["annotations"] = anns
 		}
 	}
 	d, err = r.next(doneEv, i, item)
@@ -471,6 +434,72 @@ func (r *respCheck) part(i, j int, item, built obj, list string) error {
 	}
 	if textKey != "" && dp[textKey] != part[textKey] {
 		return fmt.Errorf("%s: part says %s, the deltas %q", doneEv, canon(dp[textKey]), part[textKey])
+	}
+	return nil
+}
+
+// partText checks the text events of part j of item i (ev is their
+// prefix, idxKey the member that numbers the part) and builds the part's
+// text (textKey) and, for output_text, its logprobs and annotations.
+func (r *respCheck) partText(i, j int, item, part obj, idxKey, textKey, ev string) error {
+	var lps []any
+	text := ""
+	for r.is(ev + ".delta") {
+		d, _ := r.next(ev+".delta", i, item)
+		if err := index(d, idxKey, j); err != nil {
+			return fmt.Errorf("%s.delta: %w", ev, err)
+		}
+		s, err := strMember(d, "delta")
+		if err != nil {
+			return fmt.Errorf("%s.delta: %w", ev, err)
+		}
+		text += s
+		if ev == "response.output_text" {
+			l, ok := d["logprobs"].([]any)
+			if !ok {
+				return fmt.Errorf("%s.delta: logprobs %s, not a list", ev, canon(d["logprobs"]))
+			}
+			lps = append(lps, l...)
+		}
+	}
+	var anns []any
+	for ev == "response.output_text" && r.is("response.output_text.annotation.added") {
+		d, _ := r.next("response.output_text.annotation.added", i, item)
+		if err := index(d, idxKey, j); err != nil {
+			return fmt.Errorf("annotation.added: %w", err)
+		}
+		if err := index(d, "annotation_index", len(anns)); err != nil {
+			return fmt.Errorf("annotation.added: %w", err)
+		}
+		anns = append(anns, d["annotation"])
+	}
+	d, err := r.next(ev+".done", i, item)
+	if err != nil {
+		return err
+	}
+	if err := index(d, idxKey, j); err != nil {
+		return fmt.Errorf("%s.done: %w", ev, err)
+	}
+	s, err := strMember(d, textKey)
+	if err != nil {
+		return fmt.Errorf("%s.done: %w", ev, err)
+	}
+	if s != text {
+		return fmt.Errorf("%s.done says %q, the deltas %q", ev, s, text)
+	}
+	part[textKey] = text
+	if ev == "response.output_text" {
+		if _, ok := d["logprobs"].([]any); !ok {
+			return fmt.Errorf("%s.done: logprobs %s, not a list", ev, canon(d["logprobs"]))
+		}
+		if lps == nil {
+			lps = []any{}
+		}
+		part["logprobs"] = lps
+		if anns == nil {
+			anns = []any{}
+		}
+		part["annotations"] = anns
 	}
 	return nil
 }

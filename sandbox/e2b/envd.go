@@ -104,7 +104,7 @@ func (p *Provider) envdDo(ctx context.Context, op string, st sbState, mode int, 
 		default:
 			return resp, nil
 		}
-		if err := sleep(ctx, wait); err != nil {
+		if err := retryafter.Wait(ctx, wait); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", op, what(st.id), err)
 		}
 	}
@@ -149,14 +149,37 @@ func (p *Provider) unary(ctx context.Context, op string, st sbState, method stri
 	if err != nil {
 		return err
 	}
-	resp, err := p.envdDo(ctx, op, st, mode, func() (*http.Request, error) {
-		req, err := p.envdRequest(ctx, st, http.MethodPost, "/process.Process/"+method, nil, bytes.NewReader(body))
+	resp, err := p.envdDo(ctx, op, st, mode, p.envdPost(ctx, st, "/process.Process/"+method, nil, func() io.Reader { return bytes.NewReader(body) },
+		"Content-Type", wire.UnaryContentType, wire.ProtocolHeader, "1"))
+	return drainOK(resp, err, func(resp *http.Response) error {
+		var ce wire.ConnectError
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if json.Unmarshal(b, &ce) != nil || ce.Code == "" {
+			ce = wire.ConnectError{Code: "unknown", Message: errorMessage(b)}
+		}
+		return &connectError{method: method, code: ce.Code, msg: ce.Message, status: resp.StatusCode}
+	})
+}
+
+// envdPost makes the requests envdDo sends: a POST to envd's path, with
+// the headers given as name, value pairs and a body made anew by body for
+// each try.
+func (p *Provider) envdPost(ctx context.Context, st sbState, path string, q url.Values, body func() io.Reader, header ...string) func() (*http.Request, error) {
+	return func() (*http.Request, error) {
+		req, err := p.envdRequest(ctx, st, http.MethodPost, path, q, body())
 		if err == nil {
-			req.Header.Set("Content-Type", wire.UnaryContentType)
-			req.Header.Set(wire.ProtocolHeader, "1")
+			for i := 0; i+1 < len(header); i += 2 {
+				req.Header.Set(header[i], header[i+1])
+			}
 		}
 		return req, err
-	})
+	}
+}
+
+// drainOK ends the call of envdDo that gave resp and err, for a request
+// whose answer says nothing: a 200 is read to its end (its connection is
+// reused), another status is the error refused makes of it.
+func drainOK(resp *http.Response, err error, refused func(*http.Response) error) error {
 	if err != nil {
 		return err
 	}
@@ -165,12 +188,7 @@ func (p *Provider) unary(ctx context.Context, op string, st sbState, method stri
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	}
-	var ce wire.ConnectError
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if json.Unmarshal(b, &ce) != nil || ce.Code == "" {
-		ce = wire.ConnectError{Code: "unknown", Message: errorMessage(b)}
-	}
-	return &connectError{method: method, code: ce.Code, msg: ce.Message, status: resp.StatusCode}
+	return refused(resp)
 }
 
 // connectError is an error answer of envd's process service.
@@ -205,18 +223,11 @@ func (p *Provider) startProcess(ctx context.Context, op string, st sbState, in w
 		return nil, err
 	}
 	body := buf.Bytes()
-	resp, err := p.envdDo(ctx, op, st, unapplied, func() (*http.Request, error) {
-		req, err := p.envdRequest(ctx, st, http.MethodPost, "/process.Process/Start", nil, bytes.NewReader(body))
-		if err == nil {
-			req.Header.Set("Content-Type", wire.StreamContentType)
-			req.Header.Set(wire.ProtocolHeader, "1")
-			req.Header.Set(wire.KeepaliveHeader, "50")
-			if timeout > 0 {
-				req.Header.Set(wire.TimeoutHeader, strconv.FormatInt(timeout, 10))
-			}
-		}
-		return req, err
-	})
+	header := []string{"Content-Type", wire.StreamContentType, wire.ProtocolHeader, "1", wire.KeepaliveHeader, "50"}
+	if timeout > 0 {
+		header = append(header, wire.TimeoutHeader, strconv.FormatInt(timeout, 10))
+	}
+	resp, err := p.envdDo(ctx, op, st, unapplied, p.envdPost(ctx, st, "/process.Process/Start", nil, func() io.Reader { return bytes.NewReader(body) }, header...))
 	if err != nil {
 		return nil, err
 	}
@@ -276,22 +287,8 @@ func (p *Provider) getFile(ctx context.Context, op string, st sbState, path stri
 // parent directories. body makes the body for each try (mode once: one).
 func (p *Provider) postFile(ctx context.Context, op string, st sbState, path string, body func() io.Reader, mode int) error {
 	q := url.Values{"path": {path}, "username": {p.o.User}}
-	resp, err := p.envdDo(ctx, op, st, mode, func() (*http.Request, error) {
-		req, err := p.envdRequest(ctx, st, http.MethodPost, "/files", q, body())
-		if err == nil {
-			req.Header.Set("Content-Type", "application/octet-stream")
-		}
-		return req, err
-	})
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	return fileError(op, st.id, path, resp)
+	resp, err := p.envdDo(ctx, op, st, mode, p.envdPost(ctx, st, "/files", q, body, "Content-Type", "application/octet-stream"))
+	return drainOK(resp, err, func(resp *http.Response) error { return fileError(op, st.id, path, resp) })
 }
 
 func fileError(op, id, path string, resp *http.Response) error {

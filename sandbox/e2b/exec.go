@@ -56,118 +56,148 @@ func (p *Provider) config(argv []string, env map[string]string, cwd string) wire
 }
 
 func (p *Provider) foreground(ctx context.Context, st sbState, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
-	id := st.id
-	stdout, stderr := req.Stdout, req.Stderr
-	if stdout == nil {
-		stdout = io.Discard
+	f := &fgExec{p: p, ctx: ctx, st: st, req: req, stdout: req.Stdout, stderr: req.Stderr, withStdin: req.Stdin != nil}
+	if f.stdout == nil {
+		f.stdout = io.Discard
 	}
-	if stderr == nil {
-		stderr = io.Discard
+	if f.stderr == nil {
+		f.stderr = io.Discard
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var timedOut, pumpFailed atomic.Bool
+	f.runCtx, f.cancel = context.WithCancel(ctx)
+	defer f.cancel()
 	if req.Timeout > 0 {
-		t := time.AfterFunc(req.Timeout, func() { timedOut.Store(true); cancel() })
+		t := time.AfterFunc(req.Timeout, func() { f.timedOut.Store(true); f.cancel() })
 		defer t.Stop()
 	}
-	withStdin := req.Stdin != nil
-	start := wire.StartRequest{Process: p.config(req.Argv, req.Env, req.Cwd), Stdin: &withStdin}
-	timeoutErr := func() error {
-		return sandbox.Errorf(errdefs.ErrTimeout, "exec", what(id), "%q ran past its %s timeout and was killed", strings.Join(req.Argv, " "), req.Timeout)
-	}
-	stream, err := p.startProcess(runCtx, "exec", st, start, req.Timeout.Milliseconds())
+	start := wire.StartRequest{Process: p.config(req.Argv, req.Env, req.Cwd), Stdin: &f.withStdin}
+	stream, err := p.startProcess(f.runCtx, "exec", st, start, req.Timeout.Milliseconds())
 	if err != nil {
-		if timedOut.Load() {
-			return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, timeoutErr()
+		if f.timedOut.Load() {
+			return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, f.timeoutErr()
 		}
 		return sandbox.ExecResult{}, err
 	}
 	defer stream.Close()
-	var (
-		pid     uint32
-		res     sandbox.ExecResult
-		ended   bool
-		pumpErr error
-	)
-	// kill ends the process when the call gives up on it.
-	kill := func() {
-		if pid == 0 {
-			return
-		}
-		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer kcancel()
-		_ = p.unary(kctx, "exec", st, "SendSignal", wire.SendSignalRequest{Process: wire.ProcessSelector{PID: &pid}, Signal: wire.SignalKill}, idempotent)
-	}
 	for {
 		ev, end, err := stream.next()
 		if err != nil {
-			switch {
-			case timedOut.Load():
-				kill()
-				return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, timeoutErr()
-			case pumpFailed.Load():
-				kill()
-				return sandbox.ExecResult{}, fmt.Errorf("exec %s: feeding %q its stdin failed, so it was killed: %w", what(id), req.Argv[0], pumpErr)
-			case ctx.Err() != nil:
-				kill()
-				return sandbox.ExecResult{}, ctx.Err()
-			}
-			if serr := p.stillRunning(ctx, "exec", st); serr != nil {
-				return sandbox.ExecResult{}, serr
-			}
-			return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: the output stream broke: %v; the command may still run (pid %d)", what(id), req.Argv[0], err, pid)
+			return f.broken(err)
 		}
 		if end != nil {
-			if e := end.Error; e != nil {
-				switch {
-				case e.Code == "deadline_exceeded" || timedOut.Load():
-					kill()
-					return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, timeoutErr()
-				case e.Code == "invalid_argument" || e.Code == "not_found":
-					return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "envd cannot run %q: %s", req.Argv[0], e.Message)
-				}
-				if serr := p.stillRunning(ctx, "exec", st); serr != nil {
-					return sandbox.ExecResult{}, serr
-				}
-				return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: envd: %s: %s", what(id), req.Argv[0], e.Code, e.Message)
-			}
-			if !ended {
-				return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: envd closed the stream without the process's end", what(id), req.Argv[0])
-			}
-			return res, nil
+			return f.finish(end)
 		}
+		f.event(ev)
+	}
+}
+
+// fgExec is a command run in the foreground, as its output stream goes.
+type fgExec struct {
+	p              *Provider
+	ctx, runCtx    context.Context
+	cancel         context.CancelFunc // ends runCtx
+	st             sbState
+	req            sandbox.ExecRequest
+	stdout, stderr io.Writer
+	withStdin      bool
+
+	timedOut, pumpFailed atomic.Bool
+	pumpErr              error // set before pumpFailed
+
+	pid   uint32
+	res   sandbox.ExecResult
+	ended bool
+}
+
+func (f *fgExec) timeoutErr() error {
+	return sandbox.Errorf(errdefs.ErrTimeout, "exec", what(f.st.id), "%q ran past its %s timeout and was killed", strings.Join(f.req.Argv, " "), f.req.Timeout)
+}
+
+// kill ends the process when the call gives up on it.
+func (f *fgExec) kill() {
+	if f.pid == 0 {
+		return
+	}
+	kctx, kcancel := context.WithTimeout(context.WithoutCancel(f.ctx), 10*time.Second)
+	defer kcancel()
+	_ = f.p.unary(kctx, "exec", f.st, "SendSignal", wire.SendSignalRequest{Process: wire.ProcessSelector{PID: &f.pid}, Signal: wire.SignalKill}, idempotent)
+}
+
+// broken is the result of a stream that broke with err.
+func (f *fgExec) broken(err error) (sandbox.ExecResult, error) {
+	id := f.st.id
+	switch {
+	case f.timedOut.Load():
+		f.kill()
+		return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, f.timeoutErr()
+	case f.pumpFailed.Load():
+		f.kill()
+		return sandbox.ExecResult{}, fmt.Errorf("exec %s: feeding %q its stdin failed, so it was killed: %w", what(id), f.req.Argv[0], f.pumpErr)
+	case f.ctx.Err() != nil:
+		f.kill()
+		return sandbox.ExecResult{}, f.ctx.Err()
+	}
+	if serr := f.p.stillRunning(f.ctx, "exec", f.st); serr != nil {
+		return sandbox.ExecResult{}, serr
+	}
+	return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: the output stream broke: %v; the command may still run (pid %d)", what(id), f.req.Argv[0], err, f.pid)
+}
+
+// finish is the result of the stream's end.
+func (f *fgExec) finish(end *wire.EndStream) (sandbox.ExecResult, error) {
+	id := f.st.id
+	if e := end.Error; e != nil {
 		switch {
-		case ev.Start != nil:
-			pid = ev.Start.PID
-			if withStdin {
-				// Not waited for: a stdin that never ends must not hold
-				// the call once the command has ended.
-				go func() {
-					if err := p.pump(runCtx, st, pid, req.Stdin); err != nil && runCtx.Err() == nil {
-						pumpErr = err
-						pumpFailed.Store(true)
-						cancel()
-					}
-				}()
-			}
-		case ev.Data != nil:
-			// A caller's writer that fails does not stop the command;
-			// the rest of its output is dropped.
-			if len(ev.Data.Stdout) > 0 {
-				if _, err := stdout.Write(ev.Data.Stdout); err != nil {
-					stdout = io.Discard
-				}
-			}
-			if len(ev.Data.Stderr) > 0 {
-				if _, err := stderr.Write(ev.Data.Stderr); err != nil {
-					stderr = io.Discard
-				}
-			}
-		case ev.End != nil:
-			ended = true
-			res = sandbox.ExecResult{ExitCode: exitCode(*ev.End)}
+		case e.Code == "deadline_exceeded" || f.timedOut.Load():
+			f.kill()
+			return sandbox.ExecResult{ExitCode: -int(syscall.SIGKILL)}, f.timeoutErr()
+		case e.Code == "invalid_argument" || e.Code == "not_found":
+			return sandbox.ExecResult{}, sandbox.Errorf(errdefs.ErrInvalid, "exec", what(id), "envd cannot run %q: %s", f.req.Argv[0], e.Message)
 		}
+		if serr := f.p.stillRunning(f.ctx, "exec", f.st); serr != nil {
+			return sandbox.ExecResult{}, serr
+		}
+		return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: envd: %s: %s", what(id), f.req.Argv[0], e.Code, e.Message)
+	}
+	if !f.ended {
+		return sandbox.ExecResult{}, fmt.Errorf("exec %s: %q: envd closed the stream without the process's end", what(id), f.req.Argv[0])
+	}
+	return f.res, nil
+}
+
+// event takes one event of the stream: the start (the stdin pump starts),
+// output, or the process's end.
+func (f *fgExec) event(ev *wire.ProcessEvent) {
+	switch {
+	case ev.Start != nil:
+		f.pid = ev.Start.PID
+		if f.withStdin {
+			// Not waited for: a stdin that never ends must not hold
+			// the call once the command has ended.
+			pid := f.pid
+			go func() {
+				if err := f.p.pump(f.runCtx, f.st, pid, f.req.Stdin); err != nil && f.runCtx.Err() == nil {
+					f.pumpErr = err
+					f.pumpFailed.Store(true)
+					f.cancel()
+				}
+			}()
+		}
+	case ev.Data != nil:
+		// A caller's writer that fails does not stop the command;
+		// the rest of its output is dropped.
+		if len(ev.Data.Stdout) > 0 {
+			if _, err := f.stdout.Write(ev.Data.Stdout); err != nil {
+				f.stdout = io.Discard
+			}
+		}
+		if len(ev.Data.Stderr) > 0 {
+			if _, err := f.stderr.Write(ev.Data.Stderr); err != nil {
+				f.stderr = io.Discard
+			}
+		}
+	case ev.End != nil:
+		f.ended = true
+		f.res = sandbox.ExecResult{ExitCode: exitCode(*ev.End)}
 	}
 }
 

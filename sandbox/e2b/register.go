@@ -1,20 +1,7 @@
 package e2b
 
-import (
-	"context"
-
-	"stasis/sandbox"
-)
+import "stasis/sandbox"
 
 func init() {
-	sandbox.Register(Name, sandbox.Driver{
-		Hosted: true,
-		Open: func(context.Context, sandbox.Config) (sandbox.Provider, error) {
-			p, err := New(FromEnv())
-			if err != nil {
-				return nil, err
-			}
-			return p, nil
-		},
-	})
+	sandbox.Register(Name, sandbox.HostedDriver(func() (*Provider, error) { return New(FromEnv()) }))
 }

@@ -142,7 +142,7 @@ func (p *Provider) rest(ctx context.Context, c restCall) (int, http.Header, erro
 		default:
 			return status, hdr, &APIError{Op: c.op, What: c.what, Status: status, Message: msg, Tries: try}
 		}
-		if err := sleep(ctx, wait); err != nil {
+		if err := retryafter.Wait(ctx, wait); err != nil {
 			return 0, nil, fmt.Errorf("%s: %w", strings.TrimSpace(c.op+" "+c.what), err)
 		}
 	}
@@ -223,18 +223,4 @@ func (p *Provider) backoff(try int) time.Duration {
 	}
 	d = min(d, 10*time.Second)
 	return d + time.Duration(rand.Int64N(int64(d)/4+1))
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

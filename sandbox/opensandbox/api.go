@@ -387,18 +387,13 @@ func (p *Provider) backoff(attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
+// sleep waits d; it returns ctx's error when ctx ends first, or has ended
+// already when d is 0.
 func (p *Provider) sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return retryafter.Wait(ctx, d)
 }
 
 func isStatus(err error, status int) bool {

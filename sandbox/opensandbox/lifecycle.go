@@ -453,18 +453,9 @@ func (p *Provider) snapInfo(s apiSnapshot) sandbox.SnapshotInfo {
 }
 
 func (p *Provider) getSnap(ctx context.Context, op, id string) (apiSnapshot, error) {
-	var s apiSnapshot
-	if id == "" || strings.ContainsAny(id, "/?#") {
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(id), "not an OpenSandbox snapshot id")
-	}
-	err := p.do(ctx, call{method: http.MethodGet, url: p.base + "/snapshots/" + url.PathEscape(id), apiKey: true, idempotent: true, retry500: true}, &s)
-	if isStatus(err, http.StatusNotFound) {
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(id), "the OpenSandbox server has no such snapshot (deleted, or never made)")
-	}
-	if err != nil {
-		return s, p.fail(op, snapWhat(id), err)
-	}
-	return s, nil
+	return get[apiSnapshot](ctx, p, op, "/snapshots/", "snapshot", id, snapWhat(id), func() error {
+		return sandbox.Errorf(errdefs.ErrNotFound, op, snapWhat(id), "the OpenSandbox server has no such snapshot (deleted, or never made)")
+	})
 }
 
 // GetSnapshot reads a snapshot; one not Ready is an ErrWrongState error
@@ -524,11 +515,49 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	if err := p.snapReady("fork", s); err != nil {
 		return nil, err
 	}
-	type result struct {
-		s   apiSandbox
-		err error
+	results := p.forkEach(ctx, snap, n, spec, md)
+	failed, made := -1, 0
+	for i, r := range results {
+		if r.err != nil && (failed < 0 || results[failed].err == errStopped && r.err != errStopped) {
+			failed = i
+		}
+		if r.err == nil {
+			made++
+		}
 	}
-	results := make([]result, n)
+	if failed < 0 {
+		out := make([]sandbox.Info, n)
+		for i, r := range results {
+			out[i] = p.info(r.s)
+		}
+		return out, nil
+	}
+	// All or nothing.
+	var leftErr []string
+	for _, r := range results {
+		if r.err == nil {
+			if err := p.Delete(context.WithoutCancel(ctx), r.s.ID); err != nil {
+				leftErr = append(leftErr, fmt.Sprintf("%s (%v)", r.s.ID, err))
+			}
+		}
+	}
+	msg := fmt.Sprintf("fork %s ×%d: sandbox %d of %d failed, so none was kept (%d made and deleted): %v", snapWhat(snap), n, failed+1, n, made, results[failed].err)
+	if len(leftErr) > 0 {
+		msg += "; deleting these failed, delete them by hand: " + strings.Join(leftErr, ", ")
+	}
+	return nil, &forkError{msg: msg, err: results[failed].err}
+}
+
+// forkResult is one sandbox of a fork: made, or why not.
+type forkResult struct {
+	s   apiSandbox
+	err error
+}
+
+// forkEach creates the n sandboxes of a fork, at most ForkConcurrency at
+// a time; after a failure no more are started (errStopped).
+func (p *Provider) forkEach(ctx context.Context, snap string, n int, spec sandbox.ForkSpec, md map[string]string) []forkResult {
+	results := make([]forkResult, n)
 	// After a failure no more sandboxes are started; those under way
 	// finish (a create cut off mid-request could leave one unknown here)
 	// and are deleted with the rest.
@@ -563,43 +592,14 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 			}
 			req := createSandboxRequest{SnapshotID: snap, Timeout: p.serverTimeout(spec.Expiry), ResourceLimits: p.o.Resources, Metadata: md}
 			s, err := p.createAndWait(ctx, "fork", req)
-			results[i] = result{s, err}
+			results[i] = forkResult{s, err}
 			if err != nil {
 				halt()
 			}
 		}()
 	}
 	wg.Wait()
-	failed, made := -1, 0
-	for i, r := range results {
-		if r.err != nil && (failed < 0 || results[failed].err == errStopped && r.err != errStopped) {
-			failed = i
-		}
-		if r.err == nil {
-			made++
-		}
-	}
-	if failed < 0 {
-		out := make([]sandbox.Info, n)
-		for i, r := range results {
-			out[i] = p.info(r.s)
-		}
-		return out, nil
-	}
-	// All or nothing.
-	var leftErr []string
-	for _, r := range results {
-		if r.err == nil {
-			if err := p.Delete(context.WithoutCancel(ctx), r.s.ID); err != nil {
-				leftErr = append(leftErr, fmt.Sprintf("%s (%v)", r.s.ID, err))
-			}
-		}
-	}
-	msg := fmt.Sprintf("fork %s ×%d: sandbox %d of %d failed, so none was kept (%d made and deleted): %v", snapWhat(snap), n, failed+1, n, made, results[failed].err)
-	if len(leftErr) > 0 {
-		msg += "; deleting these failed, delete them by hand: " + strings.Join(leftErr, ", ")
-	}
-	return nil, &forkError{msg: msg, err: results[failed].err}
+	return results
 }
 
 // errStopped marks the sandboxes of a fork not started after another failed.

@@ -189,36 +189,18 @@ func New(o Options) (*Provider, error) {
 	if o.WorkDir == "" {
 		o.WorkDir = "/work"
 	}
-	if o.MaxAttempts <= 0 {
-		o.MaxAttempts = 5
-	}
-	if o.RetryBase <= 0 {
-		o.RetryBase = 250 * time.Millisecond
-	}
-	if o.MaxRetryWait <= 0 {
-		o.MaxRetryWait = 30 * time.Second
-	}
-	if o.RequestTimeout <= 0 {
-		o.RequestTimeout = 60 * time.Second
-	}
-	if o.PollInterval <= 0 {
-		o.PollInterval = 250 * time.Millisecond
-	}
-	if o.ReadyTimeout <= 0 {
-		o.ReadyTimeout = 5 * time.Minute
-	}
-	if o.SnapshotTimeout <= 0 {
-		o.SnapshotTimeout = 10 * time.Minute
-	}
-	if o.CacheTTL <= 0 {
-		o.CacheTTL = 30 * time.Second
-	}
+	positiveOr(&o.MaxAttempts, 5)
+	positiveOr(&o.RetryBase, 250*time.Millisecond)
+	positiveOr(&o.MaxRetryWait, 30*time.Second)
+	positiveOr(&o.RequestTimeout, 60*time.Second)
+	positiveOr(&o.PollInterval, 250*time.Millisecond)
+	positiveOr(&o.ReadyTimeout, 5*time.Minute)
+	positiveOr(&o.SnapshotTimeout, 10*time.Minute)
+	positiveOr(&o.CacheTTL, 30*time.Second)
 	if o.PageSize <= 0 || o.PageSize > 200 {
 		o.PageSize = 100
 	}
-	if o.ForkConcurrency <= 0 {
-		o.ForkConcurrency = 8
-	}
+	positiveOr(&o.ForkConcurrency, 8)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -227,6 +209,13 @@ func New(o Options) (*Provider, error) {
 		hc = &http.Client{}
 	}
 	return &Provider{o: o, base: base, scheme: u.Scheme, hc: hc, known: map[string]*known{}, expired: map[string]time.Time{}}, nil
+}
+
+// positiveOr sets *v to def unless it is above zero.
+func positiveOr[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 func (p *Provider) Name() string { return Name }
@@ -405,25 +394,33 @@ func (p *Provider) expiredErr(op, id string, expiry time.Time) error {
 
 // getSandbox reads a sandbox from the server.
 func (p *Provider) getSandbox(ctx context.Context, op, id string) (apiSandbox, error) {
-	var s apiSandbox
-	if id == "" || strings.ContainsAny(id, "/?#") {
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "not an OpenSandbox sandbox id")
-	}
-	err := p.do(ctx, call{method: http.MethodGet, url: p.base + "/sandboxes/" + url.PathEscape(id), apiKey: true, idempotent: true, retry500: true}, &s)
-	if isStatus(err, http.StatusNotFound) {
+	return get[apiSandbox](ctx, p, op, "/sandboxes/", "sandbox", id, what(id), func() error {
 		p.forget(id)
 		p.mu.Lock()
 		exp, ok := p.expired[id]
 		p.mu.Unlock()
 		if ok {
-			return s, p.expiredErr(op, id, exp)
+			return p.expiredErr(op, id, exp)
 		}
-		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "the OpenSandbox server has no such sandbox: deleted, expired, or never made; `stasis sandbox ls --provider opensandbox` lists them")
+		return sandbox.Errorf(errdefs.ErrNotFound, op, what(id), "the OpenSandbox server has no such sandbox: deleted, expired, or never made; `stasis sandbox ls --provider opensandbox` lists them")
+	})
+}
+
+// get reads the server's object at path+id, a kind (sandbox or snapshot)
+// that name names in errors; notFound makes the error for a 404.
+func get[T any](ctx context.Context, p *Provider, op, path, kind, id, name string, notFound func() error) (T, error) {
+	var v T
+	if id == "" || strings.ContainsAny(id, "/?#") {
+		return v, sandbox.Errorf(errdefs.ErrNotFound, op, name, "not an OpenSandbox %s id", kind)
+	}
+	err := p.do(ctx, call{method: http.MethodGet, url: p.base + path + url.PathEscape(id), apiKey: true, idempotent: true, retry500: true}, &v)
+	if isStatus(err, http.StatusNotFound) {
+		return v, notFound()
 	}
 	if err != nil {
-		return s, p.fail(op, what(id), err)
+		return v, p.fail(op, name, err)
 	}
-	return s, nil
+	return v, nil
 }
 
 // live reads a sandbox (or trusts what was read lately) and checks that it

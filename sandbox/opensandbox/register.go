@@ -1,20 +1,7 @@
 package opensandbox
 
-import (
-	"context"
-
-	"stasis/sandbox"
-)
+import "stasis/sandbox"
 
 func init() {
-	sandbox.Register(Name, sandbox.Driver{
-		Hosted: true,
-		Open: func(context.Context, sandbox.Config) (sandbox.Provider, error) {
-			p, err := FromEnv()
-			if err != nil {
-				return nil, err
-			}
-			return p, nil
-		},
-	})
+	sandbox.Register(Name, sandbox.HostedDriver(FromEnv))
 }

@@ -182,9 +182,29 @@ func (s *suite) createExecFiles(t *testing.T) {
 	if out := s.sh(t, info.ID, `echo "$SANDBOXTEST_VAR"; cat /work/seed.txt; pwd`); out != "from-spec\nseeded\n/work\n" {
 		t.Fatalf("exec output %q", out)
 	}
-	// Exit codes, stdin, request env and cwd pass through.
+	s.execs(t, info.ID)
+	s.files(t, info.ID)
+	s.tars(t, info.ID)
+	// Get and List.
+	got, err := s.p.Get(ctx, info.ID)
+	if err != nil || got.ID != info.ID || got.Labels["kind"] != "exec" {
+		t.Fatalf("get %+v %v", got, err)
+	}
+	list, err := s.p.List(ctx, map[string]string{"kind": "exec", "sandboxtest": t.Name()})
+	if err != nil || len(list) != 1 || list[0].ID != info.ID {
+		t.Fatalf("list by label: %+v %v", list, err)
+	}
+	if list, _ := s.p.List(ctx, map[string]string{"kind": "no-such-label-value"}); len(list) != 0 {
+		t.Fatalf("list matched a label no sandbox has: %+v", list)
+	}
+}
+
+// execs checks that exit codes, stdin, request env and cwd pass through,
+// and that a foreground timeout kills the command.
+func (s *suite) execs(t *testing.T, id string) {
+	t.Helper()
 	var out bytes.Buffer
-	res, err := s.p.Exec(ctx, info.ID, sandbox.ExecRequest{
+	res, err := s.p.Exec(ctx, id, sandbox.ExecRequest{
 		Argv: []string{"/bin/sh", "-c", `cat; echo "$X"; pwd; exit 7`}, Env: map[string]string{"X": "req"}, Cwd: "/tmp",
 		Stdin: strings.NewReader("input\n"), Stdout: &out,
 	})
@@ -193,24 +213,32 @@ func (s *suite) createExecFiles(t *testing.T) {
 	}
 	// A foreground timeout kills the command.
 	t0 := time.Now()
-	_, err = s.p.Exec(ctx, info.ID, sandbox.ExecRequest{Argv: []string{"sleep", "30"}, Timeout: 300 * time.Millisecond})
+	_, err = s.p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sleep", "30"}, Timeout: 300 * time.Millisecond})
 	if !errors.Is(err, errdefs.ErrTimeout) || time.Since(t0) > 20*time.Second {
 		t.Fatalf("timeout: %v after %s", err, time.Since(t0))
 	}
-	// Files.
-	if err := s.p.WriteFile(ctx, info.ID, "/work/dir/f.txt", []byte("written"), 0o640); err != nil {
+}
+
+// files checks WriteFile and ReadFile.
+func (s *suite) files(t *testing.T, id string) {
+	t.Helper()
+	if err := s.p.WriteFile(ctx, id, "/work/dir/f.txt", []byte("written"), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.sh(t, info.ID, `cat /work/dir/f.txt; stat -c %a /work/dir/f.txt`); got != "written640\n" {
+	if got := s.sh(t, id, `cat /work/dir/f.txt; stat -c %a /work/dir/f.txt`); got != "written640\n" {
 		t.Fatalf("written file seen as %q", got)
 	}
-	if got, ok := s.read(t, info.ID, "/work/dir/f.txt"); !ok || got != "written" {
+	if got, ok := s.read(t, id, "/work/dir/f.txt"); !ok || got != "written" {
 		t.Fatalf("read back %q %v", got, ok)
 	}
-	if _, ok := s.read(t, info.ID, "/work/none"); ok {
+	if _, ok := s.read(t, id, "/work/none"); ok {
 		t.Fatal("a missing file was read")
 	}
-	// Tar upload and download.
+}
+
+// tars checks Upload and Download of tar streams.
+func (s *suite) tars(t *testing.T, id string) {
+	t.Helper()
 	var tb bytes.Buffer
 	tw := tar.NewWriter(&tb)
 	for name, body := range map[string]string{"a.txt": "A", "sub/b.txt": "B"} {
@@ -218,14 +246,14 @@ func (s *suite) createExecFiles(t *testing.T) {
 		_, _ = tw.Write([]byte(body))
 	}
 	_ = tw.Close()
-	if err := s.p.Upload(ctx, info.ID, "/work/up", &tb); err != nil {
+	if err := s.p.Upload(ctx, id, "/work/up", &tb); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.sh(t, info.ID, `cat /work/up/a.txt /work/up/sub/b.txt`); got != "AB" {
+	if got := s.sh(t, id, `cat /work/up/a.txt /work/up/sub/b.txt`); got != "AB" {
 		t.Fatalf("uploaded files read %q", got)
 	}
 	var dl bytes.Buffer
-	if err := s.p.Download(ctx, info.ID, "/work/up", &dl); err != nil {
+	if err := s.p.Download(ctx, id, "/work/up", &dl); err != nil {
 		t.Fatal(err)
 	}
 	names := map[string]string{}
@@ -243,18 +271,6 @@ func (s *suite) createExecFiles(t *testing.T) {
 	}
 	if names["a.txt"] != "A" || names["sub/b.txt"] != "B" {
 		t.Fatalf("downloaded %v", names)
-	}
-	// Get and List.
-	got, err := s.p.Get(ctx, info.ID)
-	if err != nil || got.ID != info.ID || got.Labels["kind"] != "exec" {
-		t.Fatalf("get %+v %v", got, err)
-	}
-	list, err := s.p.List(ctx, map[string]string{"kind": "exec", "sandboxtest": t.Name()})
-	if err != nil || len(list) != 1 || list[0].ID != info.ID {
-		t.Fatalf("list by label: %+v %v", list, err)
-	}
-	if list, _ := s.p.List(ctx, map[string]string{"kind": "no-such-label-value"}); len(list) != 0 {
-		t.Fatalf("list matched a label no sandbox has: %+v", list)
 	}
 }
 

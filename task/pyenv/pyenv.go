@@ -443,7 +443,24 @@ func (b *builder) build(ctx context.Context) (env *Env, err error) {
 		"PYTHONDONTWRITEBYTECODE=1",
 	}
 	b.log.Info("pyenv: building", "repo", b.repo, "commit", short(b.commit), "key", b.key, "packages", len(b.pkgs))
+	if err := b.runSteps(ctx); err != nil {
+		return nil, err
+	}
+	env = &Env{
+		Key: b.key, Dir: b.venv, SandboxDir: venvIn, Python: b.python, Repo: b.repo, Commit: b.commit, Packages: b.pkgs, Debian: versions(b.deps),
+		Editable: b.editable, Generated: b.generated, GeneratedDir: filepath.Join(b.keyDir, "generated"),
+		BuildS: time.Since(start).Seconds(),
+	}
+	if err := b.publish(env); err != nil {
+		return nil, err
+	}
+	b.log.Info("pyenv: built", "repo", b.repo, "commit", short(b.commit), "key", b.key, "editable", b.editable, "seconds", round(env.BuildS))
+	return env, nil
+}
 
+// runSteps builds the environment step by step, each step's output in
+// the log under its name; a failure is a BuildError naming the step.
+func (b *builder) runSteps(ctx context.Context) error {
 	steps := []struct {
 		name string
 		f    func(context.Context) error
@@ -464,26 +481,23 @@ func (b *builder) build(ctx context.Context) (env *Env, err error) {
 				err = &BuildError{Repo: b.repo, Commit: b.commit, Step: s.name, Err: err, Log: b.logPath}
 			}
 			b.log.Error("pyenv: build failed", "repo", b.repo, "commit", short(b.commit), "step", s.name, "err", err)
-			return nil, err
+			return err
 		}
 	}
-	env = &Env{
-		Key: b.key, Dir: b.venv, SandboxDir: venvIn, Python: b.python, Repo: b.repo, Commit: b.commit, Packages: b.pkgs, Debian: versions(b.deps),
-		Editable: b.editable, Generated: b.generated, GeneratedDir: filepath.Join(b.keyDir, "generated"),
-		BuildS: time.Since(start).Seconds(),
-	}
+	return nil
+}
+
+// publish writes env.json and, once everything the venv holds is durable,
+// the ready marker.
+func (b *builder) publish(env *Env) error {
 	if err := atomicfile.WriteJSON(filepath.Join(b.keyDir, "env.json"), env, 0o644); err != nil {
-		return nil, err
+		return err
 	}
 	// Everything the venv holds is durable before the marker says so.
 	if err := atomicfile.SyncFS(b.keyDir); err != nil {
-		return nil, err
+		return err
 	}
-	if err := atomicfile.Write(filepath.Join(b.keyDir, "ready"), []byte(b.key+"\n"), 0o644); err != nil {
-		return nil, err
-	}
-	b.log.Info("pyenv: built", "repo", b.repo, "commit", short(b.commit), "key", b.key, "editable", b.editable, "seconds", round(env.BuildS))
-	return env, nil
+	return atomicfile.Write(filepath.Join(b.keyDir, "ready"), []byte(b.key+"\n"), 0o644)
 }
 
 // doCheckout makes a checkout of the commit: sharing the clone's objects,

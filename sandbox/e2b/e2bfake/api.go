@@ -115,57 +115,15 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	tid := templateID(template)
-	env := map[string]string{}
-	var backendSnap string
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
-		writeError(w, http.StatusServiceUnavailable, "the fake is closed")
+	backendSnap, env, ok := f.template(w, template)
+	if !ok {
 		return
 	}
-	if t, ok := f.tmpls[tid]; ok && !t.deleted {
-		if ff, ok := f.forkFaults[tid]; ok {
-			n := ff.seen
-			ff.seen++
-			if n == ff.k {
-				f.mu.Unlock()
-				writeError(w, http.StatusInternalServerError, fmt.Sprintf("injected failure of sandbox %d made from snapshot %s", n, template))
-				return
-			}
-		}
-		backendSnap = t.backend
-		for k, v := range t.env {
-			env[k] = v
-		}
-	} else if !slices.Contains(f.o.Templates, tid) {
-		f.mu.Unlock()
-		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", template))
-		return
-	}
-	f.mu.Unlock()
 	for k, v := range body.EnvVars {
 		env[k] = v
 	}
 	id := newID()
-	var (
-		info sandbox.Info
-		err  error
-	)
-	lease := f.now().Add(f.o.Lease)
-	labels := map[string]string{"e2bfake": id}
-	if backendSnap != "" {
-		var infos []sandbox.Info
-		infos, err = f.b.Fork(r.Context(), backendSnap, 1, sandbox.ForkSpec{Labels: labels, Expiry: lease})
-		if err == nil {
-			info = infos[0]
-			if err = f.hostClock(r.Context(), info.ID); err != nil {
-				_ = f.b.Delete(context.Background(), info.ID)
-			}
-		}
-	} else {
-		info, err = f.b.Create(r.Context(), sandbox.Spec{Labels: labels, Expiry: lease, Image: f.o.Image})
-	}
+	info, err := f.backendSandbox(r.Context(), id, backendSnap)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", template))
 		return
@@ -199,6 +157,65 @@ func (f *Server) create(w http.ResponseWriter, r *http.Request) {
 	out := f.sandboxOf(sb)
 	f.mu.Unlock()
 	writeJSON(w, http.StatusCreated, out)
+}
+
+// template finds what a sandbox is made from: a snapshot's template (its
+// backend snapshot and environment; an injected fork failure answers
+// 500) or a base template of the options (no snapshot). The answer is
+// written when it is neither.
+func (f *Server) template(w http.ResponseWriter, template string) (backendSnap string, env map[string]string, ok bool) {
+	tid := templateID(template)
+	env = map[string]string{}
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, "the fake is closed")
+		return "", nil, false
+	}
+	t, ok := f.tmpls[tid]
+	if !ok || t.deleted {
+		f.mu.Unlock()
+		if !slices.Contains(f.o.Templates, tid) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("template '%s' not found", template))
+			return "", nil, false
+		}
+		return "", env, true
+	}
+	if ff, ok := f.forkFaults[tid]; ok {
+		n := ff.seen
+		ff.seen++
+		if n == ff.k {
+			f.mu.Unlock()
+			writeError(w, http.StatusInternalServerError, fmt.Sprintf("injected failure of sandbox %d made from snapshot %s", n, template))
+			return "", nil, false
+		}
+	}
+	for k, v := range t.env {
+		env[k] = v
+	}
+	backendSnap = t.backend
+	f.mu.Unlock()
+	return backendSnap, env, true
+}
+
+// backendSandbox makes the backend's sandbox for sandbox id: a fork of
+// backendSnap (its clock set to the host's), or a new one.
+func (f *Server) backendSandbox(ctx context.Context, id, backendSnap string) (sandbox.Info, error) {
+	lease := f.now().Add(f.o.Lease)
+	labels := map[string]string{"e2bfake": id}
+	if backendSnap == "" {
+		return f.b.Create(ctx, sandbox.Spec{Labels: labels, Expiry: lease, Image: f.o.Image})
+	}
+	infos, err := f.b.Fork(ctx, backendSnap, 1, sandbox.ForkSpec{Labels: labels, Expiry: lease})
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	info := infos[0]
+	if err := f.hostClock(ctx, info.ID); err != nil {
+		_ = f.b.Delete(context.Background(), info.ID)
+		return info, err
+	}
+	return info, nil
 }
 
 func (f *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -317,28 +334,38 @@ func (f *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	f.mu.Unlock()
-	sort.Slice(all, func(i, j int) bool {
-		if !all[i].StartedAt.Equal(all[j].StartedAt) {
-			return all[i].StartedAt.After(all[j].StartedAt)
-		}
-		return all[i].SandboxID > all[j].SandboxID
-	})
-	if !after.IsZero() {
-		i := sort.Search(len(all), func(i int) bool {
-			s := all[i]
-			return s.StartedAt.Before(after) || (s.StartedAt.Equal(after) && s.SandboxID < afterID)
-		})
-		all = all[i:]
-	}
-	if len(all) > limit {
-		last := all[limit-1]
-		w.Header().Set(headerNextToken, cursor(last.StartedAt, last.SandboxID))
-		all = all[:limit]
-	}
+	all = page(w, all, func(d listedJSON) (time.Time, string) { return d.StartedAt, d.SandboxID }, limit, after, afterID)
 	if all == nil {
 		all = []listedJSON{}
 	}
 	writeJSON(w, http.StatusOK, all)
+}
+
+// page is one page of a list: items sorted newest first (by their key's
+// time, then id, descending), those from the cursor (after, afterID) on,
+// at most limit of them; the next page's token is set when more are left.
+func page[T any](w http.ResponseWriter, items []T, key func(T) (time.Time, string), limit int, after time.Time, afterID string) []T {
+	sort.Slice(items, func(i, j int) bool {
+		ti, idi := key(items[i])
+		tj, idj := key(items[j])
+		if !ti.Equal(tj) {
+			return ti.After(tj)
+		}
+		return idi > idj
+	})
+	if !after.IsZero() {
+		i := sort.Search(len(items), func(i int) bool {
+			t, id := key(items[i])
+			return t.Before(after) || (t.Equal(after) && id < afterID)
+		})
+		items = items[i:]
+	}
+	if len(items) > limit {
+		t, id := key(items[limit-1])
+		w.Header().Set(headerNextToken, cursor(t, id))
+		items = items[:limit]
+	}
+	return items
 }
 
 func (f *Server) kill(w http.ResponseWriter, r *http.Request) {
@@ -366,14 +393,20 @@ func (f *Server) runningLocked(w http.ResponseWriter, id string) (*sbx, bool) {
 	return sb, true
 }
 
+// timeoutSeconds reads a body of one required timeout (setTimeout's and
+// connect's).
+func timeoutSeconds(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	var body timeoutBody
+	if !decode(w, r, &body, true) {
+		return 0, false
+	}
+	return seconds(w, body.Timeout, true)
+}
+
 // setTimeout is POST /sandboxes/{id}/timeout: the end moves to now +
 // timeout, earlier or later.
 func (f *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var body timeoutBody
-	if !decode(w, r, &body, true) {
-		return
-	}
-	secs, ok := seconds(w, body.Timeout, true)
+	secs, ok := timeoutSeconds(w, r)
 	if !ok {
 		return
 	}
@@ -449,11 +482,7 @@ func (f *Server) pause(w http.ResponseWriter, r *http.Request) {
 // connect is POST /sandboxes/{id}/connect: a running sandbox's end is only
 // ever extended (200); a paused one is resumed from its snapshot (201).
 func (f *Server) connect(w http.ResponseWriter, r *http.Request) {
-	var body timeoutBody
-	if !decode(w, r, &body, true) {
-		return
-	}
-	secs, ok := seconds(w, body.Timeout, true)
+	secs, ok := timeoutSeconds(w, r)
 	if !ok {
 		return
 	}
@@ -587,22 +616,7 @@ func (f *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		ts = append(ts, t)
 	}
 	f.mu.Unlock()
-	sort.Slice(ts, func(i, j int) bool {
-		if !ts[i].created.Equal(ts[j].created) {
-			return ts[i].created.After(ts[j].created)
-		}
-		return ts[i].id > ts[j].id
-	})
-	if !after.IsZero() {
-		i := sort.Search(len(ts), func(i int) bool {
-			return ts[i].created.Before(after) || (ts[i].created.Equal(after) && ts[i].id < afterID)
-		})
-		ts = ts[i:]
-	}
-	if len(ts) > limit {
-		w.Header().Set(headerNextToken, cursor(ts[limit-1].created, ts[limit-1].id))
-		ts = ts[:limit]
-	}
+	ts = page(w, ts, func(t *tmpl) (time.Time, string) { return t.created, t.id }, limit, after, afterID)
 	out := []snapshotJSON{}
 	for _, t := range ts {
 		out = append(out, snapshotJSON{SnapshotID: t.id + ":default", Names: []string{}})

@@ -138,13 +138,20 @@ func filePath(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return p, true
 }
 
-// getFile is GET /files.
-func (f *Server) getFile(w http.ResponseWriter, r *http.Request) {
+// fileTarget is the sandbox and the path of a /files request (target,
+// filePath).
+func (f *Server) fileTarget(w http.ResponseWriter, r *http.Request) (target, string, bool) {
 	t, ok := f.target(w, r)
 	if !ok {
-		return
+		return t, "", false
 	}
 	p, ok := filePath(w, r)
+	return t, p, ok
+}
+
+// getFile is GET /files.
+func (f *Server) getFile(w http.ResponseWriter, r *http.Request) {
+	t, p, ok := f.fileTarget(w, r)
 	if !ok {
 		return
 	}
@@ -170,11 +177,7 @@ func (f *Server) getFile(w http.ResponseWriter, r *http.Request) {
 // postFile is POST /files with a raw body: the file is written (mode 0644,
 // as envd's 0666 under the usual umask), its directories made.
 func (f *Server) postFile(w http.ResponseWriter, r *http.Request) {
-	t, ok := f.target(w, r)
-	if !ok {
-		return
-	}
-	p, ok := filePath(w, r)
+	t, p, ok := f.fileTarget(w, r)
 	if !ok {
 		return
 	}
@@ -309,31 +312,12 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if ct := r.Header.Get("Content-Type"); ct != streamContentType {
-		// The Connect protocol: a streaming request whose content type is
-		// not application/connect+… gets 415, so that a client unaware of
-		// streams does not take the stream's 200 for a success.
-		w.Header().Set("Accept-Post", streamContentType)
-		writeJSON(w, http.StatusUnsupportedMediaType, connectErrorJSON{Code: "unknown", Message: fmt.Sprintf("content type %q: Start is a streaming call (%s)", ct, streamContentType)})
+	req, timeout, err, ok := readStart(w, r)
+	if !ok {
 		return
-	}
-	var timeout time.Duration
-	if s := r.Header.Get(headerTimeout); s != "" {
-		ms, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || ms < 0 {
-			unaryError(w, "invalid_argument", "bad "+headerTimeout+": "+s)
-			return
-		}
-		timeout = time.Duration(ms) * time.Millisecond
-	}
-	_, msg, err := readEnvelope(r.Body)
-	var req startRequestJSON
-	if err == nil {
-		err = strictjson.Unmarshal(msg, &req)
 	}
 	w.Header().Set("Content-Type", streamContentType)
 	w.WriteHeader(http.StatusOK)
-	fl, _ := w.(http.Flusher)
 	if err == nil && req.Process.Cmd == "" {
 		err = errors.New("no command")
 	}
@@ -341,6 +325,62 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 		_ = writeEnvelope(w, flagEndStream, endStreamJSON{Error: &connectErrorJSON{Code: "invalid_argument", Message: err.Error()}})
 		return
 	}
+	msgs, cerr := f.launch(r, t, req, timeout)
+	if cerr != nil {
+		_ = writeEnvelope(w, flagEndStream, endStreamJSON{Error: cerr})
+		return
+	}
+	gone := false
+	fl, _ := w.(http.Flusher)
+	for m := range msgs {
+		if gone {
+			continue // the client went away; the process runs on
+		}
+		var err error
+		if m.end != nil {
+			err = writeEnvelope(w, flagEndStream, m.end)
+		} else {
+			err = writeEnvelope(w, 0, startResponseJSON{Event: *m.ev})
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		gone = err != nil
+	}
+}
+
+// readStart reads a Start request: the answer is written (ok false) for a
+// content type that is not a stream's or a bad deadline; err is a request
+// body that does not decode.
+func readStart(w http.ResponseWriter, r *http.Request) (req startRequestJSON, timeout time.Duration, err error, ok bool) {
+	if ct := r.Header.Get("Content-Type"); ct != streamContentType {
+		// The Connect protocol: a streaming request whose content type is
+		// not application/connect+… gets 415, so that a client unaware of
+		// streams does not take the stream's 200 for a success.
+		w.Header().Set("Accept-Post", streamContentType)
+		writeJSON(w, http.StatusUnsupportedMediaType, connectErrorJSON{Code: "unknown", Message: fmt.Sprintf("content type %q: Start is a streaming call (%s)", ct, streamContentType)})
+		return req, 0, nil, false
+	}
+	if s := r.Header.Get(headerTimeout); s != "" {
+		ms, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || ms < 0 {
+			unaryError(w, "invalid_argument", "bad "+headerTimeout+": "+s)
+			return req, 0, nil, false
+		}
+		timeout = time.Duration(ms) * time.Millisecond
+	}
+	_, msg, err := readEnvelope(r.Body)
+	if err == nil {
+		err = strictjson.Unmarshal(msg, &req)
+	}
+	return req, timeout, err, true
+}
+
+// launch starts the requested command in the backend sandbox, under a
+// wrapper that prints its PID first, and returns the stream of its
+// events, closed after the last; the error is the one to end the stream
+// with when it cannot start.
+func (f *Server) launch(r *http.Request, t target, req startRequestJSON, timeout time.Duration) (<-chan outMsg, *connectErrorJSON) {
 	for k, v := range req.Process.Envs {
 		t.env[k] = v
 	}
@@ -351,9 +391,9 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 	p := &process{}
 	var stdinR *os.File
 	if req.Stdin == nil || *req.Stdin {
+		var err error
 		if stdinR, p.stdin, err = os.Pipe(); err != nil {
-			_ = writeEnvelope(w, flagEndStream, endStreamJSON{Error: &connectErrorJSON{Code: "internal", Message: err.Error()}})
-			return
+			return nil, &connectErrorJSON{Code: "internal", Message: err.Error()}
 		}
 	}
 	pctx, pcancel := context.WithCancel(t.ctx)
@@ -376,8 +416,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 			stdinR.Close()
 		}
 		p.closeStdin()
-		_ = writeEnvelope(w, flagEndStream, endStreamJSON{Error: &connectErrorJSON{Code: "unavailable", Message: "the fake is closed"}})
-		return
+		return nil, &connectErrorJSON{Code: "unavailable", Message: "the fake is closed"}
 	}
 	f.procs.Add(1)
 	f.mu.Unlock()
@@ -403,22 +442,7 @@ func (f *Server) start(w http.ResponseWriter, r *http.Request) {
 		}
 		out.finish(req.Process.Cmd, res, err, p.killed.Load())
 	}()
-	gone := false
-	for m := range msgs {
-		if gone {
-			continue // the client went away; the process runs on
-		}
-		var err error
-		if m.end != nil {
-			err = writeEnvelope(w, flagEndStream, m.end)
-		} else {
-			err = writeEnvelope(w, 0, startResponseJSON{Event: *m.ev})
-		}
-		if fl != nil {
-			fl.Flush()
-		}
-		gone = err != nil
-	}
+	return msgs, nil
 }
 
 // proc finds a process of the target sandbox by PID.
@@ -454,19 +478,30 @@ func (f *Server) unaryStart(w http.ResponseWriter, r *http.Request, in any) (tar
 	return t, true
 }
 
+// unaryProc starts a unary call about a process (unaryStart) and finds
+// the process that sel, a member of in, names; not_found is answered when
+// there is none.
+func (f *Server) unaryProc(w http.ResponseWriter, r *http.Request, in any, sel *selectorJSON) (target, *process, bool) {
+	t, ok := f.unaryStart(w, r, in)
+	if !ok {
+		return t, nil, false
+	}
+	p, ok := f.proc(t, *sel)
+	if !ok {
+		unaryError(w, "not_found", "process not found")
+		return t, nil, false
+	}
+	return t, p, true
+}
+
 func unaryOK(w http.ResponseWriter) {
 	writeJSON(w, http.StatusOK, struct{}{})
 }
 
 func (f *Server) sendInput(w http.ResponseWriter, r *http.Request) {
 	var in sendInputJSON
-	t, ok := f.unaryStart(w, r, &in)
+	_, p, ok := f.unaryProc(w, r, &in, &in.Process)
 	if !ok {
-		return
-	}
-	p, ok := f.proc(t, in.Process)
-	if !ok {
-		unaryError(w, "not_found", "process not found")
 		return
 	}
 	if err := p.write(in.Input.Stdin); err != nil {
@@ -478,13 +513,8 @@ func (f *Server) sendInput(w http.ResponseWriter, r *http.Request) {
 
 func (f *Server) closeStdin(w http.ResponseWriter, r *http.Request) {
 	var in closeStdinJSON
-	t, ok := f.unaryStart(w, r, &in)
+	_, p, ok := f.unaryProc(w, r, &in, &in.Process)
 	if !ok {
-		return
-	}
-	p, ok := f.proc(t, in.Process)
-	if !ok {
-		unaryError(w, "not_found", "process not found")
 		return
 	}
 	p.closeStdin()
@@ -493,13 +523,8 @@ func (f *Server) closeStdin(w http.ResponseWriter, r *http.Request) {
 
 func (f *Server) sendSignal(w http.ResponseWriter, r *http.Request) {
 	var in sendSignalJSON
-	t, ok := f.unaryStart(w, r, &in)
+	t, p, ok := f.unaryProc(w, r, &in, &in.Process)
 	if !ok {
-		return
-	}
-	p, ok := f.proc(t, in.Process)
-	if !ok {
-		unaryError(w, "not_found", "process not found")
 		return
 	}
 	switch in.Signal {

@@ -39,7 +39,9 @@ import (
 	"time"
 
 	"stasis/internal/guestclock"
+	"stasis/internal/retryafter"
 	"stasis/sandbox"
+	"stasis/sandbox/internal/faults"
 )
 
 // Options configure the fake.
@@ -249,14 +251,8 @@ func (f *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.log = append(f.log, &rec)
 	f.logMu.Unlock()
 	if fl := f.matchFault(r, envd); fl != nil {
-		if fl.Delay > 0 {
-			t := time.NewTimer(fl.Delay)
-			select {
-			case <-t.C:
-			case <-r.Context().Done():
-				t.Stop()
-				return
-			}
+		if retryafter.Wait(r.Context(), fl.Delay) != nil {
+			return // the client gave up
 		}
 		if fl.Status != 0 {
 			if fl.RetryAfter > 0 {
@@ -332,34 +328,13 @@ func (f *Server) matchFault(r *http.Request, envd bool) *Fault {
 
 // Inject adds a fault; undo removes it (if it has not run out).
 func (f *Server) Inject(fl Fault) (undo func()) {
-	ft := &fault{Fault: fl}
-	f.mu.Lock()
-	f.faults = append(f.faults, ft)
-	f.mu.Unlock()
-	return func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		for i, x := range f.faults {
-			if x == ft {
-				f.faults = append(f.faults[:i:i], f.faults[i+1:]...)
-				return
-			}
-		}
-	}
+	return faults.Add(&f.mu, &f.faults, &fault{Fault: fl})
 }
 
 // FailFork makes the k-th sandbox (0-based) made from the snapshot from now
 // on fail with a 500, as the conformance suite's hook asks; undo removes it.
 func (f *Server) FailFork(snapshot string, k int) (undo func()) {
-	tid := templateID(snapshot)
-	f.mu.Lock()
-	f.forkFaults[tid] = &forkFault{k: k}
-	f.mu.Unlock()
-	return func() {
-		f.mu.Lock()
-		delete(f.forkFaults, tid)
-		f.mu.Unlock()
-	}
+	return faults.Put(&f.mu, f.forkFaults, templateID(snapshot), &forkFault{k: k})
 }
 
 // IgnoreTimeouts makes the fake leave sandboxes running past their timeout

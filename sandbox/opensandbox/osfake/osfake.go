@@ -44,7 +44,9 @@ import (
 	"sync"
 	"time"
 
+	"stasis/internal/retryafter"
 	"stasis/sandbox"
+	"stasis/sandbox/internal/faults"
 	"stasis/sandbox/internal/strictjson"
 )
 
@@ -257,14 +259,7 @@ func (f *Fake) StickSnapshots(sandboxID string) (undo func()) {
 // from the snapshot from now on fail to provision (it goes Failed); undo
 // ends that.
 func (f *Fake) FailFork(snapshot string, k int) (undo func()) {
-	f.mu.Lock()
-	f.failFork[snapshot] = &forkFault{k: k}
-	f.mu.Unlock()
-	return func() {
-		f.mu.Lock()
-		delete(f.failFork, snapshot)
-		f.mu.Unlock()
-	}
+	return faults.Put(&f.mu, f.failFork, snapshot, &forkFault{k: k})
 }
 
 // Fault is a misbehaviour for the requests that match Method (any when
@@ -293,19 +288,7 @@ func (ft *Fault) Hits() []time.Time {
 
 // Inject adds a fault; remove takes it away.
 func (f *Fake) Inject(ft *Fault) (remove func()) {
-	f.mu.Lock()
-	f.faults = append(f.faults, ft)
-	f.mu.Unlock()
-	return func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		for i, x := range f.faults {
-			if x == ft {
-				f.faults = append(f.faults[:i], f.faults[i+1:]...)
-				return
-			}
-		}
-	}
+	return faults.Add(&f.mu, &f.faults, ft)
 }
 
 // fault applies the first fault that matches; true when it answered.
@@ -329,14 +312,8 @@ func (f *Fake) fault(w http.ResponseWriter, r *http.Request) bool {
 	if hit == nil {
 		return false
 	}
-	if hit.Delay > 0 {
-		t := time.NewTimer(hit.Delay)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
-			return true
-		}
+	if retryafter.Wait(r.Context(), hit.Delay) != nil {
+		return true // the client gave up
 	}
 	if hit.Status == 0 {
 		return false
@@ -539,48 +516,11 @@ func (f *Fake) createSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "invalid request body: "+err.Error())
 		return
 	}
-	hasImage := req.Image != nil && strings.TrimSpace(req.Image.URI) != ""
-	pool := req.Extensions["poolRef"] != ""
-	switch {
-	case hasImage == (req.SnapshotID != "") && !pool:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "Exactly one of image or snapshotId must be provided.")
-		return
-	case hasImage && len(req.Entrypoint) == 0 && !pool:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "entrypoint is required when image is provided.")
-		return
-	case len(req.ResourceLimits) == 0 && !pool:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "resourceLimits is required.")
-		return
-	case req.Timeout != nil && *req.Timeout < 60:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "timeout must be at least 60 seconds.")
-		return
-	case req.Timeout != nil && time.Duration(*req.Timeout)*time.Second > f.o.MaxTimeout:
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", fmt.Sprintf("timeout exceeds the server's maximum of %d seconds.", int(f.o.MaxTimeout.Seconds())))
+	if code, msg := req.check(f.o.MaxTimeout); msg != "" {
+		writeError(w, http.StatusBadRequest, code, msg)
 		return
 	}
-	if msg := checkMetadata(req.Metadata); msg != "" {
-		writeError(w, http.StatusBadRequest, "INVALID_METADATA_LABEL", msg)
-		return
-	}
-	now := time.Now().UTC()
-	s := &sb{id: newUUID(), token: newHex(16), snapshotID: req.SnapshotID, entrypoint: req.Entrypoint, metadata: map[string]string{}, env: req.Env, created: now}
-	if len(s.entrypoint) == 0 {
-		// A restore, or a pool's sandbox: the server's default entry
-		// process (the specification has entrypoint in every answer, never
-		// null).
-		s.entrypoint = []string{"tail", "-f", "/dev/null"}
-	}
-	for k, v := range req.Metadata {
-		s.metadata[k] = v
-	}
-	if hasImage {
-		s.image = req.Image.URI
-	}
-	if req.Timeout != nil {
-		t := now.Add(time.Duration(*req.Timeout) * time.Second)
-		s.expires = &t
-	}
-	s.set("Pending", "SANDBOX_SCHEDULED", "Sandbox is being provisioned.")
+	s := req.sandbox()
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -618,6 +558,58 @@ func (f *Fake) createSandbox(w http.ResponseWriter, r *http.Request) {
 	go f.provision(s, backendSnap, injected)
 	w.Header().Set("Location", "/v1/sandboxes/"+s.id)
 	writeJSON(w, http.StatusAccepted, resp)
+}
+
+// hasImage says whether the request names an image.
+func (req *createRequest) hasImage() bool {
+	return req.Image != nil && strings.TrimSpace(req.Image.URI) != ""
+}
+
+// check checks a create request as the server does: the error's code and
+// message, or "" for a good one.
+func (req *createRequest) check(maxTimeout time.Duration) (code, msg string) {
+	hasImage := req.hasImage()
+	pool := req.Extensions["poolRef"] != ""
+	switch {
+	case hasImage == (req.SnapshotID != "") && !pool:
+		return "SANDBOX::INVALID_PARAMETER", "Exactly one of image or snapshotId must be provided."
+	case hasImage && len(req.Entrypoint) == 0 && !pool:
+		return "SANDBOX::INVALID_PARAMETER", "entrypoint is required when image is provided."
+	case len(req.ResourceLimits) == 0 && !pool:
+		return "SANDBOX::INVALID_PARAMETER", "resourceLimits is required."
+	case req.Timeout != nil && *req.Timeout < 60:
+		return "SANDBOX::INVALID_PARAMETER", "timeout must be at least 60 seconds."
+	case req.Timeout != nil && time.Duration(*req.Timeout)*time.Second > maxTimeout:
+		return "SANDBOX::INVALID_PARAMETER", fmt.Sprintf("timeout exceeds the server's maximum of %d seconds.", int(maxTimeout.Seconds()))
+	}
+	if msg := checkMetadata(req.Metadata); msg != "" {
+		return "INVALID_METADATA_LABEL", msg
+	}
+	return "", ""
+}
+
+// sandbox is the Pending sandbox a checked request makes.
+func (req *createRequest) sandbox() *sb {
+	now := time.Now().UTC()
+	s := &sb{id: newUUID(), token: newHex(16), snapshotID: req.SnapshotID, entrypoint: req.Entrypoint, metadata: map[string]string{}, env: req.Env, created: now}
+	if len(s.entrypoint) == 0 {
+		// A restore, or a pool's sandbox: the server's default entry
+		// process (the specification has entrypoint in every answer, never
+		// null).
+		s.entrypoint = []string{"tail", "-f", "/dev/null"}
+	}
+	for k, v := range req.Metadata {
+		s.metadata[k] = v
+	}
+	if req.hasImage() {
+		s.image = req.Image.URI
+	}
+	if req.Timeout != nil {
+		t := now.Add(time.Duration(*req.Timeout) * time.Second)
+		s.expires = &t
+	}
+	s.set("Pending", "SANDBOX_SCHEDULED", "Sandbox is being provisioned.")
+	return s
 }
 
 // provision makes the backend sandbox of a Pending one.
@@ -688,12 +680,26 @@ func page(w http.ResponseWriter, q url.Values) (int, int, bool) {
 	return pg, size, true
 }
 
-func paginate[T any](items []T, pg, size int) ([]T, map[string]any) {
+// listPage is the body of a list answer: page pg (of size) of items,
+// newest first by key's time (ties by its id), each as toJSON makes it.
+func listPage[T any](items []T, pg, size int, key func(T) (time.Time, string), toJSON func(T) map[string]any) map[string]any {
+	sort.Slice(items, func(i, j int) bool {
+		ti, idi := key(items[i])
+		tj, idj := key(items[j])
+		if !ti.Equal(tj) {
+			return ti.After(tj)
+		}
+		return idi < idj
+	})
 	total := len(items)
 	pages := (total + size - 1) / size
 	start := min((pg-1)*size, total)
 	end := min(start+size, total)
-	return items[start:end], map[string]any{"page": pg, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": pg < pages}
+	out := make([]map[string]any, 0, end-start)
+	for _, x := range items[start:end] {
+		out = append(out, toJSON(x))
+	}
+	return map[string]any{"items": out, "pagination": map[string]any{"page": pg, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": pg < pages}}
 }
 
 func (f *Fake) listSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -727,19 +733,9 @@ func (f *Fake) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			match = append(match, s)
 		}
 	}
-	sort.Slice(match, func(i, j int) bool {
-		if !match[i].created.Equal(match[j].created) {
-			return match[i].created.After(match[j].created)
-		}
-		return match[i].id < match[j].id
-	})
-	items, pi := paginate(match, pg, size)
-	out := make([]map[string]any, len(items))
-	for i, s := range items {
-		out[i] = s.json(true)
-	}
+	body := listPage(match, pg, size, func(s *sb) (time.Time, string) { return s.created, s.id }, func(s *sb) map[string]any { return s.json(true) })
 	f.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"items": out, "pagination": pi})
+	writeJSON(w, http.StatusOK, body)
 }
 
 func contains(list []string, s string) bool {
@@ -1018,19 +1014,9 @@ func (f *Fake) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		}
 		match = append(match, s)
 	}
-	sort.Slice(match, func(i, j int) bool {
-		if !match[i].created.Equal(match[j].created) {
-			return match[i].created.After(match[j].created)
-		}
-		return match[i].id < match[j].id
-	})
-	items, pi := paginate(match, pg, size)
-	out := make([]map[string]any, len(items))
-	for i, s := range items {
-		out[i] = s.json()
-	}
+	body := listPage(match, pg, size, func(s *snap) (time.Time, string) { return s.created, s.id }, (*snap).json)
 	f.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"items": out, "pagination": pi})
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (f *Fake) deleteSnapshot(w http.ResponseWriter, r *http.Request) {

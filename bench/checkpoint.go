@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,12 +13,9 @@ import (
 	"time"
 
 	"stasis/coordinator"
-	"stasis/episode"
-	"stasis/harness"
-	"stasis/model"
 	"stasis/relay"
 	"stasis/sandbox/local"
-	"stasis/store"
+	"stasis/system"
 	"stasis/task"
 )
 
@@ -103,106 +98,47 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 			quick = append(quick, t)
 		}
 	}
-	scripts, err := task.Scripts(quick)
-	if err != nil {
-		return res, err
-	}
 	dir, err := os.MkdirTemp("", "stasis-bench-ckpt-")
 	if err != nil {
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-
-	mln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return res, err
-	}
-	msrv := &http.Server{Handler: model.New(model.Options{Scripts: scripts})}
-	go func() { _ = msrv.Serve(mln) }()
-	defer msrv.Close()
-
-	gw, err := relay.OpenGateway(relay.GatewayConfig{Upstream: "http://" + mln.Addr().String(), State: filepath.Join(dir, "gateway")})
-	if err != nil {
-		return res, err
-	}
-	defer gw.Close()
-	sockDir := filepath.Join(dir, "gw")
-	if err := os.MkdirAll(sockDir, 0o755); err != nil {
-		return res, err
-	}
 	// The gateway holds every episode's third call until released.
 	var holds relay.Holds
 	third := holds.Add("", 3)
-	// Each sandbox reaches the gateway on a socket of its own.
-	sockets := relay.NewSandboxSockets(gw, holds.Middleware)
-	defer sockets.Close()
 	defer third.Release()
-
-	home := filepath.Join(dir, "local")
-	// The stasis binary is bound into each sandbox read-only: nothing to
-	// copy at start, nothing of it in the snapshots.
-	p, err := local.New(local.Options{Home: home, Exe: o.Exe, ExeEnv: o.Env, GatewayDir: sockDir, Gateway: sockets,
-		ReadOnlyBinds: map[string]string{o.Exe: harness.BoundBinaryPath}})
-	if err != nil {
-		return res, err
-	}
-	defer func() { _, _ = local.Crash(home) }()
-	st, err := store.OpenSQLite(filepath.Join(dir, "store.db"))
-	if err != nil {
-		return res, err
-	}
-	defer st.Close()
 	binEnv := map[string]string{}
 	for _, kv := range o.Env {
 		k, v, _ := strings.Cut(kv, "=")
 		binEnv[k] = v
 	}
-	env := &episode.Env{
-		Provider: p, Gateway: gw, GatewayURL: "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, Model: model.DefaultName,
-		Verifier: &task.Verifier{Store: st, Provider: p}, Binary: o.Exe, BinaryEnv: binEnv, BinaryInSandbox: harness.BoundBinaryPath,
+	// The system as the server assembles it, the stasis binary bound into
+	// each sandbox read-only: nothing to copy at start, nothing of it in
+	// the snapshots.
+	cfg := system.Config{
+		State: filepath.Join(dir, "state"), Tasks: quick, Concurrency: o.Concurrency, LivenessInterval: -1,
+		Exe: o.Exe, ExeEnv: o.Env, Binary: o.Exe, BinaryEnv: binEnv, GatewayMiddleware: holds.Middleware,
 	}
-	c, err := coordinator.New(ctx, coordinator.Options{Env: env, Store: st, Tasks: quick, Concurrency: o.Concurrency})
+	sys, err := system.Open(ctx, cfg)
 	if err != nil {
 		return res, err
 	}
-	defer func() { _ = c.Shutdown(context.WithoutCancel(ctx)) }()
-
-	fmt.Fprintf(o.Progress, "checkpoint bench: starting %d episodes\n", n)
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-		sem  = make(chan struct{}, o.Concurrency)
-	)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			t := quick[i%len(quick)]
-			if _, err := c.Start(ctx, "ep-"+strconv.Itoa(i), t.ID, "mini"); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if len(errs) > 0 {
-		return res, errs[0]
-	}
-	wctx, cancelWait := context.WithTimeoutCause(ctx, 5*time.Minute, fmt.Errorf("the episodes did not all reach their third model call in 5 minutes"))
-	err = third.Wait(wctx, n)
-	cancelWait()
-	if err != nil {
+	home := filepath.Join(sys.State, local.Name)
+	defer func() {
+		if sys != nil {
+			_ = sys.Coordinator.Shutdown(context.WithoutCancel(ctx))
+			_ = sys.Close()
+		}
+		_, _ = local.Crash(home)
+	}()
+	if err := startHeld(ctx, sys.Coordinator, third, quick, o, n); err != nil {
 		return res, err
 	}
 
 	fmt.Fprintf(o.Progress, "checkpoint bench: %d episodes held at their third call; checkpoint\n", n)
 	// Each pause finds its episode waiting on a model call in flight, as a
 	// checkpoint mid-episode usually does; the calls go on after it.
-	pr, err := c.Prepare(ctx, "bench")
+	pr, err := sys.Coordinator.Prepare(ctx, "bench")
 	third.Release()
 	if err != nil {
 		return res, err
@@ -219,20 +155,17 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 	res.SnapshotP50S, res.SnapshotMaxS = p50max(snaps)
 	res.Stored = duBytes(filepath.Join(home, "blobs"))
 
-	// Lose every sandbox, as a crash would, and restore.
+	// Lose every sandbox and the host side, as a crash would; a new
+	// system on the same state restores.
 	fmt.Fprintf(o.Progress, "checkpoint bench: crash and restore\n")
 	if _, err := local.Crash(home); err != nil {
 		return res, err
 	}
-	c.Close()
-	if _, err := p.GC(ctx); err != nil {
+	_ = sys.Close()
+	if sys, err = system.Open(ctx, cfg); err != nil {
 		return res, err
 	}
-	c, err = coordinator.New(ctx, coordinator.Options{Env: env, Store: st, Tasks: quick, Concurrency: o.Concurrency})
-	if err != nil {
-		return res, err
-	}
-	rr, err := c.Restore(ctx, "bench")
+	rr, err := sys.Coordinator.Restore(ctx, "bench")
 	if err != nil {
 		return res, err
 	}
@@ -249,6 +182,39 @@ func checkpointOnce(ctx context.Context, o CheckpointOptions, n int) (res Checkp
 	}
 	res.PeakRSSKiB = peakRSS(os.Getpid())
 	return res, nil
+}
+
+// startHeld starts n episodes of tasks, in turn, and waits until each is
+// held at its third call.
+func startHeld(ctx context.Context, c *coordinator.Coordinator, third *relay.Hold, tasks []*task.Task, o CheckpointOptions, n int) error {
+	fmt.Fprintf(o.Progress, "checkpoint bench: starting %d episodes\n", n)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		sem  = make(chan struct{}, o.Concurrency)
+	)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			t := tasks[i%len(tasks)]
+			if _, err := c.Start(ctx, "ep-"+strconv.Itoa(i), t.ID, "mini"); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	wctx, cancel := context.WithTimeoutCause(ctx, 5*time.Minute, fmt.Errorf("the episodes did not all reach their third model call in 5 minutes"))
+	defer cancel()
+	return third.Wait(wctx, n)
 }
 
 func p50max(xs []float64) (float64, float64) {

@@ -15,6 +15,7 @@ import (
 	"stasis/sandbox/microvm"
 	"stasis/serve"
 	"stasis/server"
+	"stasis/system"
 	"stasis/task"
 )
 
@@ -171,13 +172,13 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 	if err != nil {
 		return nil, server.Options{}, &exitError{Code: 2, Err: err}
 	}
-	return log, server.Options{
+	return log, server.Options{Config: system.Config{
 		GuestMemMiB: guestMiB, Stragglers: sf.stragglers, Limits: lim, Image: sf.imageRef, PullImages: sf.pullImages,
 		State: sf.state, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
 		Concurrency: sf.concurrency, Logger: log, BinaryEnv: selfEnv(),
 		Provider: sf.provider, GuestBinary: sf.guestBinary, ClockPolicy: sf.clockPolicy,
 		GatewayListen: sf.gwListen, GatewayURL: sf.gwURL, Envs: lo.Envs,
-	}, nil
+	}}, nil
 }
 
 const serveLong = `serve is the environment server: an HTTP JSON API for trainers.

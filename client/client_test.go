@@ -20,6 +20,7 @@ import (
 	"stasis/server"
 	"stasis/stasistest"
 	"stasis/store"
+	"stasis/system"
 )
 
 func TestMain(m *testing.M) { stasistest.Main(m) }
@@ -82,10 +83,10 @@ func TestClientAgainstAServer(t *testing.T) {
 	defer cancel()
 	state := t.TempDir()
 	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
-	srv, err := server.New(ctx, server.Options{
+	srv, err := server.New(ctx, server.Options{Config: system.Config{
 		State: state, Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binary: stasistest.Exe(),
 		BinaryEnv: map[string]string{"STASIS_TEST_AS_CLI": "1", "GORACE": "atexit_sleep_ms=0"},
-	})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

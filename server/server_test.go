@@ -25,6 +25,7 @@ import (
 	"stasis/server"
 	"stasis/stasistest"
 	"stasis/store"
+	"stasis/system"
 	"stasis/task"
 )
 
@@ -215,10 +216,10 @@ func (r *running) Close() {
 // startServer starts a server on state, in this process.
 func startServer(t *testing.T, ctx context.Context, state string, mw func(http.Handler) http.Handler) *running {
 	t.Helper()
-	srv, err := server.New(ctx, server.Options{
+	srv, err := server.New(ctx, server.Options{Config: system.Config{
 		State: state, Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Binary: stasistest.Exe(), BinaryEnv: binaryEnv,
 		GatewayMiddleware: mw, Concurrency: 4,
-	})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

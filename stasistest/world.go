@@ -49,7 +49,7 @@ func NewWorld(t testing.TB, opts ...func(*system.Config)) *World {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(sock)) })
 	t.Cleanup(w.cleanup)
-	w.Reopen()
+	w.ReopenWith()
 	return w
 }
 
@@ -81,8 +81,16 @@ func (w *World) Crash() {
 // Reopen opens the system again on the same state directory (after
 // Crash), as a restarted server does: it finishes or undoes what the last
 // one was doing and re-attaches the running episodes.
-func (w *World) Reopen() {
+func (w *World) Reopen() { w.t.Helper(); w.ReopenWith() }
+
+// ReopenWith is Reopen with the world's configuration adjusted by opts
+// first, from now on (a new model upstream, a coordinator with a step
+// hook).
+func (w *World) ReopenWith(opts ...func(*system.Config)) {
 	w.t.Helper()
+	for _, o := range opts {
+		o(&w.cfg)
+	}
 	w.Crash()
 	s, err := system.Open(context.Background(), w.cfg)
 	if err != nil {

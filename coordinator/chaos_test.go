@@ -80,9 +80,11 @@ import (
 	"stasis/coordinator"
 	"stasis/errdefs"
 	"stasis/ledger"
+	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/store"
+	"stasis/system"
 	"stasis/task"
 )
 
@@ -91,11 +93,18 @@ import (
 // cleanup that retries gets through.
 const chaosMaxRun = 3
 
-// chaosProvider wraps the local provider and injects faults.
+// chaosProvider wraps the local provider of one Open of the system and
+// injects faults; what it draws and sees is kept in a chaosState, which
+// the wrappers of every Open share.
 type chaosProvider struct {
 	sandbox.Provider
 	inner *local.Provider
-	seed  uint64
+	*chaosState
+}
+
+// chaosState is the chaos providers' faults and what they saw.
+type chaosState struct {
+	seed uint64
 
 	mu          sync.Mutex
 	rate        float64
@@ -111,21 +120,26 @@ type chaosProvider struct {
 	ledgerDir   string
 }
 
-func newChaosProvider(inner *local.Provider, seed uint64, rate float64, ledgerDir string) *chaosProvider {
-	return &chaosProvider{
-		Provider: inner, inner: inner, seed: seed, rate: rate, ledgerDir: ledgerDir,
+func newChaosState(seed uint64, rate float64) *chaosState {
+	return &chaosState{
+		seed: seed, rate: rate,
 		streams: map[string]*rand.Rand{}, runs: map[string]int{}, deletes: map[string]int{}, snapDeletes: map[string]int{},
 		captures: map[string]*capture{}, forkChecks: map[string][]string{}, forkedOK: map[string]bool{},
 	}
 }
 
-func (p *chaosProvider) setRate(r float64) {
+// wrap is the chaos provider over inner, the local provider of an Open.
+func (p *chaosState) wrap(inner *local.Provider) sandbox.Provider {
+	return &chaosProvider{Provider: inner, inner: inner, chaosState: p}
+}
+
+func (p *chaosState) setRate(r float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.rate = r
 }
 
-func (p *chaosProvider) takeFaults() []string {
+func (p *chaosState) takeFaults() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	f := p.faults
@@ -142,7 +156,7 @@ func fnv64(s string) uint64 {
 // fault draws whether op on target (of episode ep) fails, and how. The
 // draws come from a PCG stream per operation and episode, so an episode's
 // faults repeat from run to run as far as its calls do.
-func (p *chaosProvider) fault(op, ep, target string) (after bool, err error) {
+func (p *chaosState) fault(op, ep, target string) (after bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	sk := op + "|" + ep
@@ -484,22 +498,21 @@ func TestChaos(t *testing.T) {
 
 // held is a model call held at the gateway.
 type held struct {
-	call             string
-	attempt          int
-	arrived, release chan struct{}
-	released         bool
+	call     string
+	attempt  int
+	h        *relay.Hold
+	released bool
 }
 
 type chaosRun struct {
-	t     *testing.T
-	ctx   context.Context
-	seed  uint64
-	rate  float64
-	rng   *rand.Rand
-	w     *world
-	cp    *chaosProvider
-	inner *local.Provider
-	c     *coordinator.Coordinator
+	t    *testing.T
+	ctx  context.Context
+	seed uint64
+	rate float64
+	rng  *rand.Rand
+	w    *world // its local provider is the raw one, without the chaos
+	cp   *chaosState
+	c    *coordinator.Coordinator
 
 	step       int
 	stepName   string
@@ -516,32 +529,24 @@ type chaosRun struct {
 func runChaos(t *testing.T, seed uint64, rate float64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	w := newWorld(t)
-	inner := w.env.Provider.(*local.Provider)
-	cp := newChaosProvider(inner, seed, rate, filepath.Join(w.gwState, "ledgers"))
-	w.env.Provider = cp
-	w.env.Verifier = &task.Verifier{Store: w.st, Provider: cp}
-	// The race runtime sleeps a second at exit unless told not to: every
-	// exec of the stasis binary in a sandbox would take a second.
-	w.env.BinaryEnv["GORACE"] = "atexit_sleep_ms=0"
+	cp := newChaosState(seed, rate)
+	w := newWrappedWorld(t, cp.wrap, func(c *system.Config) {
+		// The invariants here are those of the strict policy: a fault fails
+		// the checkpoint (TestStragglerExcluded covers the default).
+		c.Stragglers = coordinator.StragglersFail
+	})
+	cp.ledgerDir = w.Gateway.LedgerDir() // the same at every Open
 	r := &chaosRun{
-		t: t, ctx: ctx, seed: seed, rate: rate, w: w, cp: cp, inner: inner,
+		t: t, ctx: ctx, seed: seed, rate: rate, w: w, cp: cp, c: w.Coordinator,
 		rng:   rand.New(rand.NewPCG(seed, uint64(rate*1000))),
 		holds: map[string]*held{}, committed: map[string]json.RawMessage{}, start: time.Now(),
 	}
 	t.Cleanup(func() {
-		// Whatever happened: nothing held, nothing left running.
+		// Whatever happened: nothing held; the world deletes what is left
+		// running.
 		cp.setRate(0)
 		r.releaseAll()
-		if r.c != nil {
-			r.c.Close()
-		}
-		infos, _ := inner.List(context.Background(), nil)
-		for _, info := range infos {
-			_ = inner.Delete(context.Background(), info.ID)
-		}
 	})
-	r.c = r.newCoordinator()
 	r.logf("seed %d, fault rate %.2f", seed, rate)
 
 	for r.step = 1; r.step <= 12; r.step++ {
@@ -561,18 +566,6 @@ func (r *chaosRun) failf(format string, args ...any) {
 	r.logFaults()
 	r.t.Fatalf("[seed %d rate %.2f step %d %s] %s\nreplay: STASIS_CHAOS_SEEDS=%d go test -race -count=1 -run 'TestChaos/seed=%d/rate=%.2f' ./coordinator",
 		r.seed, r.rate, r.step, r.stepName, fmt.Sprintf(format, args...), r.seed, r.seed, r.rate)
-}
-
-func (r *chaosRun) newCoordinator() *coordinator.Coordinator {
-	r.t.Helper()
-	c, err := coordinator.New(r.ctx, coordinator.Options{Env: r.w.env, Store: r.w.st, Tasks: r.w.tasks, Concurrency: 4,
-		// The invariants here are those of the strict policy: a fault fails
-		// the checkpoint (TestStragglerExcluded covers the default).
-		Stragglers: coordinator.StragglersFail})
-	if err != nil {
-		r.failf("a new coordinator on the store: %v", err)
-	}
-	return c
 }
 
 func (r *chaosRun) randomStep() {
@@ -639,21 +632,15 @@ func (r *chaosRun) anyHeld() bool {
 // hold makes call n of an episode's attempt wait at the gateway.
 func (r *chaosRun) hold(ep string, attempt, n int) {
 	r.unhold(ep)
-	call := fmt.Sprintf("%s/%d", ep, attempt*1_000_000+n)
-	h := &held{call: call, attempt: attempt, arrived: make(chan struct{}), release: make(chan struct{})}
-	r.w.arrived.Store(call, h.arrived)
-	r.w.hold.Store(call+"@"+strconv.Itoa(attempt), h.release)
-	r.holds[ep] = h
+	call := attempt*1_000_000 + n
+	r.holds[ep] = &held{call: fmt.Sprintf("%s/%d", ep, call), attempt: attempt, h: r.w.HoldAttempt(ep, attempt, call)}
 }
 
 // unhold releases and forgets an episode's hold.
 func (r *chaosRun) unhold(ep string) {
 	if h, ok := r.holds[ep]; ok {
-		if !h.released {
-			close(h.release)
-			h.released = true
-		}
-		r.w.hold.Delete(h.call + "@" + strconv.Itoa(h.attempt))
+		r.w.Unhold(h.h)
+		h.released = true
 		delete(r.holds, ep)
 	}
 }
@@ -691,7 +678,7 @@ func (r *chaosRun) startOne() bool {
 		if _, live := r.c.Live(id); live {
 			r.failf("a failed start left %s live", id)
 		}
-		if _, err := r.w.st.GetEpisode(r.ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := r.w.Store.GetEpisode(r.ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
 			r.failf("a failed start left %s in the store: %v", id, err)
 		}
 		r.checkInvariants()
@@ -734,12 +721,8 @@ func (r *chaosRun) settled(id string) bool {
 	if !ok {
 		return true
 	}
-	if h, ok := r.holds[id]; ok && !h.released && h.attempt == e.Attempt() {
-		select {
-		case <-h.arrived:
-			return true
-		default:
-		}
+	if h, ok := r.holds[id]; ok && !h.released && h.attempt == e.Attempt() && h.h.Held() > 0 {
+		return true
 	}
 	return r.ended(id, e.SandboxID())
 }
@@ -747,7 +730,7 @@ func (r *chaosRun) settled(id string) bool {
 // ended reports whether the episode's supervisor has exited (its receipt
 // is there), read without the chaos.
 func (r *chaosRun) ended(ep, sb string) bool {
-	_, err := r.inner.ReadFile(r.ctx, sb, path.Join("/tmp/stasis", ep, "receipt.json"))
+	_, err := r.w.local.ReadFile(r.ctx, sb, path.Join("/tmp/stasis", ep, "receipt.json"))
 	return err == nil
 }
 
@@ -755,11 +738,11 @@ func (r *chaosRun) ended(ep, sb string) bool {
 func (r *chaosRun) status(ep, sb string) (string, error) {
 	var out, errb bytes.Buffer
 	env := map[string]string{}
-	for k, v := range r.w.env.BinaryEnv {
+	for k, v := range r.w.Env.BinaryEnv {
 		env[k] = v
 	}
-	res, err := r.inner.Exec(r.ctx, sb, sandbox.ExecRequest{
-		Argv: []string{"/tmp/.stasis/bin/stasis", "ctl", "--dir", path.Join("/tmp/stasis", ep), "status"}, Env: env, User: sandbox.UserControl, Stdout: &out, Stderr: &errb,
+	res, err := r.w.local.Exec(r.ctx, sb, sandbox.ExecRequest{
+		Argv: []string{r.w.Env.BinaryInSandbox, "ctl", "--dir", path.Join("/tmp/stasis", ep), "status"}, Env: env, User: sandbox.UserControl, Stdout: &out, Stderr: &errb,
 	})
 	if err != nil {
 		return "", err
@@ -800,7 +783,7 @@ func (r *chaosRun) prepareOne() bool {
 	r.cp.mu.Lock()
 	made := append([]string(nil), r.cp.snaps[nsnaps:]...)
 	r.cp.mu.Unlock()
-	hdr, recs, gerr := r.w.st.Get(r.ctx, ck)
+	hdr, recs, gerr := r.w.Store.Get(r.ctx, ck)
 	if gerr != nil {
 		r.failf("prepare %s: the checkpoint is not in the store: %v", ck, gerr)
 	}
@@ -824,7 +807,7 @@ func (r *chaosRun) prepareOne() bool {
 			r.failf("prepare %s failed but the checkpoint is %s", ck, hdr.State)
 		}
 		for _, s := range made {
-			if _, err := r.inner.GetSnapshot(r.ctx, s); !errors.Is(err, errdefs.ErrNotFound) {
+			if _, err := r.w.local.GetSnapshot(r.ctx, s); !errors.Is(err, errdefs.ErrNotFound) {
 				r.failf("prepare %s failed but its snapshot %s is left (%v)", ck, s, err)
 			}
 		}
@@ -839,7 +822,7 @@ func (r *chaosRun) prepareOne() bool {
 		eps = append(eps, rec.Episode)
 		if rec.Finished {
 			desc = append(desc, rec.Episode+":finished")
-			v, ok, err := r.w.env.Verifier.Recorded(r.ctx, rec.Episode, rec.Attempt)
+			v, ok, err := r.w.Env.Verifier.Recorded(r.ctx, rec.Episode, rec.Attempt)
 			if err != nil || !ok {
 				r.failf("checkpoint %s records %s finished, but no verdict is recorded (%v)", ck, rec.Episode, err)
 			}
@@ -876,7 +859,7 @@ func (r *chaosRun) checkPauseRecord(ck string, rec store.Record) {
 	if c == nil || c.err != nil || c.episode != rec.Episode {
 		r.failf("checkpoint %s: no good capture of %s's snapshot %s: %+v", ck, rec.Episode, rec.SnapshotID, c)
 	}
-	if _, err := r.inner.GetSnapshot(r.ctx, rec.SnapshotID); err != nil {
+	if _, err := r.w.local.GetSnapshot(r.ctx, rec.SnapshotID); err != nil {
 		r.failf("checkpoint %s: snapshot %s of %s: %v", ck, rec.SnapshotID, rec.Episode, err)
 	}
 	if rec.RelayDelivered == nil {
@@ -919,10 +902,10 @@ func (r *chaosRun) stepRetire() {
 		return
 	}
 	r.unhold(id)
-	if _, err := r.inner.Get(r.ctx, sb); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := r.w.local.Get(r.ctx, sb); !errors.Is(err, errdefs.ErrNotFound) {
 		r.failf("retired %s, but its sandbox %s is there (%v)", id, sb, err)
 	}
-	row, _ := r.w.st.GetEpisode(r.ctx, id)
+	row, _ := r.w.Store.GetEpisode(r.ctx, id)
 	if row.State != store.EpisodeRetired {
 		r.failf("retired %s, but the store says %s", id, row.State)
 	}
@@ -943,20 +926,21 @@ func (r *chaosRun) stepVerify() {
 	}
 }
 
-// stepCrash drops everything in memory: the coordinator, the gateway and
-// the store, opened again from disk; the sandboxes are deleted, or their
-// keepers killed (they die with them), or (a restart) kept.
+// stepCrash drops everything in memory: the host side crashes (the
+// coordinator, the gateway and the store) and the system is opened again
+// on what is on disk; the sandboxes are deleted, or their keepers killed
+// (they die with them), or (a restart) kept.
 func (r *chaosRun) stepCrash() {
 	kind := []string{"delete", "kill", "restart"}[r.rng.IntN(3)]
 	r.c.Close()
-	infos, err := r.inner.List(r.ctx, nil)
+	infos, err := r.w.local.List(r.ctx, nil)
 	if err != nil {
 		r.failf("list: %v", err)
 	}
 	switch kind {
 	case "delete":
 		for _, info := range infos {
-			if err := r.inner.Delete(r.ctx, info.ID); err != nil {
+			if err := r.w.local.Delete(r.ctx, info.ID); err != nil {
 				r.failf("crash: delete %s: %v", info.ID, err)
 			}
 		}
@@ -976,9 +960,9 @@ func (r *chaosRun) stepCrash() {
 	if kind != "restart" {
 		r.releaseAll()
 	}
-	r.w.closeServices()
-	r.w.open(r.w.modelURL)
-	r.c = r.newCoordinator()
+	r.w.Crash()
+	r.w.Reopen()
+	r.c = r.w.Coordinator
 	live := r.c.LiveIDs()
 	r.logf("crash (%s) of %d sandboxes: live after: %v", kind, len(infos), live)
 	if kind != "restart" && len(live) > 0 {
@@ -993,7 +977,7 @@ type restoreBefore struct {
 }
 
 func (r *chaosRun) snapshotState() restoreBefore {
-	infos, err := r.inner.List(r.ctx, nil)
+	infos, err := r.w.local.List(r.ctx, nil)
 	if err != nil {
 		r.failf("list: %v", err)
 	}
@@ -1002,7 +986,7 @@ func (r *chaosRun) snapshotState() restoreBefore {
 		b.sandboxes = append(b.sandboxes, info.ID)
 	}
 	sort.Strings(b.sandboxes)
-	rows, err := r.w.st.ListEpisodes(r.ctx, "")
+	rows, err := r.w.Store.ListEpisodes(r.ctx, "")
 	if err != nil {
 		r.failf("list episodes: %v", err)
 	}
@@ -1064,12 +1048,12 @@ func (r *chaosRun) stepRestore() {
 		if rec.Finished {
 			continue
 		}
-		h, err := ledger.Read(r.w.gw.LedgerDir(), rec.Episode)
+		h, err := ledger.Read(r.w.Gateway.LedgerDir(), rec.Episode)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			r.failf("ledger of %s: %v", rec.Episode, err)
 		}
 		pre[rec.Episode] = h
-		st, err := r.w.gw.Episode(rec.Episode)
+		st, err := r.w.Gateway.Episode(rec.Episode)
 		if err != nil {
 			r.failf("gateway: %s: %v", rec.Episode, err)
 		}
@@ -1126,7 +1110,7 @@ func (r *chaosRun) stepRestore() {
 		delete(made, s)
 	}
 	for _, rec := range recs {
-		row, err := r.w.st.GetEpisode(r.ctx, rec.Episode)
+		row, err := r.w.Store.GetEpisode(r.ctx, rec.Episode)
 		if err != nil {
 			r.failf("restored %s: %v", rec.Episode, err)
 		}
@@ -1145,7 +1129,7 @@ func (r *chaosRun) stepRestore() {
 			r.failf("restored %s into sandbox %s, which the restore did not make", rec.Episode, sb)
 		}
 		delete(made, sb)
-		info, err := r.inner.Get(r.ctx, sb)
+		info, err := r.w.local.Get(r.ctx, sb)
 		if err != nil || info.Source != rec.SnapshotID {
 			r.failf("restored %s: sandbox %s comes from %q, the record names %s (%v)", rec.Episode, sb, info.Source, rec.SnapshotID, err)
 		}
@@ -1189,7 +1173,7 @@ func (r *chaosRun) checkRestoredLedger(ck string, rec store.Record, pre ledger.H
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		var err error
-		h, err = ledger.Read(r.w.gw.LedgerDir(), rec.Episode)
+		h, err = ledger.Read(r.w.Gateway.LedgerDir(), rec.Episode)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			r.failf("ledger of %s: %v", rec.Episode, err)
 		}
@@ -1204,7 +1188,7 @@ func (r *chaosRun) checkRestoredLedger(ck string, rec store.Record, pre ledger.H
 		if done {
 			if r.ended(rec.Episode, e.SandboxID()) {
 				// Read once more: the harness's last call is in.
-				if h2, err := ledger.Read(r.w.gw.LedgerDir(), rec.Episode); err == nil {
+				if h2, err := ledger.Read(r.w.Gateway.LedgerDir(), rec.Episode); err == nil {
 					h = h2
 				}
 			}
@@ -1287,7 +1271,7 @@ func (r *chaosRun) stepDeleteCheckpoint() {
 	ck := r.ckOrder[i]
 	freed, err := r.c.DeleteCheckpoint(r.ctx, ck)
 	r.logf("delete checkpoint %s: freed %d snapshots: %v", ck, len(freed), err)
-	if _, _, gerr := r.w.st.Get(r.ctx, ck); errors.Is(gerr, errdefs.ErrNotFound) {
+	if _, _, gerr := r.w.Store.Get(r.ctx, ck); errors.Is(gerr, errdefs.ErrNotFound) {
 		delete(r.committed, ck)
 		r.ckOrder = append(r.ckOrder[:i:i], r.ckOrder[i+1:]...)
 	} else if err == nil {
@@ -1305,7 +1289,7 @@ func (r *chaosRun) checkInvariants() {
 		e, _ := r.c.Live(id)
 		want[e.SandboxID()] = id
 	}
-	infos, err := r.inner.List(ctx, nil)
+	infos, err := r.w.local.List(ctx, nil)
 	if err != nil {
 		r.failf("list: %v", err)
 	}
@@ -1340,7 +1324,7 @@ func (r *chaosRun) checkInvariants() {
 	// Checkpoints: the committed ones unchanged, nothing pending, and a
 	// snapshot exists exactly when a committed checkpoint names it.
 	named := map[string]string{}
-	cks, err := r.w.st.List(ctx, store.ListOptions{})
+	cks, err := r.w.Store.List(ctx, store.ListOptions{})
 	if err != nil {
 		r.failf("list checkpoints: %v", err)
 	}
@@ -1349,7 +1333,7 @@ func (r *chaosRun) checkInvariants() {
 		case store.StatePending:
 			r.failf("checkpoint %s is left pending", ck.ID)
 		case store.StateCommitted:
-			_, recs, err := r.w.st.Get(ctx, ck.ID)
+			_, recs, err := r.w.Store.Get(ctx, ck.ID)
 			if err != nil {
 				r.failf("checkpoint %s: %v", ck.ID, err)
 			}
@@ -1365,12 +1349,12 @@ func (r *chaosRun) checkInvariants() {
 		}
 	}
 	for ck := range r.committed {
-		if _, _, err := r.w.st.Get(ctx, ck); err != nil {
+		if _, _, err := r.w.Store.Get(ctx, ck); err != nil {
 			r.failf("committed checkpoint %s is gone: %v", ck, err)
 		}
 	}
 	for _, s := range snaps {
-		_, err := r.inner.GetSnapshot(ctx, s)
+		_, err := r.w.local.GetSnapshot(ctx, s)
 		ck, isNamed := named[s]
 		switch {
 		case isNamed && err != nil:
@@ -1380,7 +1364,7 @@ func (r *chaosRun) checkInvariants() {
 		}
 	}
 	// The store's episodes agree with the live ones.
-	rows, err := r.w.st.ListEpisodes(ctx, "")
+	rows, err := r.w.Store.ListEpisodes(ctx, "")
 	if err != nil {
 		r.failf("list episodes: %v", err)
 	}
@@ -1397,7 +1381,7 @@ func (r *chaosRun) checkInvariants() {
 	}
 	// Every ledger verifies.
 	for _, ep := range r.episodes {
-		rep, err := ledger.Verify(r.w.gw.LedgerDir(), ep)
+		rep, err := ledger.Verify(r.w.Gateway.LedgerDir(), ep)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -1430,15 +1414,15 @@ func (r *chaosRun) finish() {
 			if rec.Finished || checked {
 				continue // a restore compared a fork of it already
 			}
-			infos, err := r.inner.Fork(r.ctx, rec.SnapshotID, 1, sandbox.ForkSpec{Expiry: time.Now().Add(10 * time.Minute)})
+			infos, err := r.w.local.Fork(r.ctx, rec.SnapshotID, 1, sandbox.ForkSpec{Expiry: time.Now().Add(10 * time.Minute)})
 			if err != nil {
 				r.failf("checkpoint %s: fork %s: %v", ck, rec.SnapshotID, err)
 			}
 			r.cp.mu.Lock()
 			c := r.cp.captures[rec.SnapshotID]
 			r.cp.mu.Unlock()
-			diffs := compareWithCapture(r.ctx, r.inner, infos[0].ID, c)
-			if err := r.inner.Delete(r.ctx, infos[0].ID); err != nil {
+			diffs := compareWithCapture(r.ctx, r.w.local, infos[0].ID, c)
+			if err := r.w.local.Delete(r.ctx, infos[0].ID); err != nil {
 				r.failf("delete a check fork: %v", err)
 			}
 			if len(diffs) > 0 {
@@ -1457,7 +1441,7 @@ func (r *chaosRun) finish() {
 	}
 	r.ckOrder = nil
 	r.checkInvariants()
-	if infos, _ := r.inner.List(r.ctx, nil); len(infos) > 0 {
+	if infos, _ := r.w.local.List(r.ctx, nil); len(infos) > 0 {
 		r.failf("sandboxes left at the end: %+v", infos)
 	}
 	r.logf("done: %d episodes, %d snapshots, %d restores from a superseded history", len(r.episodes), len(r.cp.snaps), r.superseded)

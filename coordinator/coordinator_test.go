@@ -4,20 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"stasis/coordinator"
-	"stasis/episode"
-	"stasis/harness"
 	"stasis/internal/guestclock"
 	"stasis/ledger"
 	"stasis/model"
@@ -28,208 +20,66 @@ import (
 	"stasis/stasistest"
 	"stasis/store"
 	"stasis/supervisor"
+	"stasis/system"
 	"stasis/task"
 )
 
 func TestMain(m *testing.M) { stasistest.Main(m) }
 
-// world is what a coordinator runs on: a scripted model, a gateway on
-// each sandbox's own socket (gating chosen calls), the local
-// provider and a record store, all in directories that outlive a "crash"
-// of the coordinator.
+// world is the system a coordinator test runs on (stasistest.NewWorld):
+// the scripted model, the gateway on each sandbox's own socket (holding
+// chosen calls: Hold, HoldAttempt), the local provider, the record store
+// and the coordinator, on a state directory that outlives a crash of the
+// host side (Crash, Reopen). Its Env, Store, Gateway, Tasks and
+// Coordinator are those of the system open now.
 type world struct {
-	t        *testing.T
-	env      *episode.Env
-	st       store.Store
-	dbPath   string
-	gw       *relay.Gateway
-	gwState  string
-	modelURL string
-	local    *local.Provider
-	mu       sync.Mutex
-	sockets  *relay.SandboxSockets // nil while the services are down
-	tasks    []*task.Task
-	hold     sync.Map // "EPISODE/N" → chan struct{} (closed to release)
-	arrived  sync.Map // "EPISODE/N" → chan struct{}
+	*stasistest.World
+	t *testing.T
+	// local is the raw local provider of the system open now (each Open
+	// makes a new one); Env.Provider is it, or what the test wrapped it in.
+	local *local.Provider
 }
 
-func newWorld(t *testing.T) *world { return newWorldWith(t, false) }
+// newWorld opens a world, each option adjusting its configuration. Its
+// coordinator checks no episode's liveness unless an option says so
+// (TestLostWhenNoticed): the tests here notice lost episodes at a wait or
+// a recovery.
+func newWorld(t *testing.T, opts ...func(*system.Config)) *world {
+	return newWrappedWorld(t, nil, opts...)
+}
 
-// newWorldWith is newWorld; bindBinary binds the stasis binary into every
-// sandbox read-only, as the server does (harness.BoundBinaryPath), rather
-// than copying it into each: sessions start and snapshots are taken
-// faster.
-func newWorldWith(t *testing.T, bindBinary bool) *world {
+// newWrappedWorld is newWorld with its provider wrapped, at every Open,
+// by wrap (nil: none).
+func newWrappedWorld(t *testing.T, wrap func(*local.Provider) sandbox.Provider, opts ...func(*system.Config)) *world {
 	t.Helper()
-	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
-	ts, err := task.Builtin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	scripts, err := task.Scripts(ts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msrv := httptest.NewServer(model.New(model.Options{Scripts: scripts}))
-	t.Cleanup(msrv.Close)
-	gwDir, err := os.MkdirTemp("", "stasis-gw-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(gwDir) })
-	w := &world{t: t, tasks: ts, gwState: filepath.Join(t.TempDir(), "gateway"), dbPath: filepath.Join(t.TempDir(), "store.db")}
-	lo := local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: w}
-	if bindBinary {
-		lo.ReadOnlyBinds = map[string]string{stasistest.Exe(): harness.BoundBinaryPath}
-	}
-	p, err := local.New(lo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.local = p
-	// A test that passed must have retired every episode; one that failed
-	// part-way may not have, and its sandboxes must not outlive it (the
-	// next test would find their processes). Either way none is left.
-	t.Cleanup(func() {
-		ctx := context.Background()
-		left, err := p.List(ctx, nil)
-		if err != nil {
-			t.Errorf("list the sandboxes left: %v", err)
-			return
-		}
-		if len(left) > 0 && !t.Failed() {
-			t.Errorf("%d sandboxes left behind (first %s): every test retires its episodes", len(left), left[0].ID)
-		}
-		for _, sb := range left {
-			if err := p.Delete(ctx, sb.ID); err != nil {
-				t.Errorf("delete sandbox %s: %v", sb.ID, err)
+	w := &world{t: t}
+	base := func(c *system.Config) {
+		c.LivenessInterval = -1
+		c.WrapProvider = func(p sandbox.Provider) sandbox.Provider {
+			w.local = p.(*local.Provider)
+			if wrap == nil {
+				return p
 			}
+			return wrap(w.local)
 		}
-	})
-	w.env = &episode.Env{
-		Provider: p, GatewayURL: "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, Model: model.DefaultName,
-		Binary: stasistest.Exe(), BinaryEnv: stasistest.EnvMap,
 	}
-	if bindBinary {
-		w.env.BinaryInSandbox = harness.BoundBinaryPath
-	}
-	w.modelURL = msrv.URL
-	w.open(msrv.URL)
-	t.Cleanup(w.closeServices)
+	w.World = stasistest.NewWorld(t, append([]func(*system.Config){base}, opts...)...)
 	return w
 }
 
-// open starts the gateway and opens the store (again, after a crash).
-func (w *world) open(modelURL string) {
-	t := w.t
-	gw, err := relay.OpenGateway(relay.GatewayConfig{Upstream: modelURL, State: w.gwState})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hold := func(h http.Handler) http.Handler {
-		return http.HandlerFunc(func(rw http.ResponseWriter, q *http.Request) {
-			call := q.Header.Get(relay.HeaderCallID)
-			if ch, ok := w.hold.Load(call + "@" + q.Header.Get(relay.HeaderAttempt)); ok {
-				if a, ok := w.arrived.Load(call); ok {
-					select {
-					case <-a.(chan struct{}):
-					default:
-						close(a.(chan struct{}))
-					}
-				}
-				select {
-				case <-ch.(chan struct{}):
-				case <-q.Context().Done():
-					return
-				}
-			}
-			h.ServeHTTP(rw, q)
-		})
-	}
-	w.mu.Lock()
-	w.sockets = relay.NewSandboxSockets(gw, hold)
-	w.mu.Unlock()
-	// The sandboxes that outlived a crash get their sockets again, as a
-	// restarted server gives them.
-	if err := w.local.ServeGateways(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	w.gw = gw
-	st, err := store.OpenSQLite(w.dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.st = st
-	w.env.Gateway = gw
-	w.env.Verifier = &task.Verifier{Store: st, Provider: w.env.Provider}
-}
-
-func (w *world) closeServices() {
-	w.mu.Lock()
-	sockets := w.sockets
-	w.sockets = nil
-	w.mu.Unlock()
-	if sockets != nil {
-		sockets.Close()
-		_ = w.gw.Close()
-		_ = w.st.Close()
-	}
-}
-
-// ServeSandbox and StopSandbox make the world the local provider's
-// gateway server: each sandbox's socket is served by the gateway of the
-// moment, and refused while the services are down.
-func (w *world) ServeSandbox(id string, ln net.Listener) {
-	w.mu.Lock()
-	s := w.sockets
-	w.mu.Unlock()
-	if s == nil {
-		_ = ln.Close()
-		return
-	}
-	s.ServeSandbox(id, ln)
-}
-
-func (w *world) StopSandbox(id string) {
-	w.mu.Lock()
-	s := w.sockets
-	w.mu.Unlock()
-	if s != nil {
-		s.StopSandbox(id)
-	}
-}
-
-// holdCall makes call N of an episode (attempt 0) wait at the gateway.
-func (w *world) holdCall(ep string, n int) (arrived, release chan struct{}) {
-	call := ep + "/" + strconv.Itoa(n)
-	arrived, release = make(chan struct{}), make(chan struct{})
-	w.arrived.Store(call, arrived)
-	w.hold.Store(call+"@0", release)
-	return arrived, release
-}
-
-func (w *world) coordinator(ctx context.Context) *coordinator.Coordinator {
-	c, err := coordinator.New(ctx, coordinator.Options{Env: w.env, Store: w.st, Tasks: w.tasks, Concurrency: 4})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return c
-}
-
-func waitClosed(t *testing.T, ctx context.Context, ch chan struct{}, what string) {
+// waitHeld waits until the call h holds has arrived at the gateway.
+func waitHeld(t *testing.T, ctx context.Context, h *relay.Hold, what string) {
 	t.Helper()
-	select {
-	case <-ch:
-	case <-ctx.Done():
-		t.Fatalf("%s: %v", what, ctx.Err())
+	if err := h.Wait(ctx, 1); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 
 // Three episodes: one ends before the checkpoint, two are held mid-way.
 // The checkpoint records the ended one as finished with its verdict and the
 // two others paused and snapshotted; then everything "crashes" (the
-// sandboxes are deleted and the coordinator forgotten), a new coordinator
-// on the same store finds the episodes lost, and the restore relaunches
+// sandboxes are deleted and the host side goes down), the system opened
+// again on the same state finds the episodes lost, and the restore relaunches
 // the two from their snapshots; they finish with reward 1 and their ledgers
 // verify. A second restore of the same checkpoint while they are live is
 // refused and changes nothing.
@@ -237,24 +87,13 @@ func TestCheckpointCrashRestore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	w := newWorld(t)
-	c := w.coordinator(ctx)
+	c := w.Coordinator
 	type ep struct{ id, task string }
 	eps := []ep{{"ep-a", "py-ini-value-with-equals"}, {"ep-b", "sh-renext-spaces"}, {"ep-c", "js-slugify-single-replace"}}
-	var arrivals []chan struct{}
-	var releases []chan struct{}
+	var holds []*relay.Hold
 	for _, e := range eps[1:] {
-		a, r := w.holdCall(e.id, 3)
-		arrivals, releases = append(arrivals, a), append(releases, r)
+		holds = append(holds, w.Hold(e.id, 3))
 	}
-	defer func() {
-		for _, r := range releases {
-			select {
-			case <-r:
-			default:
-				close(r)
-			}
-		}
-	}()
 	for _, e := range eps {
 		if _, err := c.Start(ctx, e.id, e.task, "mini"); err != nil {
 			t.Fatal(err)
@@ -263,8 +102,8 @@ func TestCheckpointCrashRestore(t *testing.T) {
 	if _, err := c.Wait(ctx, "ep-a"); err != nil {
 		t.Fatal(err)
 	}
-	for i, a := range arrivals {
-		waitClosed(t, ctx, a, "call 3 of "+eps[i+1].id)
+	for i, h := range holds {
+		waitHeld(t, ctx, h, "call 3 of "+eps[i+1].id)
 	}
 	res, err := c.Prepare(ctx, "ckpt-1")
 	if err != nil {
@@ -273,7 +112,7 @@ func TestCheckpointCrashRestore(t *testing.T) {
 	if len(res.Episodes) != 3 || !res.Episodes[0].Finished || res.Episodes[1].Snapshot == "" || res.Episodes[2].Snapshot == "" {
 		t.Fatalf("prepare: %+v", res)
 	}
-	ck, recs, err := w.st.Get(ctx, "ckpt-1")
+	ck, recs, err := w.Store.Get(ctx, "ckpt-1")
 	if err != nil || ck.State != store.StateCommitted || len(recs) != 3 {
 		t.Fatalf("checkpoint: %+v %d records %v", ck, len(recs), err)
 	}
@@ -284,23 +123,22 @@ func TestCheckpointCrashRestore(t *testing.T) {
 	// The crash: every sandbox gone, the coordinator's memory dropped, the
 	// gateway and the store closed and opened again from disk.
 	for _, e := range eps {
-		row, _ := w.st.GetEpisode(ctx, e.id)
-		if err := w.env.Provider.Delete(ctx, row.Sandbox); err != nil {
+		row, _ := w.Store.GetEpisode(ctx, e.id)
+		if err := w.Env.Provider.Delete(ctx, row.Sandbox); err != nil {
 			t.Fatal(err)
 		}
 	}
 	c.Close()
-	for _, r := range releases {
-		close(r)
+	for _, h := range holds {
+		h.Release()
 	}
-	releases = nil
-	w.closeServices()
-	w.open(w.modelURL)
-	c = w.coordinator(ctx)
+	w.Crash()
+	w.Reopen()
+	c = w.Coordinator
 	if ids := c.LiveIDs(); len(ids) != 0 {
 		t.Fatalf("live after the crash: %v", ids)
 	}
-	lost, _ := w.st.ListEpisodes(ctx, store.EpisodeLost)
+	lost, _ := w.Store.ListEpisodes(ctx, store.EpisodeLost)
 	if len(lost) != 2 {
 		t.Fatalf("lost episodes: %+v", lost)
 	}
@@ -332,7 +170,7 @@ func TestCheckpointCrashRestore(t *testing.T) {
 		if err != nil || v.Reward != 1 {
 			t.Fatalf("%s: reward %d %v\n%s", e.id, v.Reward, err, v.Output)
 		}
-		rep, err := ledger.Verify(w.gw.LedgerDir(), e.id)
+		rep, err := ledger.Verify(w.Gateway.LedgerDir(), e.id)
 		if err != nil || !rep.OK || rep.Broken {
 			t.Fatalf("%s: ledger %+v %v", e.id, rep, err)
 		}
@@ -349,7 +187,7 @@ func TestCheckpointCrashRestore(t *testing.T) {
 	if err != nil || len(freed) != 2 {
 		t.Fatalf("delete checkpoint: %v %v", freed, err)
 	}
-	if infos, _ := w.env.Provider.List(ctx, nil); len(infos) != 0 {
+	if infos, _ := w.Env.Provider.List(ctx, nil); len(infos) != 0 {
 		t.Fatalf("sandboxes left: %+v", infos)
 	}
 }
@@ -361,9 +199,8 @@ func TestStartWithDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	w := newWorld(t)
-	c := w.coordinator(ctx)
-	_, release := w.holdCall("ep-d", 1)
-	defer close(release)
+	c := w.Coordinator
+	w.Hold("ep-d", 1)
 	if _, err := c.StartWithDeadline(ctx, "ep-x", "sh-renext-spaces", "mini", -time.Second); err == nil {
 		t.Fatal("a negative deadline was taken")
 	}
@@ -400,15 +237,13 @@ func (c claimsProcesses) Capabilities() sandbox.Capabilities {
 // resumed in place, and the restore says why; the episode still reaches
 // reward 1 with a ledger that verifies.
 func TestNotTheRecordedLaunchRelaunches(t *testing.T) {
-	w := newWorld(t)
-	w.env.Provider = claimsProcesses{w.local}
-	w.env.Verifier.Provider = w.env.Provider
+	w := newWrappedWorld(t, func(p *local.Provider) sandbox.Provider { return claimsProcesses{p} })
 	w.restoreRelaunches("ep-x", "not the recorded launch", nil)
 }
 
 // restoreRelaunches checkpoints episode ep (held at its third model call;
 // its record must say it restores in place), deletes its sandbox, and
-// restores the checkpoint with a new coordinator (prepare, given the
+// restores the checkpoint after a crash and a reopen (prepare, given the
 // record, runs first): the episode must be relaunched, for a reason that
 // says why, and still reach reward 1 with a ledger that verifies.
 func (w *world) restoreRelaunches(ep, why string, prepare func(store.Record)) {
@@ -417,36 +252,30 @@ func (w *world) restoreRelaunches(ep, why string, prepare func(store.Record)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	ck := "ckpt-" + ep
-	c := w.coordinator(ctx)
-	a, r := w.holdCall(ep, 3)
-	released := false
-	defer func() {
-		if !released {
-			close(r)
-		}
-	}()
+	c := w.Coordinator
+	h := w.Hold(ep, 3)
 	if _, err := c.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
 		t.Fatal(err)
 	}
-	waitClosed(t, ctx, a, "call 3 of "+ep)
+	waitHeld(t, ctx, h, "call 3 of "+ep)
 	if _, err := c.Prepare(ctx, ck); err != nil {
 		t.Fatal(err)
 	}
-	_, recs, err := w.st.Get(ctx, ck)
+	_, recs, err := w.Store.Get(ctx, ck)
 	if err != nil || len(recs) != 1 || !recs[0].RestoresInPlace() || recs[0].PauseMode != "hold" {
 		t.Fatalf("record: %+v %v", recs, err)
 	}
 	if prepare != nil {
 		prepare(recs[0])
 	}
-	row, _ := w.st.GetEpisode(ctx, ep)
+	row, _ := w.Store.GetEpisode(ctx, ep)
 	if err := w.local.Delete(ctx, row.Sandbox); err != nil {
 		t.Fatal(err)
 	}
-	close(r)
-	released = true
-	c.Close()
-	c = w.coordinator(ctx)
+	h.Release()
+	w.Crash()
+	w.Reopen()
+	c = w.Coordinator
 	res, err := c.Restore(ctx, ck)
 	if err != nil {
 		t.Fatal(err)
@@ -461,7 +290,7 @@ func (w *world) restoreRelaunches(ep, why string, prepare func(store.Record)) {
 	if err != nil || v.Reward != 1 {
 		t.Fatalf("reward %d %v\n%s", v.Reward, err, v.Output)
 	}
-	if rep, err := ledger.Verify(w.gw.LedgerDir(), ep); err != nil || !rep.OK || rep.Broken {
+	if rep, err := ledger.Verify(w.Gateway.LedgerDir(), ep); err != nil || !rep.OK || rep.Broken {
 		t.Fatalf("ledger %+v %v", rep, err)
 	}
 	if err := c.Retire(ctx, ep); err != nil {
@@ -479,7 +308,7 @@ func (w *world) restoreRelaunches(ep, why string, prepare func(store.Record)) {
 type harnessEndsInFork struct {
 	claimsProcesses
 	episode  string
-	identity proc.Identity
+	identity *proc.Identity
 }
 
 // SetClock leaves the clock alone: a local sandbox cannot set it, and the
@@ -494,7 +323,7 @@ func (h harnessEndsInFork) Fork(ctx context.Context, snap string, n int, spec sa
 		return nil, err
 	}
 	one := 1
-	rc, _ := json.Marshal(supervisor.Receipt{Identity: h.identity, CleanupConfirmed: true, ReturnCode: &one, Error: "the harness exited 1"})
+	rc, _ := json.Marshal(supervisor.Receipt{Identity: *h.identity, CleanupConfirmed: true, ReturnCode: &one, Error: "the harness exited 1"})
 	for _, f := range forks {
 		dir := "/tmp/stasis/" + h.episode
 		res, err := h.Exec(ctx, f.ID, sandbox.ExecRequest{
@@ -515,11 +344,13 @@ func (h harnessEndsInFork) Fork(ctx context.Context, snap string, n int, spec sa
 // failed with it, and it still reaches reward 1 with a ledger that
 // verifies.
 func TestHarnessEndedInForkRelaunches(t *testing.T) {
-	w := newWorld(t)
-	hp := &harnessEndsInFork{claimsProcesses: claimsProcesses{w.local}, episode: "ep-y"}
-	w.env.Provider = hp
-	w.env.Verifier.Provider = hp
-	w.restoreRelaunches("ep-y", "harness ended in the fork before the continue", func(r store.Record) { hp.identity = *r.Identity })
+	// The recorded identity, learnt from the record, is shared by the
+	// wrappers of every Open.
+	var identity proc.Identity
+	w := newWrappedWorld(t, func(p *local.Provider) sandbox.Provider {
+		return harnessEndsInFork{claimsProcesses: claimsProcesses{p}, episode: "ep-y", identity: &identity}
+	})
+	w.restoreRelaunches("ep-y", "harness ended in the fork before the continue", func(r store.Record) { identity = *r.Identity })
 }
 
 // A verdict belongs to one run. An episode ends and is verified (reward
@@ -531,24 +362,17 @@ func TestRestoredRunIsVerifiedAfresh(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	w := newWorld(t)
-	c := w.coordinator(ctx)
+	c := w.Coordinator
 	// Call 2's answer carries the fix: the checkpoint is taken before it.
-	arrived, release := w.holdCall("ep-d", 2)
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
+	h := w.Hold("ep-d", 2)
 	if _, err := c.Start(ctx, "ep-d", "py-money-negative-cents", "mini"); err != nil {
 		t.Fatal(err)
 	}
-	waitClosed(t, ctx, arrived, "call 2 of ep-d")
+	waitHeld(t, ctx, h, "call 2 of ep-d")
 	if _, err := c.Prepare(ctx, "ckpt-1"); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
-	released = true
+	h.Release()
 	if _, err := c.Wait(ctx, "ep-d"); err != nil {
 		t.Fatal(err)
 	}
@@ -559,16 +383,15 @@ func TestRestoredRunIsVerifiedAfresh(t *testing.T) {
 
 	// The crash, and a model that does not solve it (the default script:
 	// it reads a file, runs a command and answers).
-	row, _ := w.st.GetEpisode(ctx, "ep-d")
-	if err := w.env.Provider.Delete(ctx, row.Sandbox); err != nil {
+	row, _ := w.Store.GetEpisode(ctx, "ep-d")
+	if err := w.Env.Provider.Delete(ctx, row.Sandbox); err != nil {
 		t.Fatal(err)
 	}
-	c.Close()
-	w.closeServices()
 	lazy := httptest.NewServer(model.New(model.Options{}))
 	t.Cleanup(lazy.Close)
-	w.open(lazy.URL)
-	c = w.coordinator(ctx)
+	w.Crash()
+	w.ReopenWith(func(c *system.Config) { c.ModelUpstream = lazy.URL })
+	c = w.Coordinator
 	if _, err := c.Restore(ctx, "ckpt-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -582,7 +405,7 @@ func TestRestoredRunIsVerifiedAfresh(t *testing.T) {
 	if v, rec, err := c.Verify(ctx, "ep-d"); err != nil || !rec || v.Reward != 0 || !v.Started.Equal(again.Started) {
 		t.Fatalf("a second verify of the restored run: %+v recorded=%v %v", v, rec, err)
 	}
-	if old, ok, err := w.env.Verifier.Recorded(ctx, "ep-d", 0); err != nil || !ok || old.Reward != 1 {
+	if old, ok, err := w.Env.Verifier.Recorded(ctx, "ep-d", 0); err != nil || !ok || old.Reward != 1 {
 		t.Fatalf("the first run's verdict: %+v %v %v", old, ok, err)
 	}
 	if err := c.Retire(ctx, "ep-d"); err != nil {
@@ -607,29 +430,24 @@ func TestStragglerExcluded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	w := newWorld(t)
-	c := w.coordinator(ctx)
-	var releases []chan struct{}
-	defer func() {
-		for _, r := range releases {
-			close(r)
-		}
-	}()
+	c := w.Coordinator
+	var holds []*relay.Hold
 	for _, id := range []string{"ep-good", "ep-bad"} {
-		a, r := w.holdCall(id, 3)
-		releases = append(releases, r)
+		h := w.Hold(id, 3)
+		holds = append(holds, h)
 		if _, err := c.Start(ctx, id, "sh-renext-spaces", "mini"); err != nil {
 			t.Fatal(err)
 		}
-		waitClosed(t, ctx, a, "call 3 of "+id)
+		waitHeld(t, ctx, h, "call 3 of "+id)
 	}
-	row, err := w.st.GetEpisode(ctx, "ep-bad")
+	row, err := w.Store.GetEpisode(ctx, "ep-bad")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, cmd := range []string{"pause", "continue"} {
 		var out strings.Builder
-		res, err := w.env.Provider.Exec(ctx, row.Sandbox, sandbox.ExecRequest{
-			Argv: []string{"/tmp/.stasis/bin/stasis", "ctl", "--dir", "/tmp/stasis/ep-bad", cmd, "1000000"},
+		res, err := w.Env.Provider.Exec(ctx, row.Sandbox, sandbox.ExecRequest{
+			Argv: []string{w.Env.BinaryInSandbox, "ctl", "--dir", "/tmp/stasis/ep-bad", cmd, "1000000"},
 			Env:  stasistest.EnvMap, User: sandbox.UserControl, Stdout: &out, Stderr: &out,
 		})
 		if err != nil || res.ExitCode != 0 {
@@ -651,7 +469,7 @@ func TestStragglerExcluded(t *testing.T) {
 		if f := got["ep-good"]; f.Excluded || f.Snapshot == "" {
 			t.Errorf("%s: ep-good %+v, want recorded", ck, f)
 		}
-		meta, recs, err := w.st.Get(ctx, ck)
+		meta, recs, err := w.Store.Get(ctx, ck)
 		if err != nil || meta.State != store.StateCommitted || len(recs) != 1 || recs[0].Episode != "ep-good" {
 			t.Fatalf("%s: %+v %+v %v", ck, meta, recs, err)
 		}
@@ -660,16 +478,15 @@ func TestStragglerExcluded(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "ep-bad") {
 		t.Fatalf("the strict policy: %v, want a failure naming ep-bad", err)
 	}
-	if meta, _, err := w.st.Get(ctx, "ckpt-strict"); err != nil || meta.State != store.StateFailed {
+	if meta, _, err := w.Store.Get(ctx, "ckpt-strict"); err != nil || meta.State != store.StateFailed {
 		t.Fatalf("ckpt-strict: %+v %v", meta, err)
 	}
 	if _, err := c.PrepareWith(ctx, "ckpt-x", coordinator.PrepareOptions{Stragglers: "maybe"}); err == nil {
 		t.Errorf("an unknown policy was accepted")
 	}
-	for _, r := range releases {
-		close(r)
+	for _, h := range holds {
+		h.Release()
 	}
-	releases = nil
 	for _, id := range []string{"ep-good", "ep-bad"} {
 		if _, err := c.Wait(ctx, id); err != nil {
 			t.Fatal(err)

@@ -4,9 +4,9 @@ package coordinator_test
 // branch and a start). A step
 // hook crashes the operation there: it returns at once, undoing and
 // closing nothing, with its sandboxes, forks and harnesses left as they
-// are; the coordinator is dropped, the gateway and the store closed and
-// opened again from disk, and a new coordinator made on them (what a
-// restarted server does). Then, every time:
+// are; the host side is dropped (the coordinator, the gateway, the store)
+// and the system opened again on the same state (what a restarted server
+// does). Then, every time:
 //
 //   - no sandbox is left that no live episode runs in, and every live
 //     episode's sandbox is there;
@@ -28,7 +28,6 @@ import (
 	"log/slog"
 	"reflect"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -37,33 +36,45 @@ import (
 	"stasis/coordinator"
 	"stasis/errdefs"
 	"stasis/ledger"
+	"stasis/relay"
 	"stasis/sandbox"
 	"stasis/sandbox/local"
 	"stasis/store"
+	"stasis/system"
 )
 
-// snapRecorder is the local provider, remembering every snapshot made
-// (the snapshot exists even when the caller dies before it hears of it).
+// snapRecorder is the local provider of one Open, remembering every
+// snapshot made (the snapshot exists even when the caller dies before it
+// hears of it) in a list that outlives the Open.
 type snapRecorder struct {
 	*local.Provider
-	mu    sync.Mutex
-	snaps []string
+	snaps *snapList
 }
 
-func (p *snapRecorder) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
+func (p snapRecorder) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
 	info, err := p.Provider.Snapshot(ctx, id, name)
 	if err == nil {
-		p.mu.Lock()
-		p.snaps = append(p.snaps, info.ID)
-		p.mu.Unlock()
+		p.snaps.add(info.ID)
 	}
 	return info, err
 }
 
-func (p *snapRecorder) made() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]string(nil), p.snaps...)
+// snapList is every snapshot made, across the Opens.
+type snapList struct {
+	mu    sync.Mutex
+	snaps []string
+}
+
+func (l *snapList) add(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.snaps = append(l.snaps, id)
+}
+
+func (l *snapList) made() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.snaps...)
 }
 
 // killAt crashes the n-th step named step of operation op.
@@ -90,62 +101,63 @@ func (k *killAt) hook(op, step, episode string) error {
 func (k *killAt) String() string { return fmt.Sprintf("%s:%s#%d", k.op, k.step, k.n) }
 
 // killRig is a world with two episodes held at their third model call.
+// Its coordinator (that of the system open now: c) calls the rig's step
+// hook, which kills the operation at kill when one is set.
 type killRig struct {
-	t   *testing.T
-	ctx context.Context
-	w   *world
-	p   *snapRecorder
-	c   *coordinator.Coordinator
-	eps []string
-	// holds releases, at the end, every call held.
-	holds []chan struct{}
+	t     *testing.T
+	ctx   context.Context
+	w     *world
+	snaps *snapList
+	c     *coordinator.Coordinator
+	eps   []string
+
+	mu   sync.Mutex
+	kill *killAt // nil: no operation is killed
 }
 
 func newKillRig(t *testing.T, ctx context.Context) *killRig {
-	w := newWorldWith(t, true)
-	p := &snapRecorder{Provider: w.local}
-	w.env.Provider = p
-	w.env.Verifier.Provider = p
-	// The race runtime sleeps a second at exit unless told not to: every
-	// exec of the stasis binary in a sandbox would take a second.
-	env := map[string]string{"GORACE": "atexit_sleep_ms=0"}
-	for k, v := range w.env.BinaryEnv {
-		env[k] = v
-	}
-	w.env.BinaryEnv = env
-	r := &killRig{t: t, ctx: ctx, w: w, p: p, eps: []string{"ep-a", "ep-b"}}
-	t.Cleanup(func() {
-		for _, h := range r.holds {
-			close(h)
-		}
-		if r.c != nil {
-			r.c.Close()
-		}
-	})
-	r.c = w.coordinator(ctx)
-	var arrivals []chan struct{}
+	r := &killRig{t: t, ctx: ctx, snaps: &snapList{}, eps: []string{"ep-a", "ep-b"}}
+	r.w = newWrappedWorld(t, func(p *local.Provider) sandbox.Provider { return snapRecorder{Provider: p, snaps: r.snaps} },
+		func(c *system.Config) {
+			c.CoordinatorOptions = func(o *coordinator.Options) {
+				coordinator.SetStepHook(o, r.hook)
+				// The recovery's log is the test's.
+				o.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			}
+		})
+	r.c = r.w.Coordinator
+	var holds []*relay.Hold
 	for _, ep := range r.eps {
-		a, rel := w.holdCall(ep, 3)
-		arrivals, r.holds = append(arrivals, a), append(r.holds, rel)
+		holds = append(holds, r.w.Hold(ep, 3))
 		r.holdCalls(ep, 0, 4, 12)
 		if _, err := r.c.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for i, a := range arrivals {
-		waitClosed(t, ctx, a, "call 3 of "+r.eps[i])
+	for i, h := range holds {
+		waitHeld(t, ctx, h, "call 3 of "+r.eps[i])
 	}
 	return r
 }
 
+// hook is the coordinator's step hook: it kills the operation at r.kill.
+func (r *killRig) hook(op, step, episode string) error {
+	r.mu.Lock()
+	k := r.kill
+	r.mu.Unlock()
+	if k == nil {
+		return nil
+	}
+	return k.hook(op, step, episode)
+}
+
 // holdCalls holds calls from to last of an episode's attempt at the
-// gateway: a crash closes the gateway's sockets, cutting the call held,
-// and the harness asks again under the next number.
+// gateway (each until the test ends): a crash closes the gateway's
+// sockets, cutting the call held, and the harness asks again under the
+// next number.
 func (r *killRig) holdCalls(ep string, attempt, from, last int) {
 	for n := from; n <= last; n++ {
-		rel := make(chan struct{})
-		r.w.hold.Store(ep+"/"+strconv.Itoa(attempt*1_000_000+n)+"@"+strconv.Itoa(attempt), rel)
-		r.holds = append(r.holds, rel)
+		r.w.HoldAttempt(ep, attempt, attempt*1_000_000+n)
 	}
 }
 
@@ -153,7 +165,7 @@ func (r *killRig) holdCalls(ep string, attempt, from, last int) {
 // so that a restored harness makes no progress while the test looks.
 func (r *killRig) holdNext() {
 	for _, ep := range r.eps {
-		st, err := r.w.gw.Episode(ep)
+		st, err := r.w.Gateway.Episode(ep)
 		if err != nil {
 			r.t.Fatal(err)
 		}
@@ -161,32 +173,25 @@ func (r *killRig) holdNext() {
 	}
 }
 
-// crash runs do with a coordinator whose step hook kills it at k, checks
-// that it was killed, then drops everything in memory and makes a new
-// coordinator on what is on disk.
+// crash runs do with the coordinator, its step hook killing it at k,
+// checks that it was killed, then drops everything in memory (the host
+// side crashes) and opens the system again on what is on disk.
 func (r *killRig) crash(k *killAt, do func(*coordinator.Coordinator) error) {
 	t := r.t
 	t.Helper()
-	o := coordinator.Options{Env: r.w.env, Store: r.w.st, Tasks: r.w.tasks, Concurrency: 4}
-	coordinator.SetStepHook(&o, k.hook)
-	r.c.Close()
-	c, err := coordinator.New(r.ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := do(c); !errors.Is(err, coordinator.ErrCrashed) {
+	r.mu.Lock()
+	r.kill = k
+	r.mu.Unlock()
+	err := do(r.c)
+	r.mu.Lock()
+	r.kill = nil
+	r.mu.Unlock()
+	if !errors.Is(err, coordinator.ErrCrashed) {
 		t.Fatalf("%s: the operation was not killed: %v", k, err)
 	}
-	c.Close()
-	r.w.closeServices()
-	r.w.open(r.w.modelURL)
-	// The recovery's log is the test's.
-	c, err = coordinator.New(r.ctx, coordinator.Options{Env: r.w.env, Store: r.w.st, Tasks: r.w.tasks, Concurrency: 4,
-		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.c = c
+	r.w.Crash()
+	r.w.Reopen()
+	r.c = r.w.Coordinator
 }
 
 // testLog writes a log into the test's.
@@ -208,12 +213,12 @@ type before struct {
 func (r *killRig) before() before {
 	b := before{rows: map[string]store.Episode{}, attempts: map[string]int{}, ledgers: map[string]string{}}
 	for _, ep := range r.eps {
-		row, err := r.w.st.GetEpisode(r.ctx, ep)
+		row, err := r.w.Store.GetEpisode(r.ctx, ep)
 		if err != nil {
 			r.t.Fatal(err)
 		}
 		b.rows[ep] = row
-		st, err := r.w.gw.Episode(ep)
+		st, err := r.w.Gateway.Episode(ep)
 		if err != nil {
 			r.t.Fatal(err)
 		}
@@ -227,7 +232,7 @@ func (r *killRig) before() before {
 // hash) and its cuts and broken marks. Settlements (what became of a
 // response, recorded when the relay learns it) do not change it.
 func (r *killRig) ledgerState(ep string) string {
-	h, err := ledger.Read(r.w.gw.LedgerDir(), ep)
+	h, err := ledger.Read(r.w.Gateway.LedgerDir(), ep)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -254,7 +259,7 @@ func (r *killRig) check(what string) {
 			t.Fatalf("%s: live episode %s: status %+v %v: left paused or unreachable", what, id, st, err)
 		}
 	}
-	infos, err := r.p.List(ctx, nil)
+	infos, err := r.w.local.List(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +275,7 @@ func (r *killRig) check(what string) {
 			t.Fatalf("%s: live episode %s's sandbox %s is gone", what, id, sb)
 		}
 	}
-	rows, err := r.w.st.ListEpisodes(ctx, "")
+	rows, err := r.w.Store.ListEpisodes(ctx, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,22 +288,22 @@ func (r *killRig) check(what string) {
 			t.Fatalf("%s: episode %s is live but %s in the store", what, row.ID, row.State)
 		}
 		if ok {
-			st, err := r.w.gw.Episode(row.ID)
+			st, err := r.w.Gateway.Episode(row.ID)
 			if err != nil || st.Attempt != row.Attempt || st.Attempt != e.Attempt() || st.Sandbox != row.Sandbox || st.Revoked {
 				t.Fatalf("%s: live episode %s: the gateway says %+v (%v), the store attempt %d in %s", what, row.ID, st, err, row.Attempt, row.Sandbox)
 			}
 		}
-		if rep, err := ledger.Verify(r.w.gw.LedgerDir(), row.ID); err != nil || !rep.OK || rep.Broken {
+		if rep, err := ledger.Verify(r.w.Gateway.LedgerDir(), row.ID); err != nil || !rep.OK || rep.Broken {
 			t.Fatalf("%s: ledger of %s: %+v %v", what, row.ID, rep, err)
 		}
 	}
-	pending, err := r.w.st.List(ctx, store.ListOptions{State: store.StatePending})
+	pending, err := r.w.Store.List(ctx, store.ListOptions{State: store.StatePending})
 	if err != nil || len(pending) > 0 {
 		t.Fatalf("%s: checkpoints left pending: %+v %v", what, pending, err)
 	}
 	named := r.named()
-	for _, s := range r.p.made() {
-		_, err := r.p.GetSnapshot(ctx, s)
+	for _, s := range r.snaps.made() {
+		_, err := r.w.local.GetSnapshot(ctx, s)
 		switch ck, ok := named[s]; {
 		case ok && err != nil:
 			t.Fatalf("%s: snapshot %s of committed checkpoint %s: %v", what, s, ck, err)
@@ -306,7 +311,7 @@ func (r *killRig) check(what string) {
 			t.Fatalf("%s: snapshot %s is left, and no committed checkpoint names it (%v)", what, s, err)
 		}
 	}
-	if es, err := r.w.st.Journal(ctx); err != nil || len(es) > 0 {
+	if es, err := r.w.Store.Journal(ctx); err != nil || len(es) > 0 {
 		t.Fatalf("%s: the journal still holds %+v (%v)", what, es, err)
 	}
 }
@@ -314,12 +319,12 @@ func (r *killRig) check(what string) {
 // named maps each snapshot a committed checkpoint names to it.
 func (r *killRig) named() map[string]string {
 	named := map[string]string{}
-	cks, err := r.w.st.List(r.ctx, store.ListOptions{State: store.StateCommitted})
+	cks, err := r.w.Store.List(r.ctx, store.ListOptions{State: store.StateCommitted})
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	for _, ck := range cks {
-		_, recs, err := r.w.st.Get(r.ctx, ck.ID)
+		_, recs, err := r.w.Store.Get(r.ctx, ck.ID)
 		if err != nil {
 			r.t.Fatal(err)
 		}
@@ -382,7 +387,7 @@ func TestKillEveryStep(t *testing.T) {
 				t.Fatalf("%s: the prepare changed the ledger of %s:\n%s\nwas\n%s", k, ep, got, b.ledgers[ep])
 			}
 		}
-		meta, _, err := r.w.st.Get(ctx, ck)
+		meta, _, err := r.w.Store.Get(ctx, ck)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -428,8 +433,8 @@ func TestKillEveryStep(t *testing.T) {
 				t.Fatalf("%s: a restore killed before its decision left %v live", k, ids)
 			}
 			for _, ep := range r.eps {
-				row, _ := r.w.st.GetEpisode(ctx, ep)
-				st, _ := r.w.gw.Episode(ep)
+				row, _ := r.w.Store.GetEpisode(ctx, ep)
+				st, _ := r.w.Gateway.Episode(ep)
 				row.Updated = b.rows[ep].Updated
 				if !reflect.DeepEqual(row, b.rows[ep]) || st.Attempt != b.attempts[ep] || r.ledgerState(ep) != b.ledgers[ep] {
 					t.Fatalf("%s: undone, but episode %s changed: row %+v (was %+v), attempt %d (was %d)", k, ep, row, b.rows[ep], st.Attempt, b.attempts[ep])
@@ -443,7 +448,7 @@ func TestKillEveryStep(t *testing.T) {
 		}
 		for _, ep := range r.eps {
 			e, _ := r.c.Live(ep)
-			row, _ := r.w.st.GetEpisode(ctx, ep)
+			row, _ := r.w.Store.GetEpisode(ctx, ep)
 			if e.Attempt() != b.attempts[ep]+1 || row.Attempt != e.Attempt() || row.Resume != "relaunch" {
 				t.Fatalf("%s: rolled forward, but %s is at attempt %d (row %+v), want %d", k, ep, e.Attempt(), row, b.attempts[ep]+1)
 			}
@@ -475,10 +480,10 @@ func TestKillEveryStep(t *testing.T) {
 			t.Fatalf("%s: live after the recovery: %v, want %v", k, ids, r.eps)
 		}
 		for _, cp := range copies {
-			if _, err := r.w.st.GetEpisode(ctx, cp); !errors.Is(err, errdefs.ErrNotFound) {
+			if _, err := r.w.Store.GetEpisode(ctx, cp); !errors.Is(err, errdefs.ErrNotFound) {
 				t.Fatalf("%s: copy %s is in the store: %v", k, cp, err)
 			}
-			if st, err := r.w.gw.Episode(cp); err == nil {
+			if st, err := r.w.Gateway.Episode(cp); err == nil {
 				t.Fatalf("%s: copy %s is still registered at the gateway: %+v", k, cp, st)
 			}
 		}
@@ -496,10 +501,10 @@ func TestKillEveryStep(t *testing.T) {
 			return err
 		})
 		r.check(k.String())
-		if _, err := r.w.st.GetEpisode(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := r.w.Store.GetEpisode(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("%s: %s is in the store: %v", k, id, err)
 		}
-		if st, err := r.w.gw.Episode(id); err == nil {
+		if st, err := r.w.Gateway.Episode(id); err == nil {
 			t.Fatalf("%s: %s is still registered at the gateway: %+v", k, id, st)
 		}
 		t.Logf("%s: undone (%.0fs)", k, time.Since(start).Seconds())
@@ -511,7 +516,7 @@ func TestKillEveryStep(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cks, _ := r.w.st.List(ctx, store.ListOptions{State: store.StateFailed})
+	cks, _ := r.w.Store.List(ctx, store.ListOptions{State: store.StateFailed})
 	for _, ck := range cks {
 		if _, err := r.c.DeleteCheckpoint(ctx, ck.ID); err != nil {
 			t.Fatal(err)

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"stasis/coordinator"
 	"stasis/internal/sandboxbin"
 	"stasis/stasistest"
+	"stasis/system"
 )
 
 // TestRestoreNeedsItsImage: an episode on an image is recorded with the
@@ -19,30 +19,25 @@ func TestRestoreNeedsItsImage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	t.Setenv(sandboxbin.Env, stasistest.StaticBinary(t))
-	w := newWorld(t)
 	// A small image: what is tested is the record and the pull, and the
 	// Debian image's unpack, done twice, is minutes under a loaded CI.
 	// Busybox has no C library for the race-built test binary, so the
 	// sandboxes get the static in-sandbox build.
 	ref := stasistest.BusyboxImage(t)
-	w.env.Image = ref
-	w.env.Binary, w.env.BinaryEnv = stasistest.StaticBinary(t), nil
-	c := w.coordinator(ctx)
-	arrived, release := w.holdCall("ep-img", 2)
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
+	w := newWorld(t, func(c *system.Config) {
+		c.Image = ref
+		c.Binary, c.BinaryEnv = stasistest.StaticBinary(t), nil
+	})
+	c := w.Coordinator
+	h := w.Hold("ep-img", 2)
 	if _, err := c.Start(ctx, "ep-img", "sh-renext-spaces", "mini"); err != nil {
 		t.Fatal(err)
 	}
-	waitClosed(t, ctx, arrived, "call 2 of ep-img")
+	waitHeld(t, ctx, h, "call 2 of ep-img")
 	if _, err := c.Prepare(ctx, "ckpt-img"); err != nil {
 		t.Fatal(err)
 	}
-	_, recs, err := w.st.Get(ctx, "ckpt-img")
+	_, recs, err := w.Store.Get(ctx, "ckpt-img")
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("records: %+v %v", recs, err)
 	}
@@ -50,8 +45,7 @@ func TestRestoreNeedsItsImage(t *testing.T) {
 	if !strings.HasPrefix(rec.Image, "sha256:") || rec.ImageRef != ref {
 		t.Fatalf("the record's image: %q from %q, want a digest from %q", rec.Image, rec.ImageRef, ref)
 	}
-	close(release)
-	released = true
+	h.Release()
 	if _, err := c.Wait(ctx, "ep-img"); err != nil {
 		t.Fatal(err)
 	}
@@ -69,10 +63,12 @@ func TestRestoreNeedsItsImage(t *testing.T) {
 	if left, _ := w.local.List(ctx, nil); len(left) != 0 {
 		t.Fatalf("a refused restore made sandboxes: %v", left)
 	}
-	pc, err := coordinator.New(ctx, coordinator.Options{Env: w.env, Store: w.st, Tasks: w.tasks, Concurrency: 4, PullImages: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The system again, its restores pulling missing images. It has no
+	// default image: a local provider would pull that at Open, and the
+	// pull tested is the restore's.
+	w.Crash()
+	w.ReopenWith(func(c *system.Config) { c.PullImages, c.Image = true, "" })
+	pc := w.Coordinator
 	if _, err := pc.Restore(ctx, "ckpt-img"); err != nil {
 		t.Fatalf("restore that pulls the image again: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"stasis/internal/testwait"
 	"stasis/sandbox/local"
 	"stasis/store"
+	"stasis/system"
 )
 
 // stepClock is a clock whose timers fire only when the test says.
@@ -53,27 +54,25 @@ func (c *stepClock) fire() int {
 func TestLostWhenNoticed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	w := newWorldWith(t, true)
 	clock := &stepClock{}
-	c, err := coordinator.New(ctx, coordinator.Options{Env: w.env, Store: w.st, Tasks: w.tasks, Concurrency: 4, Clock: clock, LivenessInterval: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	w := newWorld(t, func(c *system.Config) {
+		c.LivenessInterval = time.Minute
+		c.CoordinatorOptions = func(o *coordinator.Options) { o.Clock = clock }
+	})
+	c := w.Coordinator
 	for _, ep := range []string{"ep-w", "ep-t"} {
-		a, rel := w.holdCall(ep, 2)
-		defer close(rel)
+		h := w.Hold(ep, 2)
 		if _, err := c.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
 			t.Fatal(err)
 		}
-		waitClosed(t, ctx, a, "call 2 of "+ep)
+		waitHeld(t, ctx, h, "call 2 of "+ep)
 	}
 	lost := func(ep string) {
 		t.Helper()
 		if _, live := c.Live(ep); live {
 			t.Fatalf("%s is still live", ep)
 		}
-		row, err := w.st.GetEpisode(ctx, ep)
+		row, err := w.Store.GetEpisode(ctx, ep)
 		if err != nil || row.State != store.EpisodeLost || row.Sandbox != "" {
 			t.Fatalf("%s: %+v %v, want lost with no sandbox", ep, row, err)
 		}
@@ -83,7 +82,7 @@ func TestLostWhenNoticed(t *testing.T) {
 	}
 
 	// The wait finds the sandbox deleted.
-	row, _ := w.st.GetEpisode(ctx, "ep-w")
+	row, _ := w.Store.GetEpisode(ctx, "ep-w")
 	if err := w.local.Delete(ctx, row.Sandbox); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +92,7 @@ func TestLostWhenNoticed(t *testing.T) {
 	lost("ep-w")
 
 	// The liveness check finds the keeper killed.
-	row, _ = w.st.GetEpisode(ctx, "ep-t")
+	row, _ = w.Store.GetEpisode(ctx, "ep-t")
 	info, err := w.local.Get(ctx, row.Sandbox)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +111,7 @@ func TestLostWhenNoticed(t *testing.T) {
 	}
 	testwait.Until(t, "the liveness check to wait on the clock", time.Minute, func() bool { return clock.fire() > 0 })
 	testwait.Until(t, "ep-t to be marked lost", time.Minute, func() bool {
-		row, err := w.st.GetEpisode(ctx, "ep-t")
+		row, err := w.Store.GetEpisode(ctx, "ep-t")
 		return err == nil && row.State == store.EpisodeLost
 	})
 	lost("ep-t")

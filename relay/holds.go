@@ -11,16 +11,21 @@ import (
 // Holds is gateway middleware that holds chosen model calls before they
 // reach the gateway, each until it is let go. A benchmark stops every
 // episode at a known call with it, and a test one episode, by the call's
-// number rather than by timing. Only calls of attempt 0 are held: a
-// restored episode's calls pass.
+// number rather than by timing. A hold names the attempt whose calls it
+// holds: Add's, attempt 0 (a restored episode's calls pass); AddAttempt's,
+// any one.
 type Holds struct {
 	mu    sync.Mutex
 	holds []*Hold
 }
 
-// Hold is one rule of Holds: call Call of Episode ("" for every episode).
+// Hold is one rule of Holds: the call numbered Call of attempt Attempt of
+// Episode ("" for every episode). Call is the number in the call's id,
+// which the relay of an attempt counts from where the episode says
+// (attempt a's from a×1 000 000+1).
 type Hold struct {
 	Episode string
+	Attempt int
 	Call    int
 
 	mu      sync.Mutex
@@ -30,13 +35,33 @@ type Hold struct {
 	once    sync.Once
 }
 
-// Add holds call n of episode ("" for every episode) from now on.
-func (h *Holds) Add(episode string, n int) *Hold {
-	g := &Hold{Episode: episode, Call: n, seen: map[string]bool{}, changed: make(chan struct{}), open: make(chan struct{})}
+// Add holds call n of attempt 0 of episode ("" for every episode) from
+// now on.
+func (h *Holds) Add(episode string, n int) *Hold { return h.AddAttempt(episode, 0, n) }
+
+// AddAttempt holds the call numbered call (the number in its id) of
+// attempt of episode ("" for every episode) from now on. Where two holds
+// name one call, the one added first holds it.
+func (h *Holds) AddAttempt(episode string, attempt, call int) *Hold {
+	g := &Hold{Episode: episode, Attempt: attempt, Call: call, seen: map[string]bool{}, changed: make(chan struct{}), open: make(chan struct{})}
 	h.mu.Lock()
 	h.holds = append(h.holds, g)
 	h.mu.Unlock()
 	return g
+}
+
+// Remove releases g and forgets it: a hold added later for the same call
+// holds it again.
+func (h *Holds) Remove(g *Hold) {
+	g.Release()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, x := range h.holds {
+		if x == g {
+			h.holds = append(h.holds[:i:i], h.holds[i+1:]...)
+			return
+		}
+	}
 }
 
 // Release lets every call the hold holds, and every later one, through.
@@ -78,15 +103,17 @@ func (g *Hold) arrive(id string) {
 	}
 }
 
-// match is the hold for a call of episode ep, numbered n, at attempt.
+// match is the hold for a call of episode ep, numbered n, at attempt (as
+// the header gives it).
 func (h *Holds) match(ep string, n int, attempt string) *Hold {
-	if attempt != "0" {
+	a, err := strconv.Atoi(attempt)
+	if err != nil {
 		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, g := range h.holds {
-		if g.Call == n && (g.Episode == "" || g.Episode == ep) {
+		if g.Call == n && g.Attempt == a && (g.Episode == "" || g.Episode == ep) {
 			return g
 		}
 	}

@@ -100,3 +100,54 @@ func TestHolds(t *testing.T) {
 		t.Fatal("Wait past its context")
 	}
 }
+
+// TestHoldsMatch: which hold, if any, a call meets, by its episode, its
+// number and its attempt; the first hold added that names a call holds
+// it, and a removed one holds nothing (a later one for the same call
+// does).
+func TestHoldsMatch(t *testing.T) {
+	var h Holds
+	a0 := h.Add("ep", 3)                   // attempt 0's call 3
+	a2 := h.AddAttempt("ep", 2, 2000004)   // attempt 2's fourth call
+	any1 := h.AddAttempt("", 1, 1000002)   // every episode's attempt 1, second call
+	first := h.AddAttempt("x", 1, 1000005) // two holds of one call: the first
+	second := h.AddAttempt("x", 1, 1000005)
+	gone := h.AddAttempt("y", 3, 3000001)
+	h.Remove(gone)
+	again := h.AddAttempt("y", 3, 3000001)
+	for _, c := range []struct {
+		ep      string
+		n       int
+		attempt string
+		want    *Hold
+	}{
+		{"ep", 3, "0", a0},
+		{"ep", 3, "1", nil},
+		{"ep", 3, "", nil},
+		{"ep", 3, "x", nil},
+		{"other", 3, "0", nil},
+		{"ep", 4, "0", nil},
+		{"ep", 2000004, "2", a2},
+		{"ep", 2000004, "0", nil},
+		{"ep", 2000004, "3", nil},
+		{"ep", 1000002, "1", any1},
+		{"other", 1000002, "1", any1},
+		{"other", 1000002, "2", nil},
+		{"x", 1000005, "1", first},
+		{"y", 3000001, "3", again},
+	} {
+		if got := h.match(c.ep, c.n, c.attempt); got != c.want {
+			t.Errorf("call %s/%d at attempt %q: hold %+v, want %+v", c.ep, c.n, c.attempt, got, c.want)
+		}
+	}
+	select {
+	case <-gone.open:
+	default:
+		t.Error("a removed hold is not released")
+	}
+	h.Remove(first)
+	if got := h.match("x", 1000005, "1"); got != second {
+		t.Errorf("after the first is removed the call meets %+v, want the second", got)
+	}
+	h.Remove(first) // removing twice is harmless
+}

@@ -62,6 +62,19 @@ func (w *World) Hold(episode string, n int) *relay.Hold {
 	return h
 }
 
+// HoldAttempt holds the call numbered call (the number in its id: the
+// relay of attempt a counts from a×1 000 000+1) of attempt of episode
+// ("": of every episode) at the gateway until it is released.
+func (w *World) HoldAttempt(episode string, attempt, call int) *relay.Hold {
+	h := w.holds.AddAttempt(episode, attempt, call)
+	w.t.Cleanup(h.Release)
+	return h
+}
+
+// Unhold releases h and forgets it: a later hold of the same call holds
+// it again.
+func (w *World) Unhold(h *relay.Hold) { w.holds.Remove(h) }
+
 // Config is the configuration the world was opened with.
 func (w *World) Config() system.Config { return w.cfg }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"stasis/coordinator"
+	"stasis/errdefs"
 	"stasis/relay"
 	"stasis/sandbox/local"
 	"stasis/system"
@@ -74,6 +75,11 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) ([]CheckpointResult, e
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
+	}
+	for _, n := range o.Sizes {
+		if n < 1 {
+			return nil, errdefs.Errorf(errdefs.ErrInvalid, "--sizes %d: each size is a count of episodes, at least 1", n)
+		}
 	}
 	var out []CheckpointResult
 	for _, n := range o.Sizes {

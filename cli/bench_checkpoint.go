@@ -37,13 +37,18 @@ restored in <= 15 s.`,
 			if err != nil {
 				return err
 			}
-			rs, err := bench.Checkpoint(cmd.Context(), bench.CheckpointOptions{Exe: exe, Sizes: sizes, Concurrency: concurrency, Progress: cmd.ErrOrStderr()})
-			if err != nil {
-				return err
+			rs, runErr := bench.Checkpoint(cmd.Context(), bench.CheckpointOptions{Exe: exe, Sizes: sizes, Concurrency: concurrency, Progress: cmd.ErrOrStderr()})
+			// The sizes measured before one failed are printed, then the
+			// failure.
+			if runErr != nil && len(rs) == 0 {
+				return runErr
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				return writeJSON(out, rs)
+				if err := writeJSON(out, rs); err != nil {
+					return err
+				}
+				return runErr
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 			fmt.Fprintln(tw, "EPISODES\tCHECKPOINT s\t(prepare\tcommit\tcontinue)\tPAUSE p50/max s\tSNAPSHOT p50/max s\tRESTORE s\t(validate\tfork\tresume)\tSNAPSHOTS MiB\tSTORED MiB\tPEAK RSS MiB\t")
@@ -59,7 +64,7 @@ restored in <= 15 s.`,
 					verdict(out, "256 episodes restored", time.Duration(r.RestoreS*float64(time.Second)), 15*time.Second)
 				}
 			}
-			return nil
+			return runErr
 		},
 	}
 	cmd.Flags().IntSliceVar(&sizes, "sizes", []int{16, 64, 256}, "episode counts to measure")

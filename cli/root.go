@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/cli/sandboxcli"
+	"stasis/errdefs"
 	"stasis/internal/enter"
 	"stasis/internal/fileop"
 	"stasis/supervisor"
@@ -72,7 +73,7 @@ func Main(args []string) int {
 		return code
 	}
 	fmt.Fprintln(os.Stderr, "stasis:", err)
-	return 1
+	return errdefs.ExitCode(err) // 2 refused, 3 missing or expired, 1 failed
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {

@@ -18,8 +18,8 @@ import (
 	"stasis/sandbox"
 	"stasis/sandbox/microvm"
 	"stasis/stasistest"
-	"stasis/system"
 	"stasis/supervisor"
+	"stasis/system"
 	"stasis/task"
 )
 

@@ -3,11 +3,8 @@ package episode_test
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,117 +15,60 @@ import (
 	"stasis/harness"
 	"stasis/harness/opencode"
 	"stasis/ledger"
-	"stasis/model"
 	"stasis/relay"
 	"stasis/sandbox"
-	"stasis/sandbox/local"
 	"stasis/stasistest"
-	"stasis/store"
+	"stasis/system"
 	"stasis/task"
 )
 
 func TestMain(m *testing.M) { stasistest.Main(m) }
 
-// rig is a model, a gateway (on each local sandbox's own socket, or on
-// one unix socket a microVM's QEMU forwards to), a provider, and a record
-// store.
+// rig is the system a test runs its episodes on (stasistest.NewWorld: the
+// scripted model, the gateway on each sandbox's own socket, the provider,
+// the record store), driven through its episode environment: the system's
+// coordinator sits idle.
 type rig struct {
+	w     *stasistest.World
 	env   *episode.Env
 	gw    *relay.Gateway
-	holds relay.Holds // calls held at the gateway (gate)
 	tasks []*task.Task
 	// seen, when set, is told of every call that reaches the gateway
 	// (episode, call number, attempt) before it is served.
 	seen atomic.Pointer[func(episode, call, attempt string)]
 }
 
-func newRig(t *testing.T) *rig {
+// newRig is the rig on the local provider, or as opts configure the
+// system.
+func newRig(t testing.TB, opts ...func(*system.Config)) *rig {
 	t.Helper()
-	return newRigOn(t, func(gwDir, _ string, sockets local.GatewayServer) (sandbox.Provider, string, string) {
-		ro := map[string]string{}
-		if prefix, ok := harness.OpenCodeBind(); ok {
-			ro[prefix] = harness.OpenCodeSandboxDir
-		}
-		p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: sockets, ReadOnlyBinds: ro})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p, "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName, ""
-	})
-}
-
-// newRigOn is newRig on the provider mk makes, given the gateway socket's
-// directory and path and the server of per-sandbox sockets; mk returns the
-// provider, the gateway's URL as the relays see it, and where the provider
-// puts stasis in its sandboxes (empty: it is copied in).
-func newRigOn(t testing.TB, mk func(gwDir, sock string, sockets local.GatewayServer) (sandbox.Provider, string, string)) *rig {
-	t.Helper()
-	t.Cleanup(func() { stasistest.NoChildrenLeft(t) }) // runs last
-	ts, err := task.Builtin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	scripts, err := task.Scripts(ts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rig{tasks: ts}
-	m := model.New(model.Options{Scripts: scripts})
-	modelSrv := httptest.NewServer(m)
-	t.Cleanup(modelSrv.Close)
-
-	gwDir, err := os.MkdirTemp("", "stasis-gw-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(gwDir) })
-	gw, err := relay.OpenGateway(relay.GatewayConfig{Upstream: modelSrv.URL, State: filepath.Join(t.TempDir(), "gateway")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(gwDir, "gw.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Calls reach the gateway through the holds, and are seen first.
-	gates := func(gh http.Handler) http.Handler {
-		held := r.holds.Middleware(gh)
-		return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
-			if f := r.seen.Load(); f != nil {
-				ep, n, _ := strings.Cut(q.Header.Get(relay.HeaderCallID), "/")
-				(*f)(ep, n, q.Header.Get(relay.HeaderAttempt))
+	r := &rig{}
+	// Calls reach the gateway through the world's holds, and are seen
+	// first.
+	opts = append(opts, func(c *system.Config) {
+		c.LivenessInterval = -1
+		held := c.GatewayMiddleware
+		c.GatewayMiddleware = func(gh http.Handler) http.Handler {
+			if held != nil {
+				gh = held(gh)
 			}
-			held.ServeHTTP(w, q)
-		})
-	}
-	srv := &http.Server{Handler: gates(gw.Handler())}
-	go func() { _ = srv.Serve(ln) }()
-	sockets := relay.NewSandboxSockets(gw, gates)
-	t.Cleanup(func() {
-		sockets.Close()
-		_ = srv.Close()
-		_ = gw.Close()
+			return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+				if f := r.seen.Load(); f != nil {
+					ep, n, _ := strings.Cut(q.Header.Get(relay.HeaderCallID), "/")
+					(*f)(ep, n, q.Header.Get(relay.HeaderAttempt))
+				}
+				gh.ServeHTTP(w, q)
+			})
+		}
 	})
-	r.gw = gw
-
-	p, gwURL, inSandbox := mk(gwDir, sock, sockets)
-	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "store.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	r.env = &episode.Env{
-		Provider: p, Gateway: gw, GatewayURL: gwURL, Model: model.DefaultName,
-		Verifier: &task.Verifier{Store: st, Provider: p, SeedDir: stasistest.SeedDir(t)},
-		Binary:   stasistest.Exe(), BinaryEnv: stasistest.EnvMap, BinaryInSandbox: inSandbox,
-	}
+	r.w = stasistest.NewWorld(t, opts...)
+	r.env, r.gw, r.tasks = r.w.Env, r.w.Gateway, r.w.Tasks
 	return r
 }
 
 // gate holds call n of attempt 0 of episode ep at the gateway until it is
 // released.
-func (r *rig) gate(ep string, n int) *relay.Hold { return r.holds.Add(ep, n) }
+func (r *rig) gate(ep string, n int) *relay.Hold { return r.w.Hold(ep, n) }
 
 // startToGate starts spec's episode and waits until g's call has arrived
 // at the gateway. crash then closes the episode (its sandbox deleted, as a

@@ -16,18 +16,33 @@ import (
 	"stasis/harness"
 	"stasis/ledger"
 	"stasis/sandbox"
-	"stasis/sandbox/local"
 	"stasis/sandbox/microvm"
 	"stasis/stasistest"
 	"stasis/supervisor"
+	"stasis/system"
 	"stasis/task"
 )
 
-// newMicroVMRig is the rig on the microVM provider: the guest image holds
-// a static stasis at the bound binary's path, and QEMU forwards the
-// guest's GatewayAddr to a gateway socket of the guest's own.
-func newMicroVMRig(t testing.TB) (*rig, *microvm.Provider) {
-	return newMicroVMRigWith(t, microvm.Options{})
+// newMicroVMRig is the rig on the microVM provider (by the registry, as
+// the server opens it), or as opts further configure the system: the
+// guest image holds a static stasis at the bound binary's path, and QEMU
+// forwards the guest's GatewayAddr to a gateway socket of the guest's own.
+// OpenCode, when installed, is on a read-only disk of every guest, as the
+// server gives it.
+func newMicroVMRig(t testing.TB, opts ...func(*system.Config)) (*rig, *microvm.Provider) {
+	t.Helper()
+	if os.Getenv(microvm.KernelEnv) == "" {
+		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel)", microvm.KernelEnv)
+	}
+	guest := stasistest.StaticBinary(t)
+	r := newRig(t, append([]func(*system.Config){func(c *system.Config) {
+		c.Provider, c.GuestBinary = microvm.Name, guest
+	}}, opts...)...)
+	mp, ok := r.env.Provider.(*microvm.Provider)
+	if !ok {
+		t.Fatalf("the microvm provider is a %T", r.env.Provider)
+	}
+	return r, mp
 }
 
 // newOpenCodeMicroVMRig is the microVM rig for OpenCode: guests boot the
@@ -35,33 +50,11 @@ func newMicroVMRig(t testing.TB) (*rig, *microvm.Provider) {
 // read-only as the server binds it.
 func newOpenCodeMicroVMRig(t testing.TB) (*rig, *microvm.Provider) {
 	t.Helper()
-	prefix, ok := harness.OpenCodeBind()
-	if !ok {
+	if _, ok := harness.OpenCodeBind(); !ok {
 		t.Fatal("OpenCode is not installed (make deps-opencode; make test does it first)")
 	}
 	im := stasistest.TestImage(t)
-	r, mp := newMicroVMRigWith(t, microvm.Options{ReadOnlyBinds: map[string]string{prefix: harness.OpenCodeSandboxDir}})
-	r.env.Image = im
-	return r, mp
-}
-
-func newMicroVMRigWith(t testing.TB, o microvm.Options) (*rig, *microvm.Provider) {
-	t.Helper()
-	if os.Getenv(microvm.KernelEnv) == "" {
-		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel)", microvm.KernelEnv)
-	}
-	var mp *microvm.Provider
-	r := newRigOn(t, func(gwDir, _ string, sockets local.GatewayServer) (sandbox.Provider, string, string) {
-		o.Home, o.Exe, o.ExeEnv = t.TempDir(), stasistest.Exe(), stasistest.Env
-		o.GuestBinary, o.GatewayDir, o.GatewayServer = stasistest.StaticBinary(t), gwDir, sockets
-		var err error
-		mp, err = microvm.New(context.Background(), o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mp, "http://" + microvm.GatewayAddr, harness.BoundBinaryPath
-	})
-	return r, mp
+	return newMicroVMRig(t, func(c *system.Config) { c.Image = im })
 }
 
 // A mini episode in a microVM is hold-paused while its third model call

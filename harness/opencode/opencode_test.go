@@ -18,9 +18,9 @@ import (
 	"stasis/harness/opencode"
 	"stasis/ledger"
 	"stasis/model"
-	"stasis/relay"
 	"stasis/stasistest"
 	"stasis/supervisor"
+	"stasis/system"
 )
 
 func TestMain(m *testing.M) { stasistest.Main(m) }
@@ -184,7 +184,8 @@ func runEpisode(t *testing.T, pause bool) {
 		map[string]any{"content": answer},
 	}})
 
-	// Model and gateway in this process.
+	// The model in this process; the system's gateway (stasistest.NewWorld)
+	// forwards to it.
 	m := &countingModel{h: model.New(model.Options{Script: script})}
 	openGate := func() {}
 	if pause {
@@ -194,18 +195,8 @@ func runEpisode(t *testing.T, pause bool) {
 	modelSrv := httptest.NewServer(m)
 	defer modelSrv.Close()
 	defer openGate() // before the server's Close, which waits for its handlers
-	g, err := relay.OpenGateway(relay.GatewayConfig{Upstream: modelSrv.URL, State: filepath.Join(base, "gateway")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gwClosed := false
-	defer func() {
-		if !gwClosed {
-			_ = g.Close()
-		}
-	}()
-	gw := httptest.NewServer(g.Handler())
-	defer gw.Close()
+	w := stasistest.NewWorld(t, func(c *system.Config) { c.ModelUpstream, c.LivenessInterval = modelSrv.URL, -1 })
+	g := w.Gateway
 	const episode = "ep-opencode"
 	ep, err := g.AddEpisode(episode)
 	if err != nil {
@@ -228,7 +219,7 @@ func runEpisode(t *testing.T, pause bool) {
 		Exe: stasistest.Exe(), Env: append(append([]string{}, stasistest.Env...), opencode.Env(ocDir)...),
 		Dir: filepath.Join(base, "session"),
 		Flags: []string{"--mode", "stop", "--stop-confirm-timeout", "60s", "--deadline", runBudget.String(), "--log-level", "warn",
-			"--relay-listen", relayAddr, "--relay-upstream", gw.URL, "--relay-token-file", tok},
+			"--relay-listen", relayAddr, "--relay-upstream", "unix://" + w.GatewaySocket, "--relay-token-file", tok},
 		Argv:   opencode.Argv(bin, work, prompt),
 		Stdout: out, Stderr: out,
 	})
@@ -304,11 +295,9 @@ func runEpisode(t *testing.T, pause bool) {
 		t.Errorf("OpenCode's write tool: %q %v", b, err)
 	}
 
-	// The ledger: every successful model call once, in a chain that verifies.
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
-	gwClosed = true
+	// The ledger: every successful model call once, in a chain that
+	// verifies, with the host side (the gateway) closed.
+	w.Crash()
 	rep, err := ledger.Verify(g.LedgerDir(), episode)
 	if err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"stasis/internal/eventstream"
+	"stasis/serve"
 )
 
 // DefaultName is the model name served when Options.Name is empty.
@@ -113,7 +114,7 @@ func (s *Server) Name() string { return s.name }
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Clients configured without the /v1 of the base URL work too.
 	path := strings.TrimPrefix(strings.TrimSuffix(r.URL.Path, "/"), "/v1")
-	rec := &recorder{ResponseWriter: w}
+	rec := &recorder{StatusRecorder: serve.StatusRecorder{ResponseWriter: w}}
 	endpoint := "other"
 	switch path {
 	case "/chat/completions":
@@ -146,7 +147,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(rec, http.StatusNotFound, "invalid_request_error", "not_found",
 			fmt.Sprintf("no such endpoint %s %s: use POST /v1/chat/completions, POST /v1/responses or GET /v1/models", r.Method, r.URL.Path))
 	}
-	code := strconv.Itoa(rec.status())
+	code := strconv.Itoa(rec.Status())
 	if rec.dropped {
 		code = "dropped"
 	}
@@ -166,32 +167,8 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request, method string) bo
 // recorder remembers the status written, and whether the connection was
 // dropped on purpose.
 type recorder struct {
-	http.ResponseWriter
-	code    int
+	serve.StatusRecorder
 	dropped bool
-}
-
-func (r *recorder) WriteHeader(code int) {
-	if r.code == 0 {
-		r.code = code
-	}
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.code == 0 {
-		r.code = http.StatusOK
-	}
-	return r.ResponseWriter.Write(b)
-}
-
-func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
-
-func (r *recorder) status() int {
-	if r.code == 0 {
-		return http.StatusOK
-	}
-	return r.code
 }
 
 // APIError is the OpenAI error shape: {"error": {...}}.

@@ -96,3 +96,46 @@ func ProcsForFsync() int {
 	runtime.GOMAXPROCS(n)
 	return n
 }
+
+// StatusRecorder is a ResponseWriter that remembers the status written,
+// for a server's metrics and logs. Flush and Unwrap pass through, so a
+// stream through it is flushed and http.ResponseController reaches the
+// connection.
+type StatusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+// WriteHeader records the first status written and writes it.
+func (r *StatusRecorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// Write records 200 when no status was written first.
+func (r *StatusRecorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Flush flushes the underlying writer, when it can.
+func (r *StatusRecorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap is the underlying writer.
+func (r *StatusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// Status is the status written (200 when none was).
+func (r *StatusRecorder) Status() int {
+	if r.code == 0 {
+		return http.StatusOK
+	}
+	return r.code
+}

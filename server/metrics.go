@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"stasis/serve"
 	"stasis/store"
 )
 
@@ -92,34 +93,6 @@ func (m *metrics) handler(gw prometheus.Gatherer) http.Handler {
 	return promhttp.HandlerFor(prometheus.Gatherers{m.reg, gw}, promhttp.HandlerOpts{})
 }
 
-// statusWriter remembers the status code written.
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
 // instrument counts and times every request by the route that served it
 // (its pattern; "unmatched" for none), and keeps Close waiting for it.
 func (s *Server) instrument(next http.Handler) http.Handler {
@@ -130,20 +103,18 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 		}
 		defer s.leave()
 		start := time.Now()
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &serve.StatusRecorder{ResponseWriter: w}
 		next.ServeHTTP(sw, q)
 		route := q.Pattern // set by the ServeMux on this request
-		if sw.code == 0 {
-			sw.code = http.StatusOK
-		}
+		status := sw.Status()
 		switch {
 		case route != "":
-		case sw.code == http.StatusUnauthorized || sw.code == http.StatusForbidden || sw.code == http.StatusMisdirectedRequest:
+		case status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusMisdirectedRequest:
 			route = "refused" // by the guard, before any route
 		default:
 			route = "unmatched"
 		}
-		code := strconv.Itoa(sw.code)
+		code := strconv.Itoa(status)
 		s.m.requests.WithLabelValues(route, code).Inc()
 		s.m.requestSeconds.WithLabelValues(route, code).Observe(time.Since(start).Seconds())
 	})

@@ -52,7 +52,7 @@ $(STATICCHECK):
 ## deps-opencode: OpenCode (npm package opencode-ai, pinned) for the harness
 ## tests, in .tools/npm, with the same version of @opencode-ai/plugin, which
 ## OpenCode would otherwise try to install into its config directory at run
-## time (harness/opencode links it there). npm runs only when either is
+## time (internal/insandbox/harness/opencode links it there). npm runs only when either is
 ## missing or at another version; the check runs OpenCode with a throwaway
 ## home, and the install (whose script runs OpenCode) with its XDG
 ## directories in .tools/npm, so nothing lands in ~ (npm keeps HOME for its
@@ -150,7 +150,7 @@ deps-microvm:
 	fi
 
 ## deps-python: Debian's Python packages that SWE-bench environments are
-## built from (task/pyenv: a venv over Debian's dist-packages, the
+## built from (internal/control/task/pyenv: a venv over Debian's dist-packages, the
 ## repository installed in development mode with pip and setuptools), and
 ## pytest for the tests' instances; installed with apt-get only when missing.
 PYTHON_DEBS = python3-venv python3-pip python3-setuptools python3-wheel python3-pytest python3-attr
@@ -218,9 +218,9 @@ unit:
 	$(GO) test -race -count=1 -timeout 45m ./...
 
 ## model: only the check of the checkpoint protocol's model
-## (coordinator/protocol.pml) with spin; `unit` runs it too.
+## (internal/control/coordinator/protocol.pml) with spin; `unit` runs it too.
 model: deps
-	$(GO) test -count=1 -run TestProtocolModel -v ./coordinator
+	$(GO) test -count=1 -run TestProtocolModel -v ./internal/control/coordinator
 
 ## python-client: the Python client's tests (clients/python) and the
 ## rollout-loop example, against real `stasis serve` processes of bin/stasis.
@@ -234,38 +234,38 @@ test: deps-test vet staticcheck unit python-client
 ## fuzz: run each fuzzer for FUZZTIME (default 30s); new finds land in testdata/fuzz.
 FUZZTIME ?= 30s
 fuzz: deps
-	$(GO) test ./supervisor -run '^$$' -fuzz FuzzParseRequest -fuzztime $(FUZZTIME)
-	$(GO) test ./proc -run '^$$' -fuzz FuzzParseStat -fuzztime $(FUZZTIME)
-	$(GO) test ./store -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
-	$(GO) test ./cas -run '^$$' -fuzz FuzzDecodeManifest -fuzztime $(FUZZTIME)
-	$(GO) test ./cas -run '^$$' -fuzz FuzzChunkVerify -fuzztime $(FUZZTIME)
-	$(GO) test ./blob -run '^$$' -fuzz FuzzDecodeIndex -fuzztime $(FUZZTIME)
-	$(GO) test ./blob -run '^$$' -fuzz FuzzDecodeDead -fuzztime $(FUZZTIME)
-	$(GO) test ./ledger -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
-	$(GO) test ./ledger -run '^$$' -fuzz FuzzCanon -fuzztime $(FUZZTIME)
-	$(GO) test ./ledger -run '^$$' -fuzz FuzzScan -fuzztime $(FUZZTIME)
-	$(GO) test ./ledger -run '^$$' -fuzz FuzzFloatFastPaths -fuzztime $(FUZZTIME)
-	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
-	$(GO) test ./relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
-	$(GO) test ./relay -run '^$$' -fuzz FuzzParseSettlements -fuzztime $(FUZZTIME)
-	$(GO) test ./relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)
-	$(GO) test ./relay -run '^$$' -fuzz FuzzResponsesEvents -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzParseDefinition -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzInstance -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzDjangoParser -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzSympyParser -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzPytestOptionsParser -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzPytestV2Parser -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzPytestMatplotlibParser -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzPytestSeabornParser -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzHarnessTest -fuzztime $(FUZZTIME)
-	$(GO) test ./task -run '^$$' -fuzz FuzzNumstatPaths -fuzztime $(FUZZTIME)
-	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzReadFrame -fuzztime $(FUZZTIME)
-	$(GO) test ./sandbox/microvm/agent -run '^$$' -fuzz FuzzParseExecHeader -fuzztime $(FUZZTIME)
-	$(GO) test ./sandbox/microvm/vmstate -run '^$$' -fuzz FuzzSplitter -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/insandbox/supervisor -run '^$$' -fuzz FuzzParseRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/proc -run '^$$' -fuzz FuzzParseStat -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/store -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/cas -run '^$$' -fuzz FuzzDecodeManifest -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/cas -run '^$$' -fuzz FuzzChunkVerify -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzDecodeIndex -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzDecodeDead -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzCanon -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzScan -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzFloatFastPaths -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzParseSettlements -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzResponsesEvents -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzParseDefinition -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzInstance -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzDjangoParser -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzSympyParser -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzPytestOptionsParser -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzPytestV2Parser -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzPytestMatplotlibParser -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzPytestSeabornParser -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzHarnessTest -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzNumstatPaths -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/providers/microvm/agent -run '^$$' -fuzz FuzzReadFrame -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/providers/microvm/agent -run '^$$' -fuzz FuzzParseExecHeader -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/providers/microvm/vmstate -run '^$$' -fuzz FuzzSplitter -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/copyout -run '^$$' -fuzz FuzzExtract -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
-	$(GO) test ./image -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/control/image -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/fileop -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME)
 
 ## bench: the figures BENCHMARKS.md records.
@@ -275,7 +275,7 @@ bench: build deps-microvm
 	./$(BIN) bench sandbox
 	./$(BIN) bench checkpoint
 	./$(BIN) bench microvm
-	$(GO) test ./bench -run '^$$' -bench . -benchtime 200x
+	$(GO) test ./internal/control/bench -run '^$$' -bench . -benchtime 200x
 
 ## clean: the build and the links in .tools; the cache ($(CACHE)) stays.
 clean:

@@ -17,11 +17,11 @@ import (
 	"strconv"
 	"strings"
 
-	"stasis/coordinator"
 	"stasis/errdefs"
-	"stasis/ledger"
-	"stasis/server"
-	"stasis/store"
+	"stasis/internal/control/coordinator"
+	"stasis/internal/control/server"
+	"stasis/internal/storage/ledger"
+	"stasis/internal/storage/store"
 )
 
 // The API's types, as the server defines them.

@@ -15,12 +15,12 @@ import (
 
 	"stasis/client"
 	"stasis/errdefs"
-	"stasis/openapi"
-	"stasis/sandbox/local"
-	"stasis/server"
-	"stasis/stasistest"
-	"stasis/store"
-	"stasis/system"
+	"stasis/internal/control/openapi"
+	"stasis/internal/control/server"
+	"stasis/internal/control/system"
+	"stasis/internal/providers/local"
+	"stasis/internal/stasistest"
+	"stasis/internal/storage/store"
 )
 
 func TestMain(m *testing.M) { stasistest.Main(m) }

@@ -103,8 +103,8 @@ func TestLeanImports(t *testing.T) {
 	}
 	for _, p := range strings.Fields(string(out)) {
 		switch {
-		case p == "stasis/task", strings.HasPrefix(p, "stasis/task/"), p == "stasis/model", strings.HasPrefix(p, "stasis/model/"),
-			p == "stasis/cli", p == "stasis/server", p == "stasis/coordinator", p == "stasis/episode", p == "stasis/store":
+		case p == "stasis/internal/control/task", strings.HasPrefix(p, "stasis/internal/control/task/"), p == "stasis/internal/control/model", strings.HasPrefix(p, "stasis/internal/control/model/"),
+			p == "stasis/internal/control/cli", p == "stasis/internal/control/server", p == "stasis/internal/control/coordinator", p == "stasis/internal/control/episode", p == "stasis/internal/storage/store":
 			t.Errorf("the in-sandbox binary imports %s", p)
 		}
 	}

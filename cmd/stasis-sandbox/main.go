@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"stasis/cli/sandboxcli"
+	"stasis/internal/insandbox/sandboxcli"
 )
 
 func main() { os.Exit(sandboxcli.Main(os.Args[1:])) }

@@ -5,7 +5,7 @@ package main
 import (
 	"os"
 
-	"stasis/cli"
+	"stasis/internal/control/cli"
 )
 
 func main() { os.Exit(cli.Main(os.Args[1:])) }

@@ -17,13 +17,13 @@ import (
 
 	"stasis/errdefs"
 	"stasis/internal/copyout"
+	"stasis/internal/providers/e2b"
+	"stasis/internal/providers/e2b/e2bfake"
+	"stasis/internal/providers/local"
+	"stasis/internal/providers/opensandbox"
+	"stasis/internal/providers/opensandbox/osfake"
+	"stasis/internal/stasistest"
 	"stasis/sandbox"
-	"stasis/sandbox/e2b"
-	"stasis/sandbox/e2b/e2bfake"
-	"stasis/sandbox/local"
-	"stasis/sandbox/opensandbox"
-	"stasis/sandbox/opensandbox/osfake"
-	"stasis/stasistest"
 )
 
 // TestMain fixes the umask the modes are checked against.

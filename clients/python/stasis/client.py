@@ -1,6 +1,6 @@
 """The client of the stasis environment server (``stasis serve``).
 
-One method per operation of ``openapi/server.json`` (the table
+One method per operation of ``internal/control/openapi/server.json`` (the table
 ``OPERATIONS`` names them; a test holds it to the document), answers as
 typed dataclasses (``stasis.models``), errors as exceptions
 (``stasis.errors``). Standard library only.

@@ -1,6 +1,6 @@
 """Typed views of what the stasis server sends and takes.
 
-Each dataclass mirrors one schema of ``openapi/server.json`` (named in its
+Each dataclass mirrors one schema of ``internal/control/openapi/server.json`` (named in its
 ``__schema__``): one field per property, with the property's JSON name (or,
 where that is a Python keyword, a field whose ``metadata={"json": NAME}``
 gives it: ``LedgerEvent.from_`` is ``"from"``). A

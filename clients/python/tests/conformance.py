@@ -1,4 +1,4 @@
-"""The client held to openapi/server.json.
+"""The client held to internal/control/openapi/server.json.
 
 ``problems(spec)`` lists every way the client differs from an OpenAPI
 document: an operation it lacks or has too many, a method, path, status,

@@ -1,4 +1,4 @@
-"""The client against openapi/server.json: every operation, every field of
+"""The client against internal/control/openapi/server.json: every operation, every field of
 the schemas the dataclasses mirror, and what each method puts on the wire.
 No server needed."""
 

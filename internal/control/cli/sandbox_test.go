@@ -1,0 +1,104 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"stasis/internal/stasistest"
+	"stasis/sandbox"
+)
+
+// inHome runs the CLI with STASIS_HOME set, and stdin.
+func inHome(t *testing.T, home, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	return stasistest.Run(t, []string{"STASIS_HOME=" + home}, stdin, args...)
+}
+
+func lastLine(s string) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	return l[len(l)-1]
+}
+
+func TestSandboxCLI(t *testing.T) {
+	home := t.TempDir()
+	seed := t.TempDir()
+	if err := os.WriteFile(filepath.Join(seed, "hello.txt"), []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(stdin string, args ...string) (string, string, int) { return inHome(t, home, stdin, args...) }
+	must := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := run("", args...)
+		if code != 0 {
+			t.Fatalf("stasis %v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		return out
+	}
+	id := lastLine(must("sandbox", "create", "--ttl", "10m", "--from", seed, "--label", "team=rl"))
+	if !strings.HasPrefix(id, "sb-") {
+		t.Fatalf("create printed %q", id)
+	}
+	defer func() { run("", "sandbox", "rm", id) }()
+
+	// exec passes stdin, stdout, stderr and the exit code through.
+	out, errOut, code := run("from-stdin\n", "sandbox", "exec", id, "--", "sh", "-c", "cat; cat hello.txt; echo oops >&2; exit 5")
+	if code != 5 || out != "from-stdin\nhello\n" || !strings.Contains(errOut, "oops") {
+		t.Fatalf("exec: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// cp in and out.
+	dir := filepath.Join(t.TempDir(), "tree")
+	_ = os.MkdirAll(filepath.Join(dir, "sub"), 0o755)
+	_ = os.WriteFile(filepath.Join(dir, "sub", "f"), []byte("F"), 0o600)
+	must("sandbox", "cp", dir, id+":/work/tree")
+	if out := must("sandbox", "exec", id, "--", "cat", "/work/tree/sub/f"); out != "F" {
+		t.Fatalf("copied in: %q", out)
+	}
+	back := filepath.Join(t.TempDir(), "back")
+	must("sandbox", "cp", id+":/work/tree", back)
+	if b, _ := os.ReadFile(filepath.Join(back, "sub", "f")); string(b) != "F" {
+		t.Fatalf("copied out: %q", b)
+	}
+	// ls, as a table and as JSON.
+	if out := must("sandbox", "ls"); !strings.Contains(out, id) || !strings.Contains(out, "team=rl") {
+		t.Fatalf("ls:\n%s", out)
+	}
+	var list []sandbox.Info
+	if err := json.Unmarshal([]byte(must("sandbox", "ls", "--json", "--label", "team=rl")), &list); err != nil || len(list) != 1 || list[0].ID != id {
+		t.Fatalf("ls --json: %+v %v", list, err)
+	}
+	// snapshot and fork.
+	snap := lastLine(must("sandbox", "snapshot", id))
+	if !strings.HasPrefix(snap, "snap-") {
+		t.Fatalf("snapshot printed %q", snap)
+	}
+	forks := strings.Fields(must("sandbox", "fork", snap, "--count", "2"))
+	if len(forks) != 2 {
+		t.Fatalf("fork printed %q", forks)
+	}
+	for _, f := range forks {
+		if out := must("sandbox", "exec", f, "--", "cat", "/work/hello.txt"); out != "hello\n" {
+			t.Fatalf("fork %s: %q", f, out)
+		}
+	}
+	must(append([]string{"sandbox", "rm"}, forks...)...)
+	must("sandbox", "rm", id)
+	must("sandbox", "rm", id) // idempotent
+	// Errors: unknown id → 3, bad request → 2.
+	if _, errOut, code := run("", "sandbox", "exec", id, "--", "true"); code != 3 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("exec in a deleted sandbox: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := run("", "sandbox", "fork", snap, "--count", "0"); code != 2 || !strings.Contains(errOut, "at least one") {
+		t.Fatalf("fork --count 0: exit %d, %s", code, errOut)
+	}
+	if _, _, code := run("", "sandbox", "create", "--label", "novalue"); code != 2 {
+		t.Fatalf("bad label: exit %d", code)
+	}
+	must("sandbox", "rm", "--snapshot", snap)
+	if out := must("sandbox", "gc"); !strings.Contains(out, "0 sandboxes reaped") {
+		t.Fatalf("gc: %s", out)
+	}
+	stasistest.NoChildrenLeft(t)
+}

@@ -1,0 +1,207 @@
+package hostkeep
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"stasis/errdefs"
+	"stasis/internal/flock"
+	"stasis/internal/storage/atomicfile"
+	"stasis/internal/storage/cas"
+	"stasis/sandbox"
+)
+
+// SnapMeta is what every snapshot's record (Snapshots.Dir/ID.json)
+// holds. A provider's own record embeds it. A deleted snapshot keeps its
+// record as a tombstone, so that its id is never handed out again.
+type SnapMeta struct {
+	ID       string    `json:"id"`
+	Name     string    `json:"name,omitempty"`
+	Sandbox  string    `json:"sandbox"`
+	Manifest string    `json:"manifest"`
+	Created  time.Time `json:"created"`
+	Bytes    int64     `json:"bytes"`
+	NewBytes int64     `json:"new_bytes"`
+	Deleted  bool      `json:"deleted,omitempty"`
+}
+
+func (s *SnapMeta) snap() *SnapMeta { return s }
+
+// Info is the part of a sandbox.SnapshotInfo that s holds.
+func (s SnapMeta) Info(provider string) sandbox.SnapshotInfo {
+	return sandbox.SnapshotInfo{ID: s.ID, Name: s.Name, Sandbox: s.Sandbox, Provider: provider, Created: s.Created, Bytes: s.Bytes, NewBytes: s.NewBytes}
+}
+
+// SnapOf is a provider's snapshot record type S, as its pointer PS: one
+// that embeds SnapMeta.
+type SnapOf[S any] interface {
+	*S
+	snap() *SnapMeta
+}
+
+// Snapshots are one provider's snapshot records (S) and the blob store
+// (a cas.Store) their manifests are in, with the cross-process lock that
+// keeps a collection of the store from taking what a snapshot or a fork
+// is using. Set the fields before use.
+type Snapshots[S any, PS SnapOf[S]] struct {
+	Provider string // in messages: "not a local snapshot id"
+	Dir      string
+	Prefix   string // of ids: "snap-"
+	Now      func() time.Time
+	// Info describes a snapshot (SnapMeta.Info and what the provider adds).
+	Info func(S) sandbox.SnapshotInfo
+	CAS  *cas.Store
+	// BlobLock is the blob store's lock file: shared while a snapshot adds
+	// blobs or a fork reads them, exclusive while garbage is collected.
+	BlobLock string
+	// Bases are the manifests the store keeps besides the snapshots':
+	// the sandboxes' incremental bases (Sandboxes.Manifests).
+	Bases func() ([]string, error)
+}
+
+// Path is snapshot id's record.
+func (x *Snapshots[S, PS]) Path(id string) string { return filepath.Join(x.Dir, id+".json") }
+
+// Read reads snapshot id's record; a snapshot never made or deleted is
+// errdefs.ErrNotFound.
+func (x *Snapshots[S, PS]) Read(op, id string) (S, error) {
+	var s S
+	what := "snapshot " + id
+	if !ValidID(id, x.Prefix) {
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what, "not a %s snapshot id (%s and 16 hex digits)", x.Provider, x.Prefix)
+	}
+	b, err := os.ReadFile(x.Path(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what, "no such snapshot")
+	}
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("%s %s: %w", op, what, err)
+	}
+	if PS(&s).snap().Deleted {
+		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what, "it was deleted")
+	}
+	return s, nil
+}
+
+// Find returns the snapshots (not deleted) taken of sandbox id under
+// name, oldest first.
+func (x *Snapshots[S, PS]) Find(id, name string) ([]sandbox.SnapshotInfo, error) {
+	ents, err := os.ReadDir(x.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []sandbox.SnapshotInfo
+	for _, e := range ents {
+		sid, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !ValidID(sid, x.Prefix) {
+			continue
+		}
+		s, err := x.Read("find", sid)
+		if err != nil {
+			continue // deleted, or another's
+		}
+		if m := PS(&s).snap(); m.Sandbox == id && m.Name == name {
+			out = append(out, x.Info(s))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+// Add gives s an id that no snapshot here ever had (not even a deleted
+// one) and writes its record.
+func (x *Snapshots[S, PS]) Add(s PS) error {
+	b := s.snap()
+	for {
+		b.ID = NewID(x.Prefix)
+		f, err := os.OpenFile(x.Path(b.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		f.Close()
+		break
+	}
+	if err := atomicfile.WriteJSON(x.Path(b.ID), s, 0o600); err != nil {
+		_ = os.Remove(x.Path(b.ID))
+		return err
+	}
+	return nil
+}
+
+// ForFork reads the snapshot that n sandboxes are to be forked from, with
+// the expiry given, after checking both.
+func (x *Snapshots[S, PS]) ForFork(snap string, n int, expiry time.Time) (S, error) {
+	var s S
+	if n < 1 {
+		return s, sandbox.Errorf(errdefs.ErrInvalid, "fork", "snapshot "+snap, "count %d: fork at least one", n)
+	}
+	if expiry.IsZero() || !expiry.After(x.Now()) {
+		return s, sandbox.Errorf(errdefs.ErrInvalid, "fork", "snapshot "+snap, "the expiry %s is not in the future", expiry.Format(time.RFC3339))
+	}
+	return x.Read("fork", snap)
+}
+
+// Delete deletes snapshot id, leaving its record as a tombstone, and
+// collects the blobs nothing references any more. Deleting a snapshot
+// that is gone is nil.
+func (x *Snapshots[S, PS]) Delete(ctx context.Context, id string) error {
+	s, err := x.Read("delete", id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	PS(&s).snap().Deleted = true
+	if err := atomicfile.WriteJSON(x.Path(id), s, 0o600); err != nil {
+		return err
+	}
+	_, _, err = x.CollectBlobs(ctx)
+	return err
+}
+
+// LockBlobs takes the blob store's lock, shared or exclusive, until the
+// returned function is called.
+func (x *Snapshots[S, PS]) LockBlobs(exclusive bool) (func(), error) {
+	return flock.Lock(x.BlobLock, exclusive)
+}
+
+// CollectBlobs deletes, under the exclusive blob lock, the blobs that no
+// snapshot and no sandbox's incremental base references; it returns how
+// many it deleted and their bytes.
+func (x *Snapshots[S, PS]) CollectBlobs(ctx context.Context) (int, int64, error) {
+	unlock, err := x.LockBlobs(true)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unlock()
+	ents, err := os.ReadDir(x.Dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	var live []string
+	for _, e := range ents {
+		id := strings.TrimSuffix(e.Name(), ".json")
+		if s, err := x.Read("gc", id); err == nil && PS(&s).snap().Manifest != "" {
+			live = append(live, PS(&s).snap().Manifest)
+		}
+	}
+	bases, err := x.Bases()
+	if err != nil {
+		return 0, 0, err
+	}
+	return x.CAS.GC(ctx, append(live, bases...))
+}

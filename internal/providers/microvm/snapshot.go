@@ -1,0 +1,341 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"stasis/errdefs"
+	"stasis/internal/flock"
+	"stasis/internal/providers/hostkeep"
+	"stasis/internal/providers/microvm/vmstate"
+	"stasis/internal/storage/cas"
+	"stasis/sandbox"
+)
+
+// stateFile is the migration stream's name inside a stored snapshot tree.
+const stateFile = "vm.state"
+
+// snapMeta is snapshots/microvm/ID.json.
+type snapMeta struct {
+	hostkeep.SnapMeta
+	VM  vmConfig          `json:"vm"` // the machine the state was saved from
+	Env map[string]string `json:"env,omitempty"`
+	// Paused is how long the guest was stopped for the save.
+	Paused time.Duration `json:"paused_ns"`
+	// Cut says how the state was cut into chunks.
+	Cut string `json:"cut,omitempty"`
+}
+
+func (s snapMeta) info() sandbox.SnapshotInfo {
+	in := s.Info(Name)
+	in.KeepsProcesses, in.Image = true, s.VM.Image
+	return in
+}
+
+// Snapshot stops the guest, has QEMU migrate its whole state (memory and
+// devices: the processes and the RAM root file system) into a pack file of
+// the blob store that is staged as it is written (see save), lets the
+// guest run on once QEMU is done, and makes the state durable.
+func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
+	m, _, err := p.sbs.Live("snapshot", id)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	unlock, err := flock.Lock(filepath.Join(p.sbDir(id), lockFile), true)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	defer unlock()
+	// The shared lock keeps a garbage collection from taking chunks this
+	// snapshot finds already stored.
+	unlockBlobs, err := p.snaps.LockBlobs(false)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	defer unlockBlobs()
+	staged, sv, err := p.save(ctx, id, m.VM.MemMiB)
+	if err != nil {
+		if _, err2 := p.sbs.Running("snapshot", m); err2 != nil {
+			return sandbox.SnapshotInfo{}, err2
+		}
+		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
+	}
+	manifest, st, err := staged.Commit(ctx)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: store the state: %w", what(id), err)
+	}
+	vm := m.VM
+	vm.Port, vm.Incoming = 0, nil
+	s := snapMeta{SnapMeta: hostkeep.SnapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes},
+		VM: vm, Env: m.Env, Paused: sv.Paused, Cut: sv.Cut}
+	if err := p.snaps.Add(&s); err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	if err := p.sbs.SetBase(id, manifest); err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	return s.info(), nil
+}
+
+// save stops the VM and has QEMU migrate its state straight into a new
+// pack file of the blob store, which is staged as QEMU writes it: read
+// through a mapping of the file, cut by guest address
+// (vmstate.Splitter) and hashed on every core, each chunk not stored yet
+// kept where QEMU wrote it (its write-back starting at once), the bytes
+// of the others released. The guest goes on once the migration has
+// completed; save returns when the last chunk is staged. The state's
+// bytes are written once, by QEMU, and never pass through this process on
+// their way to disk. A migration that does not complete stages nothing.
+func (p *Provider) save(ctx context.Context, id string, memMiB int) (*cas.Staged, SaveInfo, error) {
+	var sv SaveInfo
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	mon, err := monitor(mctx, qmpPath(id))
+	cancel()
+	if err != nil {
+		return nil, sv, err
+	}
+	defer mon.Close()
+	// The default bandwidth cap (128 MiB/s) would set the pace of a
+	// stopped guest's save; the disk sets it instead.
+	if err := qmpRun(mon, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
+		return nil, sv, err
+	}
+	pf, err := p.blobs.NewPackFile()
+	if err != nil {
+		return nil, sv, err
+	}
+	// The mapping spans the most the state can take: the guest's memory,
+	// an 8-byte header per page, the device state and room to spare.
+	mem := int64(memMiB) << 20
+	limit := mem + mem/256 + 64<<20
+	data, err := unix.Mmap(int(pf.File().Fd()), 0, int(limit), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		pf.Abort()
+		return nil, sv, fmt.Errorf("map the state file: %w", err)
+	}
+	// Staging runs from here on, waiting for the bytes it needs as QEMU
+	// writes them; from here on it owns pf (StageFile aborts it should it
+	// fail) and the mapping outlives it.
+	defer unix.Munmap(data)
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	w := &written{f: pf.File(), limit: limit, ctx: sctx, done: make(chan struct{})}
+	sp := vmstate.NewGrowingSplitter(data, w.avail)
+	type result struct {
+		st  *cas.Staged
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		st, err := p.snaps.CAS.StageFile(sctx, stateFile, pf, sp)
+		res <- result{st, err}
+	}()
+	fail := func(err error) (*cas.Staged, SaveInfo, error) {
+		w.end()
+		scancel()
+		if r := <-res; r.st != nil {
+			r.st.Abort()
+		} else if r.err != nil && !errors.Is(r.err, context.Canceled) {
+			err = fmt.Errorf("%w (staging the state: %v)", err, r.err)
+		}
+		return nil, sv, err
+	}
+	start := time.Now()
+	if err := qmpRun(mon, "stop", nil, nil); err != nil {
+		return fail(err)
+	}
+	defer func() { _ = qmpRun(mon, "cont", nil, nil) }()
+	// QEMU writes the state straight into the pack file, a copy of whose
+	// descriptor it is handed.
+	if err := qmpRunFD(mon, "getfd", map[string]any{"fdname": "state"}, nil, pf.File()); err != nil {
+		return fail(err)
+	}
+	if err := qmpRun(mon, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
+		_ = qmpRun(mon, "closefd", map[string]any{"fdname": "state"}, nil) // QEMU's copy of the file
+		return fail(err)
+	}
+	if _, err := waitMigration(ctx, mon); err != nil {
+		return fail(err)
+	}
+	w.end() // QEMU has written the whole state
+	// The guest goes on while the last chunks are staged.
+	if err := qmpRun(mon, "cont", nil, nil); err != nil {
+		return fail(err)
+	}
+	sv.Paused = time.Since(start)
+	r := <-res
+	if r.err != nil {
+		return nil, sv, r.err
+	}
+	fi, err := pf.File().Stat()
+	if err == nil && (fi.Size() != r.st.Bytes() || fi.Size() == 0) {
+		err = fmt.Errorf("QEMU wrote %d bytes of state and %d were staged (at most %d fit the mapping)", fi.Size(), r.st.Bytes(), limit)
+	}
+	if err != nil {
+		r.st.Abort()
+		return nil, sv, err
+	}
+	ok, why, pages := sp.Parsed()
+	if ok {
+		sv.Cut = fmt.Sprintf("%s (%d pages)", cutByAddress, pages)
+	} else {
+		sv.Cut = "fixed-size, after " + strconv.FormatInt(pages, 10) + " pages: " + why
+		slog.Warn("the migration stream was not understood; it is stored in fixed-size chunks, which deduplicate poorly", "sandbox", id, "why", why, "pages", pages)
+	}
+	return r.st, sv, nil
+}
+
+// written tells a growing Splitter how much of the state file QEMU has
+// written: it polls the file's size until there is enough, QEMU is done,
+// or staging is cancelled.
+type written struct {
+	f     *os.File
+	limit int64
+	ctx   context.Context
+	done  chan struct{}
+	once  sync.Once
+}
+
+// end says QEMU writes no more.
+func (w *written) end() { w.once.Do(func() { close(w.done) }) }
+
+func (w *written) size() int {
+	fi, err := w.f.Stat()
+	if err != nil {
+		return 0
+	}
+	return int(min(fi.Size(), w.limit))
+}
+
+func (w *written) avail(need int) int {
+	for {
+		n := w.size()
+		if n >= need || n >= int(w.limit) {
+			return n
+		}
+		select {
+		case <-w.done:
+			return w.size()
+		case <-w.ctx.Done():
+			return n
+		case <-time.After(500 * time.Microsecond): // QEMU writes about a megabyte meanwhile
+		}
+	}
+}
+
+// SaveInfo is how a snapshot was saved.
+type SaveInfo struct {
+	// Paused is how long the guest was stopped: QEMU writing its state
+	// into the blob store (cutting, hashing and making the chunks durable
+	// come after the guest went on).
+	Paused time.Duration
+	// Cut says how the state was cut into chunks: "by guest address (N
+	// pages)", or fixed-size and why.
+	Cut string
+}
+
+// ByAddress reports whether the state was cut by guest address.
+func (i SaveInfo) ByAddress() bool { return strings.HasPrefix(i.Cut, cutByAddress) }
+
+const cutByAddress = "by guest address"
+
+// Saved says how snapshot was saved.
+func (p *Provider) Saved(snapshot string) (SaveInfo, error) {
+	s, err := p.snaps.Read("get", snapshot)
+	return SaveInfo{Paused: s.Paused, Cut: s.Cut}, err
+}
+
+// Fork starts n microVMs from a snapshot, all or nothing: each fork's
+// QEMU starts with its own port and loads the state streamed out of the
+// store; the snapshot's processes continue in each.
+func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.ForkSpec) ([]sandbox.Info, error) {
+	s, err := p.snaps.ForFork(snap, n, spec.Expiry)
+	if err != nil {
+		return nil, err
+	}
+	if s.VM.Disk != "" {
+		// The saved machine had the image attached: its forks need the
+		// same file.
+		id, err := fileID(s.VM.Disk)
+		if err != nil {
+			return nil, sandbox.Errorf(errdefs.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?); the saved machine needs that very file, so this snapshot cannot be forked: %v", s.VM.Disk, s.VM.Image, err)
+		}
+		if s.VM.DiskID != "" && id != s.VM.DiskID {
+			return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", s.VM.Disk, s.VM.Image)
+		}
+	}
+	if err := checkBindDisks(s.VM.Binds); err != nil {
+		return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "%v; the saved machine needs that very file, so this snapshot cannot be forked", err)
+	}
+	// Each fork's QEMU streams the state out of the blob store (no file
+	// is written); the shared lock keeps a garbage collection from taking
+	// its chunks meanwhile.
+	unlockBlobs, err := p.snaps.LockBlobs(false)
+	if err != nil {
+		return nil, err
+	}
+	defer unlockBlobs()
+	state := []string{p.o.Exe, "microvm", "state", "--blobs", p.blobDir(), "--manifest", s.Manifest}
+
+	made := make([]sandbox.Info, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		if p.o.ForkHook != nil {
+			if err := p.o.ForkHook(snap, i); err != nil {
+				errs[i] = err
+				continue
+			}
+		}
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			made[i], errs[i] = p.forkOne(ctx, s, state, spec)
+		}(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil {
+			continue
+		}
+		for _, info := range made {
+			if info.ID != "" {
+				_ = p.retire(info.ID)
+			}
+		}
+		return nil, fmt.Errorf("fork %s: sandbox %d of %d failed, so none was kept: %w", snap, i+1, n, err)
+	}
+	return made, nil
+}
+
+func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, spec sandbox.ForkSpec) (sandbox.Info, error) {
+	m := meta{Meta: hostkeep.Meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: s.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), Source: s.ID, LastManifest: s.Manifest}, VM: s.VM}
+	m.VM.Incoming = state
+	// A fork's gateway is this provider's (the host's socket may have
+	// moved since the save).
+	m.VM.Gateway, m.VM.Pipe = p.gateway(m.ID)
+	if err := p.boot(ctx, &m); err != nil {
+		_ = p.retire(m.ID)
+		return sandbox.Info{}, err
+	}
+	// The state is loaded; nothing reads it again.
+	loaded, err := p.sbs.Rewrite("fork", m.ID, func(m *meta) error {
+		m.VM.Incoming = nil
+		return nil
+	})
+	if err != nil {
+		_ = p.retire(m.ID)
+		return sandbox.Info{}, err
+	}
+	return p.info(loaded, sandbox.StateRunning), nil
+}

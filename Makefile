@@ -15,7 +15,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CACHE)/go/staticcheck-$(STATICCHECK_VERSION)
 STATICCHECK := $(TOOLS)/staticcheck
 VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS     := -X stasis/cli/sandboxcli.version=$(VERSION)
+LDFLAGS     := -X stasis/internal/insandbox/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 
 .PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean

@@ -21,7 +21,7 @@ import (
 	"stasis/internal/insandbox/supervisor"
 )
 
-// version is set at build time with -ldflags "-X stasis/cli/sandboxcli.version=...";
+// version is set at build time with -ldflags "-X stasis/internal/insandbox/sandboxcli.version=...";
 // otherwise it comes from the module's build information.
 var version = ""
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"stasis/internal/control/model"
+	"stasis/internal/control/serve"
 	"stasis/internal/control/system"
 	"stasis/internal/insandbox/harness/opencode"
 	"stasis/internal/insandbox/supervisor"
@@ -96,25 +97,6 @@ type countingModel struct {
 	second chan struct{}
 }
 
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
 func (m *countingModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
 	if chat && m.n.Add(1) == 2 && m.gate != nil {
@@ -125,9 +107,9 @@ func (m *countingModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-time.After(runBudget):
 		}
 	}
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &serve.StatusRecorder{ResponseWriter: w}
 	m.h.ServeHTTP(sw, r)
-	if chat && sw.code/100 == 2 {
+	if chat && sw.Status()/100 == 2 {
 		m.ok.Add(1)
 	}
 }

@@ -205,44 +205,14 @@ func GatewaySocket(state string) (string, error) {
 // whose sandbox still exists (marking the others lost). An episode that
 // system left paused is continued.
 func Open(ctx context.Context, c Config) (s *System, err error) {
-	if c.State == "" {
-		return nil, errdefs.Errorf(errdefs.ErrInvalid, "system: no state directory")
-	}
-	state, err := filepath.Abs(c.State)
+	d, err := c.resolve()
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(state, 0o700); err != nil {
+	if err := os.MkdirAll(c.State, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	if c.Tasks == nil {
-		if c.Tasks, err = task.Builtin(); err != nil {
-			return nil, err
-		}
-	}
-	if c.Model == "" {
-		c.Model = model.DefaultName
-	}
-	if c.Provider == "" {
-		c.Provider = local.Name
-	}
-	switch c.ClockPolicy {
-	case "", episode.ClockContinuous, episode.ClockHost:
-	default:
-		return nil, errdefs.Errorf(errdefs.ErrInvalid, "clock policy %q: use %s or %s", c.ClockPolicy, episode.ClockContinuous, episode.ClockHost)
-	}
-	d, err := sandbox.Lookup(c.Provider)
-	if err != nil {
-		return nil, err
-	}
-	if d.Hosted && c.GatewayListen == "" {
-		return nil, errdefs.Errorf(errdefs.ErrInvalid, "the %s provider's sandboxes reach the gateway over the network: give it a TCP address to listen on (serve --gateway-listen) and, if they see it under another name, the URL (--gateway-url)", c.Provider)
-	}
-	log := c.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	s = &System{State: state, Tasks: c.Tasks, log: log}
+	s = &System{State: c.State, Tasks: c.Tasks, log: c.Logger}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
@@ -265,39 +235,82 @@ func Open(ctx context.Context, c Config) (s *System, err error) {
 		}
 		inSandbox = ""
 	}
-	bin := c.Binary
-	if bin == "" {
-		if bin, err = sandboxbin.Path(); err != nil {
-			return s, err
-		}
-	}
-	if err := s.openProvider(ctx, c, d, bin); err != nil {
+	if err := s.openProvider(ctx, c, d); err != nil {
 		return s, err
 	}
-	if s.Store, err = store.OpenSQLite(filepath.Join(state, store.FileName)); err != nil {
+	if s.Store, err = store.OpenSQLite(filepath.Join(c.State, store.FileName)); err != nil {
 		return s, err
-	}
-	seeds := c.SeedDir
-	if seeds == "" {
-		seeds = filepath.Join(state, "verify-seeds")
 	}
 	s.Env = &episode.Env{
 		Provider: s.Provider, Gateway: s.Gateway, GatewayURL: gatewayURL, Model: c.Model,
-		Verifier: &task.Verifier{Store: s.Store, Provider: s.Provider, SeedDir: seeds},
-		Binary:   bin, BinaryEnv: c.BinaryEnv, BinaryInSandbox: inSandbox, ClockPolicy: c.ClockPolicy,
+		Verifier: &task.Verifier{Store: s.Store, Provider: s.Provider, SeedDir: c.SeedDir},
+		Binary:   c.Binary, BinaryEnv: c.BinaryEnv, BinaryInSandbox: inSandbox, ClockPolicy: c.ClockPolicy,
 		Image: c.Image,
 	}
-	liveness := c.LivenessInterval
-	if liveness == 0 {
-		liveness = DefaultLivenessInterval
+	if err := s.openCoordinator(ctx, c); err != nil {
+		return s, err
 	}
-	clog := log.With("component", "coordinator")
-	// One system per state directory (the gateway's socket says so): the
-	// coordinator finishes or undoes the prepare or restore a system that
-	// died was in, and fails the checkpoints it left pending.
+	s.continueLeftPaused(ctx)
+	return s, nil
+}
+
+// resolve checks c and fills in its defaults (the state directory made
+// absolute); it returns the provider's driver.
+func (c *Config) resolve() (d sandbox.Driver, err error) {
+	if c.State == "" {
+		return d, errdefs.Errorf(errdefs.ErrInvalid, "system: no state directory")
+	}
+	if c.State, err = filepath.Abs(c.State); err != nil {
+		return d, err
+	}
+	if c.Tasks == nil {
+		if c.Tasks, err = task.Builtin(); err != nil {
+			return d, err
+		}
+	}
+	if c.Model == "" {
+		c.Model = model.DefaultName
+	}
+	if c.Provider == "" {
+		c.Provider = local.Name
+	}
+	if c.Binary == "" {
+		if c.Binary, err = sandboxbin.Path(); err != nil {
+			return d, err
+		}
+	}
+	if c.SeedDir == "" {
+		c.SeedDir = filepath.Join(c.State, "verify-seeds")
+	}
+	if c.LivenessInterval == 0 {
+		c.LivenessInterval = DefaultLivenessInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch c.ClockPolicy {
+	case "", episode.ClockContinuous, episode.ClockHost:
+	default:
+		return d, errdefs.Errorf(errdefs.ErrInvalid, "clock policy %q: use %s or %s", c.ClockPolicy, episode.ClockContinuous, episode.ClockHost)
+	}
+	if d, err = sandbox.Lookup(c.Provider); err != nil {
+		return d, err
+	}
+	if d.Hosted && c.GatewayListen == "" {
+		return d, errdefs.Errorf(errdefs.ErrInvalid, "the %s provider's sandboxes reach the gateway over the network: give it a TCP address to listen on (serve --gateway-listen) and, if they see it under another name, the URL (--gateway-url)", c.Provider)
+	}
+	return d, nil
+}
+
+// openCoordinator makes the coordinator. One system per state directory
+// (the gateway's socket says so): the coordinator finishes or undoes the
+// prepare or restore a system that died was in, and fails the checkpoints
+// it left pending.
+func (s *System) openCoordinator(ctx context.Context, c Config) (err error) {
+	clog := s.log.With("component", "coordinator")
 	co := coordinator.Options{
 		Env: s.Env, Store: s.Store, Tasks: c.Tasks, Concurrency: c.Concurrency, Logger: clog, Stragglers: c.Stragglers, PullImages: c.PullImages,
-		LivenessInterval: max(liveness, 0),
+		LivenessInterval: max(c.LivenessInterval, 0),
 		Progress: func(p coordinator.Progress) {
 			clog.Debug("progress", "phase", p.Phase, "episode", p.Episode, "done", p.Done, "total", p.Total)
 		},
@@ -305,11 +318,8 @@ func Open(ctx context.Context, c Config) (s *System, err error) {
 	if c.CoordinatorOptions != nil {
 		c.CoordinatorOptions(&co)
 	}
-	if s.Coordinator, err = coordinator.New(ctx, co); err != nil {
-		return s, err
-	}
-	s.continueLeftPaused(ctx)
-	return s, nil
+	s.Coordinator, err = coordinator.New(ctx, co)
+	return err
 }
 
 // openModel starts the scripted model on a loopback port, unless the
@@ -393,10 +403,10 @@ func (s *System) listenHosted(c Config, gh http.Handler) (string, error) {
 // first start's request; the sandboxes an earlier system made get their
 // sockets again, and those whose keeper died are removed, so that the
 // coordinator finds their episodes lost rather than failing on them.
-func (s *System) openProvider(ctx context.Context, c Config, d sandbox.Driver, bin string) error {
+func (s *System) openProvider(ctx context.Context, c Config, d sandbox.Driver) error {
 	cfg := sandbox.Config{
 		Home: filepath.Join(s.State, c.Provider), Exe: c.Exe, ExeEnv: c.ExeEnv,
-		Binary: bin, GuestBinary: c.GuestBinary, SandboxBinary: c.SandboxBinary,
+		Binary: c.Binary, GuestBinary: c.GuestBinary, SandboxBinary: c.SandboxBinary,
 		Hide: []string{s.State}, Limits: c.Limits, MemMiB: c.GuestMemMiB,
 	}
 	if !d.Hosted {

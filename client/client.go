@@ -1,5 +1,5 @@
 // Package client is the Go client of the stasis server's HTTP API
-// (openapi/server.json): episodes (start, list, get, verify, retire, their
+// (internal/control/openapi/server.json): episodes (start, list, get, verify, retire, their
 // ledgers), tasks, and checkpoints (create, list, get, restore, branch,
 // delete). Its request and answer types are the server's own, so the two
 // cannot drift apart. An API error comes back as an *Error, whose kind is

@@ -85,7 +85,7 @@ var registry = struct {
 }{drivers: map[string]Driver{}}
 
 // Register makes a provider known by name; each provider's package
-// registers itself (package stasis/sandbox/providers imports them all). A
+// registers itself (package stasis/internal/providers imports them all). A
 // name registered twice is a programming error.
 func Register(name string, d Driver) {
 	registry.Lock()

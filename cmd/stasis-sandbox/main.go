@@ -1,6 +1,6 @@
 // Command stasis-sandbox is the lean build of stasis that providers place in
 // every sandbox: supervisor, relay, ctl and the mini harness, and nothing
-// that holds task data. The commands live in package cli/sandboxcli.
+// that holds task data. The commands live in package internal/insandbox/sandboxcli.
 package main
 
 import (

@@ -3,7 +3,7 @@
 // lists, gets, verifies and retires them, takes checkpoints (prepare and
 // commit in one call), lists, gets, restores and deletes them, and serves
 // Prometheus metrics, liveness and its OpenAPI document
-// (openapi/server.json). Who may call it is its Access (auth.go): loopback
+// (internal/control/openapi/server.json). Who may call it is its Access (auth.go): loopback
 // or a unix socket without credentials, the network only with bearer
 // tokens or client certificates; the gateway is served only where the
 // sandboxes reach it, never on the API.

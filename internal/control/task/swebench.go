@@ -69,7 +69,7 @@ type SWEBenchOptions struct {
 	Repos string
 	// Envs is the directory where Python environments are built and
 	// cached, one per repository and environment_setup_commit (see
-	// task/pyenv); empty: the tests run in the sandbox's own userland
+	// internal/control/task/pyenv); empty: the tests run in the sandbox's own userland
 	// (the host's, for a local sandbox), with a warning.
 	Envs string
 	// Log gets the environment builds' progress; nil: slog.Default().

@@ -5,7 +5,7 @@
 // the background reaper that deletes this provider's sandboxes once their
 // lease has ended. Its wire types are in internal/wire, which names the
 // specification commit they follow. The fake server its tests run against
-// is in sandbox/e2b/e2bfake, with wire types of its own; both are held to
+// is in internal/providers/e2b/e2bfake, with wire types of its own; both are held to
 // the golden bodies in testdata/golden, written from the specifications.
 //
 // Mapping:

@@ -4,7 +4,7 @@ package e2b_test
 // E2B's specifications, see its README): a plain httptest server, not the
 // fake, answers with the golden responses and records what the provider
 // sends, which must match the golden requests. The fake is held to the
-// same files in sandbox/e2b/e2bfake.
+// same files in internal/providers/e2b/e2bfake.
 
 import (
 	"bytes"

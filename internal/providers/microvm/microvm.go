@@ -4,12 +4,12 @@
 // system lives in guest RAM, so that a memory snapshot holds files and
 // processes alike. A snapshot is a QEMU migration written straight into a
 // pack file of the blob store and staged by the cas package as QEMU writes
-// it, cut into chunks by guest address (sandbox/microvm/vmstate), so that
+// it, cut into chunks by guest address (internal/providers/microvm/vmstate), so that
 // snapshots of one VM and forks of forks share the pages that did not
 // change; a fork starts new QEMU processes from a saved state, and the
 // processes of the snapshot continue in each (keeps_processes).
 //
-// The host reaches the guest agent (sandbox/microvm/agent, run by busybox
+// The host reaches the guest agent (internal/providers/microvm/agent, run by busybox
 // init from the stasis binary in the image) over QEMU's user-mode network:
 // a loopback port forwarded to the agent, one per sandbox. The guest
 // reaches nothing but what QEMU forwards (restrict=on): GatewayAddr leads,

@@ -4,7 +4,7 @@ package opensandbox_test
 // OpenSandbox's specifications, see its README): a plain httptest server,
 // not the fake, answers with the golden responses and records what the
 // provider sends, which must match the golden requests. The fake is held
-// to the same files in sandbox/opensandbox/osfake.
+// to the same files in internal/providers/opensandbox/osfake.
 
 import (
 	"bytes"

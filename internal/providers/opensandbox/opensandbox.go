@@ -33,7 +33,7 @@
 //
 // Configuration: OPENSANDBOX_URL (the server, with or without /v1) and
 // OPENSANDBOX_API_KEY; see FromEnv. The fake server for tests is
-// sandbox/opensandbox/osfake.
+// internal/providers/opensandbox/osfake.
 package opensandbox
 
 import (

@@ -5,9 +5,9 @@ package e2bfake
 // packages/envd/spec/envd.yaml, packages/envd/spec/process/process.proto in
 // the proto3 JSON mapping) and the Connect protocol
 // (connectrpc.com/docs/protocol). It is kept apart from the provider's
-// sandbox/e2b/internal/wire on purpose: were the two to share types, a wrong
+// internal/providers/e2b/internal/wire on purpose: were the two to share types, a wrong
 // JSON name would be wrong on both sides and every test would pass. Both
-// are held to the golden bodies in sandbox/e2b/testdata/golden instead.
+// are held to the golden bodies in internal/providers/e2b/testdata/golden instead.
 //
 // Request bodies are read into pointers where the specification requires
 // a member, so that a missing one is told from a zero one and refused, as

@@ -1,6 +1,6 @@
 package e2bfake_test
 
-// The fake held to the golden bodies of sandbox/e2b/testdata/golden
+// The fake held to the golden bodies of internal/providers/e2b/testdata/golden
 // (written from E2B's specifications, see its README): it is sent the
 // golden requests as they are (ids and PIDs put in where they must be the
 // fake's own), not through the provider, and its answers must have the

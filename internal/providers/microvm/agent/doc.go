@@ -3,7 +3,7 @@
 // client the host uses to reach it through QEMU's forwarded TCP port
 // (Client). It runs commands, moves files and tar streams, and reads and
 // sets the guest's clock. It knows nothing of QEMU, images or snapshots:
-// the provider in sandbox/microvm owns those. The same code runs on the
+// the provider in internal/providers/microvm owns those. The same code runs on the
 // host in this package's tests.
 //
 // A VM may be snapshotted and restored at any moment. Connections open at

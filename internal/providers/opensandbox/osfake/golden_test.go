@@ -1,6 +1,6 @@
 package osfake_test
 
-// The fake held to the golden bodies of sandbox/opensandbox/testdata/golden
+// The fake held to the golden bodies of internal/providers/opensandbox/testdata/golden
 // (written from OpenSandbox's specifications, see its README): it is sent
 // the golden requests as they are (ids, times and paths put in where they
 // must be the fake's or the backend's), not through the provider, and its

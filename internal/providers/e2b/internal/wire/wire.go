@@ -1,10 +1,10 @@
 // Package wire owns the subset of E2B's wire formats that the provider
-// (sandbox/e2b) speaks: the REST API's request and response bodies, the
+// (internal/providers/e2b) speaks: the REST API's request and response bodies, the
 // envd file API's error body, and the envd process service's messages in
 // the Connect protocol's JSON encoding with its stream envelopes. The fake
-// (sandbox/e2b/e2bfake) does not use it: it has its own account of the
+// (internal/providers/e2b/e2bfake) does not use it: it has its own account of the
 // format, and both are held to the golden bodies in
-// sandbox/e2b/testdata/golden, so a mistake here cannot be agreed with.
+// internal/providers/e2b/testdata/golden, so a mistake here cannot be agreed with.
 //
 // The types are written by hand from the specifications in the e2b-dev/infra
 // repository at commit SpecCommit: spec/openapi.yml (REST API, info.version

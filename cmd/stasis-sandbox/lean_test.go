@@ -13,7 +13,7 @@ import (
 // to the work tree: what an agent would grep a binary for.
 func fixedLines(t *testing.T) map[string][]string {
 	t.Helper()
-	root := filepath.Join("..", "..", "task", "_builtin")
+	root := filepath.Join("..", "..", "internal", "control", "task", "_builtin")
 	tasks, err := os.ReadDir(root)
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +47,7 @@ func fixedLines(t *testing.T) map[string][]string {
 		}
 	}
 	if len(out) < 10 {
-		t.Fatalf("found fixed lines for only %d built-in tasks: the layout of task/_builtin changed", len(out))
+		t.Fatalf("found fixed lines for only %d built-in tasks: the layout of internal/control/task/_builtin changed", len(out))
 	}
 	return out
 }

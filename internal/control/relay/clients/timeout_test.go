@@ -28,7 +28,10 @@ type slowRun struct {
 // client gets the same text.
 func TestSDKStreamOutlivesItsTimeout(t *testing.T) {
 	node, sdk := requireNode(t), requireSDK(t)
-	script := filepath.Join(moduleRoot(t), "relay", "clients", "testdata", "slowstream.mjs")
+	script, err := filepath.Abs(filepath.Join("testdata", "slowstream.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	// About 60 tokens of answer at 35 ms each.
 	s := startStack(t, model.Options{TokenDelay: 35 * time.Millisecond}, "ep-slow", func(c *relay.Config) { c.Heartbeat = 200 * time.Millisecond })
 	run := func(base string) slowRun {

@@ -18,7 +18,7 @@ if CLIENT_DIR not in sys.path:
 
 from stasis.local import LocalServer, ScriptedModel, gateway_socket_dir  # noqa: E402
 
-SPEC_PATH = os.path.join(REPO, "openapi", "server.json")
+SPEC_PATH = os.path.join(REPO, "internal", "control", "openapi", "server.json")
 
 
 def load_spec() -> dict:

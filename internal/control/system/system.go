@@ -274,11 +274,6 @@ func (c *Config) resolve() (d sandbox.Driver, err error) {
 	if c.Provider == "" {
 		c.Provider = local.Name
 	}
-	if c.Binary == "" {
-		if c.Binary, err = sandboxbin.Path(); err != nil {
-			return d, err
-		}
-	}
 	if c.SeedDir == "" {
 		c.SeedDir = filepath.Join(c.State, "verify-seeds")
 	}
@@ -298,6 +293,11 @@ func (c *Config) resolve() (d sandbox.Driver, err error) {
 	}
 	if d.Hosted && c.GatewayListen == "" {
 		return d, errdefs.Errorf(errdefs.ErrInvalid, "the %s provider's sandboxes reach the gateway over the network: give it a TCP address to listen on (serve --gateway-listen) and, if they see it under another name, the URL (--gateway-url)", c.Provider)
+	}
+	if c.Binary == "" {
+		if c.Binary, err = sandboxbin.Path(); err != nil {
+			return d, err
+		}
 	}
 	return d, nil
 }

@@ -75,9 +75,6 @@ func (w *World) HoldAttempt(episode string, attempt, call int) *relay.Hold {
 // it again.
 func (w *World) Unhold(h *relay.Hold) { w.holds.Remove(h) }
 
-// Config is the configuration the world was opened with.
-func (w *World) Config() system.Config { return w.cfg }
-
 // Crash takes the host side down without retiring anything: the
 // coordinator, gateway, store and model stop, the sandboxes keep running.
 func (w *World) Crash() {

@@ -25,8 +25,9 @@ all: build
 ## deps: system packages the build and the tests use (gcc for cgo and -race,
 ## util-linux for setsid, nsenter and setpriv, bubblewrap for local
 ## sandboxes, tar; git, python3 and nodejs for the built-in tasks and the
-## SWE-bench loader; spin for the protocol's model); installed with apt-get
-## only when missing.
+## SWE-bench loader; spin for the protocol's model; postgresql, whose
+## server the record store's tests start as an unprivileged user in a
+## temporary directory); installed with apt-get only when missing.
 deps:
 	@missing=""; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
@@ -39,6 +40,7 @@ deps:
 	[ -x /usr/bin/python3 ] || missing="$$missing python3"; \
 	[ -x /usr/bin/node ] || command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	command -v spin >/dev/null 2>&1 || missing="$$missing spin"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -17,6 +17,7 @@ import (
 
 	"stasis/internal/control/cli"
 	"stasis/internal/proc"
+	"stasis/internal/testsvc"
 )
 
 // envAsCLI makes a test binary run the stasis command line instead of its
@@ -96,6 +97,10 @@ func Main(m *testing.M) {
 		c()
 	}
 	cleanupsMu.Unlock()
+	if err := testsvc.StopAll(); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: stopping the test services:", err)
+		code = 1
+	}
 	if code == 0 {
 		if left := childrenLeft(10 * time.Second); len(left) > 0 {
 			fmt.Fprintf(os.Stderr, "FAIL: processes left behind by the tests: %+v\n", left)
@@ -111,6 +116,7 @@ func childrenLeft(timeout time.Duration) []proc.Stat {
 	deadline := time.Now().Add(timeout)
 	for {
 		kids, err := proc.Descendants(os.Getpid())
+		kids = notServices(kids)
 		if err == nil && len(kids) == 0 {
 			return nil
 		}
@@ -119,6 +125,23 @@ func childrenLeft(timeout time.Duration) []proc.Stat {
 		}
 		time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline above
 	}
+}
+
+// notServices drops from kids the shared test services (package testsvc)
+// and what they started.
+func notServices(kids []proc.Stat) []proc.Stat {
+	all := make(map[int]proc.Stat, len(kids))
+	for _, k := range kids {
+		all[k.PID] = k
+	}
+	owned := testsvc.Owns(all)
+	out := kids[:0]
+	for _, k := range kids {
+		if !owned[k.PID] {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 var (

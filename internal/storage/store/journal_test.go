@@ -10,11 +10,11 @@ import (
 )
 
 // TestJournal runs the journal's conformance checks on the SQLite store.
-func TestJournal(t *testing.T) {
+func testJournal(t *testing.T, be backend) {
 	journalConformance(t, func(t *testing.T) (Store, func() Store) {
-		s, path := openTemp(t)
+		s, path := be.openTemp(t)
 		return s, func() Store {
-			s2, err := OpenSQLite(path)
+			s2, err := be.open(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,9 +108,9 @@ func journalConformance(t *testing.T, open func(t *testing.T) (Store, func() Sto
 }
 
 // A store of schema 4 gains the journal on open.
-func TestMigrateToJournal(t *testing.T) {
+func testMigrateToJournal(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, path := openTemp(t)
+	s, path := be.openTemp(t)
 	save(t, s, "A", "snap-1")
 	for _, stmt := range []string{`DROP TABLE journal`, `UPDATE schema_version SET version = 4`} {
 		if _, err := s.db.Exec(stmt); err != nil {
@@ -118,7 +118,7 @@ func TestMigrateToJournal(t *testing.T) {
 		}
 	}
 	_ = s.Close()
-	s2, err := OpenSQLite(path)
+	s2, err := be.open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,12 @@ type dialect struct {
 	// (and a retry on a serialization failure) so that Delete's "no other
 	// checkpoint references this snapshot" cannot race a Put.
 	writeIsolation sql.IsolationLevel
+	// retry reports whether a write transaction that failed with err
+	// should run again (PostgreSQL's serialization failures); nil: never.
+	retry func(err error) bool
+	// migrateLock, if set, is run first in the migration's transaction to
+	// make concurrent migrations of one database take turns.
+	migrateLock string
 }
 
 var sqliteDialect = dialect{name: "sqlite", serialWrites: true}
@@ -144,13 +150,35 @@ func (s *sqlStore) q(query string) string {
 	return b.String()
 }
 
+// maxTxAttempts bounds how often a write transaction runs when the engine
+// keeps aborting it for conflicts with other writers.
+const maxTxAttempts = 20
+
 // tx runs fn in one transaction and commits it, or rolls it back if fn or the
-// commit fails.
+// commit fails. A write transaction that the engine aborted for a conflict
+// with another writer runs again (fn must set its results afresh each time
+// it runs), up to maxTxAttempts times.
 func (s *sqlStore) tx(ctx context.Context, readOnly bool, fn func(*sql.Tx) error) error {
 	if !readOnly && s.d.serialWrites {
 		s.writeMu.Lock()
 		defer s.writeMu.Unlock()
 	}
+	for attempt := 1; ; attempt++ {
+		err := s.txOnce(ctx, readOnly, fn)
+		if err == nil || readOnly || s.d.retry == nil || !s.d.retry(err) || attempt >= maxTxAttempts {
+			return err
+		}
+		// Back off a little, more each time, so that writers that keep
+		// colliding spread out.
+		select {
+		case <-ctx.Done():
+			return s.wrap(ctx.Err())
+		case <-time.After(time.Duration(attempt*attempt) * time.Millisecond):
+		}
+	}
+}
+
+func (s *sqlStore) txOnce(ctx context.Context, readOnly bool, fn func(*sql.Tx) error) error {
 	opts := &sql.TxOptions{ReadOnly: readOnly}
 	if !readOnly {
 		opts.Isolation = s.d.writeIsolation
@@ -180,6 +208,11 @@ func (s *sqlStore) wrap(err error) error {
 // migrate brings the schema up to date, idempotently.
 func (s *sqlStore) migrate(ctx context.Context) error {
 	return s.tx(ctx, false, func(tx *sql.Tx) error {
+		if s.d.migrateLock != "" {
+			if _, err := tx.ExecContext(ctx, s.d.migrateLock); err != nil {
+				return s.wrap(err)
+			}
+		}
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
 			return s.wrap(err)
 		}
@@ -549,6 +582,7 @@ func (s *sqlStore) Latest(ctx context.Context) (Checkpoint, error) {
 func (s *sqlStore) Delete(ctx context.Context, id string) ([]SnapshotRef, error) {
 	var freed []SnapshotRef
 	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+		freed = nil
 		st, err := s.state(ctx, tx, id)
 		if err != nil {
 			return err
@@ -614,6 +648,7 @@ func (s *sqlStore) RecoverPending(ctx context.Context, olderThan time.Duration) 
 	cutoff := now.Add(-olderThan).UnixNano()
 	var failed []string
 	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+		failed = nil
 		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, created_ns FROM checkpoints WHERE state = ? AND created_ns <= ? ORDER BY created_ns`), string(StatePending), cutoff)
 		if err != nil {
 			return s.wrap(err)
@@ -668,6 +703,7 @@ func (s *sqlStore) PutVerdict(ctx context.Context, episode string, attempt int, 
 		created bool
 	)
 	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+		stored, created = nil, false
 		var have string
 		err := tx.QueryRowContext(ctx, s.q(`SELECT doc FROM verdicts WHERE episode = ? AND attempt = ?`+s.d.forUpdate), episode, attempt).Scan(&have)
 		switch {

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"stasis/errdefs"
@@ -161,6 +162,19 @@ func Open(ctx context.Context) (Store, error) {
 		return nil, err
 	}
 	return openSQLite(ctx, p)
+}
+
+// OpenAt opens the record store at location: a PostgreSQL database when it
+// is a postgres:// or postgresql:// URL, otherwise the SQLite database file
+// at that path (created if missing).
+func OpenAt(ctx context.Context, location string) (Store, error) {
+	if IsPostgresURL(location) {
+		return OpenPostgres(ctx, location)
+	}
+	if strings.Contains(location, "://") {
+		return nil, fmt.Errorf("record store %q: unknown kind of URL: give a postgres:// URL or the path of an SQLite file", location)
+	}
+	return openSQLite(ctx, location)
 }
 
 // checkID refuses checkpoint ids that would be awkward on a command line or

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"reflect"
 	"stasis/errdefs"
 	"strings"
@@ -18,17 +17,6 @@ import (
 	"testing"
 	"time"
 )
-
-func openTemp(t *testing.T) (*SQLite, string) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "store.db")
-	s, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s, path
-}
 
 func rec(episode, snapshot string) Record {
 	w, u := 1796202672.804, 1967.18
@@ -56,9 +44,9 @@ func save(t *testing.T, s Store, id string, snapshots ...string) {
 	}
 }
 
-func TestSaveAndRead(t *testing.T) {
+func testSaveAndRead(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, path := openTemp(t)
+	s, path := be.openTemp(t)
 	if _, err := s.Latest(ctx); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Latest of an empty store: %v", err)
 	}
@@ -113,7 +101,7 @@ func TestSaveAndRead(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s2, err := OpenSQLite(path)
+	s2, err := be.open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,21 +132,21 @@ func mustDecode(t *testing.T, r Record) Record {
 	return r
 }
 
-func TestNewerSchemaIsRefused(t *testing.T) {
-	s, path := openTemp(t)
+func testNewerSchemaIsRefused(t *testing.T, be backend) {
+	s, path := be.openTemp(t)
 	if _, err := s.db.Exec(`UPDATE schema_version SET version = 99`); err != nil {
 		t.Fatal(err)
 	}
 	_ = s.Close()
-	_, err := OpenSQLite(path)
+	_, err := be.open(path)
 	if err == nil || !strings.Contains(err.Error(), "schema version 99, newer than this stasis understands") || !strings.Contains(err.Error(), "upgrade stasis") {
 		t.Fatalf("opening a newer store: %v", err)
 	}
 }
 
-func TestCommitIsAllOrNothing(t *testing.T) {
+func testCommitIsAllOrNothing(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, _ := openTemp(t)
+	s, _ := be.openTemp(t)
 	save(t, s, "A", "snap-1", "snap-2")
 
 	if err := s.Begin(ctx, "B", nil); err != nil {
@@ -231,7 +219,7 @@ func TestCommitIsAllOrNothing(t *testing.T) {
 	if err := s.Put(ctx, "E", rec("ep-0", "snap-e")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.db.Exec(`UPDATE records SET doc = ? WHERE checkpoint_id = 'E'`, `{"schema":7,"episode":"ep-0"}`); err != nil {
+	if _, err := s.db.Exec(s.q(`UPDATE records SET doc = ? WHERE checkpoint_id = 'E'`), `{"schema":7,"episode":"ep-0"}`); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Commit(ctx, "E", 1); !errors.Is(err, ErrIncomplete) || !strings.Contains(err.Error(), "schema 7") {
@@ -242,9 +230,9 @@ func TestCommitIsAllOrNothing(t *testing.T) {
 	}
 }
 
-func TestListAndRecoverPending(t *testing.T) {
+func testListAndRecoverPending(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, _ := openTemp(t)
+	s, _ := be.openTemp(t)
 	save(t, s, "A", "s1")
 	save(t, s, "B", "s2")
 	if err := s.Begin(ctx, "C", nil); err != nil {
@@ -278,9 +266,9 @@ func TestListAndRecoverPending(t *testing.T) {
 	}
 }
 
-func TestDeleteFreesOnlyUnreferencedSnapshots(t *testing.T) {
+func testDeleteFreesOnlyUnreferencedSnapshots(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, _ := openTemp(t)
+	s, _ := be.openTemp(t)
 	save(t, s, "A", "s1", "s2")
 	save(t, s, "B", "s2", "s3")
 	// C is pending and references s3 and s4; its ep-0 first had s5.
@@ -341,11 +329,11 @@ func TestDeleteFreesOnlyUnreferencedSnapshots(t *testing.T) {
 	}
 }
 
-func TestConcurrentPuts(t *testing.T) {
+func testConcurrentPuts(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, path := openTemp(t)
+	s, path := be.openTemp(t)
 	// A second handle on the same file, as another process would have.
-	s2, err := OpenSQLite(path)
+	s2, err := be.open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,19 +411,19 @@ func TestConcurrentPuts(t *testing.T) {
 // saverEnv makes the test binary act as a save that never finishes.
 const saverEnv = "STASIS_STORE_TEST_SAVER"
 
-func TestInterruptedSaveKeepsPreviousCheckpoint(t *testing.T) {
+func testInterruptedSaveKeepsPreviousCheckpoint(t *testing.T, be backend) {
 	if path := os.Getenv(saverEnv); path != "" {
 		saveUntilKilled(path)
 		return
 	}
 	ctx := context.Background()
-	s, path := openTemp(t)
+	s, path := be.openTemp(t)
 	save(t, s, "A", "snap-a0", "snap-a1")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestInterruptedSaveKeepsPreviousCheckpoint$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^"+strings.ReplaceAll(t.Name(), "/", "$/^")+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), saverEnv+"="+path)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -489,7 +477,7 @@ wait:
 		t.Fatalf("the saver was not killed by SIGKILL: %v", err)
 	}
 
-	s2, err := OpenSQLite(path)
+	s2, err := be.open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +518,7 @@ func saveUntilKilled(path string) {
 		os.Exit(1)
 	}
 	ctx := context.Background()
-	s, err := OpenSQLite(path)
+	s, err := OpenAt(ctx, path)
 	if err != nil {
 		fail(err)
 	}
@@ -568,9 +556,9 @@ func TestSQLIsPortable(t *testing.T) {
 
 // A verdict is written once: later puts, concurrent or after a reopen,
 // return the first document and change nothing.
-func TestVerdictOnce(t *testing.T) {
+func testVerdictOnce(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, path := openTemp(t)
+	s, path := be.openTemp(t)
 	if _, err := s.GetVerdict(ctx, "ep-1", 0); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("GetVerdict before any: %v", err)
 	}
@@ -609,7 +597,7 @@ func TestVerdictOnce(t *testing.T) {
 		}
 	}
 	_ = s.Close()
-	s2, err := OpenSQLite(path)
+	s2, err := be.open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -637,9 +625,9 @@ func TestVerdictOnce(t *testing.T) {
 }
 
 // A store made by schema 3 keeps its verdicts, as attempt 0's.
-func TestMigrateVerdictsToAttempts(t *testing.T) {
+func testMigrateVerdictsToAttempts(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, path := openTemp(t)
+	s, path := be.openTemp(t)
 	for _, stmt := range []string{
 		`DROP TABLE verdicts`,
 		`DROP TABLE journal`,
@@ -652,7 +640,7 @@ func TestMigrateVerdictsToAttempts(t *testing.T) {
 		}
 	}
 	_ = s.Close()
-	s2, err := OpenSQLite(path)
+	s2, err := be.open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -667,9 +655,9 @@ func TestMigrateVerdictsToAttempts(t *testing.T) {
 
 // A store made by the first schema gains the verdicts table on open and
 // keeps its checkpoints.
-func TestMigrateFromSchema1(t *testing.T) {
+func testMigrateFromSchema1(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, path := openTemp(t)
+	s, path := be.openTemp(t)
 	save(t, s, "A", "snap-1")
 	for _, stmt := range []string{`DROP TABLE verdicts`, `DROP TABLE episodes`, `DROP TABLE journal`} {
 		if _, err := s.db.Exec(stmt); err != nil {
@@ -680,7 +668,7 @@ func TestMigrateFromSchema1(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = s.Close()
-	s2, err := OpenSQLite(path)
+	s2, err := be.open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -693,9 +681,9 @@ func TestMigrateFromSchema1(t *testing.T) {
 	}
 }
 
-func TestEpisodes(t *testing.T) {
+func testEpisodes(t *testing.T, be backend) {
 	ctx := context.Background()
-	s, path := openTemp(t)
+	s, path := be.openTemp(t)
 	if _, err := s.GetEpisode(ctx, "ep-1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("GetEpisode of none: %v", err)
 	}
@@ -713,7 +701,7 @@ func TestEpisodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = s.Close()
-	s2, err := OpenSQLite(path)
+	s2, err := be.open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,105 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+)
+
+// Postgres is the record store in a PostgreSQL database, for several
+// servers on several machines sharing one state: the same schema and SQL as
+// SQLite (sql.go), with write transactions at serializable isolation,
+// retried when PostgreSQL aborts one for a conflict with another writer.
+// A commit returns once PostgreSQL has made it durable (the server's
+// synchronous_commit decides how; its default is to the WAL on disk).
+type Postgres struct {
+	sqlStore
+}
+
+var _ Store = (*Postgres)(nil)
+
+var postgresDialect = dialect{
+	name:               "postgres",
+	dollarPlaceholders: true,
+	forUpdate:          " FOR UPDATE",
+	writeIsolation:     sql.LevelSerializable,
+	retry:              retryablePostgres,
+	migrateLock:        fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, migrationLock),
+}
+
+// IsPostgresURL reports whether s names a PostgreSQL database
+// (postgres://… or postgresql://…).
+func IsPostgresURL(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+}
+
+// OpenPostgres opens the record store in the PostgreSQL database at dsn (a
+// postgres:// URL), creating its schema if missing and migrating an older
+// one; doing so twice, or from several processes at once, changes nothing.
+func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
+	where := redact(dsn)
+	if !IsPostgresURL(dsn) {
+		return nil, fmt.Errorf("record store %s: not a PostgreSQL URL: write postgres://USER@HOST:PORT/DATABASE (or ?host=/socket/dir for a unix socket)", where)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("record store %s: %w", where, err)
+	}
+	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	s := &Postgres{sqlStore{db: db, d: postgresDialect, where: where, now: time.Now}}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("record store %s: cannot connect: %w; check that the server runs, the URL's host, port, user and database, and its password (in the URL or PGPASSWORD)", where, err)
+	}
+	if err := s.migrate(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// DB is the database handle, for the parts of stasis that keep their own
+// tables beside the store's (the ledger, the nodes).
+func (s *Postgres) DB() *sql.DB { return s.db }
+
+// retryablePostgres reports whether PostgreSQL aborted a transaction for a
+// conflict that a retry resolves: a serialization failure or a deadlock.
+func retryablePostgres(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	return false
+}
+
+// migrationLock is the advisory lock that makes concurrent migrations of
+// one database take turns.
+const migrationLock = 0x5741_5349_5300 // "STASIS"
+
+// redact is dsn without its password, for messages.
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	q := u.Query()
+	if q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}

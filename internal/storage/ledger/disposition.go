@@ -77,12 +77,12 @@ func (l *Ledger) Settle(s ...Settlement) error {
 func (l *Ledger) settleRecords(s []Settlement) ([]record, error) {
 	for _, x := range s {
 		if err := x.check(); err != nil {
-			return nil, fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.path, err)
+			return nil, fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.where, err)
 		}
 	}
 	fresh, err := l.st.checkSettle(s)
 	if err != nil {
-		return nil, fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.path, err)
+		return nil, fmt.Errorf("ledger %s: settle: %w; nothing was settled", l.where, err)
 	}
 	if len(fresh) == 0 {
 		return nil, nil

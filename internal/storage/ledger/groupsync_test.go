@@ -91,9 +91,9 @@ func TestConcurrentAppendsToManyLedgersShareFlushes(t *testing.T) {
 	for i := range ls {
 		ls[i] = open(t, dir, fmt.Sprint("ep", i))
 	}
-	g := ls[0].group
+	g := ls[0].log.(*fileLog).group
 	for _, l := range ls {
-		if l.group != g {
+		if l.log.(*fileLog).group != g {
 			t.Fatal("ledgers in one directory got different flush groups")
 		}
 	}

@@ -34,6 +34,11 @@
 //	    (the client had gone and never saw it); at least one; an entry's
 //	    disposition, once settled, does not change
 //
+//	{"kind":"branch","reason":"...","from":"<hash>","at":"...","parent":"...","hash":"..."}
+//	    the logical ledger goes back to what it was right after the record
+//	    with hash "from" (an earlier line): a restore of an older checkpoint;
+//	    the entries of the history it leaves stay in the file
+//
 // The logical ledger is computed from the file: entries in order, a cut
 // drops the entries after its position, and the next entry continues the
 // numbering from there (its seq is the cut position + 1). Unknown fields are
@@ -68,16 +73,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
-
-	"stasis/internal/storage/atomicfile"
 )
 
 // Entry is one model call in the ledger.
@@ -136,68 +135,44 @@ func Path(dir, episode string) (string, error) {
 // Ledger is one episode's open ledger. It is safe for concurrent use.
 type Ledger struct {
 	mu      sync.Mutex
-	path    string
+	storage Storage
+	where   string // names the ledger in messages
 	episode string
-	f       *os.File
+	log     Log
 	off     int64 // end of the last complete record
-	torn    bool  // bytes after off (a torn or failed write) must go before the next write
+	fence   int   // the attempt appends are made for (Fence)
 	st      *state
 	// fps are the fingerprints of the first live entries' assistant
 	// messages, worked out when a match needs them (fingerprints).
 	fps    []string
-	err    error // sticky: after a failed flush nothing more is written
+	err    error // sticky: after a failed flush, or a fenced write, nothing more is written
 	closed bool
-	group  *syncGroup // the group commit of the file system that holds f
 }
 
 // Open opens (creating it and dir when missing) the ledger of episode in dir,
 // DIR/EPISODE.ledger, and takes an exclusive lock on it for as long as it
-// is open.
+// is open. It is OpenIn(Files(dir), episode).
 func Open(dir, episode string) (*Ledger, error) {
-	path, err := Path(dir, episode)
+	return OpenIn(Files(dir), episode)
+}
+
+// OpenIn opens (creating it when missing) the ledger of episode in s for
+// appending.
+func OpenIn(s Storage, episode string) (*Ledger, error) {
+	if err := checkEpisode(episode); err != nil {
+		return nil, err
+	}
+	log, data, err := s.OpenLog(episode)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("ledger directory: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	created := err == nil
-	if errors.Is(err, os.ErrExist) {
-		f, err = os.OpenFile(path, os.O_RDWR, 0)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open ledger: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("ledger %s: %w: another process (or another Open in this one) holds its lock; only one gateway may write an episode's ledger, so close it there first", path, ErrLocked)
-		}
-		return nil, fmt.Errorf("lock ledger %s: %w", path, err)
-	}
-	if created {
-		if err := atomicfile.SyncDir(dir); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("open ledger: %w", err)
-		}
-	}
-	data, err := io.ReadAll(f)
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("read ledger %s: %w", path, err)
-	}
+	where := s.Where(episode)
 	st, prob := load(data, episode, false)
 	if prob != nil {
-		f.Close()
-		return nil, fmt.Errorf("ledger %s: %w: %s; nothing was changed: run `stasis ledger verify %s --dir %s` for details, and restore the file from a copy or discard the episode", path, ErrCorrupt, prob, episode, dir)
+		log.Close()
+		return nil, fmt.Errorf("ledger %s: %w: %s; nothing was changed: run `stasis ledger verify %s` for details, and restore it from a copy or discard the episode", where, ErrCorrupt, prob, episode)
 	}
-	group, err := groupFor(f)
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("open ledger: %w", err)
-	}
-	return &Ledger{path: path, episode: episode, f: f, off: st.off, torn: st.off < int64(len(data)), st: st, group: group}, nil
+	return &Ledger{storage: s, where: where, episode: episode, log: log, off: st.off, st: st}, nil
 }
 
 // fingerprints returns the fingerprint of each live entry's assistant
@@ -210,18 +185,19 @@ func (l *Ledger) fingerprints() []string {
 	return l.fps
 }
 
-// Path returns the ledger's file.
-func (l *Ledger) Path() string { return l.path }
+// Path returns the ledger's file (for a ledger in a database, what names
+// it there).
+func (l *Ledger) Path() string { return l.where }
 
 // Episode returns the episode whose ledger this is.
 func (l *Ledger) Episode() string { return l.episode }
 
 func (l *Ledger) usable() error {
 	if l.closed {
-		return fmt.Errorf("ledger %s: %w", l.path, ErrClosed)
+		return fmt.Errorf("ledger %s: %w", l.where, ErrClosed)
 	}
 	if l.err != nil {
-		return fmt.Errorf("ledger %s: an earlier write failed, so nothing more is written: %w; reopen it", l.path, l.err)
+		return fmt.Errorf("ledger %s: an earlier write failed, so nothing more is written: %w; reopen it", l.where, l.err)
 	}
 	return nil
 }
@@ -243,6 +219,7 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 		}
 	}()
 	parent := l.st.head
+	var ends [4]int64 // where each record ends in buf (a write has at most 3)
 	for i := range recs {
 		recs[i].Parent = parent
 		var h string
@@ -253,32 +230,126 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 		recs[i].Hash = h
 		parent = h
 		buf = append(buf, '\n')
-	}
-	if l.torn {
-		if err := l.f.Truncate(l.off); err != nil {
-			return nil, fmt.Errorf("ledger %s: cut away the unfinished last line: %w", l.path, err)
+		if i < len(ends) {
+			ends[i] = int64(len(buf))
 		}
-		l.torn = false
 	}
-	if _, err := l.f.WriteAt(buf, l.off); err != nil {
-		l.torn = true
-		return nil, fmt.Errorf("ledger %s: write: %w", l.path, err)
+	if err := l.log.Append(l.off, buf, l.fence); err != nil {
+		if errors.Is(err, ErrFenced) || errors.Is(err, errUnflushed) {
+			// Another writer has the ledger, or after a failed flush
+			// the page cache cannot be trusted to say what is on disk:
+			// stop writing.
+			l.err = err
+		}
+		return nil, err
 	}
-	if err := l.group.sync(l.f); err != nil {
-		// After a failed flush the page cache cannot be trusted to say
-		// what is on disk: stop writing.
-		l.err = err
-		l.torn = true
-		return nil, fmt.Errorf("ledger %s: %w", l.path, err)
-	}
+	start := l.off
 	l.off += int64(len(buf))
-	for _, r := range recs {
+	for i, r := range recs {
+		if r.Kind == kindBranch {
+			// A branch goes back to an earlier state: read it again.
+			if err := l.reload(); err != nil {
+				l.err = err
+				return nil, err
+			}
+			continue
+		}
 		if err := l.st.apply(r); err != nil { // cannot happen: the records were built valid
 			l.err = err
-			return nil, fmt.Errorf("ledger %s: %w", l.path, err)
+			return nil, fmt.Errorf("ledger %s: %w", l.where, err)
+		}
+		if i < len(ends) {
+			l.st.ends[r.Hash] = start + ends[i]
 		}
 	}
 	return recs, nil
+}
+
+// reload reads the ledger's state again from its storage. l.mu is held.
+func (l *Ledger) reload() error {
+	data, err := l.storage.ReadAll(l.episode)
+	if err != nil {
+		return fmt.Errorf("ledger %s: read it again: %w", l.where, err)
+	}
+	if int64(len(data)) < l.off {
+		return fmt.Errorf("ledger %s: read it again: it holds %d bytes, fewer than the %d written", l.where, len(data), l.off)
+	}
+	st, prob := load(data[:l.off], l.episode, false)
+	if prob != nil {
+		return fmt.Errorf("ledger %s: read it again: %w: %s", l.where, ErrCorrupt, prob)
+	}
+	l.st, l.fps = st, nil
+	return nil
+}
+
+// Tip is the ledger's last record: how many records it holds and the hash
+// of the last. A checkpoint records it, so that a restore of that
+// checkpoint can take the ledger back to it (Branch) however far it has
+// moved on since.
+type Tip struct {
+	Records int    `json:"records"`
+	Hash    string `json:"hash"`
+}
+
+// Tip returns the ledger's tip.
+func (l *Ledger) Tip() Tip {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return Tip{Records: l.st.records, Hash: l.st.head}
+}
+
+// Has reports whether the ledger holds a record with hash h.
+func (l *Ledger) Has(h string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.st.ends[h]
+	return ok
+}
+
+// Branch takes the logical ledger back to what it was right after the
+// record with hash from (a Tip's), whatever happened since: cuts, calls,
+// other branches. It appends a branch record; nothing is rewritten, and the
+// entries it leaves behind stay readable (Read lists them as dropped). The
+// next entry continues from the history at from. It is how an older
+// checkpoint is restored after the ledger has moved on past it.
+func (l *Ledger) Branch(from, reason string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if _, ok := l.st.ends[from]; !ok {
+		return fmt.Errorf("ledger %s: cannot branch from record %.12s…: it holds no record with that hash", l.where, from)
+	}
+	if reason == "" {
+		reason = "branch"
+	}
+	_, err := l.write(record{Kind: kindBranch, From: from, Reason: reason, At: time.Now().UTC()})
+	return err
+}
+
+// EntriesAt returns the logical ledger as it was right after the record
+// with hash at (a Tip's), each entry with its disposition then.
+func (l *Ledger) EntriesAt(at string) ([]Entry, error) {
+	l.mu.Lock()
+	end, ok := l.st.ends[at]
+	off := l.off
+	l.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("ledger %s: no record with hash %.12s…", l.where, at)
+	}
+	data, err := l.storage.ReadAll(l.episode)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) < off {
+		return nil, fmt.Errorf("ledger %s: it holds %d bytes, fewer than the %d written", l.where, len(data), off)
+	}
+	st, prob := load(data[:end], l.episode, false)
+	if prob != nil {
+		return nil, fmt.Errorf("ledger %s: %w: %s", l.where, ErrCorrupt, prob)
+	}
+	return st.entries, nil
 }
 
 // linePool holds the buffers records are encoded into before their write.
@@ -336,7 +407,7 @@ func (l *Ledger) SettleAndAppend(s []Settlement, e Entry) (_ Entry, settleErr, e
 		return Entry{}, nil, err
 	}
 	if i, ok := l.st.index[e.CallID]; ok {
-		return Entry{}, nil, fmt.Errorf("ledger %s: call %s: %w at seq %d: answer it with the recorded response (Lookup) instead of appending again", l.path, e.CallID, ErrDuplicate, i+1)
+		return Entry{}, nil, fmt.Errorf("ledger %s: call %s: %w at seq %d: answer it with the recorded response (Lookup) instead of appending again", l.where, e.CallID, ErrDuplicate, i+1)
 	}
 	var recs []record
 	if len(s) > 0 {
@@ -451,7 +522,7 @@ func (l *Ledger) cut(pos int64, reason string, boundary bool) error {
 		return err
 	}
 	if n := int64(len(l.st.entries)); pos < 0 || pos > n {
-		return fmt.Errorf("ledger %s: cannot cut to %d: the ledger has %d entries; use a position from 0 to %d", l.path, pos, n, n)
+		return fmt.Errorf("ledger %s: cannot cut to %d: the ledger has %d entries; use a position from 0 to %d", l.where, pos, n, n)
 	}
 	if reason == "" {
 		reason = "cut"
@@ -481,6 +552,24 @@ func (l *Ledger) Close() error {
 		return nil
 	}
 	l.closed = true
-	_ = unix.Flock(int(l.f.Fd()), unix.LOCK_UN)
-	return l.f.Close()
+	return l.log.Close()
+}
+
+// Fence makes the ledger's writes those of the episode's attempt: from
+// then on, writes of a lower attempt are refused everywhere the storage
+// is shared (ErrFenced), and so are this Ledger's once a higher attempt
+// has fenced it elsewhere. A restore fences the ledger with its new
+// attempt before it cuts or branches it.
+func (l *Ledger) Fence(attempt int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if err := l.log.Fence(attempt); err != nil {
+		l.err = err
+		return err
+	}
+	l.fence = attempt
+	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"stasis/internal/testsvc"
 	"strings"
 	"sync"
 	"testing"
@@ -201,7 +202,7 @@ func TestMain(m *testing.M) {
 		fmt.Println("appended")
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	testsvc.Main(m)
 }
 
 func child(t *testing.T, dir, ep string) (string, int) {
@@ -679,6 +680,8 @@ func FuzzDecodeRecord(f *testing.F) {
 			At: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), Parent: strings.Repeat("b", 64)},
 		{Kind: kindSettle, Settled: []Settlement{{Seq: 1, CallID: "ep/1", Disposition: Pending}}, Parent: strings.Repeat("b", 64)},
 		{Kind: kindSettle, Settled: []Settlement{}, Parent: strings.Repeat("b", 64)},
+		{Kind: kindBranch, From: strings.Repeat("c", 64), Reason: "restore ckpt-1", At: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), Parent: strings.Repeat("d", 64)},
+		{Kind: kindBranch, From: "not a hash", Parent: strings.Repeat("d", 64)},
 	}
 	e := entryRecord(entry("ep/2", chat("x")))
 	e.Seq, e.Tokens, e.Usage = 2, &Tokens{PromptIDs: []int64{1, 2}, CompletionIDs: []int64{3}, Logprobs: []float64{-0.125}}, json.RawMessage(`{"prompt_tokens":2}`)

@@ -102,7 +102,7 @@ func (l *Ledger) Match(messages []json.RawMessage) (Match, error) {
 	if err := l.markBroken(reason); err != nil {
 		return Match{}, err
 	}
-	return Match{}, fmt.Errorf("ledger %s: %w: %s", l.path, ErrBroken, reason)
+	return Match{}, fmt.Errorf("ledger %s: %w: %s", l.where, ErrBroken, reason)
 }
 
 // partialCopy says whether assistant message msg is what a harness saved

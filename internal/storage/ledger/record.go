@@ -19,6 +19,7 @@ const (
 	kindCut    = "cut"    // the logical ledger becomes its first "to" entries
 	kindBroken = "broken" // the episode's history cannot be trusted from here on
 	kindSettle = "settle" // the dispositions of live entries
+	kindBranch = "branch" // the logical ledger goes back to what it was after record "from"
 )
 
 // formatVersion is the "format" of the header line this code writes: 2,
@@ -57,6 +58,7 @@ type record struct {
 	To       *int64          `json:"to,omitempty"`
 	Reason   string          `json:"reason,omitempty"`
 	Boundary bool            `json:"boundary,omitempty"`
+	From     string          `json:"from,omitempty"`
 	Settled  []Settlement    `json:"settled,omitempty"`
 	At       time.Time       `json:"at,omitzero"`
 	Parent   string          `json:"parent"`
@@ -204,6 +206,10 @@ func appendRecord(b []byte, r *record, canon bool) (_ []byte, ok bool) {
 	}
 	if r.Boundary {
 		b = append(b, `,"boundary":true`...)
+	}
+	if r.From != "" {
+		b = append(b, `,"from":`...)
+		b = appendString(b, r.From)
 	}
 	if len(r.Settled) > 0 {
 		b = appendSettled(append(b, `,"settled":`...), r.Settled)
@@ -438,6 +444,10 @@ func (r record) check() error {
 	case kindBroken:
 		if r.Reason == "" {
 			return errors.New("broken record: no reason")
+		}
+	case kindBranch:
+		if !isHash(r.From) {
+			return fmt.Errorf(`branch record: "from" %q is not a record hash`, r.From)
 		}
 	case kindSettle:
 		if len(r.Settled) == 0 {

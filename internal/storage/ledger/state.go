@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -28,23 +28,33 @@ type state struct {
 	// them; an open ledger does not).
 	keepDropped bool
 	dropped     []Entry
-	// dropCounts counts the entries cuts dropped by disposition.
+	// dropCounts counts the entries cuts dropped by disposition, and
+	// droppedAs is each dropped entry's disposition then, by its hash (a
+	// branch may bring it back).
 	dropCounts map[Disposition]int64
+	droppedAs  map[string]Disposition
+	// ends is where each record ends in the bytes (the offset after its
+	// newline), by its hash: what a branch goes back to.
+	ends map[string]int64
 }
 
 func newState(episode string) *state {
-	return &state{episode: episode, index: map[string]int{}, dropCounts: map[Disposition]int64{}}
+	return &state{episode: episode, index: map[string]int{}, dropCounts: map[Disposition]int64{},
+		droppedAs: map[string]Disposition{}, ends: map[string]int64{}}
 }
 
 // Event is a control record of the file: a cut or a broken mark.
 type Event struct {
-	Line     int       `json:"line"`
-	Kind     string    `json:"kind"` // "cut" or "broken"
-	To       int64     `json:"to"`   // cut: the new length; broken: the length then
-	From     int64     `json:"from"` // the logical length before
-	Reason   string    `json:"reason"`
-	Boundary bool      `json:"boundary,omitempty"` // cut by a relaunch match: the next entry is a boundary
-	At       time.Time `json:"at"`
+	Line     int    `json:"line"`
+	Kind     string `json:"kind"` // "cut", "broken" or "branch"
+	To       int64  `json:"to"`   // cut, branch: the new length; broken: the length then
+	From     int64  `json:"from"` // the logical length before
+	Reason   string `json:"reason"`
+	Boundary bool   `json:"boundary,omitempty"` // cut by a relaunch match: the next entry is a boundary
+	// FromRecord, of a branch, is the hash of the record whose history
+	// the ledger went back to.
+	FromRecord string    `json:"from_record,omitempty"`
+	At         time.Time `json:"at"`
 }
 
 // Problem is the first bad record of a file.
@@ -105,18 +115,7 @@ func (s *state) apply(r record) error {
 		if to > n {
 			return fmt.Errorf("cut to %d, but the logical ledger has only %d entries here", to, n)
 		}
-		for i, e := range s.entries[to:] {
-			delete(s.index, e.CallID)
-			if !s.settled[to+int64(i)] {
-				e.Disposition = Undelivered
-			}
-			s.dropCounts[e.Disposition]++
-			if s.keepDropped {
-				s.dropped = append(s.dropped, e)
-			}
-		}
-		s.entries = s.entries[:to:to] // later appends must not overwrite entries a caller holds
-		s.settled = s.settled[:to]
+		s.drop(to)
 		s.nextBoundary = r.Boundary
 		s.events = append(s.events, Event{Line: s.records + 1, Kind: kindCut, To: to, From: n, Reason: r.Reason, Boundary: r.Boundary, At: r.At})
 	case kindBroken:
@@ -135,7 +134,68 @@ func (s *state) apply(r record) error {
 			s.entries[x.Seq-1].Disposition = x.Disposition
 			s.settled[x.Seq-1] = true
 		}
+	case kindBranch:
+		return errors.New("a branch record needs the records before it (load applies it)")
 	}
+	s.head = r.Hash
+	s.records++
+	return nil
+}
+
+// drop cuts the live entries to their first to, counting those it drops.
+func (s *state) drop(to int64) {
+	for i, e := range s.entries[to:] {
+		delete(s.index, e.CallID)
+		if !s.settled[to+int64(i)] {
+			e.Disposition = Undelivered
+		}
+		s.dropCounts[e.Disposition]++
+		s.droppedAs[e.Hash] = e.Disposition
+		if s.keepDropped {
+			s.dropped = append(s.dropped, e)
+		}
+	}
+	s.entries = s.entries[:to:to] // later appends must not overwrite entries a caller holds
+	s.settled = s.settled[:to]
+}
+
+// applyBranch applies a branch record r: the logical ledger becomes past's,
+// the state as it was right after the record r.From (load made it from the
+// bytes up to there). Entries live now and not in past's history are
+// dropped, as a cut drops them; entries of past's history that a cut or
+// a branch had dropped are live again; every entry has the disposition it
+// had at r.From.
+func (s *state) applyBranch(r record, past *state) error {
+	if r.Parent != s.head {
+		return fmt.Errorf("parent %.12s… is not the previous record's hash %.12s…: a record was removed, inserted or reordered", r.Parent, s.head)
+	}
+	n := int64(len(s.entries))
+	common := int64(0)
+	for common < n && common < int64(len(past.entries)) && s.entries[common].Hash == past.entries[common].Hash {
+		common++
+	}
+	s.drop(common)
+	// The entries both hold are as they were at r.From: settled or not.
+	s.entries = slices.Clone(s.entries)
+	for i := range common {
+		s.entries[i].Disposition = past.entries[i].Disposition
+		s.settled[i] = past.settled[i]
+	}
+	for i, e := range past.entries[common:] {
+		if d, ok := s.droppedAs[e.Hash]; ok {
+			s.dropCounts[d]--
+			delete(s.droppedAs, e.Hash)
+			if s.keepDropped {
+				s.dropped = slices.DeleteFunc(s.dropped, func(x Entry) bool { return x.Hash == e.Hash })
+			}
+		}
+		s.entries = append(s.entries, e)
+		s.settled = append(s.settled, past.settled[common+int64(i)])
+		s.index[e.CallID] = int(common) + i
+	}
+	s.nextBoundary = past.nextBoundary
+	s.broken, s.reason = past.broken, past.reason
+	s.events = append(s.events, Event{Line: s.records + 1, Kind: kindBranch, To: int64(len(s.entries)), From: n, Reason: r.Reason, FromRecord: r.From, At: r.At})
 	s.head = r.Hash
 	s.records++
 	return nil
@@ -163,11 +223,26 @@ func load(data []byte, episode string, keepDropped bool) (*state, *Problem) {
 			p.What = err.Error()
 			return st, p
 		}
-		if err := st.apply(r); err != nil {
+		if r.Kind == kindBranch {
+			end, ok := st.ends[r.From]
+			if !ok {
+				p.What = fmt.Sprintf("branch from record %.12s…, which is not an earlier record of this ledger", r.From)
+				return st, p
+			}
+			past, prob := load(data[:end], episode, false)
+			if prob != nil { // cannot happen: those bytes loaded once already
+				return st, prob
+			}
+			err = st.applyBranch(r, past)
+		} else {
+			err = st.apply(r)
+		}
+		if err != nil {
 			p.What = err.Error()
 			return st, p
 		}
 		st.off += int64(i + 1)
+		st.ends[r.Hash] = st.off
 		rest = rest[i+1:]
 	}
 	return st, nil
@@ -201,25 +276,21 @@ type Report struct {
 	TornBytes int64 `json:"torn_bytes,omitempty"`
 }
 
-// readFile reads the ledger file of episode in dir, at path.
-func readFile(dir, episode string) (path string, data []byte, err error) {
-	path, err = Path(dir, episode)
-	if err != nil {
-		return "", nil, err
-	}
-	data, err = os.ReadFile(path)
-	if err != nil {
-		return "", nil, fmt.Errorf("ledger of episode %s: %w", episode, err)
-	}
-	return path, data, nil
-}
-
 // Verify walks the whole ledger file of episode in dir — every hash, every
 // parent link, every sequence number — without locking it. A damaged file is
 // not an error: the Report says which record is bad. The error is for a
 // file that cannot be read (fs.ErrNotExist when there is none).
 func Verify(dir, episode string) (Report, error) {
-	path, data, err := readFile(dir, episode)
+	return VerifyIn(Files(dir), episode)
+}
+
+// VerifyIn is Verify of the ledger of episode in s.
+func VerifyIn(s Storage, episode string) (Report, error) {
+	if err := checkEpisode(episode); err != nil {
+		return Report{}, err
+	}
+	path := s.Where(episode)
+	data, err := s.ReadAll(episode)
 	if err != nil {
 		return Report{}, err
 	}
@@ -277,7 +348,16 @@ type History struct {
 // Read loads the ledger of episode in dir without locking it (a gateway may
 // be appending). A damaged file fails with ErrCorrupt.
 func Read(dir, episode string) (History, error) {
-	path, data, err := readFile(dir, episode)
+	return ReadIn(Files(dir), episode)
+}
+
+// ReadIn is Read of the ledger of episode in s.
+func ReadIn(s Storage, episode string) (History, error) {
+	if err := checkEpisode(episode); err != nil {
+		return History{}, err
+	}
+	path := s.Where(episode)
+	data, err := s.ReadAll(episode)
 	if err != nil {
 		return History{}, err
 	}

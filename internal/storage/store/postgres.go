@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+
+	"stasis/internal/storage/dburl"
 )
 
 // Postgres is the record store in a PostgreSQL database, for several
@@ -34,18 +34,12 @@ var postgresDialect = dialect{
 	migrateLock:        fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, migrationLock),
 }
 
-// IsPostgresURL reports whether s names a PostgreSQL database
-// (postgres://… or postgresql://…).
-func IsPostgresURL(s string) bool {
-	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
-}
-
 // OpenPostgres opens the record store in the PostgreSQL database at dsn (a
 // postgres:// URL), creating its schema if missing and migrating an older
 // one; doing so twice, or from several processes at once, changes nothing.
 func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
-	where := redact(dsn)
-	if !IsPostgresURL(dsn) {
+	where := dburl.Redact(dsn)
+	if !dburl.IsPostgres(dsn) {
 		return nil, fmt.Errorf("record store %s: not a PostgreSQL URL: write postgres://USER@HOST:PORT/DATABASE (or ?host=/socket/dir for a unix socket)", where)
 	}
 	db, err := sql.Open("pgx", dsn)
@@ -86,20 +80,3 @@ func retryablePostgres(err error) bool {
 // migrationLock is the advisory lock that makes concurrent migrations of
 // one database take turns.
 const migrationLock = 0x5741_5349_5300 // "STASIS"
-
-// redact is dsn without its password, for messages.
-func redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(an unparsable URL)"
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	q := u.Query()
-	if q.Has("password") {
-		q.Set("password", "xxxxx")
-		u.RawQuery = q.Encode()
-	}
-	return u.String()
-}

@@ -22,6 +22,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/internal/control/home"
+	"stasis/internal/storage/dburl"
 )
 
 // State is where a checkpoint is in its life.
@@ -168,7 +169,7 @@ func Open(ctx context.Context) (Store, error) {
 // is a postgres:// or postgresql:// URL, otherwise the SQLite database file
 // at that path (created if missing).
 func OpenAt(ctx context.Context, location string) (Store, error) {
-	if IsPostgresURL(location) {
+	if dburl.IsPostgres(location) {
 		return OpenPostgres(ctx, location)
 	}
 	if strings.Contains(location, "://") {

@@ -1,0 +1,302 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"sync"
+	"testing"
+
+	"stasis/internal/pgtest"
+)
+
+// storages are the Storage kinds every ledger behaviour below holds on.
+var storages = []struct {
+	name string
+	make func(t *testing.T) Storage
+}{
+	{"files", func(t *testing.T) Storage { return Files(t.TempDir()) }},
+	{"postgres", func(t *testing.T) Storage { return openPostgres(t, pgtest.DSN(t)) }},
+}
+
+func openPostgres(t *testing.T, dsn string) *Postgres {
+	t.Helper()
+	p, err := OpenPostgres(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+func forEachStorage(t *testing.T, f func(t *testing.T, s Storage)) {
+	for _, st := range storages {
+		t.Run(st.name, func(t *testing.T) { f(t, st.make(t)) })
+	}
+}
+
+func openIn(t *testing.T, s Storage, ep string) *Ledger {
+	t.Helper()
+	l, err := OpenIn(s, ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// checkCounts checks that Verify's dispositions add up to its entries.
+func checkCounts(t *testing.T, s Storage, ep string) Report {
+	t.Helper()
+	rep, err := VerifyIn(s, ep)
+	if err != nil || !rep.OK {
+		t.Fatalf("verify: %+v %v", rep, err)
+	}
+	if sum := rep.Delivered + rep.Abandoned + rep.Pending + rep.Undelivered; sum != rep.Entries {
+		t.Fatalf("dispositions add up to %d, entries are %d: %+v", sum, rep.Entries, rep)
+	}
+	return rep
+}
+
+func TestStorageRoundTrip(t *testing.T) {
+	forEachStorage(t, func(t *testing.T, s Storage) {
+		if _, err := s.ReadAll("ep"); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("ReadAll of none: %v", err)
+		}
+		l := openIn(t, s, "ep")
+		for i := 1; i <= 4; i++ {
+			mustAppend(t, l, entry(fmt.Sprintf("ep/%d", i), chat(fmt.Sprint(i))))
+		}
+		if err := l.Settle(Settlement{Seq: 1, CallID: "ep/1", Disposition: Delivered}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Cut(3, "restore"); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, l, entry("ep/5", chat("5")))
+		tip := l.Tip()
+		l.Close()
+		l2 := openIn(t, s, "ep")
+		if got := seqs(l2.Entries()); got != "1:ep/1 2:ep/2 3:ep/3 4:ep/5" {
+			t.Fatalf("after reopening: %s", got)
+		}
+		if l2.Tip() != tip {
+			t.Fatalf("tip %+v, want %+v", l2.Tip(), tip)
+		}
+		rep := checkCounts(t, s, "ep")
+		if rep.Entries != 5 || rep.Live != 4 || rep.Cuts != 1 || rep.Delivered != 1 || rep.Undelivered != 1 || rep.Head != tip.Hash {
+			t.Fatalf("report: %+v", rep)
+		}
+		h, err := ReadIn(s, "ep")
+		if err != nil || len(h.Entries) != 4 || len(h.Dropped) != 1 || h.Dropped[0].CallID != "ep/4" {
+			t.Fatalf("read: %+v %v", h, err)
+		}
+		l2.Close()
+		if err := s.Remove("ep"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.ReadAll("ep"); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("ReadAll after Remove: %v", err)
+		}
+		if err := s.Remove("ep"); err != nil {
+			t.Fatalf("a second Remove: %v", err)
+		}
+	})
+}
+
+// A restore of an older checkpoint after the ledger moved on branches it
+// back to that checkpoint's tip; the history it leaves stays readable,
+// and a later branch can go back to it.
+func TestBranch(t *testing.T) {
+	forEachStorage(t, func(t *testing.T, s Storage) {
+		l := openIn(t, s, "ep")
+		mustAppend(t, l, entry("ep/1", chat("1")))
+		mustAppend(t, l, entry("ep/2", chat("2")))
+		if err := l.Settle(Settlement{Seq: 1, CallID: "ep/1", Disposition: Delivered}); err != nil {
+			t.Fatal(err)
+		}
+		a := l.Tip() // checkpoint A: two entries, the first delivered
+		mustAppend(t, l, entry("ep/3", chat("3")))
+		if err := l.Settle(Settlement{Seq: 2, CallID: "ep/2", Disposition: Delivered}); err != nil {
+			t.Fatal(err)
+		}
+		b := l.Tip() // checkpoint B: three entries
+		// A restore of A in the old way: cut to A's position, new calls.
+		if err := l.Cut(1, "restore A"); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, l, entry("ep/2b", chat("2b")))
+		c := l.Tip()
+		// B is no longer in the logical ledger; a branch brings it back.
+		if err := l.Branch(b.Hash, "restore B"); err != nil {
+			t.Fatal(err)
+		}
+		if got := seqs(l.Entries()); got != "1:ep/1 2:ep/2 3:ep/3" {
+			t.Fatalf("after branching to B: %s", got)
+		}
+		if e, _ := l.At(2); e.Disposition != Delivered {
+			t.Fatalf("ep/2 after the branch: %s, want delivered (settled before B)", e.Disposition)
+		}
+		if _, ok := l.Lookup("ep/2b"); ok {
+			t.Fatal("ep/2b, of the history left, is still live")
+		}
+		mustAppend(t, l, entry("ep/4", chat("4")))
+		checkCounts(t, s, "ep")
+		// Back to A: ep/2 is pending again, as it was at A.
+		if err := l.Branch(a.Hash, "restore A again"); err != nil {
+			t.Fatal(err)
+		}
+		if got := seqs(l.Entries()); got != "1:ep/1 2:ep/2" {
+			t.Fatalf("after branching to A: %s", got)
+		}
+		if e, _ := l.At(2); e.Disposition != Pending {
+			t.Fatalf("ep/2 at A: %s, want pending", e.Disposition)
+		}
+		// And to C, the history the first branch left.
+		if err := l.Branch(c.Hash, "restore C"); err != nil {
+			t.Fatal(err)
+		}
+		if got := seqs(l.Entries()); got != "1:ep/1 2:ep/2b" {
+			t.Fatalf("after branching to C: %s", got)
+		}
+		past, err := l.EntriesAt(b.Hash)
+		if err != nil || seqs(past) != "1:ep/1 2:ep/2 3:ep/3" {
+			t.Fatalf("EntriesAt(B): %s %v", seqs(past), err)
+		}
+		want := seqs(l.Entries())
+		tip := l.Tip()
+		l.Close()
+		l2 := openIn(t, s, "ep")
+		if got := seqs(l2.Entries()); got != want || l2.Tip() != tip {
+			t.Fatalf("after reopening: %s (tip %+v), want %s (tip %+v)", got, l2.Tip(), want, tip)
+		}
+		rep := checkCounts(t, s, "ep")
+		if rep.Entries != 5 || rep.Live != 2 {
+			t.Fatalf("report: %+v", rep)
+		}
+		h, err := ReadIn(s, "ep")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var branches []string
+		for _, ev := range h.Events {
+			if ev.Kind == kindBranch {
+				branches = append(branches, fmt.Sprintf("%s:%d->%d", ev.Reason, ev.From, ev.To))
+			}
+		}
+		if got := strings.Join(branches, " "); got != "restore B:2->3 restore A again:4->2 restore C:2->2" {
+			t.Fatalf("branch events: %s", got)
+		}
+		var dropped []string
+		for _, e := range h.Dropped {
+			dropped = append(dropped, e.CallID)
+		}
+		if got := strings.Join(dropped, " "); got != "ep/3 ep/4 ep/2" {
+			t.Fatalf("dropped: %s", got)
+		}
+		// A branch to a hash the ledger does not hold changes nothing.
+		if err := l2.Branch(strings.Repeat("ab", 32), "nowhere"); err == nil || !strings.Contains(err.Error(), "no record with that hash") {
+			t.Fatalf("branch to an unknown hash: %v", err)
+		}
+		if l2.Tip() != tip {
+			t.Fatal("a refused branch wrote something")
+		}
+	})
+}
+
+// A newer attempt's fence keeps an older attempt's writer out.
+func TestFence(t *testing.T) {
+	forEachStorage(t, func(t *testing.T, s Storage) {
+		l := openIn(t, s, "ep")
+		if err := l.Fence(2); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, l, entry("ep/1", chat("1")))
+		if err := l.Fence(1); !errors.Is(err, ErrFenced) {
+			t.Fatalf("fence back to 1: %v", err)
+		}
+		if _, err := l.Append(entry("ep/2", chat("2"))); !errors.Is(err, ErrFenced) {
+			t.Fatalf("append after a refused fence: %v", err)
+		}
+	})
+}
+
+// Two gateways holding one episode's ledger in PostgreSQL (a node that
+// lost the episode, and the node that took it): the newer attempt's fence
+// keeps the older out, and whoever appends on a stale view is refused and
+// changes nothing.
+func TestPostgresTwoWriters(t *testing.T) {
+	p := openPostgres(t, pgtest.DSN(t))
+	old := openIn(t, p, "ep")
+	if err := old.Fence(1); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, old, entry("ep/1", chat("1")))
+	taker := openIn(t, p, "ep")
+	if err := taker.Fence(2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Append(entry("ep/2", chat("2"))); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), "attempt 2 has taken the episode") {
+		t.Fatalf("the old attempt's append: %v", err)
+	}
+	if err := taker.Cut(1, "restore"); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, taker, entry("ep/2", chat("2 again")))
+	// A second writer of the same attempt that read before the first
+	// appended is refused too.
+	stale := openIn(t, p, "ep")
+	if err := stale.Fence(2); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, taker, entry("ep/3", chat("3")))
+	if _, err := stale.Append(entry("ep/x", chat("x"))); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), "another gateway has written") {
+		t.Fatalf("a stale writer's append: %v", err)
+	}
+	if got := seqs(openIn(t, p, "ep").Entries()); got != "1:ep/1 2:ep/2 3:ep/3" {
+		t.Fatalf("entries: %s", got)
+	}
+	checkCounts(t, p, "ep")
+}
+
+// Many episodes appending at once share commits.
+func TestPostgresGroupCommit(t *testing.T) {
+	p := openPostgres(t, pgtest.DSN(t))
+	const episodes, each = 64, 5
+	ls := make([]*Ledger, episodes)
+	for i := range ls {
+		ls[i] = openIn(t, p, fmt.Sprint("ep", i))
+	}
+	c0, a0 := p.Commits()
+	var wg sync.WaitGroup
+	errs := make(chan error, episodes)
+	for i, l := range ls {
+		wg.Go(func() {
+			for n := 1; n <= each; n++ {
+				id := fmt.Sprintf("ep%d/%d", i, n)
+				if _, err := l.Append(entry(id, chat(id))); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	c1, a1 := p.Commits()
+	if a1-a0 < episodes*each || c1-c0 >= a1-a0 {
+		t.Fatalf("%d appends took %d commits: none were shared", a1-a0, c1-c0)
+	}
+	t.Logf("%d appends in %d commits", a1-a0, c1-c0)
+	for i := range ls {
+		rep := checkCounts(t, p, fmt.Sprint("ep", i))
+		if rep.Live != each {
+			t.Fatalf("ep%d: %+v", i, rep)
+		}
+	}
+}

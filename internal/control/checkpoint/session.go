@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"stasis/errdefs"
+	"stasis/internal/control/relay"
 	"stasis/internal/guestclock"
 	"stasis/internal/insandbox/supervisor"
 	"stasis/internal/proc"
@@ -661,7 +662,10 @@ type State struct {
 	RelayPosition  *int64          `json:"relay_position,omitempty"`
 	// LedgerHead is the hash of the episode's ledger entry at LedgerCut
 	// when the pause was taken ("" at 0, or with no relay).
-	LedgerHead     string   `json:"ledger_head,omitempty"`
+	LedgerHead string `json:"ledger_head,omitempty"`
+	// LedgerTip is the hash of the ledger's last record when the
+	// snapshot was taken.
+	LedgerTip      string   `json:"ledger_tip,omitempty"`
 	HarnessSession string   `json:"harness_session,omitempty"`
 	Attempt        int      `json:"attempt"`
 	DeadlineLeftS  *float64 `json:"deadline_left_s,omitempty"`
@@ -679,6 +683,12 @@ func (s State) LedgerCut() int64 {
 		return *s.RelayDelivered
 	}
 	return 0
+}
+
+// LedgerAt is where the checkpoint left the episode's ledger, for the
+// gateway's Restore and Fork.
+func (s State) LedgerAt() relay.LedgerAt {
+	return relay.LedgerAt{Position: s.LedgerCut(), Head: s.LedgerHead, Tip: s.LedgerTip}
 }
 
 // ErrNoPause: CheckpointState was asked while no pause is in force.

@@ -165,7 +165,7 @@ attempt; calls of older attempts are refused from now on.`,
 				if cmd.Flags().Changed("position") {
 					delivered = position
 				}
-				st, err = g.Restore(args[1], inPlace, delivered, "")
+				st, err = g.Restore(args[1], inPlace, relay.LedgerAt{Position: delivered})
 			default:
 				return &exitError{Code: 2, Err: fmt.Errorf("unknown action %q: use add or restore", args[0])}
 			}

@@ -33,16 +33,21 @@ func selfEnv() map[string]string {
 	return env
 }
 
+// StoreEnv is the environment variable that names the shared store when
+// --store is not given.
+const StoreEnv = "STASIS_STORE"
+
 // serveFlags are serve's flags.
 type serveFlags struct {
-	listen, state, tasksSpec, repos, envs, upstream, keyEnv, modelName string
-	concurrency                                                        int
-	logFormat, logLevel                                                string
-	provider, guestBinary, guestMemory, clockPolicy, gwListen, gwURL   string
-	access                                                             server.AccessOptions
-	stragglers, imageRef                                               string
-	pullImages                                                         bool
-	limits                                                             limitFlags
+	listen, state, storeURL, tasksSpec, repos, envs, upstream, keyEnv string
+	modelName                                                         string
+	concurrency                                                       int
+	logFormat, logLevel                                               string
+	provider, guestBinary, guestMemory, clockPolicy, gwListen, gwURL  string
+	access                                                            server.AccessOptions
+	stragglers, imageRef                                              string
+	pullImages                                                        bool
+	limits                                                            limitFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -73,6 +78,7 @@ func (sf *serveFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&sf.guestBinary, "guest-binary", "", "microvm: the static stasis binary for the guest image (default: this binary, which must be static)")
 	f.StringVar(&sf.clockPolicy, "clock-policy", "continuous", "microvm: a guest's wall clock after a resume in place: continuous (pause wall + uptime since) or host")
 	f.StringVar(&sf.state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")
+	f.StringVar(&sf.storeURL, "store", "", "where the checkpoint records, the episodes and the ledgers are kept: a postgres://USER@HOST:PORT/DATABASE URL (password in the URL or PGPASSWORD) for a database that several servers share (default: $"+StoreEnv+", else SQLite and files in --state)")
 	f.StringVar(&sf.tasksSpec, "tasks", "builtin", "the tasks episodes may name: builtin, a task directory, or SWE-bench JSONL with --repos")
 	f.StringVar(&sf.repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench --tasks file refers to")
 	addEnvsFlag(f, &sf.envs)
@@ -138,6 +144,9 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 	if err != nil {
 		return nil, server.Options{}, &exitError{Code: 2, Err: err}
 	}
+	if sf.storeURL == "" {
+		sf.storeURL = os.Getenv(StoreEnv)
+	}
 	lo, err := taskOptions(sf.repos, sf.envs, log)
 	if err != nil {
 		return nil, server.Options{}, &exitError{Code: 2, Err: err}
@@ -174,7 +183,7 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 	}
 	return log, server.Options{Config: system.Config{
 		GuestMemMiB: guestMiB, Stragglers: sf.stragglers, Limits: lim, Image: sf.imageRef, PullImages: sf.pullImages,
-		State: sf.state, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
+		State: sf.state, Store: sf.storeURL, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
 		Concurrency: sf.concurrency, Logger: log, BinaryEnv: selfEnv(),
 		Provider: sf.provider, GuestBinary: sf.guestBinary, ClockPolicy: sf.clockPolicy,
 		GatewayListen: sf.gwListen, GatewayURL: sf.gwURL, Envs: lo.Envs,

@@ -288,9 +288,8 @@ func (c *Coordinator) continueFork(ctx context.Context, spec episode.Spec, sb st
 	if name != "" {
 		f.Episode = name
 	}
-	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, LedgerHead: r.LedgerHead, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+	st := stateOf(r)
 	if r.RestoresInPlace() {
-		st.Identity, st.PauseWall, st.PauseUptime = *r.Identity, *r.PauseWall, *r.PauseUptime
 		var e *episode.Episode
 		var err error
 		if name == "" {
@@ -328,9 +327,9 @@ func (c *Coordinator) continueFork(ctx context.Context, spec episode.Spec, sb st
 	var e *episode.Episode
 	var err error
 	if name == "" {
-		e, err = episode.RelaunchIn(ctx, c.o.Env, spec, sb, r.HarnessSession)
+		e, err = episode.RelaunchIn(ctx, c.o.Env, spec, sb, r.HarnessSession, r.LedgerTip)
 	} else {
-		e, err = episode.RelaunchCopy(ctx, c.o.Env, spec, sb, r.HarnessSession, st.LedgerCut(), name)
+		e, err = episode.RelaunchCopy(ctx, c.o.Env, spec, sb, r.HarnessSession, st.LedgerAt(), name)
 	}
 	return e, f, err
 }

@@ -535,7 +535,7 @@ func runChaos(t *testing.T, seed uint64, rate float64) {
 		// the checkpoint (TestStragglerExcluded covers the default).
 		c.Stragglers = coordinator.StragglersFail
 	})
-	cp.ledgerDir = w.Gateway.LedgerDir() // the same at every Open
+	cp.ledgerDir = ledger.Dir(w.Gateway.Ledgers()) // the same at every Open
 	r := &chaosRun{
 		t: t, ctx: ctx, seed: seed, rate: rate, w: w, cp: cp, c: w.Coordinator,
 		rng:   rand.New(rand.NewPCG(seed, uint64(rate*1000))),
@@ -1048,7 +1048,7 @@ func (r *chaosRun) stepRestore() {
 		if rec.Finished {
 			continue
 		}
-		h, err := ledger.Read(r.w.Gateway.LedgerDir(), rec.Episode)
+		h, err := ledger.ReadIn(r.w.Gateway.Ledgers(), rec.Episode)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			r.failf("ledger of %s: %v", rec.Episode, err)
 		}
@@ -1173,7 +1173,7 @@ func (r *chaosRun) checkRestoredLedger(ck string, rec store.Record, pre ledger.H
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		var err error
-		h, err = ledger.Read(r.w.Gateway.LedgerDir(), rec.Episode)
+		h, err = ledger.ReadIn(r.w.Gateway.Ledgers(), rec.Episode)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			r.failf("ledger of %s: %v", rec.Episode, err)
 		}
@@ -1188,7 +1188,7 @@ func (r *chaosRun) checkRestoredLedger(ck string, rec store.Record, pre ledger.H
 		if done {
 			if r.ended(rec.Episode, e.SandboxID()) {
 				// Read once more: the harness's last call is in.
-				if h2, err := ledger.Read(r.w.Gateway.LedgerDir(), rec.Episode); err == nil {
+				if h2, err := ledger.ReadIn(r.w.Gateway.Ledgers(), rec.Episode); err == nil {
 					h = h2
 				}
 			}
@@ -1381,7 +1381,7 @@ func (r *chaosRun) checkInvariants() {
 	}
 	// Every ledger verifies.
 	for _, ep := range r.episodes {
-		rep, err := ledger.Verify(r.w.Gateway.LedgerDir(), ep)
+		rep, err := ledger.VerifyIn(r.w.Gateway.Ledgers(), ep)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}

@@ -16,6 +16,7 @@ import (
 	"stasis/internal/control/task"
 	"stasis/internal/guestclock"
 	"stasis/internal/insandbox/supervisor"
+	"stasis/internal/pgtest"
 	"stasis/internal/proc"
 	"stasis/internal/providers/local"
 	"stasis/internal/stasistest"
@@ -82,11 +83,21 @@ func waitHeld(t *testing.T, ctx context.Context, h *relay.Hold, what string) {
 // again on the same state finds the episodes lost, and the restore relaunches
 // the two from their snapshots; they finish with reward 1 and their ledgers
 // verify. A second restore of the same checkpoint while they are live is
-// refused and changes nothing.
+// refused and changes nothing. It runs on the embedded store (SQLite and
+// ledger files) and on a real PostgreSQL server (records, episodes and
+// ledgers in one database).
 func TestCheckpointCrashRestore(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { testCheckpointCrashRestore(t) })
+	t.Run("postgres", func(t *testing.T) {
+		dsn := pgtest.DSN(t)
+		testCheckpointCrashRestore(t, func(c *system.Config) { c.Store = dsn })
+	})
+}
+
+func testCheckpointCrashRestore(t *testing.T, opts ...func(*system.Config)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	w := newWorld(t)
+	w := newWorld(t, opts...)
 	c := w.Coordinator
 	type ep struct{ id, task string }
 	eps := []ep{{"ep-a", "py-ini-value-with-equals"}, {"ep-b", "sh-renext-spaces"}, {"ep-c", "js-slugify-single-replace"}}
@@ -170,7 +181,7 @@ func TestCheckpointCrashRestore(t *testing.T) {
 		if err != nil || v.Reward != 1 {
 			t.Fatalf("%s: reward %d %v\n%s", e.id, v.Reward, err, v.Output)
 		}
-		rep, err := ledger.Verify(w.Gateway.LedgerDir(), e.id)
+		rep, err := ledger.VerifyIn(w.Gateway.Ledgers(), e.id)
 		if err != nil || !rep.OK || rep.Broken {
 			t.Fatalf("%s: ledger %+v %v", e.id, rep, err)
 		}
@@ -290,7 +301,7 @@ func (w *world) restoreRelaunches(ep, why string, prepare func(store.Record)) {
 	if err != nil || v.Reward != 1 {
 		t.Fatalf("reward %d %v\n%s", v.Reward, err, v.Output)
 	}
-	if rep, err := ledger.Verify(w.Gateway.LedgerDir(), ep); err != nil || !rep.OK || rep.Broken {
+	if rep, err := ledger.VerifyIn(w.Gateway.Ledgers(), ep); err != nil || !rep.OK || rep.Broken {
 		t.Fatalf("ledger %+v %v", rep, err)
 	}
 	if err := c.Retire(ctx, ep); err != nil {
@@ -494,5 +505,83 @@ func TestStragglerExcluded(t *testing.T) {
 		if err := c.Retire(ctx, id); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A trainer restores an older checkpoint, the episode makes new calls,
+// then everything crashes and the trainer restores the newer checkpoint:
+// the ledger, which had moved on past it, branches back to its tip, the
+// relaunched harness's history matches it, and the episode finishes with
+// reward 1 on an unbroken ledger whose left-behind calls stay readable.
+func TestRestoreNewerCheckpointAfterAnOlderOne(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	const ep = "ep-b"
+	h2 := w.Hold(ep, 2)
+	if _, err := w.Coordinator.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld(t, ctx, h2, "call 2")
+	if _, err := w.Coordinator.Prepare(ctx, "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+	h3 := w.Hold(ep, 3)
+	h2.Release()
+	waitHeld(t, ctx, h3, "call 3")
+	if _, err := w.Coordinator.Prepare(ctx, "ckpt-2"); err != nil {
+		t.Fatal(err)
+	}
+	crash := func() {
+		t.Helper()
+		row, _ := w.Store.GetEpisode(ctx, ep)
+		if err := w.Env.Provider.Delete(ctx, row.Sandbox); err != nil {
+			t.Fatal(err)
+		}
+		w.Crash()
+		w.Reopen()
+	}
+	crash()
+	h3.Release()
+	// Back to ckpt-1; the relaunched harness makes its second call anew
+	// (held), a call of a history ckpt-2 does not have.
+	again := w.HoldAttempt(ep, 1, 1_000_002)
+	if _, err := w.Coordinator.Restore(ctx, "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld(t, ctx, again, "attempt 1's second call")
+	crash()
+	again.Release()
+	res, err := w.Coordinator.Restore(ctx, "ckpt-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Episodes) != 1 || res.Episodes[0].Resume != "relaunch" {
+		t.Fatalf("restore of ckpt-2: %+v", res.Episodes)
+	}
+	if _, err := w.Coordinator.Wait(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := w.Coordinator.Verify(ctx, ep)
+	if err != nil || v.Reward != 1 {
+		t.Fatalf("reward %d %v\n%s", v.Reward, err, v.Output)
+	}
+	rep, err := ledger.VerifyIn(w.Gateway.Ledgers(), ep)
+	if err != nil || !rep.OK || rep.Broken {
+		t.Fatalf("ledger: %+v %v", rep, err)
+	}
+	h, err := ledger.ReadIn(w.Gateway.Ledgers(), ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	branched := false
+	for _, ev := range h.Events {
+		branched = branched || ev.Kind == "branch"
+	}
+	if !branched {
+		t.Fatalf("the ledger never branched: %+v", h.Events)
+	}
+	if err := w.Coordinator.Retire(ctx, ep); err != nil {
+		t.Fatal(err)
 	}
 }

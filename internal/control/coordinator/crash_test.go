@@ -232,7 +232,7 @@ func (r *killRig) before() before {
 // hash) and its cuts and broken marks. Settlements (what became of a
 // response, recorded when the relay learns it) do not change it.
 func (r *killRig) ledgerState(ep string) string {
-	h, err := ledger.Read(r.w.Gateway.LedgerDir(), ep)
+	h, err := ledger.ReadIn(r.w.Gateway.Ledgers(), ep)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func (r *killRig) check(what string) {
 				t.Fatalf("%s: live episode %s: the gateway says %+v (%v), the store attempt %d in %s", what, row.ID, st, err, row.Attempt, row.Sandbox)
 			}
 		}
-		if rep, err := ledger.Verify(r.w.Gateway.LedgerDir(), row.ID); err != nil || !rep.OK || rep.Broken {
+		if rep, err := ledger.VerifyIn(r.w.Gateway.Ledgers(), row.ID); err != nil || !rep.OK || rep.Broken {
 			t.Fatalf("%s: ledger of %s: %+v %v", what, row.ID, rep, err)
 		}
 	}

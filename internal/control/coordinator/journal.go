@@ -101,6 +101,9 @@ type decision struct {
 	PauseSeq int64 `json:"pause_seq,omitempty"`
 	// State is what an in-place resume continues from (its record's).
 	State *checkpoint.State `json:"state,omitempty"`
+	// Tip is the record's ledger tip: the gateway takes the ledger back
+	// there (a branch) if it has moved on past it.
+	Tip string `json:"tip,omitempty"`
 }
 
 // relaunched is d turned from an in-place resume into a relaunch in the

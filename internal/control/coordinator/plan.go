@@ -169,7 +169,7 @@ func decide(p restorePlan, forks map[string]string, ready map[string]readiness) 
 	out := make([]decision, 0, len(p.Fork))
 	for _, s := range p.Fork {
 		r := s.Record
-		d := decision{Episode: r.Episode, Sandbox: forks[r.Episode], Mode: resumeRelaunch, Attempt: s.Attempt, Session: r.HarnessSession, PauseSeq: r.PauseSeq}
+		d := decision{Episode: r.Episode, Sandbox: forks[r.Episode], Mode: resumeRelaunch, Attempt: s.Attempt, Session: r.HarnessSession, PauseSeq: r.PauseSeq, Tip: r.LedgerTip}
 		if r.Identity != nil {
 			d.Launch = *r.Identity
 		}
@@ -184,7 +184,7 @@ func decide(p restorePlan, forks map[string]string, ready map[string]readiness) 
 
 // stateOf is the checkpoint state a record keeps.
 func stateOf(r store.Record) checkpoint.State {
-	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, LedgerHead: r.LedgerHead, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, LedgerHead: r.LedgerHead, LedgerTip: r.LedgerTip, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
 	if r.RestoresInPlace() {
 		st.Identity, st.PauseWall, st.PauseUptime = *r.Identity, *r.PauseWall, *r.PauseUptime
 	}

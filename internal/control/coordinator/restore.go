@@ -13,6 +13,7 @@ import (
 	"stasis/internal/control/checkpoint"
 	"stasis/internal/control/episode"
 	"stasis/internal/control/image"
+	"stasis/internal/control/relay"
 	"stasis/internal/control/task"
 	"stasis/internal/proc"
 	"stasis/internal/storage/store"
@@ -365,22 +366,22 @@ func (c *Coordinator) gatewayAttempt(ep string) (int, error) {
 // is cut to the recorded position in the same step; for a relaunch, the
 // next call is matched against the ledger.
 func (c *Coordinator) advance(d decision) error {
-	at, err := c.gatewayAttempt(d.Episode)
+	now, err := c.gatewayAttempt(d.Episode)
 	switch {
 	case err != nil:
 		return fmt.Errorf("episode %s: gateway: %w", d.Episode, err)
-	case at == d.Attempt:
+	case now == d.Attempt:
 		return nil
-	case at > d.Attempt:
-		return errdefs.Errorf(errdefs.ErrConflict, "episode %s: the gateway is at attempt %d, past the %d this restore decided: another restore went first", d.Episode, at, d.Attempt)
-	case at < d.Attempt-1:
-		return fmt.Errorf("episode %s: the gateway is at attempt %d, more than one below the %d this restore decided", d.Episode, at, d.Attempt)
+	case now > d.Attempt:
+		return errdefs.Errorf(errdefs.ErrConflict, "episode %s: the gateway is at attempt %d, past the %d this restore decided: another restore went first", d.Episode, now, d.Attempt)
+	case now < d.Attempt-1:
+		return fmt.Errorf("episode %s: the gateway is at attempt %d, more than one below the %d this restore decided", d.Episode, now, d.Attempt)
 	}
-	head := "" // an in-place cut checks the entry it ends at (the record's)
+	at := relay.LedgerAt{Position: d.Cut, Tip: d.Tip}
 	if d.State != nil {
-		head = d.State.LedgerHead
+		at.Head = d.State.LedgerHead // an in-place cut checks the entry it ends at
 	}
-	st, err := c.o.Env.Gateway.Restore(d.Episode, d.Mode == resumeInPlace, d.Cut, head)
+	st, err := c.o.Env.Gateway.Restore(d.Episode, d.Mode == resumeInPlace, at)
 	if err != nil {
 		return fmt.Errorf("episode %s: gateway: %w", d.Episode, err)
 	}

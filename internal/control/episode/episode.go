@@ -17,7 +17,6 @@ import (
 	"path"
 	"time"
 
-	"stasis/errdefs"
 	"stasis/internal/control/checkpoint"
 	"stasis/internal/control/relay"
 	"stasis/internal/control/task"
@@ -546,6 +545,13 @@ func (e *Episode) PauseAndSnapshotWith(ctx context.Context, n int64, between fun
 			return Snapshot{}, fmt.Errorf("episode %s: its ledger's head at the pause: %w", e.spec.ID, err)
 		}
 	}
+	// The ledger's last record, for a restore of this checkpoint to take
+	// the ledger back to however far it has moved on by then.
+	tip, err := e.env.Gateway.Tip(e.name)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("episode %s: its ledger's tip at the pause: %w", e.spec.ID, err)
+	}
+	st.LedgerTip = tip.Hash
 	if between != nil {
 		if err := between(); err != nil {
 			return Snapshot{}, err
@@ -569,7 +575,7 @@ func Relaunch(ctx context.Context, env *Env, spec Spec, snap Snapshot) (*Episode
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: fork %s: %w", spec.ID, snap.ID, err)
 	}
-	e, err := RelaunchIn(ctx, env, spec, forks[0].ID, snap.State.HarnessSession)
+	e, err := RelaunchIn(ctx, env, spec, forks[0].ID, snap.State.HarnessSession, snap.State.LedgerTip)
 	if err != nil {
 		_ = env.Provider.Delete(context.WithoutCancel(ctx), forks[0].ID)
 		return nil, err
@@ -595,11 +601,11 @@ func ForkSpec(spec Spec) sandbox.ForkSpec {
 // harness resumes its saved session (harnessSession, or its latest). The
 // sandbox belongs to the new Episode, also when RelaunchIn fails (it is
 // then deleted).
-func RelaunchIn(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSession string) (*Episode, error) {
+func RelaunchIn(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSession, ledgerTip string) (*Episode, error) {
 	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
-	st, err := env.Gateway.Restore(spec.name(), false, 0, "")
+	st, err := env.Gateway.Restore(spec.name(), false, relay.LedgerAt{Tip: ledgerTip})
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.name(), err)
 	}
@@ -651,17 +657,17 @@ func ResumeCopy(ctx context.Context, env *Env, spec Spec, sandboxID string, rec 
 // as a copy of the original's first upTo entries (the record's ledger
 // position), against which the relaunched harness's history is matched.
 // The original's ledger is not touched.
-func RelaunchCopy(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSession string, upTo int64, name string) (*Episode, error) {
+func RelaunchCopy(ctx context.Context, env *Env, spec Spec, sandboxID, harnessSession string, at relay.LedgerAt, name string) (*Episode, error) {
 	if name == "" || name == spec.name() || name == spec.ID {
 		_ = env.Provider.Delete(context.WithoutCancel(ctx), sandboxID)
 		return nil, fmt.Errorf("episode %s: a copy needs a name of its own", spec.name())
 	}
-	if _, err := env.Gateway.Fork(spec.name(), name, upTo); err != nil {
+	if _, err := env.Gateway.Fork(spec.name(), name, at); err != nil {
 		_ = env.Provider.Delete(context.WithoutCancel(ctx), sandboxID)
 		return nil, fmt.Errorf("episode %s: copy %s at the gateway: %w", spec.name(), name, err)
 	}
 	spec.Name = name
-	return RelaunchIn(ctx, env, spec, sandboxID, harnessSession)
+	return RelaunchIn(ctx, env, spec, sandboxID, harnessSession, "")
 }
 
 // adoptLaunch gives e a session over the supervisor already running in
@@ -699,23 +705,21 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 	if e.clock, err = env.setClock(ctx, sess, rec); err != nil {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
-	cut := rec.LedgerCut()
 	if copyName != "" {
 		// A copy's ledger is the source's first cut entries under a hash
 		// chain of its own: the source's is what must still be the
 		// checkpoint's.
-		if h, err := env.Gateway.Head(spec.name(), cut); err != nil || (rec.LedgerHead != "" && h != rec.LedgerHead) {
-			return nil, fmt.Errorf("episode %s: copy %s: %w", spec.name(), copyName, errors.Join(err, errdefs.Errorf(errdefs.ErrConflict, "the ledger's entry %d is no longer the one this checkpoint's harness received: the ledger has moved on from that history", cut)))
-		}
-		if _, err := env.Gateway.Fork(spec.name(), copyName, cut); err != nil {
+		if _, err := env.Gateway.Fork(spec.name(), copyName, rec.LedgerAt()); err != nil {
 			return nil, fmt.Errorf("episode %s: copy %s at the gateway: %w", spec.name(), copyName, err)
 		}
 	}
-	head := rec.LedgerHead
+	at := rec.LedgerAt()
 	if copyName != "" {
-		head = "" // checked on the source above
+		// The copy's ledger is the checkpoint's history already (Fork
+		// checked the source's head and took its tip's entries).
+		at.Head, at.Tip = "", ""
 	}
-	gst, err := env.Gateway.Restore(name, true, cut, head)
+	gst, err := env.Gateway.Restore(name, true, at)
 	if err != nil {
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
 	}

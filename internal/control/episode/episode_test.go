@@ -131,7 +131,7 @@ func (r *rig) finish(t *testing.T, ctx context.Context, e *episode.Episode) task
 	if err != nil || recorded {
 		t.Fatalf("%s: verify: %v (recorded before: %v)", e.ID(), err, recorded)
 	}
-	rep, err := ledger.Verify(r.gw.LedgerDir(), e.ID())
+	rep, err := ledger.VerifyIn(r.gw.Ledgers(), e.ID())
 	if err != nil || !rep.OK || rep.Broken || rep.Live < 3 {
 		t.Fatalf("%s: ledger: %+v %v", e.ID(), rep, err)
 	}
@@ -277,7 +277,7 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 			}
 			v := r.finish(t, ctx, e2)
 			if v.Reward != 1 {
-				if hist, err := ledger.Read(r.gw.LedgerDir(), id); err == nil {
+				if hist, err := ledger.ReadIn(r.gw.Ledgers(), id); err == nil {
 					for i, en := range hist.Entries {
 						var req struct {
 							Messages []struct {
@@ -299,7 +299,7 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 				}
 				t.Fatalf("reward %d after the relaunch: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
 			}
-			hist, err := ledger.Read(r.gw.LedgerDir(), id)
+			hist, err := ledger.ReadIn(r.gw.Ledgers(), id)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -316,7 +316,7 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 			if boundary != 2 || es[2].Attempt != 1 || es[1].Attempt != 0 || hist.Broken {
 				t.Fatalf("ledger after the relaunch: boundary at %d, %d entries, broken %v", boundary, len(es), hist.Broken)
 			}
-			rep, _ := ledger.Verify(r.gw.LedgerDir(), id)
+			rep, _ := ledger.VerifyIn(r.gw.Ledgers(), id)
 			t.Logf("%s: relaunched from %s; ledger %d live entries, %d cuts", h, snap.ID, rep.Live, rep.Cuts)
 		})
 	}

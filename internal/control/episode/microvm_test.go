@@ -116,8 +116,8 @@ func TestMicroVMHoldForkOfTwoResumesInPlace(t *testing.T) {
 		r.finishResumed(t, ctx, e2, 2)
 	}
 	// The two ledgers are separate files.
-	a, _ := ledger.Path(r.gw.LedgerDir(), id)
-	b, _ := ledger.Path(r.gw.LedgerDir(), copyID)
+	a, _ := ledger.Path(ledger.Dir(r.gw.Ledgers()), id)
+	b, _ := ledger.Path(ledger.Dir(r.gw.Ledgers()), copyID)
 	if filepath.Clean(a) == filepath.Clean(b) {
 		t.Fatal("one ledger for both copies")
 	}
@@ -187,7 +187,7 @@ func (r *rig) finishResumed(t *testing.T, ctx context.Context, e *episode.Episod
 	if e.Attempt() < 1 {
 		t.Fatalf("%s: attempt %d after a restore", e.ID(), e.Attempt())
 	}
-	hist, err := ledger.Read(r.gw.LedgerDir(), e.ID())
+	hist, err := ledger.ReadIn(r.gw.Ledgers(), e.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +290,7 @@ func TestMicroVMPauseModesResumeInPlace(t *testing.T) {
 			if v := r.finish(t, ctx, e2); v.Reward != 1 {
 				t.Fatalf("reward %d: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
 			}
-			hist, err := ledger.Read(r.gw.LedgerDir(), id)
+			hist, err := ledger.ReadIn(r.gw.Ledgers(), id)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -410,7 +410,7 @@ func BenchmarkMicroVMOpenCodeResume(b *testing.B) {
 			kill(sandbox.UserAgent, "sh", "-c", "kill -9 -1; true")
 			kill(sandbox.UserControl, "sh", "-c", "kill -9 "+strconv.Itoa(st.Identity.PID))
 			t1 = time.Now() // the kill is not counted
-			e2, err = episode.RelaunchCopy(ctx, r.env, spec, forks[0].ID, st.HarnessSession, st.LedgerCut(), name)
+			e2, err = episode.RelaunchCopy(ctx, r.env, spec, forks[0].ID, st.HarnessSession, st.LedgerAt(), name)
 		}
 		if err != nil {
 			_ = mp.Delete(context.Background(), forks[0].ID)

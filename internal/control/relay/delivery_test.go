@@ -141,7 +141,7 @@ func callWith(c *http.Client, base, body string) ([]byte, error) {
 // dispositions reads the ledger's entries' dispositions, in order.
 func (p *pipeline) dispositions(t *testing.T) []ledger.Disposition {
 	t.Helper()
-	h, err := ledger.Read(p.g.LedgerDir(), "ep")
+	h, err := ledger.ReadIn(p.g.Ledgers(), "ep")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestClientTimesOutAfterTheCallWasSent(t *testing.T) {
 		t.Fatalf("stasis_relay_delivered_total %v, want 2", got)
 	}
 	_ = p.r.Release()
-	rep, err := ledger.Verify(p.g.LedgerDir(), "ep")
+	rep, err := ledger.VerifyIn(p.g.Ledgers(), "ep")
 	if err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)
 	}
@@ -423,7 +423,7 @@ func TestPathsClientsUse(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	h, err := ledger.Read(p.g.LedgerDir(), "ep")
+	h, err := ledger.ReadIn(p.g.Ledgers(), "ep")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,6 +62,8 @@ type GatewayConfig struct {
 	Logger   *slog.Logger
 	// Clock stamps episodes and ledger entries (nil: the system's).
 	Clock Clock
+	// Ledgers keeps the episodes' ledgers (nil: files in State/ledgers).
+	Ledgers ledger.Storage
 }
 
 // Gateway is the host end: it authenticates episodes by bearer token,
@@ -107,6 +109,9 @@ func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.Ledgers == nil {
+		cfg.Ledgers = ledger.Files(filepath.Join(cfg.State, "ledgers"))
 	}
 	for _, d := range []string{"episodes", "ledgers"} {
 		if err := os.MkdirAll(filepath.Join(cfg.State, d), 0o700); err != nil {
@@ -154,8 +159,8 @@ func (g *Gateway) Close() error {
 	return errors.Join(errs...)
 }
 
-// LedgerDir is where the episodes' ledgers are.
-func (g *Gateway) LedgerDir() string { return filepath.Join(g.cfg.State, "ledgers") }
+// Ledgers is where the episodes' ledgers are.
+func (g *Gateway) Ledgers() ledger.Storage { return g.cfg.Ledgers }
 
 func (g *Gateway) epPath(id string) string {
 	return filepath.Join(g.cfg.State, "episodes", id+".json")
@@ -308,20 +313,69 @@ func headOf(l *ledger.Ledger, position int64) string {
 // registered.
 var ErrUnknownEpisode = errors.New("unknown episode")
 
-// Restore starts the episode's next attempt. In place (the snapshot kept
-// the harness's processes), the ledger is cut to position, the relay's
-// settled position at the pause (relay_position; relay_delivered in
-// acknowledgements older than it); otherwise (a relaunch) the next call is
-// matched against the ledger. Calls of older attempts are refused from now
-// on.
+// Tip returns the episode's ledger tip: what a checkpoint records so that
+// a restore of it can take the ledger back there (LedgerAt.Tip).
+func (g *Gateway) Tip(id string) (ledger.Tip, error) {
+	if err := g.load(id); err != nil {
+		return ledger.Tip{}, err
+	}
+	l, err := g.ledger(id)
+	if err != nil {
+		return ledger.Tip{}, err
+	}
+	return l.Tip(), nil
+}
+
+// LedgerAt is where a checkpoint left an episode's ledger.
+type LedgerAt struct {
+	// Position is the cut: the relay's settled position at the pause.
+	Position int64
+	// Head is the hash of the entry at Position as the checkpoint saw it
+	// (Head; "" when not known).
+	Head string
+	// Tip is the hash of the ledger's last record at the checkpoint (Tip;
+	// "" when not known: a record older than tips).
+	Tip string
+}
+
+// rewind takes l back to the checkpoint's history when it no longer holds
+// it (an older checkpoint was restored and calls were made since): the
+// ledger branches back to the checkpoint's tip. attempt is the restore's.
+// It reports whether it branched.
+func rewind(l *ledger.Ledger, id string, at LedgerAt, attempt int) (bool, error) {
+	if at.Tip == "" || at.Tip == l.Tip().Hash {
+		return false, nil
+	}
+	past, err := l.EntriesAt(at.Tip)
+	if err != nil {
+		return false, err
+	}
+	if n := int64(len(past)); n == 0 || headOf(l, n) == past[n-1].Hash {
+		return false, nil // the checkpoint's history is still the ledger's
+	}
+	return true, l.Branch(at.Tip, fmt.Sprintf("restore of a checkpoint of an earlier history, attempt %d", attempt))
+}
+
+// Restore starts the episode's next attempt. Calls of older attempts are
+// refused from then on, here and, where the ledger storage is shared, by
+// every other gateway (the ledger is fenced with the new attempt).
 //
-// head, when not empty, is the hash of the ledger's entry at position as
-// the checkpoint saw it (Head). An in-place restore onto a ledger whose
-// entry there is another (it has moved on from that checkpoint's history:
-// an earlier checkpoint was restored and new calls were made since) is
-// refused with errdefs.ErrConflict and cuts nothing: the harness would
-// resume a conversation the ledger no longer holds.
-func (g *Gateway) Restore(id string, inPlace bool, position int64, head string) (EpisodeState, error) {
+// When the ledger no longer holds the checkpoint's history (an earlier
+// checkpoint was restored and calls were made since), it first branches
+// back to the checkpoint's tip (at.Tip): the entries it leaves stay in the
+// ledger, readable, and a later restore can branch back to them. In place
+// (the snapshot kept the harness's processes), the ledger is then cut to
+// at.Position, the relay's settled position at the pause (relay_position;
+// relay_delivered in acknowledgements older than it); otherwise (a
+// relaunch) the next call is matched against the ledger.
+//
+// at.Head, when not empty, is the hash of the ledger's entry at
+// at.Position as the checkpoint saw it (Head). An in-place restore onto a
+// ledger whose entry there is another even so (no tip to branch to: a
+// record older than tips) is refused with errdefs.ErrConflict and cuts
+// nothing: the harness would resume a conversation the ledger no longer
+// holds.
+func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, error) {
 	if err := g.load(id); err != nil {
 		return EpisodeState{}, err
 	}
@@ -339,13 +393,28 @@ func (g *Gateway) Restore(id string, inPlace bool, position int64, head string) 
 		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
 	}
 	if inPlace {
-		if position < 0 || position > l.Len() {
-			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), position)
+		if at.Position < 0 {
+			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger to %d", id, at.Position)
 		}
-		if got := headOf(l, position); head != "" && got != head {
-			return EpisodeState{}, errdefs.Errorf(errdefs.ErrConflict, "episode %q: its ledger's entry %d is not the one this checkpoint's harness received (hash %.12s, the checkpoint saw %.12s): the ledger has moved on from that history (an earlier checkpoint was restored and calls were made since), so the episode cannot resume in place on it; nothing was cut", id, position, got, head)
+	}
+	if at.Tip != "" && !l.Has(at.Tip) {
+		return EpisodeState{}, errdefs.Errorf(errdefs.ErrConflict, "episode %q: the checkpoint's ledger tip %.12s… is not a record of this episode's ledger: the record belongs to another ledger; nothing was changed", id, at.Tip)
+	}
+	if err := l.Fence(st.Attempt + 1); err != nil {
+		g.dropLedger(id, l, err)
+		return EpisodeState{}, err
+	}
+	if _, err := rewind(l, id, at, st.Attempt+1); err != nil {
+		return EpisodeState{}, err
+	}
+	if inPlace {
+		if at.Position > l.Len() {
+			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), at.Position)
 		}
-		if err := l.Cut(position, fmt.Sprintf("restore in place, attempt %d", st.Attempt+1)); err != nil {
+		if got := headOf(l, at.Position); at.Head != "" && got != at.Head {
+			return EpisodeState{}, errdefs.Errorf(errdefs.ErrConflict, "episode %q: its ledger's entry %d is not the one this checkpoint's harness received (hash %.12s, the checkpoint saw %.12s): the ledger has moved on from that history (an earlier checkpoint was restored and calls were made since), and the checkpoint's record has no ledger tip to branch back to, so the episode cannot resume in place on it; nothing was cut", id, at.Position, got, at.Head)
+		}
+		if err := l.Cut(at.Position, fmt.Sprintf("restore in place, attempt %d", st.Attempt+1)); err != nil {
 			return EpisodeState{}, err
 		}
 	}
@@ -364,13 +433,15 @@ func (g *Gateway) Restore(id string, inPlace bool, position int64, head string) 
 	return next, nil
 }
 
-// Fork registers episode dst as a copy of src's history up to position
-// upTo: dst gets its own token and a ledger holding src's first upTo
-// entries (appended anew, so under dst's own hash chain), and src's
-// attempt, so that a Restore of dst starts a newer one. It is how one
+// Fork registers episode dst as a copy of src's history at a checkpoint,
+// up to at.Position: dst gets its own token and a ledger holding those
+// entries of src's (appended anew, so under dst's own hash chain), and
+// src's attempt, so that a Restore of dst starts a newer one. It is how one
 // checkpointed episode continues as several (a fork of N), each with its
-// own ledger.
-func (g *Gateway) Fork(src, dst string, upTo int64) (EpisodeState, error) {
+// own ledger. The history is src's at at.Tip when given (whatever src's
+// ledger holds now), its current one otherwise; at.Head, when given, must
+// be the entry at at.Position in it (errdefs.ErrConflict otherwise).
+func (g *Gateway) Fork(src, dst string, at LedgerAt) (EpisodeState, error) {
 	if err := g.load(src); err != nil {
 		return EpisodeState{}, err
 	}
@@ -379,8 +450,20 @@ func (g *Gateway) Fork(src, dst string, upTo int64) (EpisodeState, error) {
 		return EpisodeState{}, err
 	}
 	entries := l.Entries()
+	if at.Tip != "" {
+		if !l.Has(at.Tip) {
+			return EpisodeState{}, errdefs.Errorf(errdefs.ErrConflict, "episode %q: the checkpoint's ledger tip %.12s… is not a record of its ledger", src, at.Tip)
+		}
+		if entries, err = l.EntriesAt(at.Tip); err != nil {
+			return EpisodeState{}, err
+		}
+	}
+	upTo := at.Position
 	if upTo < 0 || upTo > int64(len(entries)) {
 		return EpisodeState{}, fmt.Errorf("episode %q: cannot fork its ledger of %d entries at %d", src, len(entries), upTo)
+	}
+	if at.Head != "" && (upTo == 0 || entries[upTo-1].Hash != at.Head) {
+		return EpisodeState{}, errdefs.Errorf(errdefs.ErrConflict, "episode %q: its ledger's entry %d is no longer the one this checkpoint's harness received: the ledger has moved on from that history", src, upTo)
 	}
 	if _, err := g.AddEpisode(dst); err != nil {
 		return EpisodeState{}, err
@@ -459,11 +542,8 @@ func (g *Gateway) Remove(id string) error {
 	if l != nil {
 		errs = append(errs, l.Close())
 	}
-	lp, err := ledger.Path(g.LedgerDir(), id)
-	if err == nil {
-		if err := os.Remove(lp); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
+	if err := g.cfg.Ledgers.Remove(id); err != nil {
+		errs = append(errs, err)
 	}
 	if err := os.Remove(g.epPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
@@ -480,8 +560,13 @@ func (g *Gateway) ledger(id string) (*ledger.Ledger, error) {
 	for {
 		g.mu.Lock()
 		if l, ok := g.ledgers[id]; ok {
-			g.mu.Unlock()
-			return l, nil
+			if l.Err() == nil {
+				g.mu.Unlock()
+				return l, nil
+			}
+			// A write it refused for good: open it afresh.
+			delete(g.ledgers, id)
+			l.Close()
 		}
 		if ch, ok := g.opening[id]; ok {
 			g.mu.Unlock()
@@ -491,7 +576,7 @@ func (g *Gateway) ledger(id string) (*ledger.Ledger, error) {
 		ch := make(chan struct{})
 		g.opening[id] = ch
 		g.mu.Unlock()
-		l, err := ledger.Open(g.LedgerDir(), id)
+		l, err := g.openLedger(id)
 		g.mu.Lock()
 		delete(g.opening, id)
 		close(ch)
@@ -501,6 +586,40 @@ func (g *Gateway) ledger(id string) (*ledger.Ledger, error) {
 		g.mu.Unlock()
 		return l, err
 	}
+}
+
+// openLedger opens an episode's ledger and fences it with the episode's
+// attempt: this gateway writes it for that attempt, and a gateway of an
+// older one (on another node that lost the episode) can write no more.
+func (g *Gateway) openLedger(id string) (*ledger.Ledger, error) {
+	l, err := ledger.OpenIn(g.cfg.Ledgers, id)
+	if err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	st, _ := g.desk.episode(id)
+	g.mu.Unlock()
+	if err := l.Fence(st.Attempt); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// dropLedger forgets an episode's open ledger after a write it refused for
+// good (it lost the episode to a newer attempt, or a flush failed), so
+// that the next call opens it afresh and finds out where it stands.
+func (g *Gateway) dropLedger(id string, l *ledger.Ledger, err error) {
+	if !errors.Is(err, ledger.ErrFenced) && !errors.Is(err, ledger.ErrUnflushed) {
+		return
+	}
+	g.mu.Lock()
+	if g.ledgers[id] == l {
+		delete(g.ledgers, id)
+	}
+	g.mu.Unlock()
+	l.Close()
+	g.log.Warn("ledger dropped after a refused write; the next call opens it again", "episode", id, "err", err)
 }
 
 // Handler serves the relays: the OpenAI-compatible endpoints, /metrics and
@@ -768,6 +887,14 @@ func (g *Gateway) callModel(w http.ResponseWriter, q *http.Request, c *gatewayCa
 	}
 	if err != nil {
 		g.log.Error("ledger append failed", "episode", c.st.Episode, "call", c.callID, "err", err)
+		g.dropLedger(c.st.Episode, c.l, err)
+		if errors.Is(err, ledger.ErrFenced) {
+			// A newer attempt has the episode (on this node or another):
+			// this call is of a dead attempt, as the desk would say.
+			g.m.stale.Inc()
+			g.refuse(w, &refusal{http.StatusConflict, "stale_attempt", "ledger: " + err.Error(), refusedStale})
+			return
+		}
 		g.refuse(w, serverError("ledger: "+err.Error()))
 		return
 	}
@@ -838,6 +965,7 @@ func (g *Gateway) serveSettle(w http.ResponseWriter, q *http.Request) {
 		return
 	}
 	if err := settleAlone(w, l, s); err != nil {
+		g.dropLedger(st.Episode, l, err)
 		g.refuse(w, &refusal{http.StatusConflict, "invalid_settlement", err.Error(), refusedOther})
 		return
 	}

@@ -199,7 +199,7 @@ func TestRelayAndGatewayRestoreInPlace(t *testing.T) {
 	l, _ := g.ledger("ep")
 	eventually(t, "call 2 is in the ledger", func() bool { return l.Len() == 2 })
 	// Restore in place: cut to relay_delivered, next attempt, continue.
-	st, err := g.Restore("ep", true, held.Position, "")
+	st, err := g.Restore("ep", true, LedgerAt{Position: held.Position})
 	if err != nil || st.Attempt != 1 || l.Len() != 1 {
 		t.Fatalf("restore: %+v %v, ledger %d", st, err, l.Len())
 	}
@@ -221,7 +221,7 @@ func TestRelayAndGatewayRestoreInPlace(t *testing.T) {
 	if resp, _ := gwCall(t, gsrv.URL, ep.Token, 0, "ep/9", `{}`); resp.StatusCode != 409 {
 		t.Fatalf("stale attempt after restore: %d", resp.StatusCode)
 	}
-	if rep, err := ledger.Verify(g.LedgerDir(), "ep"); err != nil || !rep.OK {
+	if rep, err := ledger.VerifyIn(g.Ledgers(), "ep"); err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)
 	}
 }
@@ -239,7 +239,7 @@ func TestRelaunchMatchesTheLedger(t *testing.T) {
 		conv += fmt.Sprintf(`,{"role":"assistant","content":"answer %d"},{"role":"user","content":"more"}`, i)
 	}
 	// The harness is relaunched from a session that saw two answers.
-	st, err := g.Restore("ep", false, 0, "")
+	st, err := g.Restore("ep", false, LedgerAt{Position: 0})
 	if err != nil || !st.NeedMatch {
 		t.Fatal(st, err)
 	}
@@ -257,7 +257,7 @@ func TestRelaunchMatchesTheLedger(t *testing.T) {
 		t.Fatal("a matching relaunch marked the history broken")
 	}
 	// A relaunch whose conversation matches nothing marks it broken.
-	st, _ = g.Restore("ep", false, 0, "")
+	st, _ = g.Restore("ep", false, LedgerAt{Position: 0})
 	if resp, _ := gwCall(t, srv.URL, st.Token, 2, "ep/4", `{"messages":[{"role":"user","content":"task"},{"role":"assistant","content":"never said"}]}`); resp.StatusCode != 200 {
 		t.Fatalf("%d", resp.StatusCode)
 	}
@@ -364,7 +364,7 @@ func TestLedgerThatWillNotOpen(t *testing.T) {
 	g, _ := newTestGateway(t, model.srv.URL)
 	ep, _ := g.AddEpisode("ep")
 	g, srv := restartGateway(t, g)
-	if err := os.WriteFile(filepath.Join(g.LedgerDir(), "ep.ledger"), []byte("not a ledger\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(ledger.Dir(g.Ledgers()), "ep.ledger"), []byte("not a ledger\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for c := 1; c <= 2; c++ {
@@ -386,7 +386,7 @@ func TestAddEpisodeOpensItsLedger(t *testing.T) {
 	if _, err := g.AddEpisode("ep"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(g.LedgerDir(), "ep.ledger")); err != nil {
+	if _, err := os.Stat(filepath.Join(ledger.Dir(g.Ledgers()), "ep.ledger")); err != nil {
 		t.Fatalf("no ledger file after AddEpisode: %v", err)
 	}
 	g.mu.Lock()
@@ -395,7 +395,7 @@ func TestAddEpisodeOpensItsLedger(t *testing.T) {
 	if !open {
 		t.Fatal("the ledger is not open after AddEpisode")
 	}
-	if err := os.WriteFile(filepath.Join(g.LedgerDir(), "bad.ledger"), []byte("not a ledger\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(ledger.Dir(g.Ledgers()), "bad.ledger"), []byte("not a ledger\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := g.AddEpisode("bad"); err == nil || !strings.Contains(err.Error(), "damaged") {
@@ -442,7 +442,7 @@ func TestRestoreInPlaceRefusesALedgerThatMovedOn(t *testing.T) {
 		t.Fatal("a head past the ledger's end")
 	}
 	// Restore A in place; the episode then makes another second call.
-	if _, err := g.Restore("ep", true, 1, headA); err != nil {
+	if _, err := g.Restore("ep", true, LedgerAt{Position: 1, Head: headA}); err != nil {
 		t.Fatal(err)
 	}
 	call(1, 2)
@@ -452,7 +452,7 @@ func TestRestoreInPlaceRefusesALedgerThatMovedOn(t *testing.T) {
 		t.Fatalf("ledger of %d entries", len(before))
 	}
 	// Restore B in place: refused, nothing changed.
-	_, err = g.Restore("ep", true, 2, headB)
+	_, err = g.Restore("ep", true, LedgerAt{Position: 2, Head: headB})
 	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "moved on") {
 		t.Fatalf("restore of B onto the moved-on ledger: %v", err)
 	}
@@ -465,7 +465,88 @@ func TestRestoreInPlaceRefusesALedgerThatMovedOn(t *testing.T) {
 	}
 	// With the head the ledger does hold, the restore goes ahead.
 	cur, _ := g.Head("ep", 2)
-	if st, err := g.Restore("ep", true, 2, cur); err != nil || st.Attempt != 2 {
+	if st, err := g.Restore("ep", true, LedgerAt{Position: 2, Head: cur}); err != nil || st.Attempt != 2 {
 		t.Fatalf("restore with the current head: %+v %v", st, err)
+	}
+}
+
+// TestRestoreBranchesBackToACheckpointsTip: as above, but the checkpoints
+// recorded their ledger tips: restoring B after A's history moved on
+// branches the ledger back to B's tip and resumes in place; A's later
+// history stays readable, a copy of B can be forked from B's tip, and
+// restoring A's later checkpoint C goes back there again.
+func TestRestoreBranchesBackToACheckpointsTip(t *testing.T) {
+	model := newFakeModel(t)
+	g, srv := newTestGateway(t, model.srv.URL)
+	ep, err := g.AddEpisode("ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(attempt, n int) {
+		t.Helper()
+		resp, b := gwCall(t, srv.URL, ep.Token, attempt, fmt.Sprintf("ep/%d", n), fmt.Sprintf(`{"messages":[{"role":"user","content":"%d at attempt %d"}]}`, n, attempt))
+		if resp.StatusCode != 200 {
+			t.Fatalf("call %d at attempt %d: %d %s", n, attempt, resp.StatusCode, b)
+		}
+	}
+	checkpoint := func(position int64) LedgerAt {
+		t.Helper()
+		head, err := g.Head("ep", position)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tip, err := g.Tip("ep")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return LedgerAt{Position: position, Head: head, Tip: tip.Hash}
+	}
+	call(0, 1)
+	a := checkpoint(1)
+	call(0, 2)
+	b := checkpoint(2)
+	if _, err := g.Restore("ep", true, a); err != nil {
+		t.Fatal(err)
+	}
+	call(1, 2) // a new second call, in A's history
+	c := checkpoint(2)
+	st, err := g.Restore("ep", true, b)
+	if err != nil || st.Attempt != 2 {
+		t.Fatalf("restore of B onto the moved-on ledger: %+v %v", st, err)
+	}
+	l, _ := g.ledger("ep")
+	if es := l.Entries(); len(es) != 2 || es[1].Hash != b.Head {
+		t.Fatalf("after restoring B: %+v", es)
+	}
+	h, err := ledger.ReadIn(g.Ledgers(), "ep")
+	if err != nil || len(h.Dropped) != 1 || h.Dropped[0].Hash != c.Head {
+		t.Fatalf("the history left (C's second call) is not readable as dropped: %+v %v", h.Dropped, err)
+	}
+	// A copy of C, forked from C's tip while the ledger is B's.
+	if _, err := g.Fork("ep", "copy", c); err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := g.ledger("copy")
+	if es := cl.Entries(); len(es) != 2 || es[1].Response == nil || string(es[1].Request) != string(h.Dropped[0].Request) {
+		t.Fatalf("the copy of C: %+v", es)
+	}
+	// And back to C itself.
+	if st, err := g.Restore("ep", true, c); err != nil || st.Attempt != 3 {
+		t.Fatalf("restore of C: %+v %v", st, err)
+	}
+	if es := l.Entries(); len(es) != 2 || es[1].Hash != c.Head {
+		t.Fatalf("after restoring C: %+v", es)
+	}
+	if rep, err := ledger.VerifyIn(g.Ledgers(), "ep"); err != nil || !rep.OK {
+		t.Fatalf("verify: %+v %v", rep, err)
+	}
+	// A tip from another ledger is refused, and changes nothing.
+	other := c
+	other.Tip = strings.Repeat("ab", 32)
+	if _, err := g.Restore("ep", true, other); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "another ledger") {
+		t.Fatalf("restore with a foreign tip: %v", err)
+	}
+	if st, _ := g.Episode("ep"); st.Attempt != 3 {
+		t.Fatalf("the refused restore raised the attempt to %d", st.Attempt)
 	}
 }

@@ -40,7 +40,7 @@ func TestRevokedTokenIsRefused(t *testing.T) {
 		t.Fatalf("a revoked token after a restart: %d", resp.StatusCode)
 	}
 	// A restore (a checkpoint brought back) lifts it, for the next attempt.
-	st, err := g2.Restore("ep", false, 0, "")
+	st, err := g2.Restore("ep", false, LedgerAt{Position: 0})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -294,7 +294,7 @@ func (s *Server) view(ctx context.Context, row store.Episode) EpisodeView {
 			}
 		}
 	}
-	if rep, err := ledger.Verify(s.gw.LedgerDir(), row.ID); err == nil {
+	if rep, err := ledger.VerifyIn(s.gw.Ledgers(), row.ID); err == nil {
 		v.ModelCalls = rep.Live
 		v.LedgerOK = rep.OK && !rep.Broken
 	}
@@ -578,7 +578,7 @@ func (s *Server) episodeLedgerID(q *http.Request) (string, error) {
 	if _, err := s.store.GetEpisode(q.Context(), id); err != nil {
 		return "", err
 	}
-	if _, err := ledger.Path(s.gw.LedgerDir(), id); err != nil {
+	if err := ledger.CheckEpisode(id); err != nil {
 		return "", bad("%v", err)
 	}
 	return id, nil
@@ -619,11 +619,10 @@ func (s *Server) getLedger(w http.ResponseWriter, q *http.Request) {
 		s.fail(w, q, err)
 		return
 	}
-	h, err := ledger.Read(s.gw.LedgerDir(), id)
+	h, err := ledger.ReadIn(s.gw.Ledgers(), id)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		p, _ := ledger.Path(s.gw.LedgerDir(), id)
-		h = ledger.History{Path: p, Episode: id, Entries: []ledger.Entry{}, Dropped: []ledger.Entry{}, Events: []ledger.Event{}}
+		h = ledger.History{Path: s.gw.Ledgers().Where(id), Episode: id, Entries: []ledger.Entry{}, Dropped: []ledger.Entry{}, Events: []ledger.Event{}}
 	case errors.Is(err, ledger.ErrCorrupt):
 		s.fail(w, q, conflict("%v (GET /v1/episodes/%s/ledger/verify says where)", err, id))
 		return
@@ -664,10 +663,9 @@ func (s *Server) verifyLedger(w http.ResponseWriter, q *http.Request) {
 		s.fail(w, q, err)
 		return
 	}
-	rep, err := ledger.Verify(s.gw.LedgerDir(), id)
+	rep, err := ledger.VerifyIn(s.gw.Ledgers(), id)
 	if errors.Is(err, fs.ErrNotExist) {
-		p, _ := ledger.Path(s.gw.LedgerDir(), id)
-		rep, err = ledger.Report{Path: p, Episode: id, OK: true}, nil
+		rep, err = ledger.Report{Path: s.gw.Ledgers().Where(id), Episode: id, OK: true}, nil
 	}
 	if err != nil {
 		s.fail(w, q, err)

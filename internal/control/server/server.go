@@ -47,7 +47,7 @@ type Server struct {
 	sys *system.System
 
 	// The system's parts, as the handlers use them.
-	store      *store.SQLite
+	store      store.Store
 	gw         *relay.Gateway
 	provider   sandbox.Provider
 	env        *episode.Env

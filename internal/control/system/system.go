@@ -45,6 +45,8 @@ import (
 	"stasis/internal/providers/local"
 	"stasis/internal/providers/opensandbox"
 	"stasis/internal/sandboxbin"
+	"stasis/internal/storage/dburl"
+	"stasis/internal/storage/ledger"
 	"stasis/internal/storage/store"
 	"stasis/sandbox"
 )
@@ -53,6 +55,11 @@ import (
 type Config struct {
 	// State is the state directory (made if missing).
 	State string
+	// Store is where the records, the episodes and the ledgers are: ""
+	// for the embedded default (SQLite at STATE/store.db, ledger files
+	// under STATE/gateway/ledgers), or a postgres:// URL, a database that
+	// the servers of several machines share.
+	Store string
 	// Tasks are the tasks episodes may name (default: the built-in set).
 	Tasks []*task.Task
 	// Envs is the directory where the tasks' Python environments are built
@@ -156,9 +163,11 @@ type System struct {
 	Gateway       *relay.Gateway
 	GatewaySocket string
 	Provider      sandbox.Provider
-	Store         *store.SQLite
-	Env           *episode.Env
-	Coordinator   *coordinator.Coordinator
+	Store         store.Store
+	// Ledgers is where the gateway keeps the episodes' ledgers.
+	Ledgers     ledger.Storage
+	Env         *episode.Env
+	Coordinator *coordinator.Coordinator
 	// NoOpenCode says why an OpenCode episode cannot run here ("": it
 	// can).
 	NoOpenCode string
@@ -168,6 +177,8 @@ type System struct {
 	sockSrv  *http.Server
 	tcpSrv   *http.Server // the gateway for hosted sandboxes
 	modelSrv *http.Server
+
+	closeLedgers func()
 
 	closeOnce sync.Once
 	closeErr  error
@@ -219,6 +230,9 @@ func Open(ctx context.Context, c Config) (s *System, err error) {
 			s = nil
 		}
 	}()
+	if err := s.openStore(ctx, c); err != nil {
+		return s, err
+	}
 	if err := s.openModel(c); err != nil {
 		return s, err
 	}
@@ -236,9 +250,6 @@ func Open(ctx context.Context, c Config) (s *System, err error) {
 		inSandbox = ""
 	}
 	if err := s.openProvider(ctx, c, d); err != nil {
-		return s, err
-	}
-	if s.Store, err = store.OpenSQLite(filepath.Join(c.State, store.FileName)); err != nil {
 		return s, err
 	}
 	s.Env = &episode.Env{
@@ -262,6 +273,9 @@ func (c *Config) resolve() (d sandbox.Driver, err error) {
 	}
 	if c.State, err = filepath.Abs(c.State); err != nil {
 		return d, err
+	}
+	if c.Store != "" && !dburl.IsPostgres(c.Store) {
+		return d, errdefs.Errorf(errdefs.ErrInvalid, "store %q: give a postgres:// URL (a PostgreSQL database several servers share), or nothing for the embedded store in the state directory", dburl.Redact(c.Store))
 	}
 	if c.Tasks == nil {
 		if c.Tasks, err = task.Builtin(); err != nil {
@@ -322,6 +336,26 @@ func (s *System) openCoordinator(ctx context.Context, c Config) (err error) {
 	return err
 }
 
+// openStore opens the record store and the ledgers' storage: c.Store's
+// PostgreSQL database for both, or SQLite and files in the state
+// directory.
+func (s *System) openStore(ctx context.Context, c Config) (err error) {
+	if c.Store == "" {
+		s.Ledgers = ledger.Files(filepath.Join(s.State, "gateway", "ledgers"))
+		s.Store, err = store.OpenSQLite(filepath.Join(c.State, store.FileName))
+		return err
+	}
+	if s.Store, err = store.OpenAt(ctx, c.Store); err != nil {
+		return err
+	}
+	pg, err := ledger.OpenPostgres(ctx, c.Store)
+	if err != nil {
+		return err
+	}
+	s.Ledgers, s.closeLedgers = pg, pg.Close
+	return nil
+}
+
 // openModel starts the scripted model on a loopback port, unless the
 // gateway forwards to an upstream.
 func (s *System) openModel(c Config) error {
@@ -350,6 +384,7 @@ func (s *System) openGateway(c Config) (http.Handler, error) {
 	var err error
 	if s.Gateway, err = relay.OpenGateway(relay.GatewayConfig{
 		Upstream: s.ModelURL, State: filepath.Join(s.State, "gateway"), ModelKey: c.ModelKey, Logger: s.log.With("component", "gateway"),
+		Ledgers: s.Ledgers,
 	}); err != nil {
 		return nil, err
 	}
@@ -529,6 +564,9 @@ func (s *System) Close() error {
 		}
 		if s.Store != nil {
 			errs = append(errs, s.Store.Close())
+		}
+		if s.closeLedgers != nil {
+			s.closeLedgers()
 		}
 		s.closeErr = errors.Join(errs...)
 	})

@@ -86,11 +86,11 @@ func TestHoldPauseGatesTheHostedRelay(t *testing.T) {
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := ledger.Verify(g.LedgerDir(), "ep-relay")
+	rep, err := ledger.VerifyIn(g.Ledgers(), "ep-relay")
 	if err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)
 	}
-	l, err := ledger.Open(g.LedgerDir(), "ep-relay")
+	l, err := ledger.OpenIn(g.Ledgers(), "ep-relay")
 	if err != nil {
 		t.Fatal(err)
 	}

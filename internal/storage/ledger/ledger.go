@@ -116,7 +116,8 @@ var (
 
 var episodeRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$`)
 
-func checkEpisode(episode string) error {
+// CheckEpisode refuses an episode name that cannot name a ledger.
+func CheckEpisode(episode string) error {
 	if !episodeRE.MatchString(episode) {
 		return fmt.Errorf("episode name %q: use 1 to 200 letters, digits, '.', '_' or '-', starting with a letter or digit (it names the file EPISODE.ledger)", episode)
 	}
@@ -126,7 +127,7 @@ func checkEpisode(episode string) error {
 // Path returns the file that holds episode's ledger in dir. It fails for an
 // episode name that could leave dir.
 func Path(dir, episode string) (string, error) {
-	if err := checkEpisode(episode); err != nil {
+	if err := CheckEpisode(episode); err != nil {
 		return "", err
 	}
 	return filepath.Join(dir, episode+".ledger"), nil
@@ -159,7 +160,7 @@ func Open(dir, episode string) (*Ledger, error) {
 // OpenIn opens (creating it when missing) the ledger of episode in s for
 // appending.
 func OpenIn(s Storage, episode string) (*Ledger, error) {
-	if err := checkEpisode(episode); err != nil {
+	if err := CheckEpisode(episode); err != nil {
 		return nil, err
 	}
 	log, data, err := s.OpenLog(episode)
@@ -191,6 +192,14 @@ func (l *Ledger) Path() string { return l.where }
 
 // Episode returns the episode whose ledger this is.
 func (l *Ledger) Episode() string { return l.episode }
+
+// Err is why the ledger writes nothing more (a write whose outcome is not
+// known, or another writer took it: open it again), or nil.
+func (l *Ledger) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
 
 func (l *Ledger) usable() error {
 	if l.closed {
@@ -235,7 +244,7 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 		}
 	}
 	if err := l.log.Append(l.off, buf, l.fence); err != nil {
-		if errors.Is(err, ErrFenced) || errors.Is(err, errUnflushed) {
+		if errors.Is(err, ErrFenced) || errors.Is(err, ErrUnflushed) {
 			// Another writer has the ledger, or after a failed flush
 			// the page cache cannot be trusted to say what is on disk:
 			// stop writing.

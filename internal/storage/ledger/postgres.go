@@ -281,7 +281,7 @@ func (p *Postgres) commit(batch []*pgAppend) {
 		switch {
 		case err != nil:
 			// Whether the batch committed is not known.
-			a.err = fmt.Errorf("ledger %s: %w: %w", p.Where(a.episode), errUnflushed, err)
+			a.err = fmt.Errorf("ledger %s: %w: %w", p.Where(a.episode), ErrUnflushed, err)
 		case !a.applied:
 			a.err = p.refused(ctx, a)
 		}

@@ -424,7 +424,7 @@ func (r record) check() error {
 		if r.Format < formatV1 || r.Format > formatVersion {
 			return fmt.Errorf("ledger header: format %d; this stasis reads formats %d to %d (a newer stasis wrote it?)", r.Format, formatV1, formatVersion)
 		}
-		if err := checkEpisode(r.Episode); err != nil {
+		if err := CheckEpisode(r.Episode); err != nil {
 			return fmt.Errorf("ledger header: %w", err)
 		}
 	case kindEntry:

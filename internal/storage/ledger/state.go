@@ -286,7 +286,7 @@ func Verify(dir, episode string) (Report, error) {
 
 // VerifyIn is Verify of the ledger of episode in s.
 func VerifyIn(s Storage, episode string) (Report, error) {
-	if err := checkEpisode(episode); err != nil {
+	if err := CheckEpisode(episode); err != nil {
 		return Report{}, err
 	}
 	path := s.Where(episode)
@@ -353,7 +353,7 @@ func Read(dir, episode string) (History, error) {
 
 // ReadIn is Read of the ledger of episode in s.
 func ReadIn(s Storage, episode string) (History, error) {
-	if err := checkEpisode(episode); err != nil {
+	if err := CheckEpisode(episode); err != nil {
 		return History{}, err
 	}
 	path := s.Where(episode)

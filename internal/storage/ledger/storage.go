@@ -53,9 +53,10 @@ type Log interface {
 // has lost the episode and must stop.
 var ErrFenced = errors.New("ledger belongs to another writer")
 
-// errUnflushed wraps a failed flush: what the file holds is not known, so
-// the ledger writes nothing more.
-var errUnflushed = errors.New("flush failed")
+// ErrUnflushed wraps a write whose outcome is not known (a failed flush, a
+// lost connection to the database): the Ledger writes nothing more, and
+// must be opened again to find out what its storage holds.
+var ErrUnflushed = errors.New("flush failed")
 
 // Files is the Storage of ledger files in a directory: DIR/EPISODE.ledger,
 // only ever appended to, flushed to disk (group commit, groupsync.go)
@@ -184,7 +185,7 @@ func (l *fileLog) Append(at int64, lines []byte, fence int) error {
 	}
 	if err := l.group.sync(l.f); err != nil {
 		l.size = -1
-		return fmt.Errorf("ledger %s: %w: %w", l.path, errUnflushed, err)
+		return fmt.Errorf("ledger %s: %w: %w", l.path, ErrUnflushed, err)
 	}
 	l.size = at + int64(len(lines))
 	return nil

@@ -62,7 +62,11 @@ type Record struct {
 	// LedgerHead is the hash of the ledger's entry at the cut ("" at 0, and
 	// in older records): an in-place restore checks that the ledger still
 	// holds that entry there.
-	LedgerHead     string          `json:"ledger_head,omitempty"`
+	LedgerHead string `json:"ledger_head,omitempty"`
+	// LedgerTip is the hash of the ledger's last record when the snapshot
+	// was taken ("" in older records): a restore of this checkpoint takes
+	// the ledger back there (a branch) when it has moved on past it.
+	LedgerTip      string          `json:"ledger_tip,omitempty"`
 	HarnessSession string          `json:"harness_session,omitempty"`
 	Attempt        int             `json:"attempt"`
 	DeadlineLeftS  *float64        `json:"deadline_left_s,omitempty"`

@@ -449,7 +449,7 @@ exit $code`
 		t.Fatalf("pause 1: want a hold acknowledgement with relay_delivered, got %+v", ack)
 	}
 	live := func() int64 {
-		hist, err := ledger.Read(g.LedgerDir(), episode)
+		hist, err := ledger.ReadIn(g.Ledgers(), episode)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -522,7 +522,7 @@ exit $code`
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := ledger.Verify(g.LedgerDir(), episode)
+	rep, err := ledger.VerifyIn(g.Ledgers(), episode)
 	if err != nil || !rep.OK {
 		t.Fatalf("ledger verify: %+v %v", rep, err)
 	}

@@ -137,7 +137,7 @@ func TestSDKThroughRelayMatchesDirect(t *testing.T) {
 
 	// Every request the SDK made through the relay is one model call and
 	// one ledger entry, and the chain verifies.
-	rep, err := ledger.Verify(s.Gateway.LedgerDir(), s.Episode)
+	rep, err := ledger.VerifyIn(s.Gateway.Ledgers(), s.Episode)
 	if err != nil {
 		t.Fatal(err)
 	}

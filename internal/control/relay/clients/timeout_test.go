@@ -62,7 +62,7 @@ func TestSDKStreamOutlivesItsTimeout(t *testing.T) {
 		t.Fatalf("hold: %+v", held)
 	}
 	testwait.Until(t, "the response is recorded during the hold", 20*time.Second, func() bool {
-		h, err := ledger.Read(s.Gateway.LedgerDir(), s.Episode)
+		h, err := ledger.ReadIn(s.Gateway.Ledgers(), s.Episode)
 		return err == nil && len(h.Entries) == 1
 	})
 	heldAt := time.Now()

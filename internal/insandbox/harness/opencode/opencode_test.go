@@ -235,7 +235,7 @@ func runEpisode(t *testing.T, pause bool) {
 		case <-ctx.Done():
 			t.Fatalf("no second model call within %s", runBudget)
 		}
-		rep, err := ledger.Verify(g.LedgerDir(), episode)
+		rep, err := ledger.VerifyIn(g.Ledgers(), episode)
 		if err != nil || !rep.OK || rep.Live != 1 {
 			t.Fatalf("the ledger at the second call: %+v %v", rep, err)
 		}
@@ -280,11 +280,11 @@ func runEpisode(t *testing.T, pause bool) {
 	// The ledger: every successful model call once, in a chain that
 	// verifies, with the host side (the gateway) closed.
 	w.Crash()
-	rep, err := ledger.Verify(g.LedgerDir(), episode)
+	rep, err := ledger.VerifyIn(g.Ledgers(), episode)
 	if err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)
 	}
-	l, err := ledger.Open(g.LedgerDir(), episode)
+	l, err := ledger.OpenIn(g.Ledgers(), episode)
 	if err != nil {
 		t.Fatal(err)
 	}

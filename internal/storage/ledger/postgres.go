@@ -34,6 +34,10 @@ import (
 type Postgres struct {
 	pool  *pgxpool.Pool
 	where string
+	// node and epoch, when node is set, are the member of the store's
+	// nodes whose live lease every write needs (AsNode).
+	node  string
+	epoch int64
 
 	mu      sync.Mutex
 	queue   []*pgAppend
@@ -111,8 +115,25 @@ func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
 	return p, nil
 }
 
-// Close closes the connections.
+// Close closes the connections (of every view AsNode made too).
 func (p *Postgres) Close() { p.pool.Close() }
+
+// AsNode is the storage as the node name, in its epoch, writes it: every
+// append and fence also needs that node's lease in the store's nodes
+// table (store.Postgres.Join) to be live, judged by the database's clock,
+// in the same statement; otherwise it changes nothing and fails with
+// ErrFenced. A node cut off from the others past its lease can then no
+// longer write any ledger. The view shares p's connections.
+func (p *Postgres) AsNode(name string, epoch int64) *Postgres {
+	return &Postgres{pool: p.pool, where: p.where, node: name, epoch: epoch}
+}
+
+// liveLease is the condition that the node named by parameter $name, in
+// the epoch of parameter $epoch, holds a live lease by the database's
+// clock (the store's nodes table).
+func liveLease(name, epoch int) string {
+	return fmt.Sprintf(`EXISTS (SELECT 1 FROM nodes WHERE name = $%d AND epoch = $%d AND lease_until_ns > CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT))`, name, epoch)
+}
 
 // Commits returns how many commits the appends took, and how many appends
 // they carried.
@@ -219,6 +240,13 @@ const appendSQL = `WITH head AS (
 	RETURNING episode)
 INSERT INTO ledger_chunks (episode, off, data) SELECT episode, $2, $3 FROM head RETURNING off`
 
+// appendAsNodeSQL is appendSQL that also needs the node's lease.
+var appendAsNodeSQL = fmt.Sprintf(`WITH head AS (
+	UPDATE ledger_heads SET bytes = $2 + octet_length($3::bytea), fence = GREATEST(fence, $4)
+	WHERE episode = $1 AND bytes = $2 AND fence <= $4 AND %s
+	RETURNING episode)
+INSERT INTO ledger_chunks (episode, off, data) SELECT episode, $2, $3 FROM head RETURNING off`, liveLease(5, 6))
+
 // submit queues an append for the next batch and waits for its commit. The
 // first append to arrive while no batch is being committed starts a
 // leader, which commits what is queued, batch after batch, until the queue
@@ -257,7 +285,11 @@ func (p *Postgres) commit(batch []*pgAppend) {
 	defer cancel()
 	b := &pgx.Batch{}
 	for _, a := range batch {
-		b.Queue(appendSQL, a.episode, a.at, a.lines, a.fence)
+		if p.node != "" {
+			b.Queue(appendAsNodeSQL, a.episode, a.at, a.lines, a.fence, p.node, p.epoch)
+		} else {
+			b.Queue(appendSQL, a.episode, a.at, a.lines, a.fence)
+		}
 	}
 	err := func() error {
 		br := p.pool.SendBatch(ctx, b)
@@ -291,6 +323,9 @@ func (p *Postgres) commit(batch []*pgAppend) {
 
 // refused says why an append changed nothing.
 func (p *Postgres) refused(ctx context.Context, a *pgAppend) error {
+	if err := p.checkNode(ctx); err != nil {
+		return fmt.Errorf("ledger %s: %w", p.Where(a.episode), err)
+	}
 	var length int64
 	var fence int
 	err := p.pool.QueryRow(ctx, `SELECT bytes, fence FROM ledger_heads WHERE episode = $1`, a.episode).Scan(&length, &fence)
@@ -304,6 +339,23 @@ func (p *Postgres) refused(ctx context.Context, a *pgAppend) error {
 	default:
 		return fmt.Errorf("ledger %s: %w: another gateway has written to it since this one read it (it holds %d bytes, this one knew %d): reopen it", p.Where(a.episode), ErrFenced, length, a.at)
 	}
+}
+
+// checkNode fails with ErrFenced when the storage writes as a node whose
+// lease is not live.
+func (p *Postgres) checkNode(ctx context.Context) error {
+	if p.node == "" {
+		return nil
+	}
+	var live bool
+	err := p.pool.QueryRow(ctx, `SELECT `+liveLease(1, 2), p.node, p.epoch).Scan(&live)
+	if err != nil {
+		return err
+	}
+	if !live {
+		return fmt.Errorf("%w: node %s (epoch %d) no longer holds a live lease, so it writes no ledger; it must stop touching its episodes", ErrFenced, p.node, p.epoch)
+	}
+	return nil
 }
 
 // pgLog is one episode's ledger in a Postgres storage.
@@ -322,8 +374,16 @@ func (l *pgLog) Fence(attempt int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var fence int
-	err := l.p.pool.QueryRow(ctx, `UPDATE ledger_heads SET fence = $2 WHERE episode = $1 AND fence <= $2 RETURNING fence`, l.episode, attempt).Scan(&fence)
+	q, args := `UPDATE ledger_heads SET fence = $2 WHERE episode = $1 AND fence <= $2 RETURNING fence`, []any{l.episode, attempt}
+	if l.p.node != "" {
+		q = `UPDATE ledger_heads SET fence = $2 WHERE episode = $1 AND fence <= $2 AND ` + liveLease(3, 4) + ` RETURNING fence`
+		args = append(args, l.p.node, l.p.epoch)
+	}
+	err := l.p.pool.QueryRow(ctx, q, args...).Scan(&fence)
 	if errors.Is(err, pgx.ErrNoRows) {
+		if err := l.p.checkNode(ctx); err != nil {
+			return fmt.Errorf("ledger %s: %w", l.p.Where(l.episode), err)
+		}
 		err = l.p.pool.QueryRow(ctx, `SELECT fence FROM ledger_heads WHERE episode = $1`, l.episode).Scan(&fence)
 		if err == nil {
 			return fmt.Errorf("ledger %s: %w: attempt %d has taken the episode, not %d", l.p.Where(l.episode), ErrFenced, fence, attempt)

@@ -8,8 +8,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"stasis/internal/pgtest"
+	"stasis/internal/storage/store"
+	"stasis/internal/testwait"
 )
 
 // storages are the Storage kinds every ledger behaviour below holds on.
@@ -298,5 +301,50 @@ func TestPostgresGroupCommit(t *testing.T) {
 		if rep.Live != each {
 			t.Fatalf("ep%d: %+v", i, rep)
 		}
+	}
+}
+
+// A node whose lease ran out (cut off from the database past it) appends
+// nothing more, nor fences; the node that joins after it does.
+func TestPostgresPartitionedNodeCannotAppend(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	st, err := store.OpenPostgres(ctx, dsn) // the nodes table is the store's
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p := openPostgres(t, dsn)
+	n, err := st.Join(ctx, "node-p", "", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := openIn(t, p.AsNode(n.Name, n.Epoch), "ep")
+	if err := l.Fence(1); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, l, entry("ep/1", chat("1")))
+	testwait.Until(t, "the node's lease to run out", 30*time.Second, func() bool {
+		ns, _ := st.Nodes(ctx)
+		return len(ns) == 1 && !ns[0].Live
+	})
+	if _, err := l.Append(entry("ep/2", chat("2"))); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), "no longer holds a live lease") {
+		t.Fatalf("append by a node whose lease ran out: %v", err)
+	}
+	other := openIn(t, p.AsNode(n.Name, n.Epoch), "ep")
+	if err := other.Fence(2); !errors.Is(err, ErrFenced) {
+		t.Fatalf("fence by a node whose lease ran out: %v", err)
+	}
+	n2, err := st.Join(ctx, "node-q", "", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taker := openIn(t, p.AsNode(n2.Name, n2.Epoch), "ep")
+	if err := taker.Fence(2); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, taker, entry("ep/2", chat("2")))
+	if got := seqs(openIn(t, p, "ep").Entries()); got != "1:ep/1 2:ep/2" {
+		t.Fatalf("entries: %s", got)
 	}
 }

@@ -121,6 +121,16 @@ var migrations = [][]string{
 		)`,
 		`CREATE INDEX journal_by_op ON journal (op, seq)`,
 	},
+	{ // 6: the nodes of a store several servers share (PostgreSQL), each
+		// with its lease and the epoch of its current membership.
+		`CREATE TABLE nodes (
+			name           TEXT NOT NULL PRIMARY KEY,
+			addr           TEXT NOT NULL,
+			epoch          BIGINT NOT NULL,
+			started_ns     BIGINT NOT NULL,
+			lease_until_ns BIGINT NOT NULL
+		)`,
+	},
 }
 
 // sqlStore is the Store over database/sql, for any dialect.
@@ -130,6 +140,9 @@ type sqlStore struct {
 	where   string // names the store in messages
 	now     func() time.Time
 	writeMu sync.Mutex
+	// guard, when set, is the node whose live lease every write
+	// transaction checks first (Postgres.AsNode).
+	guard *Node
 }
 
 // q rewrites a query's placeholders for the dialect.
@@ -186,6 +199,12 @@ func (s *sqlStore) txOnce(ctx context.Context, readOnly bool, fn func(*sql.Tx) e
 	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return s.wrap(err)
+	}
+	if !readOnly {
+		if err := s.checkGuard(ctx, tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback()

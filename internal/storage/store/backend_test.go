@@ -58,6 +58,32 @@ func (b backend) openTemp(t *testing.T) (*sqlStore, string) {
 	return s, loc
 }
 
+// undo undoes each migration from 5 on: undo[i] takes schema i+1 back to i.
+var undo = map[int][]string{
+	5: {`DROP TABLE journal`},
+	6: {`DROP TABLE nodes`},
+	7: {`DROP TABLE checkpoint_shares`, `ALTER TABLE checkpoints DROP COLUMN node`},
+}
+
+// rollBack takes s's schema back to version, as an older stasis left it.
+func rollBack(t *testing.T, s *sqlStore, version int) {
+	t.Helper()
+	for v := len(migrations); v > version; v-- {
+		stmts, ok := undo[v]
+		if !ok {
+			t.Fatalf("the test cannot undo schema version %d: add it to undo", v)
+		}
+		for _, stmt := range stmts {
+			if _, err := s.db.Exec(stmt); err != nil {
+				t.Fatalf("undo schema %d: %s: %v", v, stmt, err)
+			}
+		}
+	}
+	if _, err := s.db.Exec(s.q(`UPDATE schema_version SET version = ?`), version); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // storeTests are the behaviour tests every backend passes.
 var storeTests = []struct {
 	name string

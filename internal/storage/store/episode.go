@@ -53,6 +53,9 @@ type Episode struct {
 	// Origin is the episode whose paths its sandboxes hold, for a copy
 	// branched from another episode's checkpoint (empty: itself).
 	Origin string `json:"origin,omitempty"`
+	// Node is the node that drives it, of several sharing a store (""
+	// for a store of one server): the node whose store last wrote it.
+	Node string `json:"node,omitempty"`
 	// Resume says how the last restore continued it: in_place, relaunch,
 	// or empty.
 	Resume  string    `json:"resume,omitempty"`
@@ -91,6 +94,7 @@ func (s *sqlStore) episodeDocs(es []Episode) ([]string, error) {
 		if e.Created.IsZero() {
 			e.Created = now
 		}
+		e.Node = s.node()
 		e.Updated = now
 		doc, err := json.Marshal(e)
 		if err != nil {

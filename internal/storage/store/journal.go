@@ -44,8 +44,8 @@ func (s *sqlStore) AppendJournal(ctx context.Context, e JournalEntry) (JournalEn
 			return s.wrap(err)
 		}
 		e.Seq = last.Int64 + 1
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO journal (seq, op, kind, episode, doc, created_ns) VALUES (?, ?, ?, ?, ?, ?)`),
-			e.Seq, e.Op, e.Kind, e.Episode, doc, e.Created.UnixNano())
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO journal (seq, op, kind, episode, doc, created_ns, node) VALUES (?, ?, ?, ?, ?, ?, ?)`),
+			e.Seq, e.Op, e.Kind, e.Episode, doc, e.Created.UnixNano(), s.node())
 		return s.wrap(err)
 	})
 	if err != nil {
@@ -58,7 +58,7 @@ func (s *sqlStore) AppendJournal(ctx context.Context, e JournalEntry) (JournalEn
 func (s *sqlStore) Journal(ctx context.Context) ([]JournalEntry, error) {
 	var out []JournalEntry
 	err := s.tx(ctx, true, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT seq, op, kind, episode, doc, created_ns FROM journal ORDER BY seq`)
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT seq, op, kind, episode, doc, created_ns FROM journal WHERE node = ? ORDER BY seq`), s.node())
 		if err != nil {
 			return s.wrap(err)
 		}
@@ -96,7 +96,7 @@ func (s *sqlStore) CloseJournal(ctx context.Context, op string, es []Episode) er
 		if err := s.putEpisodesTx(ctx, tx, es, docs); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, s.q(`DELETE FROM journal WHERE op = ?`), op)
+		_, err := tx.ExecContext(ctx, s.q(`DELETE FROM journal WHERE op = ? AND node = ?`), op, s.node())
 		return s.wrap(err)
 	})
 }

@@ -112,11 +112,7 @@ func testMigrateToJournal(t *testing.T, be backend) {
 	ctx := context.Background()
 	s, path := be.openTemp(t)
 	save(t, s, "A", "snap-1")
-	for _, stmt := range []string{`DROP TABLE journal`, `UPDATE schema_version SET version = 4`} {
-		if _, err := s.db.Exec(stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rollBack(t, s, 4)
 	_ = s.Close()
 	s2, err := be.open(path)
 	if err != nil {

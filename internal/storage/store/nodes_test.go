@@ -12,9 +12,9 @@ import (
 	"stasis/internal/testwait"
 )
 
-func openPostgres(t *testing.T) *Postgres {
+func openPostgres(t *testing.T, dsn string) *Postgres {
 	t.Helper()
-	s, err := OpenPostgres(context.Background(), pgtest.DSN(t))
+	s, err := OpenPostgres(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func waitLapsed(t *testing.T, s *Postgres, name string) {
 
 func TestNodesJoinRenewLeave(t *testing.T) {
 	ctx := context.Background()
-	s := openPostgres(t)
+	s := openPostgres(t, pgtest.DSN(t))
 	a, err := s.Join(ctx, "node-a", "http://10.0.0.1:8080", time.Minute)
 	if err != nil || a.Epoch != 1 || !a.Live || a.Addr != "http://10.0.0.1:8080" {
 		t.Fatalf("join: %+v %v", a, err)
@@ -81,7 +81,7 @@ func TestNodesJoinRenewLeave(t *testing.T) {
 // one is live.
 func TestPartitionedNodeCannotWrite(t *testing.T) {
 	ctx := context.Background()
-	s := openPostgres(t)
+	s := openPostgres(t, pgtest.DSN(t))
 	n, err := s.Join(ctx, "node-p", "", time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -131,6 +131,21 @@ var migrations = [][]string{
 			lease_until_ns BIGINT NOT NULL
 		)`,
 	},
+	{ // 7: what belongs to which node: the journal's entries (each node
+		// finishes or undoes its own operations), the checkpoint's
+		// initiator, and each node's share of a checkpoint over several.
+		`ALTER TABLE journal ADD COLUMN node TEXT NOT NULL DEFAULT ''`,
+		`ALTER TABLE checkpoints ADD COLUMN node TEXT NOT NULL DEFAULT ''`,
+		`CREATE TABLE checkpoint_shares (
+			checkpoint_id TEXT NOT NULL REFERENCES checkpoints (id),
+			node          TEXT NOT NULL,
+			epoch         BIGINT NOT NULL,
+			state         TEXT NOT NULL,
+			records       BIGINT NOT NULL,
+			error         TEXT NOT NULL,
+			PRIMARY KEY (checkpoint_id, node)
+		)`,
+	},
 }
 
 // sqlStore is the Store over database/sql, for any dialect.
@@ -161,6 +176,15 @@ func (s *sqlStore) q(query string) string {
 		b.WriteRune(c)
 	}
 	return b.String()
+}
+
+// node is the name of the node the store writes as ("" for a store of
+// one server).
+func (s *sqlStore) node() string {
+	if s.guard == nil {
+		return ""
+	}
+	return s.guard.Name
 }
 
 // maxTxAttempts bounds how often a write transaction runs when the engine
@@ -288,28 +312,31 @@ func (s *sqlStore) Begin(ctx context.Context, id string, manifest json.RawMessag
 	if len(manifest) > 0 && !json.Valid(manifest) {
 		return fmt.Errorf("begin checkpoint %q: its manifest is not valid JSON", id)
 	}
-	return s.tx(ctx, false, func(tx *sql.Tx) error {
-		var n int
-		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM checkpoints WHERE id = ?`), id).Scan(&n); err != nil {
-			return s.wrap(err)
-		}
-		if n > 0 {
-			return fmt.Errorf("begin checkpoint %q: %w; choose a new id (ids are never reused, even after stasis ckpt rm)", id, errdefs.ErrExists)
-		}
-		// Creation times are strictly increasing, so that "newest first"
-		// is the order checkpoints were begun in.
-		var newest sql.NullInt64
-		if err := tx.QueryRowContext(ctx, `SELECT MAX(created_ns) FROM checkpoints`).Scan(&newest); err != nil {
-			return s.wrap(err)
-		}
-		created := s.now().UnixNano()
-		if newest.Valid && created <= newest.Int64 {
-			created = newest.Int64 + 1
-		}
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO checkpoints (id, created_ns, state, manifest, error, committed_ns) VALUES (?, ?, ?, ?, ?, NULL)`),
-			id, created, string(StatePending), string(manifest), "")
+	return s.tx(ctx, false, func(tx *sql.Tx) error { return s.beginTx(ctx, tx, id, manifest) })
+}
+
+// beginTx inserts pending checkpoint id inside tx.
+func (s *sqlStore) beginTx(ctx context.Context, tx *sql.Tx, id string, manifest json.RawMessage) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM checkpoints WHERE id = ?`), id).Scan(&n); err != nil {
 		return s.wrap(err)
-	})
+	}
+	if n > 0 {
+		return fmt.Errorf("begin checkpoint %q: %w; choose a new id (ids are never reused, even after stasis ckpt rm)", id, errdefs.ErrExists)
+	}
+	// Creation times are strictly increasing, so that "newest first"
+	// is the order checkpoints were begun in.
+	var newest sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT MAX(created_ns) FROM checkpoints`).Scan(&newest); err != nil {
+		return s.wrap(err)
+	}
+	created := s.now().UnixNano()
+	if newest.Valid && created <= newest.Int64 {
+		created = newest.Int64 + 1
+	}
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO checkpoints (id, created_ns, state, manifest, error, committed_ns, node) VALUES (?, ?, ?, ?, ?, NULL, ?)`),
+		id, created, string(StatePending), string(manifest), "", s.node())
+	return s.wrap(err)
 }
 
 // Put implements Store.
@@ -403,16 +430,8 @@ func (s *sqlStore) Commit(ctx context.Context, id string, expectEpisodes int) er
 		if st != StatePending {
 			return fmt.Errorf("commit checkpoint %q: %w: it is %s, and only a pending checkpoint can be committed", id, errdefs.ErrConflict, st)
 		}
-		reason, err = s.checkRecords(ctx, tx, id, expectEpisodes)
-		if err != nil {
-			return err
-		}
-		if reason != "" {
-			_, err := tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, error = ? WHERE id = ?`), string(StateFailed), "commit refused: "+reason, id)
-			return s.wrap(err)
-		}
-		_, err = tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, committed_ns = ? WHERE id = ?`), string(StateCommitted), s.now().UnixNano(), id)
-		return s.wrap(err)
+		reason, err = s.commitLocked(ctx, tx, id, expectEpisodes)
+		return err
 	})
 	if err != nil {
 		return err
@@ -421,6 +440,22 @@ func (s *sqlStore) Commit(ctx context.Context, id string, expectEpisodes int) er
 		return fmt.Errorf("commit checkpoint %q: %w: %s; it is marked failed and the previous committed checkpoint is unchanged", id, ErrIncomplete, reason)
 	}
 	return nil
+}
+
+// commitLocked commits pending checkpoint id, whose row tx holds, if
+// exactly expect valid records are there; otherwise it marks it failed
+// and returns why.
+func (s *sqlStore) commitLocked(ctx context.Context, tx *sql.Tx, id string, expect int) (reason string, err error) {
+	reason, err = s.checkRecords(ctx, tx, id, expect)
+	if err != nil {
+		return "", err
+	}
+	if reason != "" {
+		_, err := tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, error = ? WHERE id = ?`), string(StateFailed), "commit refused: "+reason, id)
+		return reason, s.wrap(err)
+	}
+	_, err = tx.ExecContext(ctx, s.q(`UPDATE checkpoints SET state = ?, committed_ns = ? WHERE id = ?`), string(StateCommitted), s.now().UnixNano(), id)
+	return "", s.wrap(err)
 }
 
 // checkRecords returns why checkpoint id's records cannot be committed, or "".
@@ -629,6 +664,7 @@ func (s *sqlStore) Delete(ctx context.Context, id string) ([]SnapshotRef, error)
 		for _, stmt := range []string{
 			`DELETE FROM snapshot_refs WHERE checkpoint_id = ?`,
 			`DELETE FROM records WHERE checkpoint_id = ?`,
+			`DELETE FROM checkpoint_shares WHERE checkpoint_id = ?`,
 			`DELETE FROM checkpoints WHERE id = ?`,
 		} {
 			if _, err := tx.ExecContext(ctx, s.q(stmt), id); err != nil {
@@ -668,7 +704,7 @@ func (s *sqlStore) RecoverPending(ctx context.Context, olderThan time.Duration) 
 	var failed []string
 	err := s.tx(ctx, false, func(tx *sql.Tx) error {
 		failed = nil
-		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, created_ns FROM checkpoints WHERE state = ? AND created_ns <= ? ORDER BY created_ns`), string(StatePending), cutoff)
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT id, created_ns FROM checkpoints WHERE state = ? AND created_ns <= ? AND node = ? ORDER BY created_ns`), string(StatePending), cutoff, s.node())
 		if err != nil {
 			return s.wrap(err)
 		}

@@ -628,9 +628,9 @@ func testVerdictOnce(t *testing.T, be backend) {
 func testMigrateVerdictsToAttempts(t *testing.T, be backend) {
 	ctx := context.Background()
 	s, path := be.openTemp(t)
+	rollBack(t, s, 4)
 	for _, stmt := range []string{
 		`DROP TABLE verdicts`,
-		`DROP TABLE journal`,
 		`CREATE TABLE verdicts (episode TEXT NOT NULL PRIMARY KEY, created_ns BIGINT NOT NULL, doc TEXT NOT NULL)`,
 		`INSERT INTO verdicts (episode, created_ns, doc) VALUES ('ep-old', 1, '{"reward":1}')`,
 		`UPDATE schema_version SET version = 3`,
@@ -659,7 +659,8 @@ func testMigrateFromSchema1(t *testing.T, be backend) {
 	ctx := context.Background()
 	s, path := be.openTemp(t)
 	save(t, s, "A", "snap-1")
-	for _, stmt := range []string{`DROP TABLE verdicts`, `DROP TABLE episodes`, `DROP TABLE journal`} {
+	rollBack(t, s, 4)
+	for _, stmt := range []string{`DROP TABLE verdicts`, `DROP TABLE episodes`} {
 		if _, err := s.db.Exec(stmt); err != nil {
 			t.Fatal(err)
 		}

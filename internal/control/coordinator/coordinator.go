@@ -71,6 +71,10 @@ import (
 type Options struct {
 	Env   *episode.Env
 	Store store.Store
+	// Node is this server's node, of several sharing Store ("": the only
+	// server): it drives, re-attaches and checkpoints only the episodes
+	// whose rows name it.
+	Node string
 	// Tasks are the tasks episodes may name.
 	Tasks []*task.Task
 	// Concurrency bounds the episodes worked on at once in a prepare or a
@@ -150,6 +154,15 @@ func CheckStragglers(policy string) error {
 type PrepareOptions struct {
 	// Stragglers overrides Options.Stragglers for this checkpoint.
 	Stragglers string
+	// Finish, when set, makes the prepare this node's share of a
+	// checkpoint begun over several nodes (store.Postgres.BeginShared):
+	// the checkpoint exists already, pending, and instead of committing
+	// or failing it the prepare finishes its share with the records it
+	// put, or with why it failed (store.Postgres.FinishShare, which
+	// commits the checkpoint when this was the last share). It returns the
+	// checkpoint's state after; this node's snapshots are deleted unless
+	// the checkpoint is committed or still pending.
+	Finish func(ctx context.Context, records int, failure error) (store.State, error)
 }
 
 // Progress reports one step of a long operation.
@@ -232,6 +245,9 @@ func (c *Coordinator) attachAll(ctx context.Context) error {
 		rows = append(rows, rs...)
 	}
 	for _, r := range rows {
+		if r.Node != c.o.Node {
+			continue // another node's
+		}
 		spec, err := c.specOf(r)
 		if err != nil {
 			return err

@@ -71,14 +71,23 @@ func (c *Coordinator) PrepareWith(ctx context.Context, id string, po PrepareOpti
 	defer c.op.Unlock()
 	start := c.clock.Now()
 	ids := c.LiveIDs()
-	manifest, _ := json.Marshal(map[string]any{"episodes": ids, "provider": c.o.Env.Provider.Name()})
-	if err := c.o.Store.Begin(ctx, id, manifest); err != nil {
-		return Result{}, err
+	fail := func(err error) {
+		if po.Finish != nil {
+			_, _ = po.Finish(context.WithoutCancel(ctx), 0, err)
+		} else {
+			_ = c.o.Store.Fail(context.WithoutCancel(ctx), id, err.Error())
+		}
+	}
+	if po.Finish == nil {
+		manifest, _ := json.Marshal(map[string]any{"episodes": ids, "provider": c.o.Env.Provider.Name()})
+		if err := c.o.Store.Begin(ctx, id, manifest); err != nil {
+			return Result{}, err
+		}
 	}
 	res := Result{Checkpoint: id, Phases: map[string]float64{}}
 	x := c.newOp(jPrepare)
 	if err := x.note(ctx, jPrepare, "", jdoc{Checkpoint: id}); err != nil {
-		_ = c.o.Store.Fail(context.WithoutCancel(ctx), id, err.Error())
+		fail(err)
 		return res, fmt.Errorf("checkpoint %s failed: %w", id, err)
 	}
 	results, figs, paused := c.prepareAll(ctx, x, id, ids)
@@ -91,13 +100,21 @@ func (c *Coordinator) PrepareWith(ctx context.Context, id string, po PrepareOpti
 		return res, c.crashed(x)
 	}
 	err := out.Err
-	if err == nil {
+	switch {
+	case err != nil:
+		fail(err)
+	case po.Finish != nil:
+		t := c.clock.Now()
+		var st store.State
+		if st, err = po.Finish(ctx, out.Records, nil); err == nil && st == store.StateFailed {
+			err = errdefs.Errorf(errdefs.ErrConflict, "the checkpoint failed as this node finished its share (another node's share failed, or the records did not add up)")
+		}
+		res.Phases["commit"] = c.since(t)
+	default:
 		t := c.clock.Now()
 		err = c.o.Store.Commit(ctx, id, out.Records)
 		res.Phases["commit"] = c.since(t)
 		c.progress(Progress{Phase: "commit", Done: 1, Total: 1})
-	} else {
-		_ = c.o.Store.Fail(context.WithoutCancel(ctx), id, err.Error())
 	}
 	t := c.clock.Now()
 	cerr := c.continueAll(ctx, x, paused)
@@ -143,6 +160,13 @@ func madeSnapshots(results map[string]prepareResult) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// DeleteSnapshots deletes snapshots that checkpoint ckpt made and that no
+// checkpoint names (a checkpoint over several nodes that failed after this
+// node's share was in), retrying transient failures.
+func (c *Coordinator) DeleteSnapshots(ctx context.Context, ckpt string, snaps []string) {
+	c.deleteSnapshots(ctx, ckpt, snaps)
 }
 
 // deleteSnapshots deletes snapshots no checkpoint names, retrying

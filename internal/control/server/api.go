@@ -712,6 +712,9 @@ type CheckpointRequest struct {
 type CheckpointResponse struct {
 	coordinator.Result
 	ContinueError string `json:"continue_error,omitempty"`
+	// Shares, on a node of a cluster, are every node's share of the
+	// checkpoint (Episodes are this node's).
+	Shares []store.Share `json:"shares,omitempty"`
 }
 
 func (s *Server) createCheckpoint(w http.ResponseWriter, q *http.Request) {
@@ -733,6 +736,10 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, q *http.Request) {
 	}
 	ctx := context.WithoutCancel(q.Context()) // a checkpoint under way finishes whatever the client does
 	start := time.Now()
+	if s.member != nil {
+		s.createClusterCheckpoint(w, q, ctx, req, start)
+		return
+	}
 	res, err := s.coord.PrepareWith(ctx, req.ID, coordinator.PrepareOptions{Stragglers: req.Stragglers})
 	if err != nil {
 		if errors.Is(err, errdefs.ErrExists) {
@@ -755,6 +762,29 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, q *http.Request) {
 		res.Episodes = []coordinator.EpisodeFigures{}
 	}
 	writeJSON(w, http.StatusCreated, CheckpointResponse{Result: res})
+}
+
+// createClusterCheckpoint takes a checkpoint over every live node of the
+// cluster: every node's share of it, committed by the last to finish.
+func (s *Server) createClusterCheckpoint(w http.ResponseWriter, q *http.Request, ctx context.Context, req CheckpointRequest, start time.Time) {
+	res, err := s.member.Checkpoint(ctx, req.ID, req.Stragglers)
+	if err != nil {
+		if res.State == store.StateFailed {
+			s.m.checkpoints.WithLabelValues("failed").Inc()
+		}
+		s.fail(w, q, err)
+		return
+	}
+	s.m.checkpoints.WithLabelValues("committed").Inc()
+	s.m.checkpointSeconds.Observe(time.Since(start).Seconds())
+	if res.Episodes == nil {
+		res.Episodes = []coordinator.EpisodeFigures{}
+	}
+	if res.Phases == nil {
+		res.Phases = map[string]float64{}
+	}
+	res.Seconds = time.Since(start).Seconds()
+	writeJSON(w, http.StatusCreated, CheckpointResponse{Result: res.Result, Shares: res.Shares})
 }
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, q *http.Request) {

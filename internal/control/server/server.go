@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"stasis/internal/control/cluster"
 	"stasis/internal/control/coordinator"
 	"stasis/internal/control/episode"
 	"stasis/internal/control/relay"
@@ -48,6 +49,7 @@ type Server struct {
 
 	// The system's parts, as the handlers use them.
 	store      store.Store
+	member     *cluster.Member // nil unless the server is a node of a cluster
 	gw         *relay.Gateway
 	provider   sandbox.Provider
 	env        *episode.Env
@@ -91,7 +93,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s := &Server{
 		o: o, log: log, sys: sys, starting: map[string]bool{},
-		store: sys.Store, gw: sys.Gateway, provider: sys.Provider, env: sys.Env, coord: sys.Coordinator, tasks: sys.Tasks, noOpenCode: sys.NoOpenCode,
+		member: sys.Member, store: sys.Store, gw: sys.Gateway, provider: sys.Provider, env: sys.Env, coord: sys.Coordinator, tasks: sys.Tasks, noOpenCode: sys.NoOpenCode,
 	}
 	s.m = newMetrics(s)
 	log.Info("environment server ready", "state", sys.State, "gateway_socket", sys.GatewaySocket, "model", sys.ModelURL,

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"stasis/errdefs"
+	"stasis/internal/control/cluster"
 	"stasis/internal/control/coordinator"
 	"stasis/internal/control/episode"
 	"stasis/internal/control/model"
@@ -60,6 +61,14 @@ type Config struct {
 	// under STATE/gateway/ledgers), or a postgres:// URL, a database that
 	// the servers of several machines share.
 	Store string
+	// Node names this server among several sharing Store (which must then
+	// be PostgreSQL): it joins the cluster with a lease (NodeLease,
+	// default cluster.DefaultLease) renewed as its heartbeat, drives only
+	// its own episodes, and takes its share of every checkpoint any node
+	// begins. NodeAddr is its API as the other nodes reach it.
+	Node      string
+	NodeAddr  string
+	NodeLease time.Duration
 	// Tasks are the tasks episodes may name (default: the built-in set).
 	Tasks []*task.Task
 	// Envs is the directory where the tasks' Python environments are built
@@ -165,8 +174,11 @@ type System struct {
 	Provider      sandbox.Provider
 	Store         store.Store
 	// Ledgers is where the gateway keeps the episodes' ledgers.
-	Ledgers     ledger.Storage
-	Env         *episode.Env
+	Ledgers ledger.Storage
+	Env     *episode.Env
+	// Member is this server's membership of a cluster (Config.Node), or
+	// nil.
+	Member      *cluster.Member
 	Coordinator *coordinator.Coordinator
 	// NoOpenCode says why an OpenCode episode cannot run here ("": it
 	// can).
@@ -274,6 +286,14 @@ func (c *Config) resolve() (d sandbox.Driver, err error) {
 	if c.State, err = filepath.Abs(c.State); err != nil {
 		return d, err
 	}
+	if c.Node != "" && !dburl.IsPostgres(c.Store) {
+		return d, errdefs.Errorf(errdefs.ErrInvalid, "node %q: the nodes of a cluster share a PostgreSQL store: give --store postgres://… (or STASIS_STORE)", c.Node)
+	}
+	if c.Node != "" {
+		if err := store.CheckNodeName(c.Node); err != nil {
+			return d, err
+		}
+	}
 	if c.Store != "" && !dburl.IsPostgres(c.Store) {
 		return d, errdefs.Errorf(errdefs.ErrInvalid, "store %q: give a postgres:// URL (a PostgreSQL database several servers share), or nothing for the embedded store in the state directory", dburl.Redact(c.Store))
 	}
@@ -329,11 +349,19 @@ func (s *System) openCoordinator(ctx context.Context, c Config) (err error) {
 			clog.Debug("progress", "phase", p.Phase, "episode", p.Episode, "done", p.Done, "total", p.Total)
 		},
 	}
+	if s.Member != nil {
+		co.Node = c.Node
+	}
 	if c.CoordinatorOptions != nil {
 		c.CoordinatorOptions(&co)
 	}
-	s.Coordinator, err = coordinator.New(ctx, co)
-	return err
+	if s.Coordinator, err = coordinator.New(ctx, co); err != nil {
+		return err
+	}
+	if s.Member != nil {
+		s.Member.Serve(s.Coordinator)
+	}
+	return nil
 }
 
 // openStore opens the record store and the ledgers' storage: c.Store's
@@ -353,6 +381,17 @@ func (s *System) openStore(ctx context.Context, c Config) (err error) {
 		return err
 	}
 	s.Ledgers, s.closeLedgers = pg, pg.Close
+	if c.Node == "" {
+		return nil
+	}
+	if s.Member, err = cluster.Join(ctx, cluster.Options{
+		Store: s.Store.(*store.Postgres), DSN: c.Store, Name: c.Node, Addr: c.NodeAddr, Lease: c.NodeLease,
+		Logger: s.log.With("component", "cluster"),
+	}); err != nil {
+		return err
+	}
+	n := s.Member.Node()
+	s.Store, s.Ledgers = s.Member.Store(), pg.AsNode(n.Name, n.Epoch)
 	return nil
 }
 
@@ -540,6 +579,11 @@ func (s *System) continueLeftPaused(ctx context.Context) {
 func (s *System) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
+		if s.Member != nil {
+			// First: a share under way uses the coordinator, the
+			// provider and the gateway.
+			errs = append(errs, s.Member.Close())
+		}
 		if s.sockets != nil {
 			s.sockets.Close()
 		}

@@ -1,0 +1,224 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"stasis/errdefs"
+	"stasis/internal/control/cluster"
+	"stasis/internal/control/relay"
+	"stasis/internal/control/system"
+	"stasis/internal/pgtest"
+	"stasis/internal/stasistest"
+	"stasis/internal/storage/ledger"
+	"stasis/internal/storage/store"
+	"stasis/internal/testwait"
+	"stasis/sandbox"
+)
+
+func TestMain(m *testing.M) { stasistest.Main(m) }
+
+// node opens a world that is node name of the cluster on dsn.
+func node(t *testing.T, dsn, name string, opts ...func(*system.Config)) *stasistest.World {
+	t.Helper()
+	return stasistest.NewWorld(t, append([]func(*system.Config){func(c *system.Config) {
+		c.Store, c.Node, c.NodeLease, c.LivenessInterval = dsn, name, 2*time.Second, -1
+	}}, opts...)...)
+}
+
+// finish waits for episode id on w, checks its reward and ledger, and
+// retires it.
+func finish(ctx context.Context, w *stasistest.World, id string) error {
+	if _, err := w.Coordinator.Wait(ctx, id); err != nil {
+		return err
+	}
+	v, _, err := w.Coordinator.Verify(ctx, id)
+	if err != nil || v.Reward != 1 {
+		return fmt.Errorf("%s: reward %d %v\n%s", id, v.Reward, err, v.Output)
+	}
+	if rep, err := ledger.VerifyIn(w.Gateway.Ledgers(), id); err != nil || !rep.OK || rep.Broken {
+		return fmt.Errorf("%s: ledger %+v %v", id, rep, err)
+	}
+	return w.Coordinator.Retire(ctx, id)
+}
+
+// Three nodes on one PostgreSQL store, an episode on each, held mid-way:
+// a checkpoint begun on one node takes every node's episode, each node
+// its own, and commits once with all three records; then the episodes
+// finish.
+func TestCheckpointOverThreeNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	ws, holds := startNodes(t, ctx, dsn, nil, "a", "b", "c")
+	res, err := ws[1].Member.Checkpoint(ctx, "ck-1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != store.StateCommitted || len(res.Shares) != 3 || len(res.Episodes) != 1 || res.Episodes[0].Episode != "ep-b" {
+		t.Fatalf("checkpoint: %+v", res)
+	}
+	for _, sh := range res.Shares {
+		if sh.State != store.SharePrepared || sh.Records != 1 {
+			t.Fatalf("share: %+v", sh)
+		}
+	}
+	ck, recs, err := ws[0].Store.Get(ctx, "ck-1")
+	if err != nil || ck.State != store.StateCommitted || len(recs) != 3 {
+		t.Fatalf("the checkpoint as node a reads it: %+v, %d records, %v", ck, len(recs), err)
+	}
+	for i, r := range recs {
+		if want := "ep-" + string(rune('a'+i)); r.Episode != want || r.SnapshotID == "" || r.LedgerTip == "" {
+			t.Fatalf("record %d: %+v", i, r)
+		}
+	}
+	finishAll(t, ctx, ws, holds)
+}
+
+// startNodes opens a node world for each name (opts[name] adjusting its
+// configuration), and starts episode ep-NAME on it, held at its second
+// model call.
+func startNodes(t *testing.T, ctx context.Context, dsn string, opts map[string]func(*system.Config), names ...string) ([]*stasistest.World, []*relay.Hold) {
+	t.Helper()
+	var (
+		ws    []*stasistest.World
+		holds []*relay.Hold
+	)
+	for _, name := range names {
+		var o []func(*system.Config)
+		if opts[name] != nil {
+			o = append(o, opts[name])
+		}
+		w := node(t, dsn, name, o...)
+		ws = append(ws, w)
+		ep := "ep-" + name
+		h := w.Hold(ep, 2)
+		holds = append(holds, h)
+		if _, err := w.Coordinator.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ws, holds
+}
+
+// finishAll releases the holds and finishes each world's episode.
+func finishAll(t *testing.T, ctx context.Context, ws []*stasistest.World, holds []*relay.Hold) {
+	t.Helper()
+	for _, h := range holds {
+		h.Release()
+	}
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		if w.System == nil {
+			continue
+		}
+		wg.Go(func() {
+			for _, id := range w.Coordinator.LiveIDs() {
+				if err := finish(ctx, w, id); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// stallingProvider blocks every snapshot until release is closed, telling
+// entered when one starts.
+type stallingProvider struct {
+	sandbox.Provider
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (p *stallingProvider) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
+	p.once.Do(func() { close(p.entered) })
+	<-p.release
+	return p.Provider.Snapshot(ctx, id, name)
+}
+
+// A node dies in the middle of its share (its snapshot hangs, and its
+// heartbeat stops): once its lease runs out the checkpoint fails, naming
+// it; nothing of it is committed, the previous committed checkpoint stays
+// the latest, the other nodes' snapshots for it are deleted, and their
+// episodes go on to finish. The dead node, if it wakes, can finish
+// nothing.
+func TestNodeDiesMidPrepare(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	stall := &stallingProvider{entered: make(chan struct{}), release: make(chan struct{})}
+	ws, holds := startNodes(t, ctx, dsn, nil, "a", "b")
+	if _, err := ws[0].Member.Checkpoint(ctx, "ck-0", ""); err != nil {
+		t.Fatal(err)
+	}
+	more, moreHolds := startNodes(t, ctx, dsn, map[string]func(*system.Config){"c": func(c *system.Config) {
+		c.WrapProvider = func(p sandbox.Provider) sandbox.Provider { stall.Provider = p; return stall }
+	}}, "c")
+	ws, holds = append(ws, more...), append(holds, moreHolds...)
+	c := ws[2]
+	type outcome struct {
+		res cluster.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := ws[0].Member.Checkpoint(ctx, "ck-1", "")
+		done <- outcome{res, err}
+	}()
+	select {
+	case <-stall.entered:
+	case <-ctx.Done():
+		t.Fatal("node c's snapshot never started")
+	}
+	c.Member.Halt() // node c dies: its lease runs out in 2 s
+	var o outcome
+	select {
+	case o = <-done:
+	case <-ctx.Done():
+		t.Fatal("the checkpoint never ended")
+	}
+	if o.err == nil || o.res.State != store.StateFailed || !strings.Contains(o.err.Error(), "lease of node c ran out") {
+		t.Fatalf("checkpoint with a dead node: %+v %v", o.res, o.err)
+	}
+	ck, recs, err := ws[0].Store.Get(ctx, "ck-1")
+	if err != nil || ck.State != store.StateFailed {
+		t.Fatalf("ck-1: %+v %v", ck, err)
+	}
+	if l, err := ws[1].Store.Latest(ctx); err != nil || l.ID != "ck-0" {
+		t.Fatalf("latest: %+v %v", l, err)
+	}
+	// The live nodes' snapshots for it are deleted.
+	for _, r := range recs {
+		w := ws[int(r.Episode[len(r.Episode)-1]-'a')]
+		testwait.Until(t, "snapshot "+r.SnapshotID+" of the failed checkpoint to be deleted", time.Minute, func() bool {
+			_, err := w.Provider.GetSnapshot(ctx, r.SnapshotID)
+			return errors.Is(err, errdefs.ErrNotFound)
+		})
+	}
+	// Node c wakes: its share is refused; its episode's sandbox goes.
+	close(stall.release)
+	row, err := ws[0].Store.GetEpisode(ctx, "ep-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, "node c's share to end", time.Minute, func() bool {
+		shares, _ := ws[0].Member.Store().Shares(ctx, "ck-1")
+		return len(shares) == 3 && shares[2].State == store.ShareFailed
+	})
+	if err := c.Provider.Delete(ctx, row.Sandbox); err != nil {
+		t.Fatal(err)
+	}
+	holds[2].Release()
+	finishAll(t, ctx, ws[:2], holds[:2])
+	c.Crash()
+}

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"stasis/internal/control/cluster"
 	"stasis/internal/control/coordinator"
 	"stasis/internal/control/serve"
 	"stasis/internal/control/server"
@@ -40,7 +43,8 @@ const StoreEnv = "STASIS_STORE"
 // serveFlags are serve's flags.
 type serveFlags struct {
 	listen, state, storeURL, tasksSpec, repos, envs, upstream, keyEnv string
-	modelName                                                         string
+	modelName, node, nodeAddr                                         string
+	nodeLease                                                         time.Duration
 	concurrency                                                       int
 	logFormat, logLevel                                               string
 	provider, guestBinary, guestMemory, clockPolicy, gwListen, gwURL  string
@@ -78,6 +82,9 @@ func (sf *serveFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&sf.guestBinary, "guest-binary", "", "microvm: the static stasis binary for the guest image (default: this binary, which must be static)")
 	f.StringVar(&sf.clockPolicy, "clock-policy", "continuous", "microvm: a guest's wall clock after a resume in place: continuous (pause wall + uptime since) or host")
 	f.StringVar(&sf.state, "state", "", "state directory: store.db, gateway/ and local/ (made if missing)")
+	f.StringVar(&sf.node, "node", "", "this server's name among several sharing one --store (PostgreSQL): it joins the cluster with a lease renewed as its heartbeat, drives its own episodes, and takes its share of every checkpoint any node begins")
+	f.StringVar(&sf.nodeAddr, "node-addr", "", "with --node: this server's API as the other nodes and trainers reach it, e.g. http://10.0.0.5:8080 (default: the --listen address)")
+	f.DurationVar(&sf.nodeLease, "node-lease", cluster.DefaultLease, "with --node: how long the node's lease lasts without a heartbeat; a node silent for longer fails the checkpoints it was preparing and may write nothing more")
 	f.StringVar(&sf.storeURL, "store", "", "where the checkpoint records, the episodes and the ledgers are kept: a postgres://USER@HOST:PORT/DATABASE URL (password in the URL or PGPASSWORD) for a database that several servers share (default: $"+StoreEnv+", else SQLite and files in --state)")
 	f.StringVar(&sf.tasksSpec, "tasks", "builtin", "the tasks episodes may name: builtin, a task directory, or SWE-bench JSONL with --repos")
 	f.StringVar(&sf.repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench --tasks file refers to")
@@ -106,6 +113,9 @@ func (sf *serveFlags) run(cmd *cobra.Command) error {
 		return &exitError{Code: 1, Err: fmt.Errorf("--listen: %w", err)}
 	}
 	sf.access.Logger = log
+	if o.Node != "" && o.NodeAddr == "" {
+		o.NodeAddr = shownURL(shown, sf.access.TLSCert != "")
+	}
 	if o.Access, err = server.NewAccess(ln.Addr(), sf.access); err != nil {
 		_ = ln.Close()
 		return &exitError{Code: 2, Err: err}
@@ -126,6 +136,17 @@ func (sf *serveFlags) run(cmd *cobra.Command) error {
 		return &exitError{Code: 1, Err: err}
 	}
 	return nil
+}
+
+// shownURL is the URL of the API served at shown (host:port or unix:PATH).
+func shownURL(shown string, tls bool) string {
+	if strings.HasPrefix(shown, "unix:") {
+		return shown
+	}
+	if tls {
+		return "https://" + shown
+	}
+	return "http://" + shown
 }
 
 // options checks the flags, loads the tasks and makes the server's
@@ -183,7 +204,7 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 	}
 	return log, server.Options{Config: system.Config{
 		GuestMemMiB: guestMiB, Stragglers: sf.stragglers, Limits: lim, Image: sf.imageRef, PullImages: sf.pullImages,
-		State: sf.state, Store: sf.storeURL, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
+		State: sf.state, Store: sf.storeURL, Node: sf.node, NodeAddr: sf.nodeAddr, NodeLease: sf.nodeLease, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
 		Concurrency: sf.concurrency, Logger: log, BinaryEnv: selfEnv(),
 		Provider: sf.provider, GuestBinary: sf.guestBinary, ClockPolicy: sf.clockPolicy,
 		GatewayListen: sf.gwListen, GatewayURL: sf.gwURL, Envs: lo.Envs,

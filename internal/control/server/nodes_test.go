@@ -1,0 +1,85 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"stasis/internal/control/server"
+	"stasis/internal/pgtest"
+	"stasis/internal/storage/store"
+)
+
+// Two `stasis serve --node` processes on one PostgreSQL store, an episode
+// started on each: a checkpoint asked of node a takes both nodes'
+// episodes, each node its own share. Node b is then killed with SIGKILL;
+// the next checkpoint asked of a fails once b's lease has run out, naming
+// b, and the first stays the latest. Started again on its state, b
+// re-attaches its episode (a new epoch of its name), and both episodes
+// finish with reward 1.
+func TestServeNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	stateA, stateB := t.TempDir(), t.TempDir()
+	cleanState(t, stateA)
+	cleanState(t, stateB)
+	args := func(name string) []string {
+		return []string{"--store", dsn, "--node", name, "--node-lease", "2s"}
+	}
+	a := startServe(t, stateA, args("a")...)
+	b := startServe(t, stateB, args("b")...)
+	for _, n := range []struct {
+		p  *serveProc
+		ep string
+	}{{a, "ep-a"}, {b, "ep-b"}} {
+		n.p.api().call("POST", "/v1/episodes", map[string]any{"id": n.ep, "task": "sh-renext-spaces", "harness": "mini"}, http.StatusCreated, nil)
+	}
+	var ck server.CheckpointResponse
+	a.api().call("POST", "/v1/checkpoints", map[string]any{"id": "ck-1"}, http.StatusCreated, &ck)
+	if len(ck.Shares) != 2 || ck.Shares[0].Node != "a" || ck.Shares[1].Node != "b" || len(ck.Episodes) != 1 || ck.Episodes[0].Episode != "ep-a" {
+		t.Fatalf("checkpoint over two nodes: %+v", ck)
+	}
+	for _, sh := range ck.Shares {
+		if sh.State != store.SharePrepared || sh.Records != 1 {
+			t.Fatalf("share: %+v", sh)
+		}
+	}
+	var got struct {
+		Checkpoint store.Checkpoint `json:"checkpoint"`
+		Records    []store.Record   `json:"records"`
+	}
+	b.api().call("GET", "/v1/checkpoints/ck-1", nil, http.StatusOK, &got)
+	if got.Checkpoint.State != store.StateCommitted || len(got.Records) != 2 {
+		t.Fatalf("ck-1 as node b serves it: %+v", got)
+	}
+
+	b.kill()
+	status, body := a.api().do("POST", "/v1/checkpoints", map[string]any{"id": "ck-2"})
+	if status != http.StatusConflict || !strings.Contains(string(body), "lease of node b ran out") {
+		t.Fatalf("a checkpoint with node b dead: %d %s", status, body)
+	}
+	a.api().call("GET", "/v1/checkpoints/ck-1", nil, http.StatusOK, &got)
+	if got.Checkpoint.State != store.StateCommitted {
+		t.Fatalf("ck-1 after the failed one: %+v", got.Checkpoint)
+	}
+
+	b = startServe(t, stateB, args("b")...)
+	for _, n := range []struct {
+		p  *serveProc
+		ep string
+	}{{a, "ep-a"}, {b, "ep-b"}} {
+		api := n.p.api()
+		api.waitExited(ctx, n.ep)
+		// Verified once, by the checkpoint if it had ended by then.
+		api.call("POST", "/v1/episodes/"+n.ep+"/verify", nil, http.StatusOK, nil)
+		if v := api.episode(n.ep); !v.LedgerOK || v.Reward == nil || *v.Reward != 1 {
+			t.Fatalf("%s at the end: %+v", n.ep, v)
+		}
+		api.call("POST", "/v1/episodes/"+n.ep+"/retire", nil, http.StatusOK, nil)
+	}
+	a.stop()
+	b.stop()
+}

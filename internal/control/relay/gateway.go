@@ -24,7 +24,6 @@ import (
 
 	"stasis/errdefs"
 	"stasis/internal/control/openapi"
-	"stasis/internal/storage/atomicfile"
 	"stasis/internal/storage/ledger"
 )
 
@@ -64,6 +63,9 @@ type GatewayConfig struct {
 	Clock Clock
 	// Ledgers keeps the episodes' ledgers (nil: files in State/ledgers).
 	Ledgers ledger.Storage
+	// Registry keeps the episodes' registrations (nil: files in
+	// State/episodes).
+	Registry Registry
 }
 
 // Gateway is the host end: it authenticates episodes by bearer token,
@@ -113,6 +115,9 @@ func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 	if cfg.Ledgers == nil {
 		cfg.Ledgers = ledger.Files(filepath.Join(cfg.State, "ledgers"))
 	}
+	if cfg.Registry == nil {
+		cfg.Registry = RegistryFiles(filepath.Join(cfg.State, "episodes"))
+	}
 	for _, d := range []string{"episodes", "ledgers"} {
 		if err := os.MkdirAll(filepath.Join(cfg.State, d), 0o700); err != nil {
 			return nil, fmt.Errorf("gateway state: %w", err)
@@ -141,9 +146,6 @@ func OpenGateway(cfg GatewayConfig) (*Gateway, error) {
 			func() float64 { f, _ := ledger.Flushes(); return float64(f) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stasis_gateway_ledger_flushed_writes_total", Help: "Ledger writes (appends and cuts, in this process) those flushes made durable."},
 			func() float64 { _, w := ledger.Flushes(); return float64(w) }))
-	if err := g.reload(); err != nil {
-		return nil, err
-	}
 	return g, nil
 }
 
@@ -162,41 +164,29 @@ func (g *Gateway) Close() error {
 // Ledgers is where the episodes' ledgers are.
 func (g *Gateway) Ledgers() ledger.Storage { return g.cfg.Ledgers }
 
-func (g *Gateway) epPath(id string) string {
-	return filepath.Join(g.cfg.State, "episodes", id+".json")
+// Registry is where the episodes' registrations are.
+func (g *Gateway) Registry() Registry { return g.cfg.Registry }
+
+// learn reads the registration of the episode whose token is tok into the
+// desk, if there is one (another process, or another node's gateway, may
+// have registered or restored it since): it runs when a token is not
+// known.
+func (g *Gateway) learn(tok string) {
+	st, ok, err := g.cfg.Registry.ByToken(tok)
+	if err != nil || !ok {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.desk.put(st)
 }
 
-// reload reads every episode file (another process may have added one);
-// it runs at start and when a token is not known.
-func (g *Gateway) reload() error {
-	ents, err := os.ReadDir(filepath.Join(g.cfg.State, "episodes"))
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok {
-			_ = g.load(id)
-		}
-	}
-	return nil
-}
-
-// load reads one episode's file into the desk; an episode without a file
-// gives an error wrapping ErrUnknownEpisode.
+// load reads one episode's registration into the desk; an episode not
+// registered gives an error wrapping ErrUnknownEpisode.
 func (g *Gateway) load(id string) error {
-	if !episodeName.MatchString(id) {
-		return fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
-	}
-	b, err := os.ReadFile(g.epPath(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
-	}
+	st, err := g.cfg.Registry.Get(id)
 	if err != nil {
 		return err
-	}
-	var st EpisodeState
-	if err := json.Unmarshal(b, &st); err != nil || st.Episode != id {
-		return fmt.Errorf("episode %q: %s is damaged (%v)", id, g.epPath(id), err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -205,7 +195,7 @@ func (g *Gateway) load(id string) error {
 }
 
 func (g *Gateway) saveLocked(st *EpisodeState) error {
-	return atomicfile.WriteJSON(g.epPath(st.Episode), st, 0o600)
+	return g.cfg.Registry.Put(*st)
 }
 
 // AddEpisode registers an episode with a fresh bearer token, attempt 0,
@@ -545,7 +535,7 @@ func (g *Gateway) Remove(id string) error {
 	if err := g.cfg.Ledgers.Remove(id); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.Remove(g.epPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := g.cfg.Registry.Remove(id); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -664,7 +654,7 @@ func (g *Gateway) request(q *http.Request) request {
 		known := g.desk.knows(tok)
 		g.mu.Unlock()
 		if !known {
-			_ = g.reload()
+			g.learn(tok)
 		}
 	}
 	return r

@@ -191,6 +191,7 @@ type System struct {
 	modelSrv *http.Server
 
 	closeLedgers func()
+	registry     relay.Registry // nil: the gateway's files
 
 	closeOnce sync.Once
 	closeErr  error
@@ -381,6 +382,9 @@ func (s *System) openStore(ctx context.Context, c Config) (err error) {
 		return err
 	}
 	s.Ledgers, s.closeLedgers = pg, pg.Close
+	if s.registry, err = relay.OpenRegistryPostgres(ctx, s.Store.(*store.Postgres).DB()); err != nil {
+		return err
+	}
 	if c.Node == "" {
 		return nil
 	}
@@ -423,7 +427,7 @@ func (s *System) openGateway(c Config) (http.Handler, error) {
 	var err error
 	if s.Gateway, err = relay.OpenGateway(relay.GatewayConfig{
 		Upstream: s.ModelURL, State: filepath.Join(s.State, "gateway"), ModelKey: c.ModelKey, Logger: s.log.With("component", "gateway"),
-		Ledgers: s.Ledgers,
+		Ledgers: s.Ledgers, Registry: s.registry,
 	}); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,9 @@
+package relay
+
+import (
+	"testing"
+
+	"stasis/internal/testsvc"
+)
+
+func TestMain(m *testing.M) { testsvc.Main(m) }

@@ -166,6 +166,7 @@ func (m *Member) Serve(coord *coordinator.Coordinator) {
 		ReconnectDelay: time.Second,
 	}
 	l.Handle(store.CheckpointNotice, handler{m})
+	l.Handle(store.RestoreNotice, restoreHandler{m})
 	m.wg.Add(2)
 	go func() {
 		defer m.wg.Done()
@@ -218,6 +219,19 @@ func (m *Member) sweep(ctx context.Context) {
 			continue
 		}
 		m.consider(ctx, c.ID)
+	}
+	rs, err := m.o.Store.PendingRestores(ctx)
+	if err != nil {
+		m.log.Warn("look for pending restores", "err", err)
+		return
+	}
+	for _, id := range rs {
+		if aborted, err := m.o.Store.AbortLapsedRestore(ctx, id); err == nil && aborted {
+			m.log.Warn("restore aborted: a node's lease ran out before its forks were ready", "restore", id)
+			m.wake(restoreKey(id))
+			continue
+		}
+		m.considerRestore(ctx, id)
 	}
 }
 

@@ -222,3 +222,84 @@ func TestNodeDiesMidPrepare(t *testing.T) {
 	finishAll(t, ctx, ws[:2], holds[:2])
 	c.Crash()
 }
+
+// crashAll deletes each world's episodes' sandboxes and takes its host
+// side down (the node leaves), then opens it again (a new epoch), unless
+// keep says not to.
+func crashAll(t *testing.T, ctx context.Context, ws []*stasistest.World, reopen func(name string) bool) {
+	t.Helper()
+	for _, w := range ws {
+		for _, id := range w.Coordinator.LiveIDs() {
+			row, err := w.Store.GetEpisode(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Provider.Delete(ctx, row.Sandbox); err != nil {
+				t.Fatal(err)
+			}
+		}
+		name := w.Member.Node().Name
+		w.Crash()
+		if reopen(name) {
+			w.Reopen()
+		}
+	}
+}
+
+// A checkpoint over three nodes, then everything crashes: a restore asked
+// of one node brings every episode back, each on the node that drove it,
+// all forks ready before any continues; the episodes finish. Then all
+// crash again and node c stays down: its episode must go to a survivor,
+// which cannot fork c's snapshot (the local provider keeps snapshots on
+// its own disk), so the restore is aborted everywhere: no fork is left on
+// any node and nothing changed.
+func TestRestoreOverNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	ws, holds := startNodes(t, ctx, dsn, nil, "a", "b", "c")
+	if _, err := ws[0].Member.Checkpoint(ctx, "ck-1", ""); err != nil {
+		t.Fatal(err)
+	}
+	crashAll(t, ctx, ws, func(string) bool { return true })
+	for _, h := range holds {
+		h.Release()
+	}
+	res, err := ws[1].Member.Restore(ctx, "ck-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Restore.State != store.RestoreGo || len(res.Shares) != 3 || len(res.Episodes) != 1 || res.Episodes[0].Episode != "ep-b" {
+		t.Fatalf("restore: %+v", res)
+	}
+	for i, sh := range res.Shares {
+		if want := fmt.Sprintf("ep-%c", 'a'+i); sh.State != store.RestoreShareDone || len(sh.Episodes) != 1 || sh.Episodes[0] != want {
+			t.Fatalf("share %d: %+v", i, sh)
+		}
+	}
+	// Every episode's next attempt runs; take a checkpoint of them, then
+	// crash again with node c gone for good.
+	if _, err := ws[2].Member.Checkpoint(ctx, "ck-2", ""); err != nil {
+		t.Fatal(err)
+	}
+	crashAll(t, ctx, ws, func(name string) bool { return name != "c" })
+	_, err = ws[0].Member.Restore(ctx, "ck-2")
+	if err == nil || !strings.Contains(err.Error(), "aborted") {
+		t.Fatalf("restore with c's snapshot out of reach: %v", err)
+	}
+	for _, w := range ws[:2] {
+		if left, err := w.Provider.List(ctx, nil); err != nil || len(left) != 0 {
+			t.Fatalf("sandboxes left on %s after the aborted restore: %+v %v", w.Member.Node().Name, left, err)
+		}
+		if ids := w.Coordinator.LiveIDs(); len(ids) != 0 {
+			t.Fatalf("live on %s after the aborted restore: %v", w.Member.Node().Name, ids)
+		}
+	}
+	// The rows are as the crash left them: lost where a node noticed,
+	// running on node c, which is down.
+	for id, want := range map[string]store.EpisodeState{"ep-a": store.EpisodeLost, "ep-b": store.EpisodeLost, "ep-c": store.EpisodeRunning} {
+		if row, err := ws[0].Store.GetEpisode(ctx, id); err != nil || row.State != want || row.Attempt != 1 {
+			t.Fatalf("%s after the aborted restore: %+v %v", id, row, err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -47,23 +48,53 @@ const (
 // A restore the server dies in is undone by the next coordinator (New)
 // when it had not decided, and rolled forward when it had.
 func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
+	return c.RestoreWith(ctx, id, RestoreOptions{})
+}
+
+// RestoreOptions adjust a restore.
+type RestoreOptions struct {
+	// Episodes, when not nil, are the only episodes of the checkpoint
+	// this restore brings back (this node's share of a restore over
+	// several nodes); the others are left as they are.
+	Episodes []string
+	// Barrier, when set, is told how this restore's forks went, once:
+	// nil when every fork is ready, or why it failed. It returns nil to
+	// go on (every node of a restore over several is ready), or why not:
+	// then every fork this restore made is deleted and nothing changes.
+	Barrier func(ctx context.Context, ready error) error
+}
+
+// RestoreWith is Restore with options.
+func (c *Coordinator) RestoreWith(ctx context.Context, id string, ro RestoreOptions) (Result, error) {
 	c.op.Lock()
 	defer c.op.Unlock()
 	start := c.clock.Now()
 	res := Result{Checkpoint: id, Phases: map[string]float64{}}
+	barrier := func(err error) error {
+		if ro.Barrier == nil {
+			return err
+		}
+		if berr := ro.Barrier(ctx, err); err == nil {
+			return berr
+		}
+		return err
+	}
 	recs, err := c.committed(ctx, id, "restores")
 	if err != nil {
-		return res, err
+		return res, barrier(err)
+	}
+	if ro.Episodes != nil {
+		recs = slices.DeleteFunc(recs, func(r store.Record) bool { return !slices.Contains(ro.Episodes, r.Episode) })
 	}
 	plan, problems := planRestore(c.restoreFacts(ctx, id, recs))
 	res.Phases["validate"] = c.since(start)
 	c.progress(Progress{Phase: "validate", Done: 1, Total: 1})
 	if len(problems) > 0 {
-		return res, problemsError(fmt.Sprintf("checkpoint %s cannot be restored; nothing was changed", id), problems)
+		return res, barrier(problemsError(fmt.Sprintf("checkpoint %s cannot be restored; nothing was changed", id), problems))
 	}
 	x := c.newOp(jRestore)
 	if err := x.note(ctx, jRestore, "", jdoc{Checkpoint: id}); err != nil {
-		return res, fmt.Errorf("checkpoint %s: restore failed, nothing changed: %w", id, err)
+		return res, barrier(fmt.Errorf("checkpoint %s: restore failed, nothing changed: %w", id, err))
 	}
 	t := c.clock.Now()
 	forks, err := c.forkAll(ctx, x, plan)
@@ -73,13 +104,15 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 	}
 	if err != nil {
 		c.undoRestore(ctx, x, forks)
-		return res, fmt.Errorf("checkpoint %s: restore failed, every fork deleted, nothing changed: %w", id, err)
+		return res, barrier(fmt.Errorf("checkpoint %s: restore failed, every fork deleted, nothing changed: %w", id, err))
 	}
 	t = c.clock.Now()
 	eps, figs, ready, err := c.readyAll(ctx, x, plan, forks)
 	if x.dead() {
 		return res, c.crashed(x)
 	}
+	// Every node's forks ready, or none goes on.
+	err = barrier(err)
 	if err == nil {
 		err = x.step(stepDecide, "")
 	}

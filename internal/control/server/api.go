@@ -22,6 +22,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/internal/control/checkpoint"
+	"stasis/internal/control/cluster"
 	"stasis/internal/control/coordinator"
 	"stasis/internal/control/episode"
 	"stasis/internal/control/image"
@@ -833,7 +834,15 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 	// Whether the checkpoint is committed and names no live episode is the
 	// coordinator's to say (Restore), before it touches anything.
 	start := time.Now()
-	res, err := s.coord.Restore(ctx, id)
+	var out RestoreResponse
+	var err error
+	if s.member != nil {
+		var cr cluster.RestoreResult
+		cr, err = s.member.Restore(ctx, id)
+		out = RestoreResponse{Result: cr.Result, Restore: &cr.Restore, Shares: cr.Shares}
+	} else {
+		out.Result, err = s.coord.Restore(ctx, id)
+	}
 	if err != nil {
 		s.m.restores.WithLabelValues("failed").Inc()
 		s.fail(w, q, err)
@@ -841,10 +850,23 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 	}
 	s.m.restores.WithLabelValues("restored").Inc()
 	s.m.restoreSeconds.Observe(time.Since(start).Seconds())
-	if res.Episodes == nil {
-		res.Episodes = []coordinator.EpisodeFigures{}
+	if out.Episodes == nil {
+		out.Episodes = []coordinator.EpisodeFigures{}
 	}
-	writeJSON(w, http.StatusOK, res)
+	if out.Phases == nil {
+		out.Phases = map[string]float64{}
+	}
+	out.Checkpoint = id
+	writeJSON(w, http.StatusOK, out)
+}
+
+// RestoreResponse is the answer to POST /v1/checkpoints/{id}/restore: the
+// coordinator's result; on a node of a cluster, this node's figures and
+// the restore over every node with each node's share.
+type RestoreResponse struct {
+	coordinator.Result
+	Restore *store.Restore       `json:"restore,omitempty"`
+	Shares  []store.RestoreShare `json:"shares,omitempty"`
 }
 
 // BranchRequest is the body of POST /v1/checkpoints/{id}/branch.

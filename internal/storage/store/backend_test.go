@@ -63,6 +63,7 @@ var undo = map[int][]string{
 	5: {`DROP TABLE journal`},
 	6: {`DROP TABLE nodes`},
 	7: {`DROP TABLE checkpoint_shares`, `ALTER TABLE checkpoints DROP COLUMN node`},
+	8: {`DROP TABLE restore_shares`, `DROP TABLE restores`},
 }
 
 // rollBack takes s's schema back to version, as an older stasis left it.

@@ -146,6 +146,26 @@ var migrations = [][]string{
 			PRIMARY KEY (checkpoint_id, node)
 		)`,
 	},
+	{ // 8: restores over several nodes: the restore, and each node's share
+		// (the episodes it brings back, and how far it is).
+		`CREATE TABLE restores (
+			id            TEXT NOT NULL PRIMARY KEY,
+			checkpoint_id TEXT NOT NULL,
+			node          TEXT NOT NULL,
+			state         TEXT NOT NULL,
+			error         TEXT NOT NULL,
+			created_ns    BIGINT NOT NULL
+		)`,
+		`CREATE TABLE restore_shares (
+			restore_id TEXT NOT NULL REFERENCES restores (id),
+			node       TEXT NOT NULL,
+			epoch      BIGINT NOT NULL,
+			episodes   TEXT NOT NULL,
+			state      TEXT NOT NULL,
+			error      TEXT NOT NULL,
+			PRIMARY KEY (restore_id, node)
+		)`,
+	},
 }
 
 // sqlStore is the Store over database/sql, for any dialect.

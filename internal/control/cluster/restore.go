@@ -1,0 +1,262 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"stasis/errdefs"
+	"stasis/internal/control/coordinator"
+	"stasis/internal/storage/store"
+)
+
+// A restore over the cluster places each episode of the checkpoint on a
+// live node (the node that drove it, if it is live; otherwise the live
+// nodes in turn), begins the restore with one share per node that gets
+// episodes, and every such node forks and makes ready its own. Only when
+// every node's forks are ready does any episode continue; a failure on
+// any node, or a node whose lease runs out before it is ready, aborts the
+// restore, and every node deletes its forks. An episode lands on another
+// node only if that node can fork its snapshot: a hosted provider's
+// sandboxes, or snapshots kept in a store every node reads.
+
+// restoreKey is the waiters' key of restore id.
+func restoreKey(id string) string { return "restore:" + id }
+
+// restoreHandler takes the notifications of restores.
+type restoreHandler struct{ m *Member }
+
+func (h restoreHandler) HandleNotification(ctx context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.m.wake(restoreKey(n.Payload))
+	h.m.considerRestore(ctx, n.Payload)
+	return nil
+}
+
+func (h restoreHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
+	h.m.sweep(ctx)
+	return nil
+}
+
+// considerRestore starts this node's share of restore id if it has one
+// pending and it is not running yet.
+func (m *Member) considerRestore(ctx context.Context, id string) {
+	r, shares, err := m.o.Store.GetRestore(ctx, id)
+	if err != nil || r.State != store.RestorePending {
+		return
+	}
+	i := slices.IndexFunc(shares, func(s store.RestoreShare) bool { return s.Node == m.node.Name && s.Epoch == m.node.Epoch })
+	if i < 0 || shares[i].State != store.SharePending {
+		return
+	}
+	key := restoreKey(id)
+	m.mu.Lock()
+	coord := m.coord
+	if coord == nil || m.running[key] != nil || m.lost != nil {
+		m.mu.Unlock()
+		return
+	}
+	sh := &share{done: make(chan struct{})}
+	m.running[key] = sh
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.wg.Done()
+		defer close(sh.done)
+		sh.res, sh.err = m.runRestoreShare(coord, r, shares[i].Episodes)
+		m.forget(key)
+	}()
+}
+
+// runRestoreShare forks and readies this node's episodes of restore r,
+// waits for every other node's, and continues them, or undoes its forks.
+func (m *Member) runRestoreShare(coord *coordinator.Coordinator, r store.Restore, episodes []string) (coordinator.Result, error) {
+	ctx := context.Background()
+	res, err := coord.RestoreWith(ctx, r.Checkpoint, coordinator.RestoreOptions{
+		Episodes: episodes,
+		Barrier: func(ctx context.Context, ready error) error {
+			why := ""
+			if ready != nil {
+				why = ready.Error()
+			}
+			st, err := m.view.ReadyRestoreShare(ctx, r.ID, m.node.Name, why)
+			if err != nil {
+				return err
+			}
+			if ready != nil {
+				return ready
+			}
+			if st == store.RestorePending {
+				st = m.awaitRestore(m.bg, r.ID)
+			}
+			if st == store.RestoreGo {
+				return nil
+			}
+			got, _, _ := m.o.Store.GetRestore(ctx, r.ID)
+			return errdefs.Errorf(errdefs.ErrConflict, "restore %s of checkpoint %s was aborted (%s): this node's forks are deleted", r.ID, r.Checkpoint, got.Error)
+		},
+	})
+	why := ""
+	if err != nil {
+		why = err.Error()
+		m.log.Warn("this node's share of a restore failed", "restore", r.ID, "err", err)
+	}
+	if derr := m.view.DoneRestoreShare(ctx, r.ID, m.node.Name, why); derr != nil {
+		m.log.Warn("record this node's share of a restore as done", "restore", r.ID, "err", derr)
+	}
+	return res, err
+}
+
+// awaitRestore waits until restore id goes or is aborted (aborting it once
+// a node not yet ready has lost its lease), and returns its state.
+func (m *Member) awaitRestore(ctx context.Context, id string) store.RestoreState {
+	key := restoreKey(id)
+	for {
+		woken := m.next(key)
+		r, _, err := m.o.Store.GetRestore(ctx, id)
+		if err == nil && r.State != store.RestorePending {
+			return r.State
+		}
+		if aborted, err := m.o.Store.AbortLapsedRestore(ctx, id); err == nil && aborted {
+			return store.RestoreAborted
+		}
+		select {
+		case <-ctx.Done():
+			return store.RestorePending
+		case <-woken:
+		case <-time.After(m.o.Lease / 4):
+		}
+	}
+}
+
+// awaitShares waits until every share of restore id is done, or the
+// restore was aborted and every live node's share has ended.
+func (m *Member) awaitShares(ctx context.Context, id string) (store.Restore, []store.RestoreShare, error) {
+	key := restoreKey(id)
+	for {
+		woken := m.next(key)
+		r, shares, err := m.o.Store.GetRestore(ctx, id)
+		if err != nil {
+			return r, shares, err
+		}
+		if r.State == store.RestorePending {
+			if aborted, err := m.o.Store.AbortLapsedRestore(ctx, id); err == nil && aborted {
+				continue
+			}
+		}
+		over := r.State != store.RestorePending
+		for _, sh := range shares {
+			if sh.Live && sh.State != store.RestoreShareDone {
+				over = false
+			}
+		}
+		if over {
+			return r, shares, nil
+		}
+		select {
+		case <-ctx.Done():
+			return r, shares, ctx.Err()
+		case <-woken:
+		case <-time.After(m.o.Lease / 4):
+		}
+	}
+}
+
+// RestoreResult is a restore over the cluster: this node's figures and
+// every node's share.
+type RestoreResult struct {
+	coordinator.Result
+	Restore store.Restore        `json:"restore"`
+	Shares  []store.RestoreShare `json:"shares"`
+}
+
+// Restore brings back every episode of committed checkpoint id over the
+// live nodes, all or nothing, and waits until every node is done.
+func (m *Member) Restore(ctx context.Context, id string) (RestoreResult, error) {
+	var out RestoreResult
+	if err := m.Lost(); err != nil {
+		return out, errdefs.Errorf(errdefs.ErrConflict, "%v", err)
+	}
+	c, recs, err := m.o.Store.Get(ctx, id)
+	if err != nil {
+		return out, err
+	}
+	if c.State != store.StateCommitted {
+		return out, errdefs.Errorf(errdefs.ErrConflict, "checkpoint %s is %s: only a committed checkpoint restores", id, c.State)
+	}
+	all, err := m.o.Store.Nodes(ctx)
+	if err != nil {
+		return out, err
+	}
+	var live []store.Node
+	liveName := map[string]bool{}
+	for _, n := range all {
+		if n.Live {
+			live = append(live, n)
+			liveName[n.Name] = true
+		}
+	}
+	if len(live) == 0 {
+		return out, errdefs.Errorf(errdefs.ErrConflict, "no live node to restore checkpoint %s on", id)
+	}
+	plan := map[string][]string{}
+	turn := 0
+	for _, r := range recs {
+		owner := ""
+		if row, err := m.o.Store.GetEpisode(ctx, r.Episode); err == nil && liveName[row.Node] {
+			owner = row.Node
+		}
+		if owner == "" { // its node is gone: the live nodes in turn
+			owner = live[turn%len(live)].Name
+			turn++
+		}
+		plan[owner] = append(plan[owner], r.Episode)
+	}
+	rid := "restore-" + id + "-" + randomHex(4)
+	if err := m.view.BeginRestore(ctx, rid, id, plan, live); err != nil {
+		return out, err
+	}
+	m.considerRestore(ctx, rid)
+	r, shares, err := m.awaitShares(ctx, rid)
+	out.Restore, out.Shares = r, shares
+	out.Checkpoint = id
+	m.mu.Lock()
+	own := m.running[restoreKey(rid)]
+	m.mu.Unlock()
+	if own != nil {
+		select {
+		case <-own.done:
+			out.Result = own.res
+			out.Checkpoint = id
+		case <-ctx.Done():
+		}
+	}
+	if err != nil {
+		return out, err
+	}
+	if r.State != store.RestoreGo {
+		return out, errdefs.Errorf(errdefs.ErrConflict, "checkpoint %s: restore %s aborted, every fork deleted, nothing changed: %s", id, rid, r.Error)
+	}
+	var failed []error
+	for _, sh := range shares {
+		if sh.Error != "" {
+			failed = append(failed, fmt.Errorf("node %s: %s", sh.Node, sh.Error))
+		}
+	}
+	if len(failed) > 0 {
+		return out, fmt.Errorf("checkpoint %s: restored, but not every episode could be continued: %w", id, errors.Join(failed...))
+	}
+	return out, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,9 +61,9 @@ type S3 struct {
 
 	view    *packSet // packs and keys; its dir and mtime are unused
 	listMu  sync.Mutex
-	listed  time.Time   // when the last listing began (local clock)
+	listed  time.Time  // when the last listing began (local clock)
 	orphans []s3Orphan // leftovers the last listing saw
-	delMu   sync.Mutex  // serialises this node's deletes
+	delMu   sync.Mutex // serialises this node's deletes
 }
 
 var (
@@ -162,33 +163,49 @@ func (s *S3) checkBucket(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.connectTimeout)
 	defer cancel()
 	ok, err := s.client.BucketExists(ctx, s.loc.bucket)
-	if err == nil && !ok {
-		return fmt.Errorf("s3 store %s: bucket %q does not exist at %s: create it first (for instance: aws s3 mb s3://%s, with the same endpoint and credentials); stasis does not create buckets", s.loc, s.loc.bucket, s.endpointURL(), s.loc.bucket)
+	code := minio.ToErrorResponse(err).Code
+	if (err == nil && !ok) || code == "AccessDenied" {
+		// A HEAD answer has no body to say why: a listing's has. (Some
+		// servers answer a HEAD with an unknown key as if the bucket
+		// were missing.)
+		err = nil
+		lctx, lcancel := context.WithCancel(ctx)
+		for o := range s.client.ListObjects(lctx, s.loc.bucket, minio.ListObjectsOptions{Prefix: s.loc.prefix, MaxKeys: 1}) {
+			err = o.Err
+			break
+		}
+		lcancel()
+		code = minio.ToErrorResponse(err).Code
+		if err == nil {
+			return nil // it can be listed: it is there
+		}
+		if code == "NoSuchBucket" {
+			return fmt.Errorf("s3 store %s: bucket %q does not exist at %s: create it first (for instance: aws s3 mb s3://%s, with the same endpoint and credentials); stasis does not create buckets", s.loc, s.loc.bucket, s.endpointURL(), s.loc.bucket)
+		}
 	}
 	if err == nil {
 		return nil
 	}
-	code := minio.ToErrorResponse(err).Code
-	if code == "AccessDenied" {
-		// A HEAD answer has no body: a listing says why.
-		lctx, lcancel := context.WithCancel(ctx)
-		for o := range s.client.ListObjects(lctx, s.loc.bucket, minio.ListObjectsOptions{Prefix: s.loc.prefix, MaxKeys: 1}) {
-			if o.Err != nil {
-				err = o.Err
-				code = minio.ToErrorResponse(err).Code
-			}
-			break
-		}
-		lcancel()
-	}
-	switch code {
-	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "AuthorizationHeaderMalformed":
+	if credentialsRefused(err) {
 		return fmt.Errorf("s3 store %s: %s refused the credentials for bucket %q (%s): %w; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials), or the S3Options fields, to a key allowed to read, write and delete in the bucket", s.loc, s.endpointURL(), s.loc.bucket, code, err)
 	}
 	if ctx.Err() != nil || minio.ToErrorResponse(err).StatusCode == 0 {
 		return fmt.Errorf("s3 store %s: cannot reach the S3 endpoint %s within %s: %w; check the endpoint (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3Options.Endpoint; http:// for a server without TLS) and the network", s.loc, s.endpointURL(), s.cfg.connectTimeout, err)
 	}
 	return fmt.Errorf("s3 store %s: checking bucket %q at %s: %w", s.loc, s.loc.bucket, s.endpointURL(), err)
+}
+
+// credentialsRefused reports whether err is the server's refusal of the
+// credentials: a 403, or an error code about the key, its signature or
+// its token (servers differ: versitygw says XAdminUserNotFound, with a
+// 404, for a key it does not know).
+func credentialsRefused(err error) bool {
+	r := minio.ToErrorResponse(err)
+	switch r.Code {
+	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "AuthorizationHeaderMalformed", "InvalidClientTokenId":
+		return true
+	}
+	return r.StatusCode == 403 || strings.Contains(r.Code, "UserNotFound") || strings.Contains(r.Code, "AccessKey")
 }
 
 func (s *S3) endpointURL() string {

@@ -23,8 +23,10 @@ type Proxy struct {
 	// URL is the proxy's endpoint, http://127.0.0.1:PORT.
 	URL string
 
-	srv *httptest.Server
-	tr  *http.Transport
+	srv     *httptest.Server
+	tr      *http.Transport
+	closing chan struct{} // closed by Close: delayed requests end
+	once    sync.Once
 
 	mu     sync.Mutex
 	faults []*Fault
@@ -69,7 +71,7 @@ func (s *Server) Proxy(t testing.TB) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{tr: &http.Transport{MaxIdleConnsPerHost: 64}}
+	p := &Proxy{tr: &http.Transport{MaxIdleConnsPerHost: 64}, closing: make(chan struct{})}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(target)
@@ -86,11 +88,15 @@ func (s *Server) Proxy(t testing.TB) *Proxy {
 	return p
 }
 
-// Close stops the proxy.
+// Close stops the proxy; requests it is delaying end with their
+// connections cut.
 func (p *Proxy) Close() {
-	p.srv.CloseClientConnections()
-	p.srv.Close()
-	p.tr.CloseIdleConnections()
+	p.once.Do(func() {
+		close(p.closing)
+		p.srv.CloseClientConnections()
+		p.srv.Close()
+		p.tr.CloseIdleConnections()
+	})
 }
 
 // Inject adds a fault; the first fault that matches a request (and has
@@ -146,6 +152,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, rp *httputil.Rever
 		case <-r.Context().Done():
 			t.Stop()
 			return
+		case <-p.closing:
+			t.Stop()
+			panic(http.ErrAbortHandler)
 		}
 	}
 	switch {

@@ -61,9 +61,10 @@ type S3 struct {
 
 	view    *packSet // packs and keys; its dir and mtime are unused
 	listMu  sync.Mutex
-	listed  time.Time  // when the last listing began (local clock)
-	orphans []s3Orphan // leftovers the last listing saw
-	delMu   sync.Mutex // serialises this node's deletes
+	listed  time.Time      // when the last listing began (local clock)
+	orphans []s3Orphan     // leftovers the last listing saw
+	delMu   sync.Mutex     // serialises this node's deletes
+	bg      sync.WaitGroup // cleanups of failed commits under way
 }
 
 var (
@@ -140,9 +141,11 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 	return s, nil
 }
 
-// Close releases the read cache and idle connections. The S3 value must
-// not be used after.
+// Close waits for the cleanups of failed commits still under way (30s at
+// most), and releases the read cache and idle connections. The S3 value
+// must not be used after.
 func (s *S3) Close() error {
+	s.bg.Wait()
 	if s.cache != nil {
 		s.cache.close()
 	}

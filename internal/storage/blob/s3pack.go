@@ -70,15 +70,32 @@ func (s *S3) publish(ctx context.Context, r io.ReaderAt, size int64, entries []p
 	return p, nil
 }
 
-// unpublish removes what a failed publish may have left of pack id.
+// unpublish removes what a failed publish may have left of pack id, within
+// s3CleanupTimeout. When the caller's context has ended (the usual reason
+// for the failure), it does so in the background, so that the caller
+// returns at once; Close waits for it.
 func (s *S3) unpublish(ctx context.Context, id string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	for _, name := range []string{indexObject(id), packObject(id)} {
-		_ = s.client.RemoveObject(ctx, s.loc.bucket, s.loc.prefix+name, minio.RemoveObjectOptions{})
+	clean := func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3CleanupTimeout)
+		defer cancel()
+		for _, name := range []string{indexObject(id), packObject(id)} {
+			_ = s.client.RemoveObject(ctx, s.loc.bucket, s.loc.prefix+name, minio.RemoveObjectOptions{})
+		}
+		_ = s.client.RemoveIncompleteUpload(ctx, s.loc.bucket, s.loc.prefix+packObject(id))
 	}
-	_ = s.client.RemoveIncompleteUpload(ctx, s.loc.bucket, s.loc.prefix+packObject(id))
+	if ctx.Err() == nil {
+		clean()
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		clean()
+	}()
 }
+
+// s3CleanupTimeout bounds the removal of what a failed commit left.
+const s3CleanupTimeout = 30 * time.Second
 
 // sortedEntries returns the entries in offset order, refusing overlaps.
 func sortedEntries(m map[rawKey]packEntry) ([]packEntry, error) {

@@ -52,8 +52,9 @@ import (
 type S3 struct {
 	cfg     s3Config
 	loc     s3Location
-	client  *minio.Client
+	client  *minio.Client // retries what fails, itself
 	core    minio.Core
+	up      minio.Core // for uploads: tries once (see upload)
 	clock   *serverClock
 	tr      *http.Transport
 	cache   *s3Cache // nil: no read cache
@@ -107,18 +108,25 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 	if cfg.custom {
 		lookup = minio.BucketLookupPath
 	}
-	s.client, err = minio.New(cfg.endpoint, &minio.Options{
+	mopts := &minio.Options{
 		Creds:        creds,
 		Secure:       cfg.secure,
 		Transport:    &clockTransport{base: s.tr, clock: s.clock},
 		Region:       cfg.region,
 		BucketLookup: lookup,
 		MaxRetries:   cfg.maxRetries,
-	})
+	}
+	if s.client, err = minio.New(cfg.endpoint, mopts); err != nil {
+		return nil, fmt.Errorf("s3 store %s: %w", s.loc, err)
+	}
+	mopts.MaxRetries = 1
+	up, err := minio.New(cfg.endpoint, mopts)
 	if err != nil {
 		return nil, fmt.Errorf("s3 store %s: %w", s.loc, err)
 	}
+	s.up = minio.Core{Client: up}
 	s.core = minio.Core{Client: s.client}
+
 	if err := s.checkBucket(ctx); err != nil {
 		s.tr.CloseIdleConnections()
 		return nil, err
@@ -287,7 +295,6 @@ func (s *S3) Get(ctx context.Context, key string) ([]byte, error) {
 	for {
 		ls := s.locs(k)
 		var first error
-		gone := false
 		for _, l := range ls {
 			b, err := s.readBlob(ctx, k, l)
 			if err == nil {
@@ -300,8 +307,7 @@ func (s *S3) Get(ctx context.Context, key string) ([]byte, error) {
 				return nil, fmt.Errorf("get blob %s: %w", key, ctx.Err())
 			}
 			if errors.Is(err, errNoObject) {
-				gone = true // removed or rewritten since this node listed
-				continue
+				continue // removed or rewritten since this node listed
 			}
 			if first == nil {
 				first = err
@@ -310,8 +316,9 @@ func (s *S3) Get(ctx context.Context, key string) ([]byte, error) {
 		if first != nil {
 			return nil, first
 		}
-		if listed || (len(ls) > 0 && !gone) {
-			// Listed since the call began: it is not stored.
+		if listed {
+			// Not found, or gone, in a listing begun since the call
+			// began: it is not stored.
 			return nil, fmt.Errorf("blob %s in %s: %w", key, s.loc, ErrNotFound)
 		}
 		if err := s.refresh(ctx, asked); err != nil {

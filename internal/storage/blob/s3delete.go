@@ -222,8 +222,7 @@ func (s *S3) listDead(ctx context.Context, id string) ([]string, error) {
 func (s *S3) putDead(ctx context.Context, id string, keys []rawKey) (string, error) {
 	name := s3DeadDir + id + "/" + newPackID() + s3DeadExt
 	b := encodeDead(keys)
-	_, err := s.client.PutObject(ctx, s.loc.bucket, s.loc.prefix+name, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true})
-	if err != nil {
+	if err := s.upload(ctx, name, bytes.NewReader(b), int64(len(b))); err != nil {
 		return "", fmt.Errorf("put dead list %s: %w", s.loc.object(name), err)
 	}
 	return name, nil

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -37,21 +38,11 @@ const s3TempPrefix = "stasis-s3-pack-"
 func (s *S3) publish(ctx context.Context, r io.ReaderAt, size int64, entries []packEntry) (*pack, error) {
 	id := newPackID()
 	idx := encodeIndex(entries)
-	_, err := s.client.PutObject(ctx, s.loc.bucket, s.loc.prefix+packObject(id), io.NewSectionReader(r, 0, size), size, minio.PutObjectOptions{
-		ContentType: "application/octet-stream",
-		PartSize:    uint64(s.cfg.partSize),
-		NumThreads:  uint(s.cfg.concurrency),
-	})
+	err := s.upload(ctx, packObject(id), r, size)
 	if err != nil {
 		err = fmt.Errorf("upload pack %s (%d bytes): %w", s.loc.object(packObject(id)), size, err)
-	} else {
-		_, err = s.client.PutObject(ctx, s.loc.bucket, s.loc.prefix+indexObject(id), bytes.NewReader(idx), int64(len(idx)), minio.PutObjectOptions{
-			ContentType:      "application/octet-stream",
-			DisableMultipart: true,
-		})
-		if err != nil {
-			err = fmt.Errorf("upload pack index %s: %w", s.loc.object(indexObject(id)), err)
-		}
+	} else if err = s.upload(ctx, indexObject(id), bytes.NewReader(idx), int64(len(idx))); err != nil {
+		err = fmt.Errorf("upload pack index %s: %w", s.loc.object(indexObject(id)), err)
 	}
 	if err != nil {
 		s.unpublish(ctx, id)
@@ -68,6 +59,89 @@ func (s *S3) publish(ctx context.Context, r io.ReaderAt, size int64, entries []p
 	}
 	s.view.mu.Unlock()
 	return p, nil
+}
+
+// upload puts object name (under the prefix), size bytes read from r: in
+// one PUT when they are no more than the part size, else as a multipart
+// upload of part-size parts, Concurrency at once. Each request is tried
+// up to MaxRetries times, each time with a reader of its own: the client
+// library's own retries rewind the one reader they were given, which the
+// transport of a request the server answered early (with an error) may
+// still be reading.
+func (s *S3) upload(ctx context.Context, name string, r io.ReaderAt, size int64) error {
+	obj := s.loc.prefix + name
+	opts := minio.PutObjectOptions{ContentType: "application/octet-stream"}
+	if size <= s.cfg.partSize {
+		return s.retry(ctx, func() error {
+			_, err := s.up.PutObject(ctx, s.loc.bucket, obj, io.NewSectionReader(r, 0, size), size, "", "", opts)
+			return err
+		})
+	}
+	var uploadID string
+	err := s.retry(ctx, func() (err error) {
+		uploadID, err = s.up.NewMultipartUpload(ctx, s.loc.bucket, obj, opts)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	n := int((size + s.cfg.partSize - 1) / s.cfg.partSize)
+	parts := make([]minio.CompletePart, n)
+	err = forEach(ctx, n, s.cfg.concurrency, func(i int) error {
+		off := int64(i) * s.cfg.partSize
+		length := min(s.cfg.partSize, size-off)
+		return s.retry(ctx, func() error {
+			p, err := s.up.PutObjectPart(ctx, s.loc.bucket, obj, uploadID, i+1, io.NewSectionReader(r, off, length), length, minio.PutObjectPartOptions{})
+			if err != nil {
+				return fmt.Errorf("part %d of %d: %w", i+1, n, err)
+			}
+			parts[i] = minio.CompletePart{PartNumber: i + 1, ETag: p.ETag}
+			return nil
+		})
+	})
+	if err == nil {
+		err = s.retry(ctx, func() error {
+			_, err := s.up.CompleteMultipartUpload(ctx, s.loc.bucket, obj, uploadID, parts, opts)
+			return err
+		})
+	}
+	return err // on failure, the caller's unpublish aborts the upload
+}
+
+// retry calls op until it succeeds, fails for good, or has been tried
+// MaxRetries times, waiting a little longer each time (100ms, doubled, 2s
+// at most).
+func (s *S3) retry(ctx context.Context, op func() error) error {
+	wait := 100 * time.Millisecond
+	for try := 1; ; try++ {
+		err := op()
+		if err == nil || try >= s.cfg.maxRetries || !retryable(ctx, err) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// retryable reports whether a request that failed with err may succeed
+// if tried again: the connection failed, or the server failed or asked
+// to slow down.
+func retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	r := minio.ToErrorResponse(err)
+	switch r.Code {
+	case "SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling", "RequestTimeTooSkewed":
+		return true
+	}
+	return r.StatusCode == 0 || r.StatusCode >= 500 || r.StatusCode == http.StatusTooManyRequests || r.StatusCode == http.StatusRequestTimeout
 }
 
 // unpublish removes what a failed publish may have left of pack id, within

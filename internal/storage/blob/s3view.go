@@ -1,5 +1,9 @@
 package blob
 
+// An S3 node's view of the store: what a listing of the bucket under the
+// prefix finds, and the indexes and dead lists it reads, kept in a
+// packSet (the same pack and loc records as a Dir's).
+
 import (
 	"context"
 	"errors"

@@ -8,12 +8,22 @@
 // a time (BulkDeleter). A store does not hash what it is given: the key is
 // the caller's claim, and readers verify (package cas checks every blob it
 // reads).
+//
+// S3 is the implementation over an S3 bucket shared by many nodes (see
+// s3.go). It lives in this package rather than a sub-package because it
+// stores the very same packs: it writes and reads the index and dead-list
+// encodings of pack.go (encodeIndex, decodeIndex, encodeDead, decodeDead),
+// whose single definition, fuzzed once, should not be exported for it. S3
+// verifies every blob it reads against its key itself (ErrCorrupt), and
+// implements Ager, which lets a collector on one node spare the blobs
+// other nodes stored while it looked.
 package blob
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // KeyLen is the length of every key: 64 lowercase hex digits, a 32-byte
@@ -26,6 +36,10 @@ var (
 	// ErrInvalidKey is returned (wrapped) for a key that is not 64 lowercase
 	// hex digits.
 	ErrInvalidKey = errors.New("invalid blob key")
+	// ErrCorrupt is returned (wrapped) by a store that verifies what it
+	// reads (S3) for a blob whose bytes do not hash to its key. Package
+	// cas's ErrCorrupt is the same error.
+	ErrCorrupt = errors.New("corrupt blob")
 )
 
 // Store holds blobs by key. Implementations are safe for concurrent use.
@@ -93,4 +107,21 @@ type Batch interface {
 	Commit(ctx context.Context) error
 	// Abort drops whatever is staged and not committed.
 	Abort()
+}
+
+// Ager is implemented by stores that know when each blob was stored, so
+// that a collector sharing the store with writers it cannot stop (other
+// nodes on one S3 bucket) can spare what they stored while it looked, and
+// what they stored shortly before (package cas's GC grace period).
+type Ager interface {
+	// WalkStored is Walk with each blob's store time: when the newest of
+	// its copies was stored, by the store's clock, rounded up (never
+	// earlier than it was). It returns asOf, a time by the same clock such
+	// that a blob stored after it may be missing from the walk: the walk
+	// shows everything stored before asOf, and perhaps more.
+	WalkStored(ctx context.Context, fn func(key string, size int64, stored time.Time) error) (asOf time.Time, err error)
+	// DeleteStoredBefore deletes the copies of keys stored before t and
+	// leaves any stored at or after t (another node's, written since the
+	// walk), as DeleteKeys does otherwise.
+	DeleteStoredBefore(ctx context.Context, keys []string, t time.Time) error
 }

@@ -206,6 +206,10 @@ type pack struct {
 	dead    map[rawKey]bool
 	bytes   int64 // all entries' bytes
 	deadB   int64 // dead entries' bytes
+	// S3 only: when its index was stored (by the server's clock), and
+	// the names of the dead lists read into dead.
+	stored   time.Time
+	deadObjs map[string]bool
 }
 
 // loc is where a live blob is; next chains the rare other packs that hold

@@ -60,8 +60,9 @@ import (
 )
 
 // ErrCorrupt is wrapped by every error about a chunk or a manifest whose
-// bytes do not match its key or its recorded length.
-var ErrCorrupt = errors.New("corrupt blob")
+// bytes do not match its key or its recorded length. It is blob.ErrCorrupt,
+// so that a blob store's own refusal of a damaged blob reads the same.
+var ErrCorrupt = blob.ErrCorrupt
 
 // polynomial is the chunker's Rabin polynomial: irreducible, of degree 53,
 // derived with chunker.DerivePolynomial from the blake3 XOF of

@@ -3,6 +3,7 @@ package cas
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"stasis/internal/storage/blob"
 )
@@ -27,12 +28,45 @@ func (s *Store) Chunks(ctx context.Context, id string) ([]string, error) {
 	return keys, nil
 }
 
-// GC deletes every blob that no snapshot in live references, manifests of
-// other snapshots included, and returns how many blobs and bytes it freed.
-// Every live snapshot is read and checked first: if one cannot be, nothing
-// is deleted. The caller guarantees that no Snapshot runs meanwhile (its
-// new chunks are referenced by no manifest yet).
+// GC deletes every blob that no snapshot in live references, as GCWith
+// does with no grace period.
 func (s *Store) GC(ctx context.Context, live []string) (freedBlobs int, freedBytes int64, err error) {
+	return s.GCWith(ctx, live, GCOptions{})
+}
+
+// GCOptions tunes GCWith.
+type GCOptions struct {
+	// Grace spares every blob stored less than Grace before the walk of
+	// the store began, referenced or not: the chunks of snapshots being
+	// made elsewhere (on other nodes sharing an S3 bucket), which no live
+	// manifest references yet. It needs a store that records when it
+	// stored each blob (blob.Ager). Make it longer than the longest
+	// snapshot, plus the clock skew between the nodes and the store; see
+	// also blob.S3Options.ReuseWithin, for the blobs such a snapshot
+	// reuses rather than stores.
+	Grace time.Duration
+}
+
+// GCWith deletes every blob that no snapshot in live references,
+// manifests of other snapshots included, and returns how many blobs and
+// bytes it freed. Every live snapshot is read and checked first: if one
+// cannot be, nothing is deleted.
+//
+// On a store that knows when it stored each blob (blob.Ager, as S3 is), a
+// blob stored after the walk of the store began, or less than o.Grace
+// before, is never deleted, whether referenced or not, nor is a copy of
+// an old blob stored again since then (a copy's store time is its own).
+// Otherwise (Dir) o.Grace must be 0, and the caller guarantees that no
+// Snapshot runs meanwhile (its new chunks are referenced by no manifest
+// yet).
+func (s *Store) GCWith(ctx context.Context, live []string, o GCOptions) (freedBlobs int, freedBytes int64, err error) {
+	if o.Grace < 0 {
+		return 0, 0, fmt.Errorf("gc: a negative grace period (%s); nothing was deleted", o.Grace)
+	}
+	ager, aged := s.blobs.(blob.Ager)
+	if o.Grace > 0 && !aged {
+		return 0, 0, fmt.Errorf("gc: a grace period needs a blob store that records when it stored each blob (blob.Ager), and %T does not; give 0, with no snapshot running; nothing was deleted", s.blobs)
+	}
 	keep := map[string]bool{}
 	for _, id := range live {
 		keys, err := s.Chunks(ctx, id)
@@ -44,13 +78,34 @@ func (s *Store) GC(ctx context.Context, live []string) (freedBlobs int, freedByt
 		}
 	}
 	type doomed struct {
-		key  string
-		size int64
+		key    string
+		size   int64
+		stored time.Time
 	}
 	var del []doomed
-	if err := s.blobs.Walk(ctx, func(key string, size int64) error {
+	var cutoff time.Time
+	if aged {
+		asOf, err := ager.WalkStored(ctx, func(key string, size int64, stored time.Time) error {
+			if !keep[key] {
+				del = append(del, doomed{key, size, stored})
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, 0, fmt.Errorf("gc: %w; nothing was deleted", err)
+		}
+		cutoff = asOf.Add(-o.Grace)
+		n := 0
+		for _, d := range del {
+			if d.stored.Before(cutoff) {
+				del[n] = d
+				n++
+			}
+		}
+		del = del[:n]
+	} else if err := s.blobs.Walk(ctx, func(key string, size int64) error {
 		if !keep[key] {
-			del = append(del, doomed{key, size})
+			del = append(del, doomed{key: key, size: size})
 		}
 		return nil
 	}); err != nil {
@@ -59,13 +114,18 @@ func (s *Store) GC(ctx context.Context, live []string) (freedBlobs int, freedByt
 	s.mu.Lock()
 	clear(s.complete) // what this Store knew to be stored may go now
 	s.mu.Unlock()
-	if bd, ok := s.blobs.(blob.BulkDeleter); ok {
+	if aged || isBulk(s.blobs) {
 		keys := make([]string, len(del))
 		for i, d := range del {
 			keys[i] = d.key
 			freedBytes += d.size
 		}
-		if err := bd.DeleteKeys(ctx, keys); err != nil {
+		if aged {
+			err = ager.DeleteStoredBefore(ctx, keys, cutoff)
+		} else {
+			err = s.blobs.(blob.BulkDeleter).DeleteKeys(ctx, keys)
+		}
+		if err != nil {
 			return 0, 0, fmt.Errorf("gc: %w", err)
 		}
 		return len(del), freedBytes, nil
@@ -78,4 +138,9 @@ func (s *Store) GC(ctx context.Context, live []string) (freedBlobs int, freedByt
 		freedBytes += d.size
 	}
 	return freedBlobs, freedBytes, nil
+}
+
+func isBulk(b blob.Store) bool {
+	_, ok := b.(blob.BulkDeleter)
+	return ok
 }

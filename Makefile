@@ -14,11 +14,16 @@ CACHE       ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/stasis
 STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CACHE)/go/staticcheck-$(STATICCHECK_VERSION)
 STATICCHECK := $(TOOLS)/staticcheck
+## Versity Gateway, the S3 server the blob store's tests run against
+## (internal/s3test), built with go install into the cache.
+VERSITYGW_VERSION := v1.8.0
+VERSITYGW_DIR     := $(CACHE)/go/versitygw-$(VERSITYGW_VERSION)
+VERSITYGW         := $(VERSITYGW_DIR)/versitygw
 VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/internal/insandbox/sandboxcli.version=$(VERSION)
-export PATH := $(TOOLS):$(PATH)
+export PATH := $(TOOLS):$(VERSITYGW_DIR):$(PATH)
 
-.PHONY: all build demo test deps deps-python deps-test npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean
+.PHONY: all build demo test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean
 
 all: build
 
@@ -195,7 +200,16 @@ deps-image: build
 	fi
 	@if [ "$$(readlink $(IMAGE_LINK))" != "$(IMAGE_DIR)" ]; then mkdir -p $(dir $(IMAGE_LINK)) && rm -rf $(IMAGE_LINK) && ln -s $(IMAGE_DIR) $(IMAGE_LINK); fi
 
-deps-test: deps deps-python $(STATICCHECK) deps-opencode deps-clients deps-microvm deps-image
+## deps-s3: Versity Gateway (an S3 server, posix backend) for the S3 blob
+## store's tests; building it takes minutes the first time.
+deps-s3: $(VERSITYGW)
+
+$(VERSITYGW):
+	@echo "building Versity Gateway $(VERSITYGW_VERSION) into $(VERSITYGW_DIR) (minutes, once)"
+	@mkdir -p $(VERSITYGW_DIR)
+	GOBIN=$(VERSITYGW_DIR) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+
+deps-test: deps deps-python $(STATICCHECK) deps-opencode deps-clients deps-microvm deps-image deps-s3
 
 ## build: bin/stasis, the host's command line, and bin/stasis-sandbox, the lean
 ## build placed in every sandbox (supervisor, relay, ctl, mini, guest agent;
@@ -243,6 +257,8 @@ fuzz: deps
 	$(GO) test ./internal/storage/cas -run '^$$' -fuzz FuzzChunkVerify -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzDecodeIndex -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzDecodeDead -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzParseS3URL -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzParseS3Name -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzCanon -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzScan -fuzztime $(FUZZTIME)

@@ -45,6 +45,11 @@ type Config struct {
 	Limits Limits
 	// MemMiB is each guest's memory (microvm; 0: its default).
 	MemMiB int
+	// Blobs, when set, is an S3 URL (s3://BUCKET/PREFIX) where the
+	// provider keeps its snapshots, blobs and records, so that the
+	// providers of several nodes on that store fork each other's
+	// snapshots (local); unset, they stay in Home.
+	Blobs string
 }
 
 // Driver is one kind of provider as the registry knows it.

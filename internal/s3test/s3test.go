@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"stasis/internal/testsvc"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,7 +61,7 @@ type Server struct {
 
 	tmp  string
 	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
+	done <-chan struct{} // closed when the process has exited
 	log  *lockedBuffer
 }
 
@@ -148,7 +149,7 @@ func startOnce(bin string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("s3test: %w", err)
 	}
-	s := &Server{tmp: tmp, Root: filepath.Join(tmp, "root"), done: make(chan struct{}), log: &lockedBuffer{}}
+	s := &Server{tmp: tmp, Root: filepath.Join(tmp, "root"), log: &lockedBuffer{}}
 	fail := func(err error) (*Server, error) {
 		os.RemoveAll(tmp)
 		return nil, err
@@ -179,12 +180,14 @@ func startOnce(bin string) (*Server, error) {
 	// line, where ps shows it).
 	s.cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+AccessKey, "ROOT_SECRET_KEY="+SecretKey)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	// A test binary that dies takes the server along.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
-		return fail(fmt.Errorf("s3test: start %s: %w", bin, err))
+	// A shared service of the test process (testsvc): a test binary that
+	// dies takes the server along (parent-death signal), and the checks
+	// that a test left no process behind look past it.
+	svc, err := testsvc.Start("versitygw", s.cmd, "", syscall.SIGTERM)
+	if err != nil {
+		return fail(fmt.Errorf("s3test: %w", err))
 	}
-	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	s.done = svc.Done()
 	if err := s.waitReady(); err != nil {
 		s.Stop()
 		return nil, err

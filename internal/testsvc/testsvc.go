@@ -58,6 +58,9 @@ func Start(name string, cmd *exec.Cmd, dir string, stopSignal syscall.Signal) (*
 	return s, nil
 }
 
+// Done is closed when the service's process has exited.
+func (s *Service) Done() <-chan struct{} { return s.done }
+
 // Pid is the service's process id.
 func (s *Service) Pid() int { return s.cmd.Process.Pid }
 

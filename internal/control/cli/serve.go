@@ -40,10 +40,14 @@ func selfEnv() map[string]string {
 // --store is not given.
 const StoreEnv = "STASIS_STORE"
 
+// BlobsEnv is the environment variable that names the shared blob store
+// when --blobs is not given.
+const BlobsEnv = "STASIS_BLOBS"
+
 // serveFlags are serve's flags.
 type serveFlags struct {
 	listen, state, storeURL, tasksSpec, repos, envs, upstream, keyEnv string
-	modelName, node, nodeAddr                                         string
+	modelName, node, nodeAddr, blobs                                  string
 	nodeLease                                                         time.Duration
 	concurrency                                                       int
 	logFormat, logLevel                                               string
@@ -85,6 +89,7 @@ func (sf *serveFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&sf.node, "node", "", "this server's name among several sharing one --store (PostgreSQL): it joins the cluster with a lease renewed as its heartbeat, drives its own episodes, and takes its share of every checkpoint any node begins")
 	f.StringVar(&sf.nodeAddr, "node-addr", "", "with --node: this server's API as the other nodes and trainers reach it, e.g. http://10.0.0.5:8080 (default: the --listen address)")
 	f.DurationVar(&sf.nodeLease, "node-lease", cluster.DefaultLease, "with --node: how long the node's lease lasts without a heartbeat; a node silent for longer fails the checkpoints it was preparing and may write nothing more")
+	f.StringVar(&sf.blobs, "blobs", "", "local provider: keep the snapshots in S3 at s3://BUCKET/PREFIX (endpoint and credentials from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION), so that every node of a cluster forks every node's snapshots (default: $"+BlobsEnv+", else in --state)")
 	f.StringVar(&sf.storeURL, "store", "", "where the checkpoint records, the episodes and the ledgers are kept: a postgres://USER@HOST:PORT/DATABASE URL (password in the URL or PGPASSWORD) for a database that several servers share (default: $"+StoreEnv+", else SQLite and files in --state)")
 	f.StringVar(&sf.tasksSpec, "tasks", "builtin", "the tasks episodes may name: builtin, a task directory, or SWE-bench JSONL with --repos")
 	f.StringVar(&sf.repos, "repos", "", "the directory of git clones (or bundles) a SWE-bench --tasks file refers to")
@@ -168,6 +173,9 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 	if sf.storeURL == "" {
 		sf.storeURL = os.Getenv(StoreEnv)
 	}
+	if sf.blobs == "" {
+		sf.blobs = os.Getenv(BlobsEnv)
+	}
 	lo, err := taskOptions(sf.repos, sf.envs, log)
 	if err != nil {
 		return nil, server.Options{}, &exitError{Code: 2, Err: err}
@@ -204,7 +212,7 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 	}
 	return log, server.Options{Config: system.Config{
 		GuestMemMiB: guestMiB, Stragglers: sf.stragglers, Limits: lim, Image: sf.imageRef, PullImages: sf.pullImages,
-		State: sf.state, Store: sf.storeURL, Node: sf.node, NodeAddr: sf.nodeAddr, NodeLease: sf.nodeLease, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
+		State: sf.state, Store: sf.storeURL, Blobs: sf.blobs, Node: sf.node, NodeAddr: sf.nodeAddr, NodeLease: sf.nodeLease, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
 		Concurrency: sf.concurrency, Logger: log, BinaryEnv: selfEnv(),
 		Provider: sf.provider, GuestBinary: sf.guestBinary, ClockPolicy: sf.clockPolicy,
 		GatewayListen: sf.gwListen, GatewayURL: sf.gwURL, Envs: lo.Envs,

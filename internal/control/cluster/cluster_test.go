@@ -14,6 +14,7 @@ import (
 	"stasis/internal/control/relay"
 	"stasis/internal/control/system"
 	"stasis/internal/pgtest"
+	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
 	"stasis/internal/storage/ledger"
 	"stasis/internal/storage/store"
@@ -300,6 +301,46 @@ func TestRestoreOverNodes(t *testing.T) {
 	for id, want := range map[string]store.EpisodeState{"ep-a": store.EpisodeLost, "ep-b": store.EpisodeLost, "ep-c": store.EpisodeRunning} {
 		if row, err := ws[0].Store.GetEpisode(ctx, id); err != nil || row.State != want || row.Attempt != 1 {
 			t.Fatalf("%s after the aborted restore: %+v %v", id, row, err)
+		}
+	}
+}
+
+// With the snapshots in S3 (a real S3 server), a node killed after the
+// commit loses nothing: its episode is restored onto a survivor, which
+// forks its snapshot from S3, and every episode finishes.
+func TestRestoreOntoSurvivorsFromS3(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	s3 := s3test.Start(t)
+	s3.Setenv(t)
+	blobs := "s3://" + s3.Bucket(t) + "/stasis"
+	withBlobs := func(c *system.Config) { c.Blobs = blobs }
+	ws, holds := startNodes(t, ctx, dsn, map[string]func(*system.Config){"a": withBlobs, "b": withBlobs, "c": withBlobs}, "a", "b", "c")
+	if _, err := ws[1].Member.Checkpoint(ctx, "ck-1", ""); err != nil {
+		t.Fatal(err)
+	}
+	crashAll(t, ctx, ws, func(name string) bool { return name != "c" })
+	for _, h := range holds {
+		h.Release()
+	}
+	res, err := ws[0].Member.Restore(ctx, "ck-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed := map[string]string{}
+	for _, sh := range res.Shares {
+		for _, ep := range sh.Episodes {
+			placed[ep] = sh.Node
+		}
+	}
+	if placed["ep-a"] != "a" || placed["ep-b"] != "b" || (placed["ep-c"] != "a" && placed["ep-c"] != "b") {
+		t.Fatalf("placement: %v", placed)
+	}
+	finishAll(t, ctx, ws[:2], nil)
+	for _, id := range []string{"ep-a", "ep-b", "ep-c"} {
+		if row, err := ws[0].Store.GetEpisode(ctx, id); err != nil || row.State != store.EpisodeRetired {
+			t.Fatalf("%s at the end: %+v %v", id, row, err)
 		}
 	}
 }

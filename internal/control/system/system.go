@@ -69,6 +69,10 @@ type Config struct {
 	Node      string
 	NodeAddr  string
 	NodeLease time.Duration
+	// Blobs is an S3 URL (s3://BUCKET/PREFIX) where a local provider keeps
+	// its snapshots, so that the nodes of a cluster fork each other's
+	// (sandbox.Config.Blobs); empty: in the state directory.
+	Blobs string
 	// Tasks are the tasks episodes may name (default: the built-in set).
 	Tasks []*task.Task
 	// Envs is the directory where the tasks' Python environments are built
@@ -309,6 +313,9 @@ func (c *Config) resolve() (d sandbox.Driver, err error) {
 	if c.Provider == "" {
 		c.Provider = local.Name
 	}
+	if c.Blobs != "" && c.Provider != local.Name {
+		return d, errdefs.Errorf(errdefs.ErrInvalid, "--blobs: only the local provider keeps its snapshots in S3 so far; the %s provider keeps its own", c.Provider)
+	}
 	if c.SeedDir == "" {
 		c.SeedDir = filepath.Join(c.State, "verify-seeds")
 	}
@@ -485,7 +492,7 @@ func (s *System) openProvider(ctx context.Context, c Config, d sandbox.Driver) e
 	cfg := sandbox.Config{
 		Home: filepath.Join(s.State, c.Provider), Exe: c.Exe, ExeEnv: c.ExeEnv,
 		Binary: c.Binary, GuestBinary: c.GuestBinary, SandboxBinary: c.SandboxBinary,
-		Hide: []string{s.State}, Limits: c.Limits, MemMiB: c.GuestMemMiB,
+		Hide: []string{s.State}, Limits: c.Limits, MemMiB: c.GuestMemMiB, Blobs: c.Blobs,
 	}
 	if !d.Hosted {
 		s.sockets = relay.NewSandboxSockets(s.Gateway, c.GatewayMiddleware)

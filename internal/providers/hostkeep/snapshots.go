@@ -64,10 +64,78 @@ type Snapshots[S any, PS SnapOf[S]] struct {
 	// Bases are the manifests the store keeps besides the snapshots':
 	// the sandboxes' incremental bases (Sandboxes.Manifests).
 	Bases func() ([]string, error)
+	// Shared, when set, keeps the records in a blob store that the
+	// providers of several nodes share (the one CAS is on), instead of
+	// files in Dir: any node can then fork any node's snapshot. Deleting
+	// a snapshot then collects no blobs: this node cannot know which
+	// blobs the other nodes' sandboxes still build on.
+	Shared SharedRecords
 }
 
-// Path is snapshot id's record.
+// SharedRecords are documents kept in a store several nodes read
+// (blob.S3's records).
+type SharedRecords interface {
+	PutRecord(ctx context.Context, name string, data []byte) error
+	GetRecord(ctx context.Context, name string) ([]byte, error) // fs.ErrNotExist when none
+	ListRecords(ctx context.Context, dir string) ([]string, error)
+}
+
+// Path is snapshot id's record file (without Shared).
 func (x *Snapshots[S, PS]) Path(id string) string { return filepath.Join(x.Dir, id+".json") }
+
+// sharedName is snapshot id's record in Shared.
+func (x *Snapshots[S, PS]) sharedName(id string) string {
+	return "snapshots/" + x.Provider + "/" + id + ".json"
+}
+
+// readRecord returns snapshot id's record (fs.ErrNotExist when none).
+func (x *Snapshots[S, PS]) readRecord(id string) ([]byte, error) {
+	if x.Shared != nil {
+		return x.Shared.GetRecord(context.Background(), x.sharedName(id))
+	}
+	return os.ReadFile(x.Path(id))
+}
+
+// writeRecord writes snapshot id's record.
+func (x *Snapshots[S, PS]) writeRecord(id string, s any) error {
+	if x.Shared != nil {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		return x.Shared.PutRecord(context.Background(), x.sharedName(id), b)
+	}
+	return atomicfile.WriteJSON(x.Path(id), s, 0o600)
+}
+
+// ids lists the snapshots that have records.
+func (x *Snapshots[S, PS]) ids() ([]string, error) {
+	var names []string
+	if x.Shared != nil {
+		ns, err := x.Shared.ListRecords(context.Background(), "snapshots/"+x.Provider+"/")
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range ns {
+			names = append(names, filepath.Base(n))
+		}
+	} else {
+		ents, err := os.ReadDir(x.Dir)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+	}
+	var out []string
+	for _, n := range names {
+		if id, ok := strings.CutSuffix(n, ".json"); ok && ValidID(id, x.Prefix) {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
 
 // Read reads snapshot id's record; a snapshot never made or deleted is
 // errdefs.ErrNotFound.
@@ -77,7 +145,7 @@ func (x *Snapshots[S, PS]) Read(op, id string) (S, error) {
 	if !ValidID(id, x.Prefix) {
 		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what, "not a %s snapshot id (%s and 16 hex digits)", x.Provider, x.Prefix)
 	}
-	b, err := os.ReadFile(x.Path(id))
+	b, err := x.readRecord(id)
 	if errors.Is(err, os.ErrNotExist) {
 		return s, sandbox.Errorf(errdefs.ErrNotFound, op, what, "no such snapshot")
 	}
@@ -96,16 +164,12 @@ func (x *Snapshots[S, PS]) Read(op, id string) (S, error) {
 // Find returns the snapshots (not deleted) taken of sandbox id under
 // name, oldest first.
 func (x *Snapshots[S, PS]) Find(id, name string) ([]sandbox.SnapshotInfo, error) {
-	ents, err := os.ReadDir(x.Dir)
+	ids, err := x.ids()
 	if err != nil {
 		return nil, err
 	}
 	var out []sandbox.SnapshotInfo
-	for _, e := range ents {
-		sid, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !ValidID(sid, x.Prefix) {
-			continue
-		}
+	for _, sid := range ids {
 		s, err := x.Read("find", sid)
 		if err != nil {
 			continue // deleted, or another's
@@ -122,6 +186,11 @@ func (x *Snapshots[S, PS]) Find(id, name string) ([]sandbox.SnapshotInfo, error)
 // one) and writes its record.
 func (x *Snapshots[S, PS]) Add(s PS) error {
 	b := s.snap()
+	if x.Shared != nil {
+		// 64 random bits: no two nodes hand out the same id.
+		b.ID = NewID(x.Prefix)
+		return x.writeRecord(b.ID, s)
+	}
 	for {
 		b.ID = NewID(x.Prefix)
 		f, err := os.OpenFile(x.Path(b.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -166,8 +235,11 @@ func (x *Snapshots[S, PS]) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	PS(&s).snap().Deleted = true
-	if err := atomicfile.WriteJSON(x.Path(id), s, 0o600); err != nil {
+	if err := x.writeRecord(id, s); err != nil {
 		return err
+	}
+	if x.Shared != nil {
+		return nil // see Shared
 	}
 	_, _, err = x.CollectBlobs(ctx)
 	return err
@@ -188,13 +260,15 @@ func (x *Snapshots[S, PS]) CollectBlobs(ctx context.Context) (int, int64, error)
 		return 0, 0, err
 	}
 	defer unlock()
-	ents, err := os.ReadDir(x.Dir)
+	if x.Shared != nil {
+		return 0, 0, nil // see Shared
+	}
+	ids, err := x.ids()
 	if err != nil {
 		return 0, 0, err
 	}
 	var live []string
-	for _, e := range ents {
-		id := strings.TrimSuffix(e.Name(), ".json")
+	for _, id := range ids {
 		if s, err := x.Read("gc", id); err == nil && PS(&s).snap().Manifest != "" {
 			live = append(live, PS(&s).snap().Manifest)
 		}

@@ -47,6 +47,13 @@ const Name = "local"
 type Options struct {
 	// Home is the state directory ($STASIS_HOME).
 	Home string
+	// Blobs, when set, is an S3 URL (s3://BUCKET/PREFIX, with the AWS
+	// environment variables for its endpoint and credentials) where the
+	// snapshots' blobs and records are kept instead of Home, shared by
+	// the providers of every node on it: any of them forks any snapshot.
+	// A bounded read cache stays in Home (blob-cache). Deleting a
+	// snapshot then collects no blobs (hostkeep.Snapshots.Shared).
+	Blobs string
 	// Exe is the stasis binary that runs keepers (default: this
 	// executable); ExeEnv is extra environment for it (tests run their own
 	// binary as stasis).
@@ -113,6 +120,8 @@ type Provider struct {
 	sbs   *hostkeep.Sandboxes[meta, *meta, keeperInfo]
 	snaps *hostkeep.Snapshots[snapMeta, *snapMeta]
 	hostkeep.Calls[meta, *meta, keeperInfo, snapMeta, *snapMeta]
+	// closeBlobs closes a shared blob store (Options.Blobs), or is nil.
+	closeBlobs func() error
 }
 
 // Images is the provider's image store ($STASIS_HOME/images), whose
@@ -175,8 +184,14 @@ func New(o Options) (*Provider, error) {
 			return nil, err
 		}
 	}
-	bs, err := blob.NewDir(filepath.Join(o.Home, "blobs"))
-	if err != nil {
+	var bs blob.Store
+	if o.Blobs != "" {
+		s3, err := blob.OpenS3(context.Background(), o.Blobs, blob.S3Options{CacheDir: filepath.Join(o.Home, "blob-cache")})
+		if err != nil {
+			return nil, fmt.Errorf("local provider: %w", err)
+		}
+		bs, p.snaps.Shared, p.closeBlobs = s3, s3, s3.Close
+	} else if bs, err = blob.NewDir(filepath.Join(o.Home, "blobs")); err != nil {
 		return nil, err
 	}
 	p.snaps.CAS = cas.New(bs)
@@ -526,7 +541,12 @@ func (p *Provider) ImageUsers(ctx context.Context) (sandboxes, snapshots map[str
 	return sandboxes, snapshots, nil
 }
 
-// Close is the contract's: this value holds nothing of its own (each
-// sandbox's keeper is a process of its own, and the gateway sockets are
-// the GatewayServer's), so there is nothing to release.
-func (p *Provider) Close() error { return nil }
+// Close is the contract's: it closes a shared blob store's connections;
+// nothing else is this value's own (each sandbox's keeper is a process of
+// its own, and the gateway sockets are the GatewayServer's).
+func (p *Provider) Close() error {
+	if p.closeBlobs != nil {
+		return p.closeBlobs()
+	}
+	return nil
+}

@@ -23,7 +23,7 @@ func init() {
 			p, err := New(Options{
 				Home: c.Home, Exe: c.Exe, ExeEnv: c.ExeEnv, SandboxBinary: c.SandboxBinary,
 				GatewayDir: c.GatewayDir, Gateway: c.Gateway, ReadOnlyBinds: ro,
-				Hide: c.Hide, Limits: c.Limits,
+				Hide: c.Hide, Limits: c.Limits, Blobs: c.Blobs,
 			})
 			if err != nil {
 				return nil, err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -613,5 +614,36 @@ func TestS3Leftovers(t *testing.T) {
 	}
 	if got, err := again.Get(ctx, k2); err != nil || !bytes.Equal(got, d2) {
 		t.Fatalf("Get from an intact pack: %v", err)
+	}
+}
+
+// Records are put, replaced, read back by another handle and listed;
+// bad names are refused.
+func TestS3Records(t *testing.T) {
+	ctx := context.Background()
+	a := newS3Env(t).open(t, S3Options{})
+	if _, err := a.GetRecord(ctx, "snapshots/local/snap-1.json"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a record never put: %v", err)
+	}
+	for _, doc := range []string{`{"v":1}`, `{"v":2}`} {
+		if err := a.PutRecord(ctx, "snapshots/local/snap-1.json", []byte(doc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.PutRecord(ctx, "snapshots/local/snap-2.json", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := a.GetRecord(ctx, "snapshots/local/snap-1.json")
+	if err != nil || string(b) != `{"v":2}` {
+		t.Fatalf("record: %s %v", b, err)
+	}
+	names, err := a.ListRecords(ctx, "snapshots/local/")
+	if err != nil || strings.Join(names, " ") != "snapshots/local/snap-1.json snapshots/local/snap-2.json" {
+		t.Fatalf("list: %v %v", names, err)
+	}
+	for _, bad := range []string{"", "../x", "a/../b", "/abs", "a//b", strings.Repeat("x", 200)} {
+		if err := a.PutRecord(ctx, bad, nil); err == nil {
+			t.Errorf("PutRecord(%q) was accepted", bad)
+		}
 	}
 }

@@ -33,6 +33,7 @@ type (
 	TaskSummary        = server.TaskSummary
 	CheckpointRequest  = server.CheckpointRequest
 	CheckpointResponse = server.CheckpointResponse
+	RestoreResponse    = server.RestoreResponse
 	BranchRequest      = server.BranchRequest
 	Result             = coordinator.Result
 	Checkpoint         = store.Checkpoint
@@ -272,9 +273,10 @@ func (c *Client) GetCheckpoint(ctx context.Context, id string) (Checkpoint, []Re
 	return r.Checkpoint, r.Records, err
 }
 
-// Restore restores a committed checkpoint (POST /v1/checkpoints/{id}/restore).
-func (c *Client) Restore(ctx context.Context, id string) (Result, error) {
-	var r Result
+// Restore restores a committed checkpoint (POST /v1/checkpoints/{id}/restore);
+// on a node of a cluster, over every live node.
+func (c *Client) Restore(ctx context.Context, id string) (RestoreResponse, error) {
+	var r RestoreResponse
 	return r, c.do(ctx, http.MethodPost, checkpointPath(id)+"/restore", nil, &r)
 }
 

@@ -129,7 +129,14 @@ func StartServer(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "stasis-pg-")
+	// As root the server runs as the postgres account, which must reach
+	// the directory: /tmp, whatever $TMPDIR says (a test's own temporary
+	// directory is root's alone).
+	parent := ""
+	if os.Geteuid() == 0 {
+		parent = "/tmp"
+	}
+	dir, err := os.MkdirTemp(parent, "stasis-pg-")
 	if err != nil {
 		return nil, err
 	}

@@ -46,6 +46,9 @@ func newRunCmd() *cobra.Command {
 	f.Float64Var(&rf.o.CheckpointAt, "checkpoint-at", 0.5, "take the checkpoint when about this fraction of the model calls is made")
 	f.StringVar(&rf.o.Stragglers, "stragglers", "exclude", "an episode the checkpoint cannot pause or snapshot: exclude (commit without it, named in the report) or fail (fail the checkpoint, naming it)")
 	f.BoolVar(&rf.o.Crash, "crash", false, "after the checkpoint, kill the server and every sandbox, start again and restore")
+	f.IntVar(&rf.o.Nodes, "nodes", 1, "run this many stasis serve --node processes on one shared --store and --blobs; with --crash every node is killed and all but the last come back, taking over its episodes")
+	f.StringVar(&rf.o.Store, "store", "", "with --nodes: the PostgreSQL database the nodes share, postgres://… (default: $"+StoreEnv+")")
+	f.StringVar(&rf.o.Blobs, "blobs", "", "with --nodes: the S3 bucket the nodes keep their snapshots in, s3://BUCKET/PREFIX, endpoint and credentials from the AWS environment variables (default: $"+BlobsEnv+")")
 	f.BoolVar(&rf.asJSON, "json", false, "print the report as one JSON document")
 	f.BoolVar(&rf.noProgress, "no-progress", false, "print no progress")
 	f.StringVar(&rf.o.State, "state", "", "state directory (default: a fresh one, removed at the end)")
@@ -64,6 +67,12 @@ func (rf *runFlags) run(cmd *cobra.Command, _ []string) error {
 		return &exitError{Code: 2, Err: err}
 	}
 	rf.o.Log = log
+	if rf.o.Store == "" {
+		rf.o.Store = os.Getenv(StoreEnv)
+	}
+	if rf.o.Blobs == "" {
+		rf.o.Blobs = os.Getenv(BlobsEnv)
+	}
 	errOut := cmd.ErrOrStderr()
 	if !rf.noProgress && !rf.asJSON {
 		if f, ok := errOut.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
@@ -116,6 +125,14 @@ solutions) through a real ` + "`stasis serve`" + ` child process, as a trainer d
      model calls and whether its ledger verifies; and the checkpoint and
      restore seconds and the episodes resolved.
 
+With --nodes N (and --store and --blobs, a PostgreSQL database and an S3
+bucket) it runs N stasis serve --node processes, each with its own state
+directory: the episodes are started on the nodes in turn, the checkpoint
+(asked of the first node) spans them all, and --crash kills every node
+and sandbox, starts all but the last node again, and restores the
+checkpoint over the survivors: the lost node's episodes are forked from
+its snapshots in S3 on the others.
+
 With --provider microvm every episode runs in a QEMU microVM, pauses by
 hold, and the restore resumes it in place in a fork of its VM snapshot, the
 guest's wall clock kept continuous; the report gives each clock step, and
@@ -135,11 +152,16 @@ when the run completed but some episode is not resolved or a ledger does not
 verify; 2 a usage error; 1 the run failed.`
 
 const runExample = `  stasis run --episodes 8 --harness mixed --crash
-  stasis run --episodes 4 --checkpoint-at 0.3 --json`
+  stasis run --episodes 4 --checkpoint-at 0.3 --json
+  stasis run --episodes 6 --nodes 3 --crash --store postgres://stasis@db/stasis --blobs s3://stasis-ckpt/run1`
 
 func printRunReport(out io.Writer, rep *job.Report) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EPISODE\tTASK\tHARNESS\tPROVIDER\tRESUME\tVERDICT\tREWARD\tCALLS\tLEDGER")
+	node := func(string) string { return "" }
+	if rep.Nodes > 0 {
+		node = func(s string) string { return s + "\t" }
+	}
+	fmt.Fprintln(tw, node("NODE")+"EPISODE\tTASK\tHARNESS\tPROVIDER\tRESUME\tVERDICT\tREWARD\tCALLS\tLEDGER")
 	for _, e := range rep.Episodes {
 		ledger := "verified"
 		if !e.LedgerVerified {
@@ -153,7 +175,7 @@ func printRunReport(out io.Writer, rep *job.Report) {
 		if verdict == "" {
 			verdict = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.ID, e.Task, e.Harness, e.Provider, resume, verdict, e.Reward, e.ModelCalls, ledger)
+		fmt.Fprintf(tw, node(e.Node)+"%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.ID, e.Task, e.Harness, e.Provider, resume, verdict, e.Reward, e.ModelCalls, ledger)
 	}
 	_ = tw.Flush()
 	// Why verdicts are errors (or runs failed as a whole), and test files

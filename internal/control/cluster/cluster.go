@@ -77,7 +77,19 @@ func Join(ctx context.Context, o Options) (*Member, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	// A server restarted right after it died finds its name's last
+	// lease still running: it waits for it to run out (a lease, and a
+	// little), and fails if it does not (another server renews it).
+	deadline := time.Now().Add(o.Lease + o.Lease/2)
 	n, err := o.Store.Join(ctx, o.Name, o.Addr, o.Lease)
+	for errors.Is(err, errdefs.ErrConflict) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond): // poll interval, bounded by the deadline
+		}
+		n, err = o.Store.Join(ctx, o.Name, o.Addr, o.Lease)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -92,6 +92,15 @@ type Options struct {
 	Progress Progress
 	Log      *slog.Logger
 	Timeout  time.Duration // the whole run (default 20 minutes)
+	// Nodes, above 1, runs that many `stasis serve --node` processes,
+	// each with its own state directory, on the shared Store (a
+	// postgres:// URL) and Blobs (an s3:// URL); the crash kills every
+	// node, and only all but the last come back: the restore places the
+	// lost node's episodes on the survivors.
+	Nodes        int
+	Store, Blobs string
+	// node is the node a per-node copy of the options serves as.
+	node string
 }
 
 // Progress is told what the run does; Bars draws bars on a terminal.
@@ -103,6 +112,8 @@ type Progress interface {
 
 // EpisodeReport is one episode's line of the report.
 type EpisodeReport struct {
+	// Node is the node that drove it at the end (a run over --nodes).
+	Node string `json:"node,omitempty"`
 	ID       string `json:"id"`
 	Task     string `json:"task"`
 	Harness  string `json:"harness"`
@@ -153,8 +164,10 @@ type Report struct {
 	Resolved       int `json:"resolved"`
 	ResolvedBefore int `json:"resolved_before"`
 	// Errors counts verdicts whose tests could not judge the work tree.
-	Errors  int     `json:"errors"`
-	Crashed bool    `json:"crashed"`
+	Errors  int  `json:"errors"`
+	Crashed bool `json:"crashed"`
+	// Nodes is how many `stasis serve --node` the run ran (0: one server).
+	Nodes   int     `json:"nodes,omitempty"`
 	Killed  int     `json:"sandboxes_killed,omitempty"`
 	Seconds float64 `json:"seconds"`
 	State   string  `json:"state,omitempty"`
@@ -189,6 +202,9 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	solvable, scripts, turns, err := o.solvableTasks()
 	if err != nil {
 		return nil, err
+	}
+	if o.Nodes > 1 {
+		return runNodes(ctx, o, start, solvable, scripts, turns)
 	}
 
 	// The state directory, removed at the end unless kept.
@@ -351,7 +367,7 @@ func startEpisodes(ctx context.Context, srv *server, o Options, plan []planned) 
 
 // runToCheckpoint waits until about CheckpointAt of the calls are made
 // (or every harness ended).
-func runToCheckpoint(ctx context.Context, srv *server, o Options, plan []planned, turns map[string]int) error {
+func runToCheckpoint(ctx context.Context, srv fleet, o Options, plan []planned, turns map[string]int) error {
 	expected := 0
 	for _, p := range plan {
 		expected += turns[p.task]
@@ -404,6 +420,18 @@ func takeCheckpoint(ctx context.Context, srv *server, o Options, rep *Report) (c
 	finishedAt = map[string]bool{}
 	for _, e := range ck.Episodes {
 		finishedAt[e.Episode] = e.Finished
+	}
+	if len(ck.Shares) > 0 {
+		// Over several nodes the answer's episodes are the asked node's:
+		// the records say what every node's were.
+		_, recs, err := srv.api.GetCheckpoint(ctx, ckID)
+		if err != nil {
+			return "", nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		rep.Checkpoint.Episodes = len(recs)
+		for _, r := range recs {
+			finishedAt[r.Episode] = r.Finished
+		}
 	}
 	return ckID, finishedAt, nil
 }
@@ -461,7 +489,7 @@ func crashAndRestore(ctx context.Context, srv *server, o Options, modelURL, ckID
 }
 
 // runToEnd lets every episode finish.
-func runToEnd(ctx context.Context, srv *server, o Options, n int) error {
+func runToEnd(ctx context.Context, srv fleet, o Options, n int) error {
 	o.Progress.Phase("episodes to the end", n)
 	for {
 		views, err := srv.episodes(ctx)
@@ -487,14 +515,18 @@ func runToEnd(ctx context.Context, srv *server, o Options, n int) error {
 }
 
 // verifyAll verifies every episode and reads its figures into the report.
-func verifyAll(ctx context.Context, srv *server, o Options, plan []planned, finishedAt map[string]bool, rs restored, rep *Report) error {
+func verifyAll(ctx context.Context, srv fleet, o Options, plan []planned, finishedAt map[string]bool, rs restored, rep *Report) error {
 	o.Progress.Phase("verify", len(plan))
 	for i, p := range plan {
-		vr, err := srv.api.Verify(ctx, p.id)
+		api, err := srv.apiOf(ctx, p.id)
 		if err != nil {
 			return fmt.Errorf("verify %s: %w", p.id, err)
 		}
-		v, err := srv.api.Episode(ctx, p.id)
+		vr, err := api.Verify(ctx, p.id)
+		if err != nil {
+			return fmt.Errorf("verify %s: %w", p.id, err)
+		}
+		v, err := api.Episode(ctx, p.id)
 		if err != nil {
 			return err
 		}
@@ -502,7 +534,7 @@ func verifyAll(ctx context.Context, srv *server, o Options, plan []planned, fini
 		if resume == "" {
 			resume = "none"
 		}
-		er := EpisodeReport{ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume, ResumeWhy: rs.why[p.id], ClockStep: rs.clockStep[p.id],
+		er := EpisodeReport{Node: v.Node, ID: p.id, Task: p.task, Harness: p.harness, Provider: v.Provider, Resume: resume, ResumeWhy: rs.why[p.id], ClockStep: rs.clockStep[p.id],
 			Reward: vr.Verdict.Reward, ModelCalls: int(v.ModelCalls), LedgerVerified: v.LedgerOK,
 			ResolvedAtCheckpoint: finishedAt[p.id] && vr.Verdict.Reward == 1,
 			Verdict:              vr.Verdict.Status, Reason: vr.Verdict.Reason, Environment: vr.Verdict.Environment,
@@ -611,6 +643,16 @@ func (o *Options) defaults() error {
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Nodes > 1 {
+		switch {
+		case o.Store == "" || o.Blobs == "":
+			return fmt.Errorf("--nodes %d: the nodes share a PostgreSQL store and an S3 bucket: give --store postgres://… and --blobs s3://… (or STASIS_STORE and STASIS_BLOBS)", o.Nodes)
+		case o.Provider != local.Name:
+			return fmt.Errorf("--nodes: the %s provider's snapshots are not in the shared --blobs: use --provider local", o.Provider)
+		case o.Nodes > 16:
+			return fmt.Errorf("--nodes %d: at most 16 on one machine", o.Nodes)
+		}
 	}
 	return nil
 }
@@ -786,6 +828,9 @@ func serveArgs(o Options, modelURL string) []string {
 	if o.Envs != "" {
 		args = append(args, "--envs", o.Envs)
 	}
+	if o.node != "" {
+		args = append(args, "--node", o.node, "--node-lease", nodeLease.String(), "--store", o.Store, "--blobs", o.Blobs)
+	}
 	return args
 }
 
@@ -796,6 +841,16 @@ func lastLines(b []byte, n int) string {
 	}
 	return strings.Join(ls, "\n")
 }
+
+// fleet is what the run's phases ask of its server, or of its nodes.
+type fleet interface {
+	// episodes lists every episode.
+	episodes(ctx context.Context) ([]episodeView, error)
+	// apiOf is the API that drives episode id.
+	apiOf(ctx context.Context, id string) (*client.Client, error)
+}
+
+func (s *server) apiOf(context.Context, string) (*client.Client, error) { return s.api, nil }
 
 func (s *server) episodes(ctx context.Context) ([]episodeView, error) {
 	l, err := s.api.Episodes(ctx, client.ListOptions{})

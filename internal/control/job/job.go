@@ -113,7 +113,7 @@ type Progress interface {
 // EpisodeReport is one episode's line of the report.
 type EpisodeReport struct {
 	// Node is the node that drove it at the end (a run over --nodes).
-	Node string `json:"node,omitempty"`
+	Node     string `json:"node,omitempty"`
 	ID       string `json:"id"`
 	Task     string `json:"task"`
 	Harness  string `json:"harness"`

@@ -266,7 +266,7 @@ func TestRestoreOverNodes(t *testing.T) {
 	for _, h := range holds {
 		h.Release()
 	}
-	res, err := ws[1].Member.Restore(ctx, "ck-1")
+	res, err := ws[1].Member.Restore(ctx, "ck-1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestRestoreOverNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	crashAll(t, ctx, ws, func(name string) bool { return name != "c" })
-	_, err = ws[0].Member.Restore(ctx, "ck-2")
+	_, err = ws[0].Member.Restore(ctx, "ck-2", nil)
 	if err == nil || !strings.Contains(err.Error(), "aborted") {
 		t.Fatalf("restore with c's snapshot out of reach: %v", err)
 	}
@@ -324,7 +324,7 @@ func TestRestoreOntoSurvivorsFromS3(t *testing.T) {
 	for _, h := range holds {
 		h.Release()
 	}
-	res, err := ws[0].Member.Restore(ctx, "ck-1")
+	res, err := ws[0].Member.Restore(ctx, "ck-1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -176,9 +176,11 @@ type RestoreResult struct {
 	Shares  []store.RestoreShare `json:"shares"`
 }
 
-// Restore brings back every episode of committed checkpoint id over the
-// live nodes, all or nothing, and waits until every node is done.
-func (m *Member) Restore(ctx context.Context, id string) (RestoreResult, error) {
+// Restore brings back the episodes of committed checkpoint id over the
+// live nodes, all or nothing, and waits until every node is done: those
+// named in episodes, or with none named every one but the retired ones
+// (coordinator.RestoreOptions.Episodes).
+func (m *Member) Restore(ctx context.Context, id string, episodes []string) (RestoreResult, error) {
 	var out RestoreResult
 	if err := m.Lost(); err != nil {
 		return out, errdefs.Errorf(errdefs.ErrConflict, "%v", err)
@@ -205,11 +207,25 @@ func (m *Member) Restore(ctx context.Context, id string) (RestoreResult, error) 
 	if len(live) == 0 {
 		return out, errdefs.Errorf(errdefs.ErrConflict, "no live node to restore checkpoint %s on", id)
 	}
+	for _, n := range episodes {
+		if !slices.ContainsFunc(recs, func(r store.Record) bool { return r.Episode == n }) {
+			return out, errdefs.Errorf(errdefs.ErrNotFound, "episode %s is not in checkpoint %s", n, id)
+		}
+	}
 	plan := map[string][]string{}
 	turn := 0
 	for _, r := range recs {
+		row, rerr := m.o.Store.GetEpisode(ctx, r.Episode)
+		switch {
+		case episodes != nil && !slices.Contains(episodes, r.Episode):
+			continue // not asked for
+		case episodes == nil && rerr == nil && row.State == store.EpisodeRetired:
+			out.Episodes = append(out.Episodes, coordinator.EpisodeFigures{Episode: r.Episode, Excluded: true, Resume: "none",
+				Reason: "retired since the checkpoint: left out (name it in the restore to bring it back as its next attempt)"})
+			continue
+		}
 		owner := ""
-		if row, err := m.o.Store.GetEpisode(ctx, r.Episode); err == nil && liveName[row.Node] {
+		if rerr == nil && liveName[row.Node] {
 			owner = row.Node
 		}
 		if owner == "" { // its node is gone: the live nodes in turn
@@ -232,7 +248,9 @@ func (m *Member) Restore(ctx context.Context, id string) (RestoreResult, error) 
 	if own != nil {
 		select {
 		case <-own.done:
+			left := out.Episodes
 			out.Result = own.res
+			out.Episodes = append(out.Episodes, left...)
 			out.Checkpoint = id
 		case <-ctx.Done():
 		}

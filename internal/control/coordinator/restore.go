@@ -54,8 +54,11 @@ func (c *Coordinator) Restore(ctx context.Context, id string) (Result, error) {
 // RestoreOptions adjust a restore.
 type RestoreOptions struct {
 	// Episodes, when not nil, are the only episodes of the checkpoint
-	// this restore brings back (this node's share of a restore over
-	// several nodes); the others are left as they are.
+	// this restore brings back (a scoped restore: one episode that
+	// crashed, while the others go on; or this node's share of a restore
+	// over several nodes); the others are left as they are. A name the
+	// checkpoint lacks is refused. A retired episode is brought back (as
+	// its next attempt) only when named: without names it is left out.
 	Episodes []string
 	// Barrier, when set, is told how this restore's forks went, once:
 	// nil when every fork is ready, or why it failed. It returns nil to
@@ -83,8 +86,9 @@ func (c *Coordinator) RestoreWith(ctx context.Context, id string, ro RestoreOpti
 	if err != nil {
 		return res, barrier(err)
 	}
-	if ro.Episodes != nil {
-		recs = slices.DeleteFunc(recs, func(r store.Record) bool { return !slices.Contains(ro.Episodes, r.Episode) })
+	var left []EpisodeFigures
+	if recs, left, err = c.scope(ctx, id, recs, ro.Episodes); err != nil {
+		return res, barrier(err)
 	}
 	plan, problems := planRestore(c.restoreFacts(ctx, id, recs))
 	res.Phases["validate"] = c.since(start)
@@ -143,7 +147,7 @@ func (c *Coordinator) RestoreWith(ctx context.Context, id string, ro RestoreOpti
 		return res, fmt.Errorf("checkpoint %s: restored, but the record store did not take the episodes (restart the server to finish the restore): %w", id, err)
 	}
 	c.install(eps, out)
-	res.Episodes = restoredFigures(recs, figs)
+	res.Episodes = append(restoredFigures(recs, figs), left...)
 	res.Seconds = c.since(start)
 	if len(lost) > 0 {
 		return res, fmt.Errorf("checkpoint %s: restored, but %d episodes could not be continued and are marked lost, their forks deleted (restore the checkpoint again to bring them back): %w", id, len(lost), errors.Join(lost...))
@@ -600,6 +604,31 @@ func restoredFigures(recs []store.Record, figs map[string]EpisodeFigures) []Epis
 		out = append(out, f)
 	}
 	return out
+}
+
+// scope keeps the records a restore brings back: those of the episodes
+// named (every name must be the checkpoint's), or, with no names, all but
+// the retired episodes', which it returns as left out.
+func (c *Coordinator) scope(ctx context.Context, id string, recs []store.Record, names []string) ([]store.Record, []EpisodeFigures, error) {
+	if names != nil {
+		for _, n := range names {
+			if !slices.ContainsFunc(recs, func(r store.Record) bool { return r.Episode == n }) {
+				return nil, nil, errdefs.Errorf(errdefs.ErrNotFound, "episode %s is not in checkpoint %s: name only its episodes (GET /v1/checkpoints/%s lists them)", n, id, id)
+			}
+		}
+		return slices.DeleteFunc(recs, func(r store.Record) bool { return !slices.Contains(names, r.Episode) }), nil, nil
+	}
+	var left []EpisodeFigures
+	keep := recs[:0:0]
+	for _, r := range recs {
+		if row, err := c.o.Store.GetEpisode(ctx, r.Episode); err == nil && row.State == store.EpisodeRetired {
+			left = append(left, EpisodeFigures{Episode: r.Episode, Excluded: true, Resume: "none",
+				Reason: "retired since the checkpoint: left out (name it in the restore to bring it back as its next attempt)"})
+			continue
+		}
+		keep = append(keep, r)
+	}
+	return keep, left, nil
 }
 
 // committed returns the records of checkpoint id, which must be committed

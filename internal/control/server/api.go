@@ -816,6 +816,17 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, q *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"checkpoints": cks})
 }
 
+// CheckpointProgress is how far a checkpoint is, for a trainer watching it
+// run: its nodes' shares finished (one node: the checkpoint itself) and the
+// records in (one per episode, as each is paused and snapshotted).
+type CheckpointProgress struct {
+	Nodes     int `json:"nodes"`
+	NodesDone int `json:"nodes_done"`
+	Records   int `json:"records"`
+}
+
+// getCheckpoint answers a checkpoint with its records (one per episode in
+// so far), and, on a cluster, each node's share, with the progress.
 func (s *Server) getCheckpoint(w http.ResponseWriter, q *http.Request) {
 	ck, recs, err := s.store.Get(q.Context(), q.PathValue("id"))
 	if err != nil {
@@ -825,11 +836,51 @@ func (s *Server) getCheckpoint(w http.ResponseWriter, q *http.Request) {
 	if recs == nil {
 		recs = []store.Record{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"checkpoint": ck, "records": recs})
+	out := map[string]any{"checkpoint": ck, "records": recs}
+	p := CheckpointProgress{Nodes: 1, Records: len(recs)}
+	if ck.State != store.StatePending {
+		p.NodesDone = 1
+	}
+	if pg, ok := s.store.(*store.Postgres); ok && s.member != nil {
+		shares, err := pg.Shares(q.Context(), ck.ID)
+		if err != nil {
+			s.fail(w, q, err)
+			return
+		}
+		if len(shares) > 0 {
+			out["shares"] = shares
+			p.Nodes, p.NodesDone = len(shares), 0
+			for _, sh := range shares {
+				if sh.State != store.SharePending {
+					p.NodesDone++
+				}
+			}
+		}
+	}
+	out["progress"] = p
+	writeJSON(w, http.StatusOK, out)
+}
+
+// RestoreRequest is the optional body of POST /v1/checkpoints/{id}/restore.
+type RestoreRequest struct {
+	// Episodes, when given, are the only episodes of the checkpoint to
+	// bring back (the others go on as they are); a retired one named
+	// comes back as its next attempt. Without it, every episode of the
+	// checkpoint but the retired ones.
+	Episodes []string `json:"episodes,omitempty"`
 }
 
 func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 	id := q.PathValue("id")
+	var req RestoreRequest
+	if err := decode(w, q, &req, true); err != nil {
+		s.fail(w, q, err)
+		return
+	}
+	if req.Episodes != nil && len(req.Episodes) == 0 {
+		s.fail(w, q, bad("episodes is empty: name at least one episode, or leave it out to restore every one"))
+		return
+	}
 	ctx := context.WithoutCancel(q.Context())
 	// Whether the checkpoint is committed and names no live episode is the
 	// coordinator's to say (Restore), before it touches anything.
@@ -838,10 +889,10 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 	var err error
 	if s.member != nil {
 		var cr cluster.RestoreResult
-		cr, err = s.member.Restore(ctx, id)
+		cr, err = s.member.Restore(ctx, id, req.Episodes)
 		out = RestoreResponse{Result: cr.Result, Restore: &cr.Restore, Shares: cr.Shares}
 	} else {
-		out.Result, err = s.coord.Restore(ctx, id)
+		out.Result, err = s.coord.RestoreWith(ctx, id, coordinator.RestoreOptions{Episodes: req.Episodes})
 	}
 	if err != nil {
 		s.m.restores.WithLabelValues("failed").Inc()

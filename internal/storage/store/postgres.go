@@ -29,6 +29,7 @@ var postgresDialect = dialect{
 	name:               "postgres",
 	dollarPlaceholders: true,
 	forUpdate:          " FOR UPDATE",
+	forShare:           " FOR SHARE",
 	writeIsolation:     sql.LevelSerializable,
 	retry:              retryablePostgres,
 	migrateLock:        fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, migrationLock),

@@ -61,18 +61,8 @@ func BenchmarkCheckpointShared(b *testing.B) {
 // nodes, reports their figures and returns the seconds one took.
 func benchSharedCheckpoint(b *testing.B, episodes int) float64 {
 	ctx := context.Background()
-	dsn := pgtest.DurableDSN(b)
 	count := &pgCounter{}
-	views := make([]*Postgres, benchNodes)
-	nodes := make([]Node, benchNodes)
-	for i := range benchNodes {
-		s := openCounted(b, dsn, count)
-		n, err := s.Join(ctx, fmt.Sprintf("node%d", i+1), "", 10*time.Minute)
-		if err != nil {
-			b.Fatal(err)
-		}
-		nodes[i], views[i] = n, s.AsNode(n)
-	}
+	views, nodes := joinCounted(b, pgtest.DurableDSN(b), count, benchNodes)
 	manifest := json.RawMessage(`{"step":1}`)
 	// A first checkpoint, untimed, of as many episodes as the nodes put at
 	// once: the pools open their connections and prepare their
@@ -180,22 +170,40 @@ func putAndFinish(ctx context.Context, s *Postgres, id, node string, episodes []
 	return st, time.Since(start), err
 }
 
+// joinCounted joins k nodes to the store at dsn, each with a store (a
+// pool of connections) of its own, as k processes would, whose every
+// connection count traces; it returns each node's view of its store.
+func joinCounted(t testing.TB, dsn string, count *pgCounter, k int) ([]*Postgres, []Node) {
+	t.Helper()
+	views := make([]*Postgres, k)
+	nodes := make([]Node, k)
+	for i := range k {
+		s := openCounted(t, dsn, count)
+		n, err := s.Join(context.Background(), fmt.Sprintf("node%d", i+1), "", 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i], views[i] = n, s.AsNode(n)
+	}
+	return views, nodes
+}
+
 // openCounted opens the store at dsn with count tracing every connection.
-func openCounted(b *testing.B, dsn string, count *pgCounter) *Postgres {
-	b.Helper()
+func openCounted(t testing.TB, dsn string, count *pgCounter) *Postgres {
+	t.Helper()
 	s, err := OpenPostgres(context.Background(), dsn) // makes the schema
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	_ = s.db.Close()
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	cfg.Tracer = count
 	s.db = stdlib.OpenDB(*cfg)
 	sizePool(s.db)
-	b.Cleanup(func() { s.Close() })
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 

@@ -53,6 +53,10 @@ var (
 	sharedErr  error
 	sharedOnce sync.Once
 	dbSeq      atomic.Int64
+
+	durable     *Server
+	durableErr  error
+	durableOnce sync.Once
 )
 
 // Shared returns the test process's server, starting it the first time.
@@ -66,6 +70,27 @@ func Shared(t testing.TB) *Server {
 		t.Fatalf("the test PostgreSQL server has exited (%v); its log is %s", err, filepath.Join(shared.Dir, "log"))
 	}
 	return shared
+}
+
+// SharedDurable returns the test process's durable server (fsync on, as
+// Options.Durable), starting it the first time: the server for benchmarks
+// of commit latency. It runs beside Shared's, in a directory of its own.
+func SharedDurable(t testing.TB) *Server {
+	t.Helper()
+	durableOnce.Do(func() { durable, durableErr = StartServer(Options{Durable: true}) })
+	if durableErr != nil {
+		t.Fatal(durableErr)
+	}
+	if gone, err := durable.svc.Exited(); gone {
+		t.Fatalf("the durable test PostgreSQL server has exited (%v); its log is %s", err, filepath.Join(durable.Dir, "log"))
+	}
+	return durable
+}
+
+// DurableDSN is DSN on the durable server (SharedDurable).
+func DurableDSN(t testing.TB) string {
+	t.Helper()
+	return SharedDurable(t).NewDatabase(t)
 }
 
 // DSN makes a new, empty database on the shared server for the test and

@@ -29,6 +29,7 @@ var postgresDialect = dialect{
 	name:               "postgres",
 	dollarPlaceholders: true,
 	forUpdate:          " FOR UPDATE",
+	forShare:           " FOR SHARE",
 	writeIsolation:     sql.LevelSerializable,
 	retry:              retryablePostgres,
 	migrateLock:        fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, migrationLock),
@@ -46,9 +47,7 @@ func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
 	if err != nil {
 		return nil, fmt.Errorf("record store %s: %w", where, err)
 	}
-	db.SetMaxOpenConns(32)
-	db.SetMaxIdleConns(32)
-	db.SetConnMaxIdleTime(5 * time.Minute)
+	sizePool(db)
 	s := &Postgres{sqlStore{db: db, d: postgresDialect, where: where, now: time.Now}}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -61,6 +60,13 @@ func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// sizePool sets the limits of a store's pool of connections.
+func sizePool(db *sql.DB) {
+	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
+	db.SetConnMaxIdleTime(5 * time.Minute)
 }
 
 // DB is the database handle, for the parts of stasis that keep their own

@@ -30,6 +30,11 @@ type dialect struct {
 	// ends (" FOR UPDATE" in PostgreSQL). SQLite needs none: its write
 	// transactions begin IMMEDIATE and hold the database's write lock.
 	forUpdate string
+	// forShare is appended instead by a write that needs the checkpoint
+	// to stay as it is but changes only its records (Put): writes of
+	// records run side by side, and one that changes the checkpoint
+	// (forUpdate) waits for them, or they for it (" FOR SHARE").
+	forShare string
 	// serialWrites makes write transactions of one process take turns in Go
 	// rather than in the engine's lock (SQLite, whose busy handler sleeps).
 	serialWrites bool
@@ -309,8 +314,14 @@ func (s *sqlStore) migrate(ctx context.Context) error {
 
 // state reads a checkpoint's state inside tx, locking its row for a write.
 func (s *sqlStore) state(ctx context.Context, tx *sql.Tx, id string) (State, error) {
+	return s.lockState(ctx, tx, id, s.d.forUpdate)
+}
+
+// lockState reads a checkpoint's state inside tx, locking its row with
+// lock (the dialect's forUpdate or forShare).
+func (s *sqlStore) lockState(ctx context.Context, tx *sql.Tx, id, lock string) (State, error) {
 	var st string
-	err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM checkpoints WHERE id = ?`+s.d.forUpdate), id).Scan(&st)
+	err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM checkpoints WHERE id = ?`+lock), id).Scan(&st)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", notFound(id)
 	}
@@ -369,33 +380,48 @@ func (s *sqlStore) Put(ctx context.Context, id string, rec Record) error {
 		return fmt.Errorf("put into checkpoint %q: %w", id, err)
 	}
 	return s.tx(ctx, false, func(tx *sql.Tx) error {
-		st, err := s.state(ctx, tx, id)
+		// Puts of one checkpoint's records run side by side (and share
+		// the server's flushes to disk); Commit and Fail lock the
+		// checkpoint's row for update, and so wait for those under way.
+		st, err := s.lockState(ctx, tx, id, s.d.forShare)
 		if err != nil {
 			return err
 		}
 		if st != StatePending {
 			return fmt.Errorf("put record of episode %q into checkpoint %q: %w: it is %s, and records go only into a pending checkpoint; begin a new checkpoint", rec.Episode, id, errdefs.ErrConflict, st)
 		}
-		var old SnapshotRef
-		err = tx.QueryRowContext(ctx, s.q(`SELECT provider, snapshot_id FROM records WHERE checkpoint_id = ? AND episode = ?`), id, rec.Episode).
-			Scan(&old.Provider, &old.SnapshotID)
-		replacing := err == nil
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		// The usual case: the episode has no record there yet, and the
+		// insert finds that out itself. Reading the records first would,
+		// under PostgreSQL's serializable isolation, lock the index pages
+		// read, into which the Puts beside this one insert: they would
+		// keep aborting each other.
+		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO records (checkpoint_id, episode, provider, snapshot_id, doc) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (checkpoint_id, episode) DO NOTHING`),
+			id, rec.Episode, rec.Provider, rec.SnapshotID, string(doc))
+		if err != nil {
 			return s.wrap(err)
 		}
+		inserted, err := res.RowsAffected()
+		if err != nil {
+			return s.wrap(err)
+		}
+		var old SnapshotRef
+		replacing := inserted == 0
 		if replacing {
-			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM records WHERE checkpoint_id = ? AND episode = ?`), id, rec.Episode); err != nil {
+			if err := tx.QueryRowContext(ctx, s.q(`SELECT provider, snapshot_id FROM records WHERE checkpoint_id = ? AND episode = ?`), id, rec.Episode).
+				Scan(&old.Provider, &old.SnapshotID); err != nil {
+				return s.wrap(err)
+			}
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE records SET provider = ?, snapshot_id = ?, doc = ? WHERE checkpoint_id = ? AND episode = ?`),
+				rec.Provider, rec.SnapshotID, string(doc), id, rec.Episode); err != nil {
 				return s.wrap(err)
 			}
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO records (checkpoint_id, episode, provider, snapshot_id, doc) VALUES (?, ?, ?, ?, ?)`),
-			id, rec.Episode, rec.Provider, rec.SnapshotID, string(doc)); err != nil {
-			return s.wrap(err)
-		}
 		ref := SnapshotRef{rec.Provider, rec.SnapshotID}
 		if ref.SnapshotID != "" {
-			if err := s.addRef(ctx, tx, id, ref); err != nil {
-				return err
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO snapshot_refs (checkpoint_id, provider, snapshot_id) VALUES (?, ?, ?)
+				ON CONFLICT (checkpoint_id, provider, snapshot_id) DO NOTHING`), id, ref.Provider, ref.SnapshotID); err != nil {
+				return s.wrap(err)
 			}
 		}
 		if replacing && old.SnapshotID != "" && old != ref {
@@ -403,20 +429,6 @@ func (s *sqlStore) Put(ctx context.Context, id string, rec Record) error {
 		}
 		return nil
 	})
-}
-
-// addRef records that checkpoint id references ref.
-func (s *sqlStore) addRef(ctx context.Context, tx *sql.Tx, id string, ref SnapshotRef) error {
-	var n int
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM snapshot_refs WHERE checkpoint_id = ? AND provider = ? AND snapshot_id = ?`),
-		id, ref.Provider, ref.SnapshotID).Scan(&n); err != nil {
-		return s.wrap(err)
-	}
-	if n > 0 {
-		return nil
-	}
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO snapshot_refs (checkpoint_id, provider, snapshot_id) VALUES (?, ?, ?)`), id, ref.Provider, ref.SnapshotID)
-	return s.wrap(err)
 }
 
 // dropRefIfUnused removes checkpoint id's reference to ref when none of its

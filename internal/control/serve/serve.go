@@ -46,7 +46,8 @@ func Listen(addr string) (net.Listener, string, error) {
 			c.Close()
 			return nil, "", fmt.Errorf("listen %s: a server already answers on %s", addr, path)
 		}
-		if err := os.Remove(path); err != nil {
+		// The server that left it may remove it meanwhile, as it closes.
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, "", fmt.Errorf("listen %s: removing the stale socket: %w", addr, err)
 		}
 	}

@@ -3,12 +3,14 @@ package coordinator_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/control/coordinator"
 	"stasis/internal/control/model"
 	"stasis/internal/control/relay"
@@ -583,5 +585,76 @@ func TestRestoreNewerCheckpointAfterAnOlderOne(t *testing.T) {
 	}
 	if err := w.Coordinator.Retire(ctx, ep); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A scoped restore: of a checkpoint of two episodes, the one a trainer
+// retired comes back alone, as its next attempt, while the other goes on
+// running; a restore that names nothing leaves retired episodes out (and
+// refuses while the other is live); a name the checkpoint lacks is
+// refused.
+func TestScopedRestore(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	c := w.Coordinator
+	var holds []*relay.Hold
+	for _, ep := range []string{"ep-a", "ep-b"} {
+		h := w.Hold(ep, 2)
+		holds = append(holds, h)
+		if _, err := c.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
+			t.Fatal(err)
+		}
+		waitHeld(t, ctx, h, "call 2 of "+ep)
+	}
+	if _, err := c.Prepare(ctx, "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Retire(ctx, "ep-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RestoreWith(ctx, "ckpt-1", coordinator.RestoreOptions{Episodes: []string{"ep-z"}}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a restore naming an episode the checkpoint lacks: %v", err)
+	}
+	if _, err := c.Restore(ctx, "ckpt-1"); err == nil || !strings.Contains(err.Error(), "ep-b is live") {
+		t.Fatalf("an unscoped restore while ep-b runs: %v", err)
+	}
+	holds[0].Release()
+	res, err := c.RestoreWith(ctx, "ckpt-1", coordinator.RestoreOptions{Episodes: []string{"ep-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Episodes) != 1 || res.Episodes[0].Episode != "ep-a" || res.Episodes[0].Resume != "relaunch" {
+		t.Fatalf("scoped restore: %+v", res.Episodes)
+	}
+	row, _ := w.Store.GetEpisode(ctx, "ep-a")
+	if row.State != store.EpisodeRunning || row.Attempt != 1 {
+		t.Fatalf("ep-a after its scoped restore: %+v", row)
+	}
+	if _, live := c.Live("ep-b"); !live {
+		t.Fatal("ep-b stopped running during ep-a's restore")
+	}
+	holds[1].Release()
+	for _, ep := range []string{"ep-a", "ep-b"} {
+		if _, err := c.Wait(ctx, ep); err != nil {
+			t.Fatal(err)
+		}
+		if v, _, err := c.Verify(ctx, ep); err != nil || v.Reward != 1 {
+			t.Fatalf("%s: reward %d %v", ep, v.Reward, err)
+		}
+		if err := c.Retire(ctx, ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both retired: a restore naming none leaves both out.
+	res, err = c.Restore(ctx, "ckpt-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Episodes) != 2 || !res.Episodes[0].Excluded || !strings.Contains(res.Episodes[0].Reason, "retired") {
+		t.Fatalf("restore of retired episodes: %+v", res.Episodes)
+	}
+	if ids := c.LiveIDs(); len(ids) != 0 {
+		t.Fatalf("live after a restore that left everything out: %v", ids)
 	}
 }

@@ -83,3 +83,20 @@ func TestServeNodes(t *testing.T) {
 	a.stop()
 	b.stop()
 }
+
+// A restore's body is checked before anything is touched: an empty list of
+// episodes, an unknown field, a name the checkpoint lacks.
+func TestRestoreRequestRefused(t *testing.T) {
+	ctx := context.Background()
+	state := t.TempDir()
+	cleanState(t, state)
+	r := startServer(t, ctx, state, nil)
+	defer r.Close()
+	api := r.api
+	api.refuse("POST", "/v1/checkpoints/nope/restore", map[string]any{"episodes": []string{}}, http.StatusBadRequest, "invalid_request", "episodes is empty")
+	api.refuse("POST", "/v1/checkpoints/nope/restore", map[string]any{"shiny": 1}, http.StatusBadRequest, "invalid_request", "unknown field")
+	api.refuse("POST", "/v1/checkpoints/nope/restore", map[string]any{"episodes": []string{"ep-x"}}, http.StatusNotFound, "not_found", "nope")
+	var ck server.CheckpointResponse
+	api.call("POST", "/v1/checkpoints", map[string]any{"id": "ck-empty"}, http.StatusCreated, &ck)
+	api.refuse("POST", "/v1/checkpoints/ck-empty/restore", map[string]any{"episodes": []string{"ep-x"}}, http.StatusNotFound, "not_found", "ep-x is not in checkpoint ck-empty")
+}

@@ -203,29 +203,14 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	if err != nil {
 		return nil, err
 	}
+	modelURL, done, err := o.stateAndModel(scripts)
+	if err != nil {
+		return nil, err
+	}
+	defer done(&err)
 	if o.Nodes > 1 {
-		return runNodes(ctx, o, start, solvable, scripts, turns)
+		return runNodes(ctx, o, start, solvable, modelURL, turns)
 	}
-
-	// The state directory, removed at the end unless kept.
-	madeState, err := o.makeState()
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if madeState && !o.Keep {
-			if rerr := os.RemoveAll(o.State); rerr != nil && err == nil {
-				err = rerr
-			}
-		}
-	}()
-
-	// The model, in this process, outlives the server.
-	modelURL, stopModel, err := serveModel(scripts, o.TokenDelay)
-	if err != nil {
-		return nil, err
-	}
-	defer stopModel()
 
 	srv, err := startServer(ctx, o, modelURL)
 	if err != nil {
@@ -267,6 +252,30 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	return rep, nil
+}
+
+// stateAndModel makes the run's state directory (removed at the end unless
+// kept) and serves the scripted model in this process (it outlives the
+// servers); done, deferred, stops the model and removes the directory,
+// setting *err if that fails and nothing failed before.
+func (o *Options) stateAndModel(scripts []*model.Script) (modelURL string, done func(*error), err error) {
+	madeState, err := o.makeState()
+	if err != nil {
+		return "", nil, err
+	}
+	removeState := func(err *error) {
+		if madeState && !o.Keep {
+			if rerr := os.RemoveAll(o.State); rerr != nil && *err == nil {
+				*err = rerr
+			}
+		}
+	}
+	modelURL, stopModel, err := serveModel(scripts, o.TokenDelay)
+	if err != nil {
+		removeState(&err)
+		return "", nil, err
+	}
+	return modelURL, func(err *error) { _ = stopModel(); removeState(err) }, nil
 }
 
 // solvableTasks loads the tasks and keeps those the scripted model can

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"stasis/client"
-	"stasis/internal/control/model"
 	"stasis/internal/control/task"
 )
 
@@ -33,23 +32,7 @@ type nodeRun struct {
 // node come back, and the restore, asked of the first, places the lost
 // node's episodes on the survivors, which fork its snapshots from the
 // shared bucket.
-func runNodes(ctx context.Context, o Options, start time.Time, solvable []*task.Task, scripts []*model.Script, turns map[string]int) (rep *Report, err error) {
-	madeState, err := o.makeState()
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if madeState && !o.Keep {
-			if rerr := os.RemoveAll(o.State); rerr != nil && err == nil {
-				err = rerr
-			}
-		}
-	}()
-	modelURL, stopModel, err := serveModel(scripts, o.TokenDelay)
-	if err != nil {
-		return nil, err
-	}
-	defer stopModel()
+func runNodes(ctx context.Context, o Options, start time.Time, solvable []*task.Task, modelURL string, turns map[string]int) (rep *Report, err error) {
 	r := &nodeRun{o: o}
 	for i := range o.Nodes {
 		no := o

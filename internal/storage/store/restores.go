@@ -232,24 +232,9 @@ func (s *Postgres) AbortLapsedRestore(ctx context.Context, id string) (bool, err
 		if err != nil || st != RestorePending {
 			return err
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT s.node FROM restore_shares s WHERE s.restore_id = $1 AND s.state = $2
-			AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.name = s.node AND n.epoch = s.epoch AND n.lease_until_ns > `+dbNowNS+`) ORDER BY s.node`,
-			id, string(SharePending))
-		if err != nil {
-			return s.wrap(err)
-		}
-		var lapsed []string
-		for rows.Next() {
-			var n string
-			if err := rows.Scan(&n); err != nil {
-				rows.Close()
-				return s.wrap(err)
-			}
-			lapsed = append(lapsed, n)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil || len(lapsed) == 0 {
-			return s.wrap(err)
+		lapsed, err := s.lapsedShares(ctx, tx, "restore_shares", "restore_id", id)
+		if err != nil || len(lapsed) == 0 {
+			return err
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE restores SET state = $2, error = $3 WHERE id = $1`, id, string(RestoreAborted),
 			fmt.Sprintf("the lease of node %s ran out before its forks were ready", strings.Join(lapsed, ", "))); err != nil {

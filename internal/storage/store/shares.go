@@ -173,6 +173,28 @@ func (s *Postgres) Shares(ctx context.Context, id string) ([]Share, error) {
 	return out, s.wrap(rows.Err())
 }
 
+// lapsedShares lists, in tx, the nodes whose share (a row of table, whose
+// column col names the operation id) is still pending while their epoch no
+// longer holds a live lease.
+func (s *Postgres) lapsedShares(ctx context.Context, tx *sql.Tx, table, col, id string) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT s.node FROM `+table+` s WHERE s.`+col+` = $1 AND s.state = $2
+		AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.name = s.node AND n.epoch = s.epoch AND n.lease_until_ns > `+dbNowNS+`) ORDER BY s.node`,
+		id, string(SharePending))
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	defer rows.Close()
+	var lapsed []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, s.wrap(err)
+		}
+		lapsed = append(lapsed, n)
+	}
+	return lapsed, s.wrap(rows.Err())
+}
+
 // FailLapsed fails pending checkpoint id if a node whose share is still
 // pending no longer holds a live lease (it died, or was cut off, while it
 // prepared): the checkpoint cannot be completed. It reports whether it
@@ -185,24 +207,9 @@ func (s *Postgres) FailLapsed(ctx context.Context, id string) (bool, error) {
 		if err != nil || st != StatePending {
 			return err
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT s.node FROM checkpoint_shares s WHERE s.checkpoint_id = $1 AND s.state = $2
-			AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.name = s.node AND n.epoch = s.epoch AND n.lease_until_ns > `+dbNowNS+`) ORDER BY s.node`,
-			id, string(SharePending))
-		if err != nil {
-			return s.wrap(err)
-		}
-		var lapsed []string
-		for rows.Next() {
-			var n string
-			if err := rows.Scan(&n); err != nil {
-				rows.Close()
-				return s.wrap(err)
-			}
-			lapsed = append(lapsed, n)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil || len(lapsed) == 0 {
-			return s.wrap(err)
+		lapsed, err := s.lapsedShares(ctx, tx, "checkpoint_shares", "checkpoint_id", id)
+		if err != nil || len(lapsed) == 0 {
+			return err
 		}
 		reason := fmt.Sprintf("the lease of node %s ran out while it prepared its share; the previous committed checkpoint is unchanged", strings.Join(lapsed, ", "))
 		for _, n := range lapsed {

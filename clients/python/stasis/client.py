@@ -386,7 +386,8 @@ class Client:
         relaunched. Without episodes, every episode of the checkpoint but
         the retired ones (left out, ``excluded``, in result.episodes);
         with them, only those (a scoped restore; the others go on as they
-        are), and a retired one named comes back as its next attempt. On a
+        are), and a retired one named comes back (as its next attempt, or,
+        if its harness had ended at the checkpoint, as ended). On a
         node of a cluster the restore spans every live node (result.restore,
         result.shares). Conflict while an episode it brings back is live;
         NotFound for an episode the checkpoint does not hold; an empty

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 from .client import Client
-from .models import Checkpoint, CheckpointDetail, CheckpointResult, Episode, FreedSnapshot, Ledger, LedgerReport, Limits, TaskSummary, VerifyResult
+from .models import Checkpoint, CheckpointDetail, CheckpointResult, Episode, FreedSnapshot, Ledger, LedgerReport, Limits, RestoreResult, TaskSummary, VerifyResult
 
 __all__ = ["AsyncClient"]
 
@@ -77,8 +77,8 @@ class AsyncClient:
     async def delete_checkpoint(self, id: str) -> list[FreedSnapshot]:
         return await self._run(self.client.delete_checkpoint, id)
 
-    async def restore_checkpoint(self, id: str) -> CheckpointResult:
-        return await self._run(self.client.restore_checkpoint, id)
+    async def restore_checkpoint(self, id: str, *, episodes: Optional[Sequence[str]] = None) -> RestoreResult:
+        return await self._run(self.client.restore_checkpoint, id, episodes=episodes)
 
     async def branch_checkpoint(self, id: str, episode: str, *, copies: Optional[int] = None, ids: Optional[Sequence[str]] = None) -> CheckpointResult:
         return await self._run(self.client.branch_checkpoint, id, episode, copies=copies, ids=ids)

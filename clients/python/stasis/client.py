@@ -33,6 +33,8 @@ from .models import (
     Ledger,
     LedgerReport,
     Limits,
+    RestoreRequest,
+    RestoreResult,
     StartRequest,
     TaskSummary,
     VerifyResult,
@@ -86,7 +88,7 @@ OPERATIONS: dict[str, Operation] = {
         Operation("listCheckpoints", "GET", "/v1/checkpoints", 200, "list_checkpoints", idempotent=True, query=("state", "limit"), response=Checkpoint, unwrap="checkpoints"),
         Operation("getCheckpoint", "GET", "/v1/checkpoints/{id}", 200, "get_checkpoint", idempotent=True, response=CheckpointDetail),
         Operation("deleteCheckpoint", "DELETE", "/v1/checkpoints/{id}", 200, "delete_checkpoint", response=FreedSnapshot, unwrap="freed", slow=True),
-        Operation("restoreCheckpoint", "POST", "/v1/checkpoints/{id}/restore", 200, "restore_checkpoint", response=CheckpointResult, slow=True),
+        Operation("restoreCheckpoint", "POST", "/v1/checkpoints/{id}/restore", 200, "restore_checkpoint", body=RestoreRequest, response=RestoreResult, slow=True),
         Operation("branchCheckpoint", "POST", "/v1/checkpoints/{id}/branch", 201, "branch_checkpoint", body=BranchRequest, body_required=True, response=CheckpointResult, slow=True),
         Operation("listTasks", "GET", "/v1/tasks", 200, "list_tasks", idempotent=True, response=TaskSummary, unwrap="tasks"),
         Operation("metrics", "GET", "/metrics", 200, "metrics", idempotent=True, response=str),
@@ -378,11 +380,22 @@ class Client:
         other names (DELETE /v1/checkpoints/{id}); returns those freed."""
         return self._call("deleteCheckpoint", params={"id": id})
 
-    def restore_checkpoint(self, id: str) -> CheckpointResult:
+    def restore_checkpoint(self, id: str, *, episodes: Optional[Sequence[str]] = None) -> RestoreResult:
         """Restore a committed checkpoint, all or nothing (POST
         /v1/checkpoints/{id}/restore): each episode resumed in place or
-        relaunched. Conflict while one of its episodes is live."""
-        return self._call("restoreCheckpoint", params={"id": id})
+        relaunched. Without episodes, every episode of the checkpoint but
+        the retired ones (left out, ``excluded``, in result.episodes);
+        with them, only those (a scoped restore; the others go on as they
+        are), and a retired one named comes back (as its next attempt, or,
+        if its harness had ended at the checkpoint, as ended). On a
+        node of a cluster the restore spans every live node (result.restore,
+        result.shares). Conflict while an episode it brings back is live;
+        NotFound for an episode the checkpoint does not hold; an empty
+        list is InvalidRequest."""
+        if isinstance(episodes, str):
+            raise TypeError("restore_checkpoint: episodes is a list of episode ids, not one string")
+        body = RestoreRequest(episodes=list(episodes)) if episodes is not None else None
+        return self._call("restoreCheckpoint", params={"id": id}, body=body)
 
     def branch_checkpoint(self, id: str, episode: str, *, copies: Optional[int] = None, ids: Optional[Sequence[str]] = None) -> CheckpointResult:
         """Continue one episode of a committed checkpoint as new episodes,

@@ -33,12 +33,18 @@ __all__ = [
     "ClockFix",
     "EpisodeFigures",
     "CheckpointResult",
+    "CheckpointShare",
+    "RestoreResult",
+    "Restore",
+    "RestoreShare",
     "Checkpoint",
     "CheckpointRecord",
     "CheckpointDetail",
+    "CheckpointProgress",
     "FreedSnapshot",
     "StartRequest",
     "CheckpointRequest",
+    "RestoreRequest",
     "BranchRequest",
     "Tokens",
     "LedgerEntry",
@@ -63,7 +69,10 @@ Provider = Literal["local", "microvm", "e2b", "opensandbox"]
 Stragglers = Literal["exclude", "fail"]
 ClockPolicy = Literal["continuous", "host"]
 Disposition = Literal["delivered", "abandoned", "pending", "undelivered"]
-LedgerEventKind = Literal["cut", "broken"]
+LedgerEventKind = Literal["cut", "broken", "branch"]
+ShareState = Literal["pending", "prepared", "failed"]  # a node's share of a checkpoint
+RestoreState = Literal["pending", "go", "aborted"]  # a restore over several nodes
+RestoreShareState = Literal["pending", "ready", "failed", "done"]  # a node's share of a restore
 
 
 def _extra() -> Any:
@@ -148,6 +157,7 @@ class Episode:
     ledger_ok: bool
     reward: Optional[int]
     origin: str = ""
+    node: str = ""  # the node that drives it, of several on one store ("" for a server on its own)
     deadline_s: Optional[float] = None  # when the start gave one (None: the task's budget)
     limits: Optional[Limits] = None  # when the start gave some
     resume: Optional[Literal["in_place", "relaunch"]] = None
@@ -255,14 +265,75 @@ class EpisodeFigures:
 
 @dataclass
 class CheckpointResult:
-    """The answer to a checkpoint, a restore or a branch."""
+    """The answer to a checkpoint or a branch."""
 
     __schema__: ClassVar[str] = "CheckpointResult"
     checkpoint: str
     episodes: list[EpisodeFigures]
     phases: dict[str, float]
     seconds: float
-    continue_error: str = ""
+    continue_error: str = ""  # committed, but an episode could not be continued after it
+    # on a node of a cluster: every node's share (episodes are this node's)
+    shares: list[CheckpointShare] = field(default_factory=list)
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class CheckpointShare:
+    """One node's share of a checkpoint over several nodes."""
+
+    __schema__: ClassVar[str] = "CheckpointShare"
+    node: str
+    epoch: int  # the node's membership the share belongs to
+    state: ShareState
+    records: int  # the records it put, once prepared
+    live: bool  # the node's lease was live when asked
+    error: str = ""
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class RestoreResult:
+    """The answer to a restore: how each episode resumed; on a node of a
+    cluster, this node's episodes, and the restore over every node with
+    each node's share."""
+
+    __schema__: ClassVar[str] = "RestoreResult"
+    checkpoint: str
+    episodes: list[EpisodeFigures]
+    phases: dict[str, float]
+    seconds: float
+    restore: Optional[Restore] = None  # on a node of a cluster
+    shares: list[RestoreShare] = field(default_factory=list)  # on a node of a cluster
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class Restore:
+    """A restore over several nodes: all or nothing across them."""
+
+    __schema__: ClassVar[str] = "Restore"
+    id: str
+    checkpoint: str
+    node: str  # the node that began it
+    # pending while forks are made ready; go once every node's are;
+    # aborted when any failed (every fork deleted)
+    state: RestoreState
+    error: str = ""
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class RestoreShare:
+    """One node's share of a restore."""
+
+    __schema__: ClassVar[str] = "RestoreShare"
+    node: str
+    epoch: int
+    episodes: list[str]  # the episodes it brings back
+    state: RestoreShareState
+    live: bool
+    error: str = ""
     extra: dict[str, Any] = _extra()
 
 
@@ -303,6 +374,7 @@ class CheckpointRecord:
     relay_delivered: int = 0
     relay_position: Optional[int] = None  # the in-place cut; None in older records
     ledger_head: Optional[str] = None  # the hash of the ledger's entry at the cut
+    ledger_tip: Optional[str] = None  # the hash of the ledger's last record at the snapshot; None in older records
     harness_session: str = ""
     attempt: int = 0
     deadline_left_s: float = 0.0
@@ -315,11 +387,26 @@ class CheckpointRecord:
 
 @dataclass
 class CheckpointDetail:
-    """A checkpoint and its records."""
+    """A checkpoint and its records (one per episode in so far); on a node
+    of a cluster every node's share; and how far it is."""
 
     __schema__: ClassVar[str] = "CheckpointDetail"
     checkpoint: Checkpoint
     records: list[CheckpointRecord]
+    progress: CheckpointProgress
+    shares: list[CheckpointShare] = field(default_factory=list)  # on a node of a cluster
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
+class CheckpointProgress:
+    """How far a checkpoint is: nodes whose share is finished (one node:
+    the checkpoint itself), and records in (one per episode)."""
+
+    __schema__: ClassVar[str] = "CheckpointProgress"
+    nodes: int
+    nodes_done: int
+    records: int
     extra: dict[str, Any] = _extra()
 
 
@@ -373,16 +460,20 @@ class LedgerEntry:
 
 @dataclass
 class LedgerEvent:
-    """A cut or a broken mark, with the file's line that holds it."""
+    """A cut, a broken mark or a branch, with the file's line that holds
+    it."""
 
     __schema__: ClassVar[str] = "LedgerEvent"
     line: int
     kind: LedgerEventKind
-    to: int  # cut: the new logical length; broken: the length then
+    to: int  # cut, branch: the new logical length; broken: the length then
     from_: int = field(metadata={"json": "from"})  # the logical length before
     reason: str
     at: datetime
     boundary: bool = False  # a cut by a relaunch match: the next entry is a boundary
+    # a branch: the hash of the record whose history the ledger went back
+    # to (a checkpoint's ledger tip)
+    from_record: str = ""
     extra: dict[str, Any] = _extra()
 
 
@@ -506,6 +597,22 @@ class CheckpointRequest:
     __schema__: ClassVar[str] = "CheckpointRequest"
     id: Optional[str] = None
     stragglers: Optional[Stragglers] = None
+
+
+@dataclass
+class RestoreRequest:
+    """The optional body of a restore (POST /v1/checkpoints/{id}/restore):
+    a scoped restore. ``episodes`` are the only episodes of the checkpoint
+    to bring back (at least one); a retired one named comes back as its
+    next attempt."""
+
+    __schema__: ClassVar[str] = "RestoreRequest"
+    episodes: Optional[list[str]] = None
+    # The schema, unlike the other request bodies', does not close itself
+    # (no additionalProperties false), so the class keeps an extra like an
+    # answer's; it is sent as given, and the server refuses what it does not
+    # know.
+    extra: dict[str, Any] = _extra()
 
 
 @dataclass

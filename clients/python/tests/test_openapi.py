@@ -4,6 +4,7 @@ No server needed."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import inspect
@@ -117,6 +118,11 @@ class DocumentTest(unittest.TestCase):
 
     def test_an_auth_change_fails(self):
         self._changed(lambda m: m["paths"]["/healthz"]["get"].pop("security"), "healthz")
+
+
+async def _aio(c, fn):
+    async with stasis.AsyncClient(client=c) as ac:
+        return await fn(ac)
 
 
 class WireTest(unittest.TestCase):
@@ -256,6 +262,30 @@ class WireTest(unittest.TestCase):
                         self.assertMatches(got, answer, op.operation_id)
                     n += 1
         self.assertEqual(n, len(OPERATIONS))
+
+    def test_restore_body_only_when_given(self):
+        """restore_checkpoint sends a RestoreRequest only when episodes are
+        given (a scoped restore); without them, no body at all."""
+        answer = conformance.sample(self.spec, "RestoreResult")
+        for call, want in (
+            (lambda c: c.restore_checkpoint("ck-1"), None),
+            (lambda c: c.restore_checkpoint("ck-1", episodes=("ep-1", "ep-2")), {"episodes": ["ep-1", "ep-2"]}),
+            (lambda c: asyncio.run(_aio(c, lambda ac: ac.restore_checkpoint("ck-1", episodes=["ep-3"]))), {"episodes": ["ep-3"]}),
+        ):
+            c, sent = self.client(answer)
+            got = call(c)
+            self.assertIsInstance(got, stasis.RestoreResult)
+            self.assertIsInstance(got.restore, stasis.Restore)
+            self.assertIsInstance(got.shares[0], stasis.RestoreShare)
+            (m, url, data, headers, _), = sent
+            self.assertEqual((m, urllib.parse.urlsplit(url).path), ("POST", "/v1/checkpoints/ck-1/restore"))
+            self.assertEqual(json.loads(data) if data else None, want)
+        # An empty list is sent (the server answers 400); one string is a mistake.
+        c, sent = self.client(answer)
+        c.restore_checkpoint("ck-1", episodes=[])
+        self.assertEqual(json.loads(sent[0][2]), {"episodes": []})
+        with self.assertRaises(TypeError):
+            c.restore_checkpoint("ck-1", episodes="ep-1")
 
     def test_no_token_no_header(self):
         c = Client("http://127.0.0.1:9", retries=0)

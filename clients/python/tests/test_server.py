@@ -356,10 +356,18 @@ class ServerTest(unittest.TestCase):
             self.assertEqual(recs[e].snapshot_id, f.snapshot)
             self.assertEqual((recs[e].provider, recs[e].finished), ("local", f.finished))
 
-        # A restore over live episodes changes nothing.
+        # A restore over live episodes changes nothing, scoped or not.
         with self.assertRaises(stasis.Conflict) as cm:
             c.restore_checkpoint("ck-one")
         self.assertIn("live", cm.exception.message)
+        with self.assertRaises(stasis.Conflict):
+            c.restore_checkpoint("ck-one", episodes=["ck-a"])
+        with self.assertRaises(stasis.NotFound):
+            c.restore_checkpoint("ck-one", episodes=["no-such-episode"])
+        with self.assertRaises(stasis.InvalidRequest):
+            c.restore_checkpoint("ck-one", episodes=[])
+        d = c.get_checkpoint("ck-one")
+        self.assertEqual((d.progress.nodes, d.progress.nodes_done, d.progress.records), (1, 1, len(d.records)))
 
         # A branch of an episode still running at the checkpoint: a copy
         # whose ledger starts as the episode's up to the recorded position.
@@ -403,6 +411,26 @@ class ServerTest(unittest.TestCase):
             c.delete_checkpoint("ck-one")
         for e in ids:
             self.assertEqual(c.retire_episode(e).state, "retired")
+
+        # A scoped restore: the one episode named comes back (though
+        # retired; as its next attempt when it has one to run); the others
+        # stay as they are.
+        before = c.get_episode("ck-a")
+        res = c.restore_checkpoint("ck-two", episodes=["ck-a"])
+        self.assertIsInstance(res, stasis.RestoreResult)
+        self.assertEqual((res.checkpoint, [f.episode for f in res.episodes]), ("ck-two", ["ck-a"]))
+        self.assertIsNone(res.restore)  # a server on its own
+        after = c.get_episode("ck-a")
+        self.assertEqual(before.state, "retired")
+        if res.episodes[0].finished:
+            # Its harness had ended at the checkpoint: back as ended, with
+            # its verdict, nothing to run.
+            self.assertEqual((after.state, res.episodes[0].resume), ("ended", "none"))
+        else:
+            self.assertEqual(after.state, "running")
+            self.assertGreater(after.attempt, before.attempt)
+        self.assertEqual(c.get_episode("ck-b").state, "retired")
+        self.assertEqual(c.retire_episode("ck-a").state, "retired")
 
     # --- what the server sends, against the document ------------------------------
 

@@ -608,11 +608,6 @@ class RestoreRequest:
 
     __schema__: ClassVar[str] = "RestoreRequest"
     episodes: Optional[list[str]] = None
-    # The schema, unlike the other request bodies', does not close itself
-    # (no additionalProperties false), so the class keeps an extra like an
-    # answer's; it is sent as given, and the server refuses what it does not
-    # know.
-    extra: dict[str, Any] = _extra()
 
 
 @dataclass

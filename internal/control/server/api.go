@@ -865,8 +865,9 @@ func (s *Server) getCheckpoint(w http.ResponseWriter, q *http.Request) {
 type RestoreRequest struct {
 	// Episodes, when given, are the only episodes of the checkpoint to
 	// bring back (the others go on as they are); a retired one named
-	// comes back as its next attempt. Without it, every episode of the
-	// checkpoint but the retired ones.
+	// comes back (as its next attempt when it was running at the
+	// checkpoint, as it ended when it had ended). Without it, every
+	// episode of the checkpoint but the retired ones.
 	Episodes []string `json:"episodes,omitempty"`
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"stasis/internal/control/relay"
@@ -33,7 +34,15 @@ type World struct {
 // episodes: one left is an error), and no process may be left.
 func NewWorld(t testing.TB, opts ...func(*system.Config)) *World {
 	t.Helper()
-	t.Cleanup(func() { NoChildrenLeft(t) }) // runs last
+	// Runs last: after the cleanups of every world of the test (a test
+	// may open several, the nodes of a cluster), so that one world's check
+	// does not find another's sandboxes still there.
+	if _, checked := checkedTests.LoadOrStore(t, true); !checked {
+		t.Cleanup(func() {
+			checkedTests.Delete(t)
+			NoChildrenLeft(t)
+		})
+	}
 	w := &World{t: t}
 	w.cfg = system.Config{
 		State: t.TempDir(), Exe: Exe(), ExeEnv: Env, Binary: Exe(), BinaryEnv: EnvMap,
@@ -52,6 +61,9 @@ func NewWorld(t testing.TB, opts ...func(*system.Config)) *World {
 	w.ReopenWith()
 	return w
 }
+
+// checkedTests are the tests whose leftover-process check is registered.
+var checkedTests sync.Map
 
 // Hold holds call n (counted from 1) of the first attempt of episode ("":
 // of every episode) at the gateway until it is released; the hold's Wait

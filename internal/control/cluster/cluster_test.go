@@ -266,6 +266,13 @@ func TestRestoreOverNodes(t *testing.T) {
 	for _, h := range holds {
 		h.Release()
 	}
+	// The next attempts stop at their second call, so that the second
+	// checkpoint finds every episode running (not ended: an ended one
+	// needs no fork).
+	var again []*relay.Hold
+	for i, w := range ws {
+		again = append(again, w.HoldAttempt(fmt.Sprintf("ep-%c", 'a'+i), 1, 1_000_002))
+	}
 	res, err := ws[1].Member.Restore(ctx, "ck-1", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -280,6 +287,11 @@ func TestRestoreOverNodes(t *testing.T) {
 	}
 	// Every episode's next attempt runs; take a checkpoint of them, then
 	// crash again with node c gone for good.
+	for _, h := range again {
+		if err := h.Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := ws[2].Member.Checkpoint(ctx, "ck-2", ""); err != nil {
 		t.Fatal(err)
 	}

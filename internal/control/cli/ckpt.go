@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -13,6 +14,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/errdefs"
+	"stasis/internal/control/cluster"
+	"stasis/internal/control/coordinator"
+	"stasis/internal/storage/dburl"
 	"stasis/internal/storage/store"
 )
 
@@ -45,7 +49,81 @@ changed nothing.`,
   stasis ckpt rm ckpt-000041 --json`,
 	}
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	cmd.AddCommand(newCkptLsCmd(&asJSON), newCkptShowCmd(&asJSON), newCkptRmCmd(&asJSON))
+	cmd.PersistentFlags().StringVar(&ckptStore, "store", "", "the record store: a postgres:// URL shared by the nodes of a cluster (default: $"+StoreEnv+", else $STASIS_HOME/store.db)")
+	cmd.AddCommand(newCkptLsCmd(&asJSON), newCkptShowCmd(&asJSON), newCkptRmCmd(&asJSON), newCkptCreateCmd(&asJSON))
+	return cmd
+}
+
+// ckptStore is ckpt's --store.
+var ckptStore string
+
+// openCkptStore opens the record store ckpt works on: --store, or
+// $STASIS_STORE, or the default SQLite file.
+func openCkptStore(ctx context.Context) (store.Store, error) {
+	loc := ckptStore
+	if loc == "" {
+		loc = os.Getenv(StoreEnv)
+	}
+	if loc == "" {
+		return store.Open(ctx)
+	}
+	return store.OpenAt(ctx, loc)
+}
+
+func newCkptCreateCmd(asJSON *bool) *cobra.Command {
+	var stragglers string
+	cmd := &cobra.Command{
+		Use:   "create [ID]",
+		Short: "Take a checkpoint over every live node of a cluster",
+		Long: `create begins a checkpoint over every live node of the cluster on the
+shared store (--store or $` + StoreEnv + `: the nodes are stasis serve --node
+processes on it): each node pauses, snapshots and records its own episodes
+and finishes its share, and the last one commits it. It waits until the
+checkpoint is committed or failed (a node whose lease runs out fails it) and
+prints each node's share. Without ID, one is made from the time.`,
+		Example: `  stasis ckpt create --store postgres://stasis@db/stasis
+  stasis ckpt create ckpt-000042 --json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			loc := ckptStore
+			if loc == "" {
+				loc = os.Getenv(StoreEnv)
+			}
+			if !dburl.IsPostgres(loc) {
+				return ckptUsageError(cmd, *asJSON, fmt.Errorf("create takes a checkpoint over the nodes of a cluster: give the PostgreSQL store they share with --store postgres://… (or $%s); on one server, POST /v1/checkpoints to it", StoreEnv))
+			}
+			if err := coordinator.CheckStragglers(stragglers); err != nil {
+				return ckptUsageError(cmd, *asJSON, fmt.Errorf("--%w", err))
+			}
+			id := "ckpt-" + time.Now().UTC().Format("20060102T150405Z")
+			if len(args) == 1 {
+				id = args[0]
+			}
+			st, err := store.OpenPostgres(cmd.Context(), loc)
+			if err != nil {
+				return ckptError(cmd, *asJSON, err)
+			}
+			defer st.Close()
+			shares, err := cluster.CheckpointFrom(cmd.Context(), st, loc, id, stragglers)
+			if *asJSON && err == nil {
+				return writeJSON(cmd.OutOrStdout(), map[string]any{"checkpoint": id, "shares": shares})
+			}
+			if len(shares) > 0 {
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NODE\tEPOCH\tSHARE\tRECORDS\tERROR")
+				for _, sh := range shares {
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", sh.Node, sh.Epoch, sh.State, sh.Records, sh.Error)
+				}
+				_ = tw.Flush()
+			}
+			if err != nil {
+				return ckptError(cmd, *asJSON, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "checkpoint %s committed\n", id)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&stragglers, "stragglers", "", "an episode a node cannot checkpoint: exclude or fail (default: each node's own policy)")
 	return cmd
 }
 
@@ -101,7 +179,7 @@ creation time (UTC), the number of episode records, and why it failed.`,
 			if limit < 0 {
 				return ckptUsageError(cmd, *asJSON, fmt.Errorf("--limit %d: use a positive number, or 0 for all", limit))
 			}
-			st, err := store.Open(cmd.Context())
+			st, err := openCkptStore(cmd.Context())
 			if err != nil {
 				return ckptError(cmd, *asJSON, err)
 			}
@@ -176,7 +254,7 @@ the records are the stored documents, unknown fields included, and restore
 maps each episode to in-place, relaunch or finished.`,
 		Args: ckptOneID,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := store.Open(cmd.Context())
+			st, err := openCkptStore(cmd.Context())
 			if err != nil {
 				return ckptError(cmd, *asJSON, err)
 			}
@@ -270,7 +348,7 @@ deletes it.`,
 		Args: ckptOneID,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, id := cmd.Context(), args[0]
-			st, err := store.Open(ctx)
+			st, err := openCkptStore(ctx)
 			if err != nil {
 				return ckptError(cmd, *asJSON, err)
 			}

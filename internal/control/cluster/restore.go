@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -277,4 +278,66 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// CheckpointFrom takes checkpoint id over every live node of the cluster
+// on st (the shared store, not a node's view of it; dsn is its URL) from
+// outside the cluster, as `stasis ckpt create --store` does: it begins the
+// checkpoint with one share per live node and waits until it is committed
+// or failed, failing it once a node's lease runs out.
+func CheckpointFrom(ctx context.Context, st *store.Postgres, dsn, id, stragglers string) ([]store.Share, error) {
+	all, err := st.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var live []store.Node
+	var names []string
+	for _, n := range all {
+		if n.Live {
+			live = append(live, n)
+			names = append(names, n.Name)
+		}
+	}
+	if len(live) == 0 {
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "no live node on this store: start stasis serve --node NAME --store … on each machine first")
+	}
+	mf, _ := json.Marshal(manifest{Nodes: names, Initiator: "", Stragglers: stragglers})
+	// Listen before beginning, so that no notification is missed.
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("listen for the checkpoint: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+store.CheckpointNotice); err != nil {
+		return nil, fmt.Errorf("listen for the checkpoint: %w", err)
+	}
+	if err := st.BeginShared(ctx, id, mf, live); err != nil {
+		return nil, err
+	}
+	for {
+		c, _, err := st.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if c.State == store.StatePending {
+			if _, err := st.FailLapsed(ctx, id); err != nil {
+				return nil, err
+			}
+			wctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, werr := conn.WaitForNotification(wctx)
+			cancel()
+			if werr != nil && ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		shares, err := st.Shares(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if c.State == store.StateFailed {
+			return shares, errdefs.Errorf(errdefs.ErrConflict, "checkpoint %s failed: %s", id, c.Error)
+		}
+		return shares, nil
+	}
 }

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"stasis/internal/control/server"
 	"stasis/internal/pgtest"
+	"stasis/internal/stasistest"
 	"stasis/internal/storage/store"
 )
 
@@ -54,6 +56,22 @@ func TestServeNodes(t *testing.T) {
 	b.api().call("GET", "/v1/checkpoints/ck-1", nil, http.StatusOK, &got)
 	if got.Checkpoint.State != store.StateCommitted || len(got.Records) != 2 {
 		t.Fatalf("ck-1 as node b serves it: %+v", got)
+	}
+
+	// The same from the command line, outside the cluster.
+	out, errOut, code := stasistest.Run(t, nil, "", "ckpt", "create", "ck-cli", "--store", dsn, "--json")
+	var made struct {
+		Checkpoint string        `json:"checkpoint"`
+		Shares     []store.Share `json:"shares"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &made) != nil || made.Checkpoint != "ck-cli" || len(made.Shares) != 2 || made.Shares[1].State != store.SharePrepared {
+		t.Fatalf("stasis ckpt create: exit %d: %s %s", code, out, errOut)
+	}
+	if out, _, code := stasistest.Run(t, nil, "", "ckpt", "ls", "--store", dsn); code != 0 || !strings.Contains(out, "ck-cli") || !strings.Contains(out, "ck-1") {
+		t.Fatalf("stasis ckpt ls --store: exit %d: %s", code, out)
+	}
+	if _, errOut, code := stasistest.Run(t, nil, "", "ckpt", "create", "ck-x"); code != 2 || !strings.Contains(errOut, "--store postgres://") {
+		t.Fatalf("stasis ckpt create without a store: exit %d: %s", code, errOut)
 	}
 
 	b.kill()

@@ -1064,7 +1064,12 @@ func (r *chaosRun) stepRestore() {
 	}
 	before := r.snapshotState()
 	r.logFaults()
-	res, err := r.c.Restore(r.ctx, ck)
+	// Every episode of the checkpoint, named: the retired ones too.
+	var names []string
+	for _, rec := range recs {
+		names = append(names, rec.Episode)
+	}
+	res, err := r.c.RestoreWith(r.ctx, ck, coordinator.RestoreOptions{Episodes: names})
 	faults := r.logFaults()
 	if err != nil {
 		r.logf("restore %s (live before: %v, retired first: %v): failed: %v", ck, wasLive, retireFirst, err)

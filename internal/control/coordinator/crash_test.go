@@ -425,7 +425,19 @@ func TestKillEveryStep(t *testing.T) {
 		r.retireAll()
 		b := r.before()
 		r.holdNext()
-		r.crash(k, func(c *coordinator.Coordinator) error { _, err := c.Restore(ctx, ck); return err })
+		// The episodes are retired: a restore brings them back when named.
+		_, recs, err := r.w.Store.Get(ctx, ck)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, rec := range recs {
+			names = append(names, rec.Episode)
+		}
+		r.crash(k, func(c *coordinator.Coordinator) error {
+			_, err := c.RestoreWith(ctx, ck, coordinator.RestoreOptions{Episodes: names})
+			return err
+		})
 		r.check(k.String())
 		ids := r.liveIDs()
 		if !forward {

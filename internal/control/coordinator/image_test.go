@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/internal/control/coordinator"
 	"stasis/internal/control/system"
 	"stasis/internal/sandboxbin"
 	"stasis/internal/stasistest"
@@ -56,7 +57,9 @@ func TestRestoreNeedsItsImage(t *testing.T) {
 	if err := w.local.Images().Remove(rec.Image, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.Restore(ctx, "ckpt-img")
+	// Retired: the restore brings it back when named.
+	named := coordinator.RestoreOptions{Episodes: []string{"ep-img"}}
+	_, err = c.RestoreWith(ctx, "ckpt-img", named)
 	if err == nil || !strings.Contains(err.Error(), "no longer on this host") || !strings.Contains(err.Error(), "stasis image pull "+ref) {
 		t.Fatalf("restore without the image: %v", err)
 	}
@@ -69,7 +72,7 @@ func TestRestoreNeedsItsImage(t *testing.T) {
 	w.Crash()
 	w.ReopenWith(func(c *system.Config) { c.PullImages, c.Image = true, "" })
 	pc := w.Coordinator
-	if _, err := pc.Restore(ctx, "ckpt-img"); err != nil {
+	if _, err := pc.RestoreWith(ctx, "ckpt-img", named); err != nil {
 		t.Fatalf("restore that pulls the image again: %v", err)
 	}
 	if _, err := w.local.Images().Get(rec.Image); err != nil {

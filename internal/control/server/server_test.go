@@ -518,9 +518,18 @@ func TestAPI(t *testing.T) {
 	if l := api.list("?state=retired"); len(l) != 3 {
 		t.Errorf("state=retired: %d", len(l))
 	}
-	// A retired episode can be brought back from a checkpoint (a trainer
-	// rolling back); then it is retired again.
-	api.call("POST", "/v1/checkpoints/ckpt-api-1/restore", nil, 200, nil)
+	// A restore naming nothing leaves retired episodes out, each with
+	// why; named, a retired episode comes back from a checkpoint (a
+	// trainer rolling back); then it is retired again.
+	var left server.RestoreResponse
+	api.call("POST", "/v1/checkpoints/ckpt-api-1/restore", nil, 200, &left)
+	if len(left.Episodes) != 3 || !left.Episodes[0].Excluded || !strings.Contains(left.Episodes[0].Reason, "retired") {
+		t.Errorf("a restore of retired episodes, unnamed: %+v", left.Episodes)
+	}
+	if v := api.episode("ep-c"); v.Live {
+		t.Errorf("ep-c came back unnamed: %+v", v)
+	}
+	api.call("POST", "/v1/checkpoints/ckpt-api-1/restore", map[string]any{"episodes": []string{"ep-b", "ep-c"}}, 200, nil)
 	if v := api.episode("ep-c"); !v.Live || v.Resume != "relaunch" {
 		t.Errorf("ep-c restored after its retirement: %+v", v)
 	}
@@ -592,8 +601,8 @@ func TestAPI(t *testing.T) {
 	_, m = api.do("GET", "/metrics", nil)
 	for _, want := range []string{
 		"stasis_gateway_calls_total",
-		`stasis_server_restores_total{result="restored"} 2`,
-		`stasis_server_restore_seconds_count 2`,
+		`stasis_server_restores_total{result="restored"} 3`,
+		`stasis_server_restore_seconds_count 3`,
 		`stasis_server_episodes{state="retired"} 3`,
 		`stasis_server_live_episodes 0`,
 		`stasis_server_requests_total{code="413",route="POST /v1/episodes"} 1`,

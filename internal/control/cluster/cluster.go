@@ -108,6 +108,20 @@ func (m *Member) Node() store.Node { return m.node }
 // lease (store.Postgres.AsNode).
 func (m *Member) Store() *store.Postgres { return m.view }
 
+// NodeLive says whether node name holds a live lease now.
+func (m *Member) NodeLive(ctx context.Context, name string) (bool, error) {
+	ns, err := m.o.Store.Nodes(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, n := range ns {
+		if n.Name == name {
+			return n.Live, nil
+		}
+	}
+	return false, nil
+}
+
 // Lost says why the node lost its lease, or nil while it holds it.
 func (m *Member) Lost() error {
 	m.mu.Lock()

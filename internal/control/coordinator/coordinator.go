@@ -73,8 +73,11 @@ type Options struct {
 	Store store.Store
 	// Node is this server's node, of several sharing Store ("": the only
 	// server): it drives, re-attaches and checkpoints only the episodes
-	// whose rows name it.
-	Node string
+	// whose rows name it. NodeLive says whether another node holds a live
+	// lease: an episode that a live node drives is retired there, not
+	// here (its sandbox is that node's).
+	Node     string
+	NodeLive func(ctx context.Context, node string) (bool, error)
 	// Tasks are the tasks episodes may name.
 	Tasks []*task.Task
 	// Concurrency bounds the episodes worked on at once in a prepare or a
@@ -535,6 +538,11 @@ func (c *Coordinator) Retire(ctx context.Context, id string) error {
 	}
 	if row.State == store.EpisodeRetired {
 		return nil
+	}
+	if row.Node != c.o.Node && row.Node != "" && c.o.NodeLive != nil {
+		if live, err := c.o.NodeLive(ctx, row.Node); err != nil || live {
+			return errors.Join(err, errdefs.Errorf(errdefs.ErrConflict, "episode %s is driven by node %s, which is live: retire it through that node (its sandbox is there)", id, row.Node))
+		}
 	}
 	// Revoked first: from now on the gateway refuses the episode's token,
 	// whatever its sandbox still does while it is being closed.

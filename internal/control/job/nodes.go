@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"stasis/client"
+	"stasis/internal/control/system"
 	"stasis/internal/control/task"
+	"stasis/internal/storage/store"
 )
 
 // nodeLease is the lease of a run's nodes: a killed node's episodes can be
@@ -197,13 +199,36 @@ func (r *nodeRun) crashAndRestore(ctx context.Context, modelURL, ckID string, re
 // kills any sandbox still there.
 func (r *nodeRun) cleanup() error {
 	var errs []error
+	// Each episode retired by the node that drives it (another node would
+	// only mark its row: the sandbox is not its provider's).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if views, err := r.episodes(ctx); err == nil {
+		for _, v := range views {
+			if v.State == store.EpisodeRetired {
+				continue
+			}
+			if api, err := r.apiOf(ctx, v.ID); err == nil {
+				if _, err := api.Retire(ctx, v.ID); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
 	for i, s := range r.nodes {
 		if s != nil {
 			errs = append(errs, cleanup(s, r.opts[i]))
-		} else if n, err := crashSandboxes(r.opts[i].State); err != nil {
+			continue
+		}
+		// A node that is down: its sandboxes, and its gateway's socket
+		// directory, which only its server would have removed.
+		if n, err := crashSandboxes(r.opts[i].State); err != nil {
 			errs = append(errs, err)
 		} else if n > 0 {
 			r.o.Log.Warn("killed sandboxes a node left", "node", r.opts[i].node, "n", n)
+		}
+		if sock, err := system.GatewaySocket(r.opts[i].State); err == nil {
+			errs = append(errs, os.RemoveAll(filepath.Dir(sock)))
 		}
 	}
 	return errors.Join(errs...)

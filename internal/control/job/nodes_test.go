@@ -2,11 +2,14 @@ package job_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"stasis/internal/control/job"
+	"stasis/internal/control/system"
 	"stasis/internal/pgtest"
 	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
@@ -27,8 +30,17 @@ func TestRunOnThreeNodes(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	s3 := s3test.Start(t)
 	s3.Setenv(t)
+	state := filepath.Join(tmp, "nodes-state") // kept by the run: the test's directory goes
+	var socks []string
+	for i := 1; i <= 3; i++ {
+		sock, err := system.GatewaySocket(filepath.Join(state, fmt.Sprintf("node-%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		socks = append(socks, sock)
+	}
 	rep, err := job.Run(ctx, job.Options{
-		Tasks: "builtin", N: 6, Harness: "mini", CheckpointAt: 0.4, Crash: true,
+		Tasks: "builtin", N: 6, Harness: "mini", CheckpointAt: 0.4, Crash: true, State: state,
 		Nodes: 3, Store: dsn, Blobs: "s3://" + s3.Bucket(t) + "/run",
 		Exe: stasistest.Exe(), ExeEnv: stasistest.Env, TokenDelay: 3 * time.Millisecond,
 	})
@@ -49,6 +61,11 @@ func TestRunOnThreeNodes(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(tmp, "stasis-run-*"))
 	if len(left) != 0 {
 		t.Fatalf("state left behind: %v", left)
+	}
+	for _, sock := range socks {
+		if _, err := os.Stat(filepath.Dir(sock)); err == nil {
+			t.Errorf("a node's gateway socket directory is left: %s", filepath.Dir(sock))
+		}
 	}
 	if _, err := job.Run(ctx, job.Options{N: 1, Nodes: 2}); err == nil {
 		t.Fatal("a run over nodes without a store ran")

@@ -58,6 +58,9 @@ func TestServeNodes(t *testing.T) {
 		t.Fatalf("ck-1 as node b serves it: %+v", got)
 	}
 
+	// An episode is retired through the node that drives it.
+	a.api().refuse("POST", "/v1/episodes/ep-b/retire", nil, http.StatusConflict, "conflict", "driven by node b")
+
 	// The same from the command line, outside the cluster.
 	out, errOut, code := stasistest.Run(t, nil, "", "ckpt", "create", "ck-cli", "--store", dsn, "--json")
 	var made struct {

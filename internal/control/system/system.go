@@ -358,7 +358,7 @@ func (s *System) openCoordinator(ctx context.Context, c Config) (err error) {
 		},
 	}
 	if s.Member != nil {
-		co.Node = c.Node
+		co.Node, co.NodeLive = c.Node, s.Member.NodeLive
 	}
 	if c.CoordinatorOptions != nil {
 		c.CoordinatorOptions(&co)

@@ -382,18 +382,33 @@ func (m *Member) next(id string) chan struct{} {
 // await waits until checkpoint id is committed or failed, failing it once
 // a pending share's node has lost its lease, and returns its state.
 func (m *Member) await(ctx context.Context, id string) store.State {
-	for {
-		woken := m.next(id)
-		c, _, err := m.o.Store.Get(ctx, id)
-		if err == nil && c.State != store.StatePending {
-			return c.State
+	st := store.StatePending
+	m.poll(ctx, id, func() bool {
+		if c, _, err := m.o.Store.Get(ctx, id); err == nil && c.State != store.StatePending {
+			st = c.State
+			return true
 		}
 		if failed, err := m.o.Store.FailLapsed(ctx, id); err == nil && failed {
-			return store.StateFailed
+			st = store.StateFailed
+			return true
+		}
+		return false
+	})
+	return st
+}
+
+// poll calls done now, then at each notification of key (and every
+// quarter of a lease, should one be missed), until it reports true or ctx
+// ends; it says whether done did.
+func (m *Member) poll(ctx context.Context, key string, done func() bool) bool {
+	for {
+		woken := m.next(key)
+		if done() {
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			return store.StatePending
+			return false
 		case <-woken:
 		case <-time.After(m.o.Lease / 4):
 		}

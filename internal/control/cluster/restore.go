@@ -117,56 +117,43 @@ func (m *Member) runRestoreShare(coord *coordinator.Coordinator, r store.Restore
 // awaitRestore waits until restore id goes or is aborted (aborting it once
 // a node not yet ready has lost its lease), and returns its state.
 func (m *Member) awaitRestore(ctx context.Context, id string) store.RestoreState {
-	key := restoreKey(id)
-	for {
-		woken := m.next(key)
-		r, _, err := m.o.Store.GetRestore(ctx, id)
-		if err == nil && r.State != store.RestorePending {
-			return r.State
+	st := store.RestorePending
+	m.poll(ctx, restoreKey(id), func() bool {
+		if r, _, err := m.o.Store.GetRestore(ctx, id); err == nil && r.State != store.RestorePending {
+			st = r.State
+			return true
 		}
 		if aborted, err := m.o.Store.AbortLapsedRestore(ctx, id); err == nil && aborted {
-			return store.RestoreAborted
+			st = store.RestoreAborted
+			return true
 		}
-		select {
-		case <-ctx.Done():
-			return store.RestorePending
-		case <-woken:
-		case <-time.After(m.o.Lease / 4):
-		}
-	}
+		return false
+	})
+	return st
 }
 
 // awaitShares waits until every share of restore id is done, or the
 // restore was aborted and every live node's share has ended.
-func (m *Member) awaitShares(ctx context.Context, id string) (store.Restore, []store.RestoreShare, error) {
-	key := restoreKey(id)
-	for {
-		woken := m.next(key)
-		r, shares, err := m.o.Store.GetRestore(ctx, id)
-		if err != nil {
-			return r, shares, err
+func (m *Member) awaitShares(ctx context.Context, id string) (r store.Restore, shares []store.RestoreShare, err error) {
+	over := m.poll(ctx, restoreKey(id), func() bool {
+		if r, shares, err = m.o.Store.GetRestore(ctx, id); err != nil {
+			return true
 		}
 		if r.State == store.RestorePending {
-			if aborted, err := m.o.Store.AbortLapsedRestore(ctx, id); err == nil && aborted {
-				continue
-			}
+			_, _ = m.o.Store.AbortLapsedRestore(ctx, id) // seen at the next look
+			return false
 		}
-		over := r.State != store.RestorePending
 		for _, sh := range shares {
 			if sh.Live && sh.State != store.RestoreShareDone {
-				over = false
+				return false
 			}
 		}
-		if over {
-			return r, shares, nil
-		}
-		select {
-		case <-ctx.Done():
-			return r, shares, ctx.Err()
-		case <-woken:
-		case <-time.After(m.o.Lease / 4):
-		}
+		return true
+	})
+	if err == nil && !over {
+		err = ctx.Err()
 	}
+	return r, shares, err
 }
 
 // RestoreResult is a restore over the cluster: this node's figures and

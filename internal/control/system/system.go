@@ -6,7 +6,9 @@
 // wired together: the environment server, the benchmarks and the tests
 // (stasistest.NewWorld) all build the system through Open.
 //
-// Everything durable lives in the state directory: the record store
+// Everything durable lives in the state directory, unless Config.Store and
+// Config.Blobs put the shared part in PostgreSQL and S3 (a node of a
+// cluster, package cluster): the record store
 // (store.db), the gateway's episodes and ledgers (gateway/), the
 // provider's sandboxes and snapshots (local/, microvm/) and the Go build
 // cache seeds of verify (verify-seeds/). A system closed, or killed, and

@@ -67,6 +67,14 @@
 // One process at a time writes a ledger: Open takes an exclusive flock on the
 // file, and a second Open, in this process or another, fails with ErrLocked.
 // Read and Verify take no lock and may run while a gateway appends.
+//
+// # Storages
+//
+// The lines above are the same wherever they are kept (storage.go): in
+// files (Files, what this comment describes) or in a PostgreSQL database
+// (Postgres, postgres.go), where the gateways of several nodes share them
+// and each append is fenced by the episode's attempt (Ledger.Fence)
+// instead of by a lock.
 package ledger
 
 import (

@@ -7,8 +7,10 @@
 // episode (its sandbox, attempt, state) and each episode's verify verdict,
 // written once, and the journal of the coordinator's operations under way
 // (what a prepare or a restore is about to create, so that the next server
-// finishes or undoes it). SQLite is the default record store; the SQL is kept
-// portable so that PostgreSQL can implement the same Store at scale.
+// finishes or undoes it). SQLite is the default record store; PostgreSQL
+// runs the same portable SQL for several servers sharing one state, and
+// there also keeps the nodes of a cluster (their leases), checkpoints over
+// several nodes (one share each) and restores over them.
 package store
 
 import (

@@ -3,6 +3,7 @@ package blob
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -174,6 +175,13 @@ func (s *S3) retire(ctx context.Context, p *pack, ks []rawKey) error {
 				continue
 			}
 			b, err := s.fetchSmall(ctx, name)
+			if errors.Is(err, errNoObject) {
+				// Another node retiring the same pack removed it once it
+				// had carried it over to its own copy; the deleter that
+				// wrote it looks again, and deletes from any copy, ours
+				// too, what is still live.
+				continue
+			}
 			if err != nil {
 				return fmt.Errorf("carry the deletes of %s over to %s: %w", s.loc.object(packObject(p.id)), s.loc.object(packObject(copied.id)), err)
 			}

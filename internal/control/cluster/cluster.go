@@ -273,20 +273,27 @@ func (m *Member) consider(ctx context.Context, id string) {
 	if i < 0 || shares[i].State != store.SharePending {
 		return
 	}
+	m.start(id, func(coord *coordinator.Coordinator) (coordinator.Result, error) { return m.runShare(coord, id) })
+}
+
+// start runs share key (a checkpoint's id, or a restore's key) with the
+// coordinator, in the background, unless it runs already, no coordinator
+// serves yet, or the node has lost its lease.
+func (m *Member) start(key string, run func(*coordinator.Coordinator) (coordinator.Result, error)) {
 	m.mu.Lock()
 	coord := m.coord
-	if coord == nil || m.running[id] != nil || m.lost != nil {
+	if coord == nil || m.running[key] != nil || m.lost != nil {
 		m.mu.Unlock()
 		return
 	}
 	sh := &share{done: make(chan struct{})}
-	m.running[id] = sh
+	m.running[key] = sh
 	m.wg.Add(1)
 	m.mu.Unlock()
 	go func() {
 		defer m.wg.Done()
 		defer close(sh.done)
-		sh.res, sh.err = m.runShare(coord, id)
+		sh.res, sh.err = run(coord)
 	}()
 }
 

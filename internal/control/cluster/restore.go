@@ -57,22 +57,10 @@ func (m *Member) considerRestore(ctx context.Context, id string) {
 		return
 	}
 	key := restoreKey(id)
-	m.mu.Lock()
-	coord := m.coord
-	if coord == nil || m.running[key] != nil || m.lost != nil {
-		m.mu.Unlock()
-		return
-	}
-	sh := &share{done: make(chan struct{})}
-	m.running[key] = sh
-	m.wg.Add(1)
-	m.mu.Unlock()
-	go func() {
-		defer m.wg.Done()
-		defer close(sh.done)
-		sh.res, sh.err = m.runRestoreShare(coord, r, shares[i].Episodes)
-		m.forget(key)
-	}()
+	m.start(key, func(coord *coordinator.Coordinator) (coordinator.Result, error) {
+		defer m.forget(key)
+		return m.runRestoreShare(coord, r, shares[i].Episodes)
+	})
 }
 
 // runRestoreShare forks and readies this node's episodes of restore r,

@@ -759,10 +759,7 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, q *http.Request) {
 	}
 	s.m.checkpoints.WithLabelValues("committed").Inc()
 	s.m.checkpointSeconds.Observe(time.Since(start).Seconds())
-	if res.Episodes == nil {
-		res.Episodes = []coordinator.EpisodeFigures{}
-	}
-	writeJSON(w, http.StatusCreated, CheckpointResponse{Result: res})
+	writeJSON(w, http.StatusCreated, CheckpointResponse{Result: filled(res)})
 }
 
 // createClusterCheckpoint takes a checkpoint over every live node of the
@@ -778,14 +775,20 @@ func (s *Server) createClusterCheckpoint(w http.ResponseWriter, q *http.Request,
 	}
 	s.m.checkpoints.WithLabelValues("committed").Inc()
 	s.m.checkpointSeconds.Observe(time.Since(start).Seconds())
-	if res.Episodes == nil {
-		res.Episodes = []coordinator.EpisodeFigures{}
-	}
-	if res.Phases == nil {
-		res.Phases = map[string]float64{}
-	}
 	res.Seconds = time.Since(start).Seconds()
-	writeJSON(w, http.StatusCreated, CheckpointResponse{Result: res.Result, Shares: res.Shares})
+	writeJSON(w, http.StatusCreated, CheckpointResponse{Result: filled(res.Result), Shares: res.Shares})
+}
+
+// filled is r with an empty list of episodes and map of phases rather
+// than none, as the API's answers always carry them.
+func filled(r coordinator.Result) coordinator.Result {
+	if r.Episodes == nil {
+		r.Episodes = []coordinator.EpisodeFigures{}
+	}
+	if r.Phases == nil {
+		r.Phases = map[string]float64{}
+	}
+	return r
 }
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, q *http.Request) {
@@ -902,12 +905,7 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 	}
 	s.m.restores.WithLabelValues("restored").Inc()
 	s.m.restoreSeconds.Observe(time.Since(start).Seconds())
-	if out.Episodes == nil {
-		out.Episodes = []coordinator.EpisodeFigures{}
-	}
-	if out.Phases == nil {
-		out.Phases = map[string]float64{}
-	}
+	out.Result = filled(out.Result)
 	out.Checkpoint = id
 	writeJSON(w, http.StatusOK, out)
 }
@@ -986,10 +984,7 @@ func (s *Server) branchCheckpoint(w http.ResponseWriter, q *http.Request) {
 		s.fail(w, q, err)
 		return
 	}
-	if res.Episodes == nil {
-		res.Episodes = []coordinator.EpisodeFigures{}
-	}
-	writeJSON(w, http.StatusCreated, res)
+	writeJSON(w, http.StatusCreated, filled(res))
 }
 
 func (s *Server) deleteCheckpoint(w http.ResponseWriter, q *http.Request) {

@@ -247,15 +247,8 @@ var _ BulkDeleter = (*Dir)(nil)
 // and any other gets a new dead list: each pack is rewritten once however
 // many of its blobs go. Every key is checked before anything is deleted.
 func (d *Dir) DeleteKeys(ctx context.Context, keys []string) error {
-	raw := make([]rawKey, len(keys))
-	for i, key := range keys {
-		k, err := parseKey(key)
-		if err != nil {
-			return err
-		}
-		raw[i] = k
-	}
-	if err := ctx.Err(); err != nil {
+	raw, err := parseKeys(ctx, keys)
+	if err != nil {
 		return err
 	}
 	// Loose files.

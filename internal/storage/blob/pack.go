@@ -2,6 +2,7 @@ package blob
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -65,6 +66,20 @@ func parseKey(key string) (rawKey, error) {
 }
 
 func (k rawKey) String() string { return hex.EncodeToString(k[:]) }
+
+// parseKeys checks every key of a bulk delete before anything is deleted,
+// and that ctx is still live.
+func parseKeys(ctx context.Context, keys []string) ([]rawKey, error) {
+	raw := make([]rawKey, len(keys))
+	for i, key := range keys {
+		k, err := parseKey(key)
+		if err != nil {
+			return nil, err
+		}
+		raw[i] = k
+	}
+	return raw, ctx.Err()
+}
 
 // packEntry is one blob of a pack.
 type packEntry struct {

@@ -58,15 +58,8 @@ func (s *S3) DeleteStoredBefore(ctx context.Context, keys []string, t time.Time)
 }
 
 func (s *S3) deleteKeys(ctx context.Context, keys []string, before time.Time) error {
-	raw := make([]rawKey, len(keys))
-	for i, key := range keys {
-		k, err := parseKey(key)
-		if err != nil {
-			return err
-		}
-		raw[i] = k
-	}
-	if err := ctx.Err(); err != nil {
+	raw, err := parseKeys(ctx, keys)
+	if err != nil {
 		return err
 	}
 	s.delMu.Lock()

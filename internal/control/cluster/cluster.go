@@ -253,7 +253,7 @@ func (m *Member) sweep(ctx context.Context) {
 	}
 	for _, id := range rs {
 		if aborted, err := m.o.Store.AbortLapsedRestore(ctx, id); err == nil && aborted {
-			m.log.Warn("restore aborted: a node's lease ran out before its forks were ready", "restore", id)
+			m.log.Warn("restore aborted: a node's lease ran out before it went", "restore", id)
 			m.wake(restoreKey(id))
 			continue
 		}

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"stasis/errdefs"
 	"stasis/internal/control/cluster"
+	"stasis/internal/control/coordinator"
 	"stasis/internal/control/relay"
 	"stasis/internal/control/system"
 	"stasis/internal/pgtest"
@@ -352,6 +354,72 @@ func TestRestoreOntoSurvivorsFromS3(t *testing.T) {
 	finishAll(t, ctx, ws[:2], nil)
 	for _, id := range []string{"ep-a", "ep-b", "ep-c"} {
 		if row, err := ws[0].Store.GetEpisode(ctx, id); err != nil || row.State != store.EpisodeRetired {
+			t.Fatalf("%s at the end: %+v %v", id, row, err)
+		}
+	}
+}
+
+// A node dies after a restore over the cluster went and before it
+// decided its own part (its server is killed there, its lease runs out):
+// the other nodes' episodes continue, the restore says which node has
+// not, and when the dead node starts again its recovery asks the cluster
+// whether the restore went and rolls its part forward, not back: its
+// episode continues in its fork and finishes, and its share is done.
+func TestNodeDiesAfterTheRestoreWent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	var (
+		b     *stasistest.World
+		armed atomic.Bool
+	)
+	kill := func(c *system.Config) {
+		c.CoordinatorOptions = func(o *coordinator.Options) {
+			coordinator.SetStepHook(o, func(op, step, _ string) error {
+				if op != "restore" || step != "decide" || !armed.CompareAndSwap(true, false) {
+					return nil
+				}
+				// Node b dies here: nothing more of it runs, its lease
+				// runs out.
+				b.Member.Halt()
+				testwait.Until(t, "node b's lease to run out", time.Minute, func() bool {
+					live, err := b.Member.NodeLive(ctx, "b")
+					return err == nil && !live
+				})
+				return errors.New("node b killed after the restore went")
+			})
+		}
+	}
+	ws, holds := startNodes(t, ctx, dsn, map[string]func(*system.Config){"b": kill}, "a", "b")
+	b = ws[1]
+	if _, err := ws[0].Member.Checkpoint(ctx, "ck-1", ""); err != nil {
+		t.Fatal(err)
+	}
+	crashAll(t, ctx, ws, func(string) bool { return true })
+	for _, h := range holds {
+		h.Release()
+	}
+	armed.Store(true)
+	res, err := ws[0].Member.Restore(ctx, "ck-1", nil)
+	if err == nil || !strings.Contains(err.Error(), "node b stopped after the restore went") {
+		t.Fatalf("restore with node b killed after it went: %+v %v", res, err)
+	}
+	if res.Restore.State != store.RestoreGo {
+		t.Fatalf("restore: %+v", res.Restore)
+	}
+	// Node b starts again: its part is rolled forward.
+	b.Crash()
+	b.Reopen()
+	if ids := b.Coordinator.LiveIDs(); len(ids) != 1 || ids[0] != "ep-b" {
+		t.Fatalf("live on node b after it started again: %v", ids)
+	}
+	_, shares, err := ws[0].Member.Store().GetRestore(ctx, res.Restore.ID)
+	if err != nil || len(shares) != 2 || shares[1].Node != "b" || shares[1].State != store.RestoreShareDone || shares[1].Error != "" {
+		t.Fatalf("node b's share after it started again: %+v %v", shares, err)
+	}
+	finishAll(t, ctx, ws, nil)
+	for _, id := range []string{"ep-a", "ep-b"} {
+		if row, err := ws[0].Store.GetEpisode(ctx, id); err != nil || row.State != store.EpisodeRetired || row.Attempt != 1 {
 			t.Fatalf("%s at the end: %+v %v", id, row, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,6 +70,7 @@ func (m *Member) runRestoreShare(coord *coordinator.Coordinator, r store.Restore
 	ctx := context.Background()
 	res, err := coord.RestoreWith(ctx, r.Checkpoint, coordinator.RestoreOptions{
 		Episodes: episodes,
+		Ref:      r.ID,
 		Barrier: func(ctx context.Context, ready error) error {
 			why := ""
 			if ready != nil {
@@ -100,6 +102,41 @@ func (m *Member) runRestoreShare(coord *coordinator.Coordinator, r store.Restore
 		m.log.Warn("record this node's share of a restore as done", "restore", r.ID, "err", derr)
 	}
 	return res, err
+}
+
+// Went says whether restore id went ahead (coordinator.Decisions): a
+// restarted node asks it of a restore its last life was ready for when
+// it died. A restore still pending is aborted if a node's lease ran out
+// before it went (this node's last epoch's has, since Join waits for
+// it); one still pending after that cannot be told yet.
+func (m *Member) Went(ctx context.Context, id string) (bool, error) {
+	r, _, err := m.o.Store.GetRestore(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if r.State == store.RestorePending {
+		if _, err := m.o.Store.AbortLapsedRestore(ctx, id); err != nil {
+			return false, err
+		}
+		if r, _, err = m.o.Store.GetRestore(ctx, id); err != nil {
+			return false, err
+		}
+	}
+	switch r.State {
+	case store.RestoreGo:
+		return true, nil
+	case store.RestoreAborted:
+		return false, nil
+	}
+	return false, errdefs.Errorf(errdefs.ErrUnavailable, "restore %s is still pending", id)
+}
+
+// Finished records this node's share of restore id as done, after a
+// restarted node finished it (coordinator.Decisions).
+func (m *Member) Finished(ctx context.Context, id, failure string) {
+	if err := m.view.DoneRestoreShare(ctx, id, m.node.Name, failure); err != nil {
+		m.log.Warn("record this node's share of a restore as done", "restore", id, "err", err)
+	}
 }
 
 // awaitRestore waits until restore id goes or is aborted (aborting it once
@@ -239,8 +276,11 @@ func (m *Member) Restore(ctx context.Context, id string, episodes []string) (Res
 	}
 	var failed []error
 	for _, sh := range shares {
-		if sh.Error != "" {
+		switch {
+		case sh.Error != "":
 			failed = append(failed, fmt.Errorf("node %s: %s", sh.Node, sh.Error))
+		case sh.State != store.RestoreShareDone:
+			failed = append(failed, fmt.Errorf("node %s stopped after the restore went, before it continued %s: it finishes them when it starts again as node %s", sh.Node, strings.Join(sh.Episodes, ", "), sh.Node))
 		}
 	}
 	if len(failed) > 0 {

@@ -106,11 +106,35 @@ type Options struct {
 	// episode whose sandbox is gone lost (CheckLiveness). Zero: only a
 	// wait or a verify that finds the sandbox gone marks it.
 	LivenessInterval time.Duration
+	// Decisions, when set, answers for the outside decisions restores
+	// wait on (RestoreOptions.Ref): a restore this coordinator finds
+	// interrupted after it was ready and before it decided is rolled
+	// forward if its decision went ahead, undone if not, and left for
+	// the next start if it cannot be told yet.
+	Decisions Decisions
 	// stepHook, when set (tests), is called before each step of a
 	// prepare or a restore; an error crashes the operation there.
 	stepHook func(op, step, episode string) error
 	Logger   *slog.Logger
 }
+
+// Decisions are the outside decisions restores wait on
+// (RestoreOptions.Ref; a cluster's restores over several nodes).
+type Decisions interface {
+	// Went says whether decision ref went ahead (true) or was called off
+	// (false); an error if it cannot be told yet.
+	Went(ctx context.Context, ref string) (bool, error)
+	// Finished is told that this server's part of decision ref was
+	// finished by a recovery (failure: why some of it could not be).
+	Finished(ctx context.Context, ref, failure string)
+}
+
+// SetStepHook has every prepare and restore of coordinators made with o
+// call hook before each step; an error from it crashes the operation
+// there: it returns at once, undoing and closing nothing, as a server
+// killed there would. For crash tests, here and in the packages that
+// assemble coordinators.
+func SetStepHook(o *Options, hook func(op, step, episode string) error) { o.stepHook = hook }
 
 // ImageStore is implemented by providers whose sandboxes run on images
 // kept on this host (local): a restore checks that each record's image is

@@ -24,7 +24,8 @@ const (
 	jSnapshot = "snapshot"
 
 	// A restore: its first entry names the checkpoint and the label its
-	// forks carry.
+	// forks carry, and the outside decision it waits on, if any
+	// (RestoreOptions.Ref).
 	jRestore = "restore"
 	// Episode's snapshot is about to be forked: {snapshot}.
 	jFork = "fork"
@@ -35,6 +36,11 @@ const (
 	// ledger cuts), the harnesses continued and the store's episodes
 	// written: {plan, finished}.
 	jDecide = "decide"
+	// Every fork is made and ready, and the restore waits on an outside
+	// decision (RestoreOptions.Ref) to go: the plan it then decides
+	// ({plan, finished}). A recovery finds out from Options.Decisions
+	// whether it went, and rolls this plan forward or undoes it.
+	jReady = "ready"
 	// Episode's harness is about to be continued or started (Go).
 	jGo = "go"
 	// Episode, decided to resume in place, is relaunched in its fork
@@ -70,6 +76,7 @@ type jdoc struct {
 	Attempt    int        `json:"attempt,omitempty"`
 	Plan       []decision `json:"plan,omitempty"`
 	Finished   []finished `json:"finished,omitempty"`
+	Ref        string     `json:"ref,omitempty"`
 }
 
 // Resume modes of a decided episode (also EpisodeFigures.Resume).
@@ -143,6 +150,12 @@ type opState struct {
 	// before it); Finished its ended episodes.
 	Decided  []decision
 	Finished []finished
+	// Ref is the outside decision a restore waits on (RestoreOptions.Ref),
+	// and Readied the plan it journaled as ready for it (nil before):
+	// the plan to roll forward if the decision went ahead.
+	Ref             string
+	Readied         []decision
+	ReadiedFinished []finished
 	// Gone: episodes whose Go was journaled.
 	Gone map[string]bool
 	// Registered: a branch's copies whose registration was journaled, or
@@ -176,7 +189,7 @@ func foldJournal(entries []store.JournalEntry) ([]*opState, []Problem) {
 		}
 		switch e.Kind {
 		case jPrepare, jRestore, jBranch:
-			s.Kind, s.Checkpoint = e.Kind, d.Checkpoint
+			s.Kind, s.Checkpoint, s.Ref = e.Kind, d.Checkpoint, d.Ref
 		case jStart:
 			s.Kind = e.Kind
 			s.Registered = append(s.Registered, e.Episode)
@@ -198,6 +211,11 @@ func foldJournal(entries []store.JournalEntry) ([]*opState, []Problem) {
 			s.Decided, s.Finished = d.Plan, d.Finished
 			if s.Decided == nil {
 				s.Decided = []decision{}
+			}
+		case jReady:
+			s.Readied, s.ReadiedFinished = d.Plan, d.Finished
+			if s.Readied == nil {
+				s.Readied = []decision{}
 			}
 		case jGo:
 			s.Gone[e.Episode] = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"stasis/errdefs"
 	"stasis/internal/storage/store"
@@ -48,6 +49,9 @@ func (c *Coordinator) recoverRestores(ctx context.Context) ([]*opState, error) {
 // recoverFork undoes or rolls forward one interrupted restore, or undoes
 // one interrupted branch.
 func (c *Coordinator) recoverFork(ctx context.Context, s *opState) error {
+	if err := c.outsideDecision(ctx, s); err != nil {
+		return err
+	}
 	f := recoveryFacts{Alive: map[string]bool{}}
 	infos, err := c.o.Env.Provider.List(ctx, map[string]string{labelOp: s.ID})
 	if err != nil {
@@ -98,6 +102,9 @@ func (c *Coordinator) recoverFork(ctx context.Context, s *opState) error {
 			if err := c.o.Store.CloseJournal(ctx, s.ID, es); err != nil {
 				return err
 			}
+			if s.Readied != nil && c.o.Decisions != nil {
+				c.o.Decisions.Finished(ctx, s.Ref, lostFailure(s.Decided, out))
+			}
 			how := "undone"
 			if s.Decided != nil {
 				how = "rolled forward"
@@ -106,6 +113,47 @@ func (c *Coordinator) recoverFork(ctx context.Context, s *opState) error {
 		}
 	}
 	return nil
+}
+
+// outsideDecision settles a restore that was ready and waiting on an
+// outside decision (RestoreOptions.Ref) when its server died: if the
+// decision went ahead, the ready plan is the decision to roll forward;
+// if it was called off, the restore is undone as undecided. A decision
+// that cannot be told yet (or no Options.Decisions to ask) leaves the
+// restore in the journal, its forks untouched, for the next start.
+func (c *Coordinator) outsideDecision(ctx context.Context, s *opState) error {
+	if s.Kind != jRestore || s.Decided != nil || s.Ref == "" || s.Readied == nil {
+		return nil
+	}
+	if c.o.Decisions == nil {
+		return fmt.Errorf("restore %s of checkpoint %s was ready and waiting on the decision of %s when the server stopped: start this server as the node it was (--node, --store) to finish it", s.ID, s.Checkpoint, s.Ref)
+	}
+	went, err := c.o.Decisions.Went(ctx, s.Ref)
+	if err != nil {
+		return fmt.Errorf("restore %s of checkpoint %s: whether %s went ahead: %w", s.ID, s.Checkpoint, s.Ref, err)
+	}
+	if went {
+		s.Decided, s.Finished = s.Readied, s.ReadiedFinished
+	}
+	return nil
+}
+
+// lostFailure says which decided episodes a recovery could not continue
+// ("" if none, or if nothing was decided).
+func lostFailure(decided []decision, out map[string]outcome) string {
+	var lost []string
+	for _, d := range decided {
+		if !out[d.Episode].Continued {
+			lost = append(lost, d.Episode)
+		}
+	}
+	if len(lost) == 0 {
+		if decided == nil {
+			return "called off: every fork deleted"
+		}
+		return ""
+	}
+	return fmt.Sprintf("finished by a restarted server, but %s could not be continued and are lost", strings.Join(lost, ", "))
 }
 
 // rollForward finishes one decided episode of an interrupted restore: the

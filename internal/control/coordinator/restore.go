@@ -65,6 +65,13 @@ type RestoreOptions struct {
 	// go on (every node of a restore over several is ready), or why not:
 	// then every fork this restore made is deleted and nothing changes.
 	Barrier func(ctx context.Context, ready error) error
+	// Ref, with a Barrier, names the outside decision the Barrier waits
+	// on (a restore over several nodes: its id), so that a server that
+	// dies after the decision went and before this restore decided has
+	// its next coordinator roll the restore forward rather than undo it
+	// (Options.Decisions): the ready plan is journaled before the Barrier
+	// is told.
+	Ref string
 }
 
 // RestoreWith is Restore with options.
@@ -97,7 +104,11 @@ func (c *Coordinator) RestoreWith(ctx context.Context, id string, ro RestoreOpti
 		return res, barrier(problemsError(fmt.Sprintf("checkpoint %s cannot be restored; nothing was changed", id), problems))
 	}
 	x := c.newOp(jRestore)
-	if err := x.note(ctx, jRestore, "", jdoc{Checkpoint: id}); err != nil {
+	ref := ""
+	if ro.Barrier != nil {
+		ref = ro.Ref
+	}
+	if err := x.note(ctx, jRestore, "", jdoc{Checkpoint: id, Ref: ref}); err != nil {
 		return res, barrier(fmt.Errorf("checkpoint %s: restore failed, nothing changed: %w", id, err))
 	}
 	t := c.clock.Now()
@@ -115,12 +126,20 @@ func (c *Coordinator) RestoreWith(ctx context.Context, id string, ro RestoreOpti
 	if x.dead() {
 		return res, c.crashed(x)
 	}
+	decided := decide(plan, forks, ready)
+	if err == nil && ref != "" {
+		// What this restore decides if the outside decision goes, so that
+		// a next coordinator can finish it if this one dies waiting.
+		err = x.note(ctx, jReady, "", jdoc{Plan: decided, Finished: plan.Finished})
+		if x.dead() {
+			return res, c.crashed(x)
+		}
+	}
 	// Every node's forks ready, or none goes on.
 	err = barrier(err)
 	if err == nil {
 		err = x.step(stepDecide, "")
 	}
-	decided := decide(plan, forks, ready)
 	if err == nil {
 		err = x.note(ctx, jDecide, "", jdoc{Plan: decided, Finished: plan.Finished})
 	}

@@ -360,7 +360,7 @@ func (s *System) openCoordinator(ctx context.Context, c Config) (err error) {
 		},
 	}
 	if s.Member != nil {
-		co.Node, co.NodeLive = c.Node, s.Member.NodeLive
+		co.Node, co.NodeLive, co.Decisions = c.Node, s.Member.NodeLive, s.Member
 	}
 	if c.CoordinatorOptions != nil {
 		c.CoordinatorOptions(&co)

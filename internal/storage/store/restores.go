@@ -17,8 +17,8 @@ import (
 // each node forks its episodes' snapshots and makes them ready, then says
 // so (ReadyRestoreShare). Once every share is ready the restore goes
 // (RestoreGo), and each node continues its episodes; if any share fails,
-// or a node's lease runs out before it is ready, the restore is aborted
-// and every node deletes its forks.
+// or a node's lease runs out before the restore goes, the restore is
+// aborted and every node deletes its forks.
 
 // RestoreState is where a restore over several nodes is.
 type RestoreState string
@@ -144,8 +144,19 @@ func (s *Postgres) ReadyRestoreShare(ctx context.Context, id, node, failure stri
 				return s.wrap(err)
 			}
 			if pending == 0 {
+				// It goes only if every node that is to continue its
+				// episodes still holds its lease; a node that lapsed
+				// after it was ready could not.
+				lapsed, err := s.lapsedShares(ctx, tx, "restore_shares", "restore_id", id, RestoreShareReady)
+				if err != nil {
+					return err
+				}
 				out = RestoreGo
-				if _, err := tx.ExecContext(ctx, `UPDATE restores SET state = $2 WHERE id = $1`, id, string(out)); err != nil {
+				why := ""
+				if len(lapsed) > 0 {
+					out, why = RestoreAborted, lapsedWhy(lapsed)
+				}
+				if _, err := tx.ExecContext(ctx, `UPDATE restores SET state = $2, error = $3 WHERE id = $1`, id, string(out), why); err != nil {
 					return s.wrap(err)
 				}
 			}
@@ -222,8 +233,17 @@ func (s *Postgres) PendingRestores(ctx context.Context) ([]string, error) {
 	return out, s.wrap(rows.Err())
 }
 
-// AbortLapsedRestore aborts pending restore id if a node whose share is
-// not yet ready no longer holds a live lease; it reports whether it did.
+// lapsedWhy is a restore's error when the leases of nodes ran out before
+// it went.
+func lapsedWhy(nodes []string) string {
+	return fmt.Sprintf("the lease of node %s ran out before the restore went", strings.Join(nodes, ", "))
+}
+
+// AbortLapsedRestore aborts pending restore id if a node of one of its
+// shares (not yet ready, or ready and waiting) no longer holds a live
+// lease: the restore can then not go everywhere. It reports whether it
+// did. Once a restore has gone, a node that dies is left to finish its
+// share when it starts again (coordinator.Options.Decisions).
 func (s *Postgres) AbortLapsedRestore(ctx context.Context, id string) (bool, error) {
 	aborted := false
 	err := s.tx(ctx, false, func(tx *sql.Tx) error {
@@ -232,12 +252,11 @@ func (s *Postgres) AbortLapsedRestore(ctx context.Context, id string) (bool, err
 		if err != nil || st != RestorePending {
 			return err
 		}
-		lapsed, err := s.lapsedShares(ctx, tx, "restore_shares", "restore_id", id)
+		lapsed, err := s.lapsedShares(ctx, tx, "restore_shares", "restore_id", id, SharePending, RestoreShareReady)
 		if err != nil || len(lapsed) == 0 {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE restores SET state = $2, error = $3 WHERE id = $1`, id, string(RestoreAborted),
-			fmt.Sprintf("the lease of node %s ran out before its forks were ready", strings.Join(lapsed, ", "))); err != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE restores SET state = $2, error = $3 WHERE id = $1`, id, string(RestoreAborted), lapsedWhy(lapsed)); err != nil {
 			return s.wrap(err)
 		}
 		aborted = true

@@ -174,12 +174,18 @@ func (s *Postgres) Shares(ctx context.Context, id string) ([]Share, error) {
 }
 
 // lapsedShares lists, in tx, the nodes whose share (a row of table, whose
-// column col names the operation id) is still pending while their epoch no
-// longer holds a live lease.
-func (s *Postgres) lapsedShares(ctx context.Context, tx *sql.Tx, table, col, id string) ([]string, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT s.node FROM `+table+` s WHERE s.`+col+` = $1 AND s.state = $2
+// column col names the operation id) is in one of states while their
+// epoch no longer holds a live lease.
+func (s *Postgres) lapsedShares(ctx context.Context, tx *sql.Tx, table, col, id string, states ...ShareState) ([]string, error) {
+	args := []any{id}
+	in := make([]string, len(states))
+	for i, st := range states {
+		args = append(args, string(st))
+		in[i] = fmt.Sprintf("$%d", i+2)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT s.node FROM `+table+` s WHERE s.`+col+` = $1 AND s.state IN (`+strings.Join(in, ", ")+`)
 		AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.name = s.node AND n.epoch = s.epoch AND n.lease_until_ns > `+dbNowNS+`) ORDER BY s.node`,
-		id, string(SharePending))
+		args...)
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -207,7 +213,7 @@ func (s *Postgres) FailLapsed(ctx context.Context, id string) (bool, error) {
 		if err != nil || st != StatePending {
 			return err
 		}
-		lapsed, err := s.lapsedShares(ctx, tx, "checkpoint_shares", "checkpoint_id", id)
+		lapsed, err := s.lapsedShares(ctx, tx, "checkpoint_shares", "checkpoint_id", id, SharePending)
 		if err != nil || len(lapsed) == 0 {
 			return err
 		}

@@ -150,6 +150,9 @@ const (
 	errMethod      = "method_not_allowed" // 405
 	errTooLarge    = "too_large"          // 413
 	errUnavailable = "unavailable"        // 503 (shutting down)
+	// 502: the node that drives an episode did not answer a request
+	// forwarded to it.
+	errNodeUnreachable = "node_unreachable"
 )
 
 // apiError is an error with the status and type to answer it with, for
@@ -509,6 +512,9 @@ func (s *Server) getEpisode(w http.ResponseWriter, q *http.Request) {
 		s.fail(w, q, err)
 		return
 	}
+	if s.forward(w, q, row) {
+		return
+	}
 	writeJSON(w, http.StatusOK, s.view(q.Context(), row))
 }
 
@@ -522,8 +528,12 @@ type VerifyResponse struct {
 func (s *Server) verifyEpisode(w http.ResponseWriter, q *http.Request) {
 	id := q.PathValue("id")
 	ctx := context.WithoutCancel(q.Context())
-	if _, err := s.store.GetEpisode(ctx, id); err != nil {
+	row, err := s.store.GetEpisode(ctx, id)
+	if err != nil {
 		s.fail(w, q, err)
+		return
+	}
+	if s.forward(w, q, row) {
 		return
 	}
 	_, live := s.coord.Live(id)
@@ -542,15 +552,19 @@ func (s *Server) verifyEpisode(w http.ResponseWriter, q *http.Request) {
 func (s *Server) retireEpisode(w http.ResponseWriter, q *http.Request) {
 	id := q.PathValue("id")
 	ctx := context.WithoutCancel(q.Context())
-	if _, err := s.store.GetEpisode(ctx, id); err != nil {
+	row, err := s.store.GetEpisode(ctx, id)
+	if err != nil {
 		s.fail(w, q, err)
+		return
+	}
+	if s.forward(w, q, row) {
 		return
 	}
 	if err := s.coord.Retire(ctx, id); err != nil {
 		s.fail(w, q, err)
 		return
 	}
-	row, err := s.store.GetEpisode(ctx, id)
+	row, err = s.store.GetEpisode(ctx, id)
 	if err != nil {
 		s.fail(w, q, err)
 		return

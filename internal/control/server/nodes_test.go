@@ -20,7 +20,8 @@ import (
 // the next checkpoint asked of a fails once b's lease has run out, naming
 // b, and the first stays the latest. Started again on its state, b
 // re-attaches its episode (a new epoch of its name), and both episodes
-// finish with reward 1.
+// finish with reward 1. Node a answers for node b's episode by forwarding
+// the request to b.
 func TestServeNodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -58,8 +59,18 @@ func TestServeNodes(t *testing.T) {
 		t.Fatalf("ck-1 as node b serves it: %+v", got)
 	}
 
-	// An episode is retired through the node that drives it.
-	a.api().refuse("POST", "/v1/episodes/ep-b/retire", nil, http.StatusConflict, "conflict", "driven by node b")
+	// A request about node b's episode asked of node a is answered by b,
+	// which drives it (its supervisor's status is b's to read); one
+	// already forwarded is answered where it lands.
+	if v := a.api().episode("ep-b"); !v.Live || v.Node != "b" || v.Status == nil {
+		t.Fatalf("ep-b asked of node a: %+v", v)
+	}
+	forwarded := a.api()
+	forwarded.header = map[string]string{server.ForwardedBy: "c"}
+	if v := forwarded.episode("ep-b"); v.Live || v.Node != "b" {
+		t.Fatalf("ep-b asked of node a, forwarded already: %+v", v)
+	}
+	forwarded.refuse("POST", "/v1/episodes/ep-b/retire", nil, http.StatusConflict, "conflict", "driven by node b")
 
 	// The same from the command line, outside the cluster.
 	out, errOut, code := stasistest.Run(t, nil, "", "ckpt", "create", "ck-cli", "--store", dsn, "--json")
@@ -87,11 +98,18 @@ func TestServeNodes(t *testing.T) {
 		t.Fatalf("ck-1 after the failed one: %+v", got.Checkpoint)
 	}
 
+	// Started again at an address nobody answers on, node b cannot be
+	// forwarded to: node a says so.
+	b = startServe(t, stateB, append(args("b"), "--node-addr", "http://127.0.0.1:9")...)
+	a.api().refuse("GET", "/v1/episodes/ep-b", nil, http.StatusBadGateway, "node_unreachable", "driven by node b at http://127.0.0.1:9, which did not answer")
+	b.stop()
+	// Started again as it should be, node b's episode is waited for,
+	// verified and retired through node a.
 	b = startServe(t, stateB, args("b")...)
 	for _, n := range []struct {
 		p  *serveProc
 		ep string
-	}{{a, "ep-a"}, {b, "ep-b"}} {
+	}{{a, "ep-a"}, {a, "ep-b"}} {
 		api := n.p.api()
 		api.waitExited(ctx, n.ep)
 		// Verified once, by the checkpoint if it had ended by then.

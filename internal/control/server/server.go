@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -48,8 +49,10 @@ type Server struct {
 	sys *system.System
 
 	// The system's parts, as the handlers use them.
-	store      store.Store
-	member     *cluster.Member // nil unless the server is a node of a cluster
+	store  store.Store
+	member *cluster.Member // nil unless the server is a node of a cluster
+	// forwarder carries requests about another node's episode there.
+	forwarder  http.RoundTripper
 	gw         *relay.Gateway
 	provider   sandbox.Provider
 	env        *episode.Env
@@ -93,7 +96,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s := &Server{
 		o: o, log: log, sys: sys, starting: map[string]bool{},
-		member: sys.Member, store: sys.Store, gw: sys.Gateway, provider: sys.Provider, env: sys.Env, coord: sys.Coordinator, tasks: sys.Tasks, noOpenCode: sys.NoOpenCode,
+		member: sys.Member, forwarder: http.DefaultTransport.(*http.Transport).Clone(), store: sys.Store, gw: sys.Gateway, provider: sys.Provider, env: sys.Env, coord: sys.Coordinator, tasks: sys.Tasks, noOpenCode: sys.NoOpenCode,
 	}
 	s.m = newMetrics(s)
 	log.Info("environment server ready", "state", sys.State, "gateway_socket", sys.GatewaySocket, "model", sys.ModelURL,

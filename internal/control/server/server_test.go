@@ -72,6 +72,8 @@ type apiErr struct {
 type client struct {
 	t    *testing.T
 	base string
+	// header is set on every request.
+	header map[string]string
 }
 
 // do sends body (a string as it is, anything else as JSON) and returns the
@@ -97,6 +99,9 @@ func (c *client) do(method, path string, body any) (int, []byte) {
 		c.t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range c.header {
+		req.Header.Set(k, v)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		c.t.Fatalf("%s %s: %v", method, path, err)

@@ -247,44 +247,26 @@ python-client: build deps-python
 ## the Python client's tests.
 test: deps-test vet staticcheck unit python-client
 
-## fuzz: run each fuzzer for FUZZTIME (default 30s); new finds land in testdata/fuzz.
+## fuzz: run every fuzz target of the tree (each `func Fuzz…` in a _test.go
+## file, found afresh each run) for FUZZTIME each (default 30s), one after
+## another, and stop at the first failure. A failing input lands in its
+## package's testdata/fuzz (commit it: it is then a seed the unit tests
+## run); the corpus the fuzzer grows is kept in Go's cache
+## (`go env GOCACHE`/fuzz), so the next run starts from it. FUZZ=Name
+## runs only the targets whose name matches.
 FUZZTIME ?= 30s
+FUZZ     ?= .
 fuzz: deps
-	$(GO) test ./internal/insandbox/supervisor -run '^$$' -fuzz FuzzParseRequest -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/proc -run '^$$' -fuzz FuzzParseStat -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/store -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/cas -run '^$$' -fuzz FuzzDecodeManifest -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/cas -run '^$$' -fuzz FuzzChunkVerify -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzDecodeIndex -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzDecodeDead -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzParseS3URL -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/blob -run '^$$' -fuzz FuzzParseS3Name -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzCanon -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzScan -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/storage/ledger -run '^$$' -fuzz FuzzFloatFastPaths -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzParseSSE -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzParseCall -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzParseSettlements -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzChatChunks -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/relay -run '^$$' -fuzz FuzzResponsesEvents -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzParsers -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzParseDefinition -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzInstance -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzDjangoParser -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzSympyParser -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzPytestOptionsParser -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzPytestV2Parser -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzPytestMatplotlibParser -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzPytestSeabornParser -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzHarnessTest -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/control/task -run '^$$' -fuzz FuzzNumstatPaths -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/providers/microvm/agent -run '^$$' -fuzz FuzzReadFrame -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/providers/microvm/agent -run '^$$' -fuzz FuzzParseExecHeader -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/providers/microvm/vmstate -run '^$$' -fuzz FuzzSplitter -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/copyout -run '^$$' -fuzz FuzzExtract -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
-	$(GO) test ./internal/control/image -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/fileop -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME)
+	@set -e; n=0; \
+	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
+		dir=./$$(dirname $${f#./}); \
+		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f | grep -E '$(FUZZ)'); do \
+			echo "== $$dir $$name ($(FUZZTIME))"; \
+			$(GO) test $$dir -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s; \
+			n=$$((n+1)); \
+		done; \
+	done; \
+	echo "fuzz: $$n targets ran for $(FUZZTIME) each, none failed"
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build deps-microvm

@@ -60,7 +60,7 @@ const refHelp = "use oci:PATH[:TAG] (an OCI image layout directory), docker-arch
 func ParseRef(s string) (Ref, error) {
 	switch {
 	case s == "":
-		return Ref{}, fmt.Errorf("an empty image reference: %s", refHelp)
+		return Ref{}, errdefs.Errorf(errdefs.ErrInvalid, "an empty image reference: %s", refHelp)
 	case strings.HasPrefix(s, "oci:"):
 		p := strings.TrimPrefix(s, "oci:")
 		r := Ref{Transport: TransportOCI, Path: p}
@@ -72,28 +72,28 @@ func ParseRef(s string) (Ref, error) {
 			}
 		}
 		if r.Path == "" {
-			return Ref{}, fmt.Errorf("image %q: no layout directory after \"oci:\"", s)
+			return Ref{}, errdefs.Errorf(errdefs.ErrInvalid, "image %q: no layout directory after \"oci:\"", s)
 		}
 		return r, nil
 	case strings.HasPrefix(s, "docker-archive:"):
 		p := strings.TrimPrefix(s, "docker-archive:")
 		if p == "" {
-			return Ref{}, fmt.Errorf("image %q: no archive path after \"docker-archive:\"", s)
+			return Ref{}, errdefs.Errorf(errdefs.ErrInvalid, "image %q: no archive path after \"docker-archive:\"", s)
 		}
 		return Ref{Transport: TransportArchive, Path: p}, nil
 	case strings.HasPrefix(s, "docker://"):
 		n := strings.TrimPrefix(s, "docker://")
 		if _, err := name.ParseReference(n, name.StrictValidation); err != nil {
-			return Ref{}, fmt.Errorf("image %q: %v (give docker://HOST/REPO:TAG or docker://HOST/REPO@sha256:HEX)", s, err)
+			return Ref{}, errdefs.Errorf(errdefs.ErrInvalid, "image %q: %v (give docker://HOST/REPO:TAG or docker://HOST/REPO@sha256:HEX)", s, err)
 		}
 		return Ref{Transport: TransportDocker, Name: n}, nil
 	case strings.HasPrefix(s, "sha256:"):
 		if !digestRE.MatchString(s) {
-			return Ref{}, fmt.Errorf("image %q: a digest is sha256: and 64 lowercase hex digits", s)
+			return Ref{}, errdefs.Errorf(errdefs.ErrInvalid, "image %q: a digest is sha256: and 64 lowercase hex digits", s)
 		}
 		return Ref{Transport: TransportDigest, Digest: s}, nil
 	}
-	return Ref{}, fmt.Errorf("image %q: unknown form; %s", s, refHelp)
+	return Ref{}, errdefs.Errorf(errdefs.ErrInvalid, "image %q: unknown form; %s", s, refHelp)
 }
 
 func (r Ref) String() string {

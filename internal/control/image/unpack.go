@@ -67,17 +67,16 @@ func (u *unpacker) id(n int) int {
 // clean turns a tar name into a relative path inside root, refusing one
 // that would leave it.
 func clean(name string) (string, error) {
-	p := path.Clean("/" + name)
-	if p == "/" {
-		return ".", nil
-	}
-	rel := strings.TrimPrefix(p, "/")
 	for _, c := range strings.Split(name, "/") {
 		if c == ".." {
 			return "", fmt.Errorf("tar entry %q leaves the image's root", name)
 		}
 	}
-	return rel, nil
+	p := path.Clean("/" + name)
+	if p == "/" {
+		return ".", nil
+	}
+	return strings.TrimPrefix(p, "/"), nil
 }
 
 func (u *unpacker) run(ctx context.Context, r io.Reader) error {

@@ -86,27 +86,35 @@ func (s *Postgres) Join(ctx context.Context, name, addr string, lease time.Durat
 }
 
 // Renew extends node n's lease to lease from now, if its epoch still
-// holds it; otherwise ErrLeaseLost.
+// holds it; otherwise ErrLeaseLost. It is one statement on a connection
+// of its own (not the pool the node's writes queue for), outside any
+// serializable transaction, and it does not wait for the node's writes:
+// they hold the node's row only FOR KEY SHARE (checkGuard), which a
+// renewal's update of the lease does not conflict with. A busy node's
+// heartbeat so gets through while its writes run.
 func (s *Postgres) Renew(ctx context.Context, n Node, lease time.Duration) (Node, error) {
-	var out Node
-	err := s.tx(ctx, false, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE nodes SET lease_until_ns = `+dbNowNS+` + $3 WHERE name = $1 AND epoch = $2 AND lease_until_ns > `+dbNowNS, n.Name, n.Epoch, lease.Nanoseconds())
-		if err != nil {
-			return s.wrap(err)
-		}
-		if k, _ := res.RowsAffected(); k == 0 {
-			return fmt.Errorf("node %s (epoch %d): %w", n.Name, n.Epoch, ErrLeaseLost)
-		}
-		out, err = scanNode(tx.QueryRowContext(ctx, selectNode+` WHERE name = $1`, n.Name))
-		return s.wrap(err)
-	})
-	return out, err
+	out, err := scanNode(s.leaseDB().QueryRowContext(ctx, `UPDATE nodes SET lease_until_ns = `+dbNowNS+` + $3
+		WHERE name = $1 AND epoch = $2 AND lease_until_ns > `+dbNowNS+`
+		RETURNING name, addr, epoch, started_ns, lease_until_ns, lease_until_ns > `+dbNowNS, n.Name, n.Epoch, lease.Nanoseconds()))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Node{}, fmt.Errorf("node %s (epoch %d): %w", n.Name, n.Epoch, ErrLeaseLost)
+	}
+	return out, s.wrap(err)
+}
+
+// leaseDB is the connection renewals and leaves go through: the lease's
+// own, or the pool when there is none.
+func (s *Postgres) leaseDB() *sql.DB {
+	if s.leases != nil {
+		return s.leases
+	}
+	return s.db
 }
 
 // Leave ends node n's lease now (a server stopping cleanly), if its epoch
 // still holds it.
 func (s *Postgres) Leave(ctx context.Context, n Node) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE nodes SET lease_until_ns = `+dbNowNS+` WHERE name = $1 AND epoch = $2`, n.Name, n.Epoch)
+	_, err := s.leaseDB().ExecContext(ctx, `UPDATE nodes SET lease_until_ns = `+dbNowNS+` WHERE name = $1 AND epoch = $2`, n.Name, n.Epoch)
 	return s.wrap(err)
 }
 
@@ -146,7 +154,7 @@ func scanNode(sc scanner) (Node, error) {
 // ran out while it still runs (cut off from the database, say) can then
 // neither put records nor commit a checkpoint nor change an episode.
 func (s *Postgres) AsNode(n Node) *Postgres {
-	return &Postgres{sqlStore{db: s.db, d: s.d, where: s.where, now: s.now, guard: &n}}
+	return &Postgres{sqlStore: sqlStore{db: s.db, d: s.d, where: s.where, now: s.now, guard: &n}, leases: s.leases}
 }
 
 // checkGuard refuses a write of a store whose node has lost its lease.
@@ -155,7 +163,10 @@ func (s *sqlStore) checkGuard(ctx context.Context, tx *sql.Tx) error {
 		return nil
 	}
 	var ok int
-	err := tx.QueryRowContext(ctx, `SELECT 1 FROM nodes WHERE name = $1 AND epoch = $2 AND lease_until_ns > `+dbNowNS+` FOR SHARE`, s.guard.Name, s.guard.Epoch).Scan(&ok)
+	// FOR KEY SHARE: a Join of a new epoch (SELECT … FOR UPDATE) waits
+	// for this write to end, and so can never see it commit after; the
+	// node's own renewals (an update of the lease alone) do not wait.
+	err := tx.QueryRowContext(ctx, `SELECT 1 FROM nodes WHERE name = $1 AND epoch = $2 AND lease_until_ns > `+dbNowNS+` FOR KEY SHARE`, s.guard.Name, s.guard.Epoch).Scan(&ok)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("record store %s: node %s (epoch %d): %w; nothing was written", s.where, s.guard.Name, s.guard.Epoch, ErrLeaseLost)
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -130,5 +131,69 @@ func TestPartitionedNodeCannotWrite(t *testing.T) {
 	// Reads do not need a lease.
 	if _, _, err := p.Get(ctx, "A"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A node's writes do not hold up its heartbeat: a renewal goes through
+// while a write transaction of the node is open (and its connections
+// are all busy), but a new epoch of its name joining after its lease ran
+// out waits for that write to end, so an old epoch's write never commits
+// after a new epoch joined.
+func TestRenewDoesNotWaitForTheNodesWrites(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	s := openPostgres(t, dsn)
+	n := joinAll(t, s, 2*time.Second, "a")[0]
+	v := s.AsNode(n)
+	const open = 32 // every connection of the pool
+	entered, release := make(chan struct{}, open), make(chan struct{})
+	wrote := make(chan error, open)
+	for range open {
+		go func() {
+			wrote <- v.tx(ctx, false, func(*sql.Tx) error {
+				entered <- struct{}{}
+				<-release
+				return nil
+			})
+		}()
+	}
+	for range open {
+		<-entered
+	}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := s.Renew(rctx, n, 2*time.Second); err != nil {
+		t.Fatalf("renew while the node's writes are open: %v", err)
+	}
+	// The node's pool is taken by its writes: look, and join, from
+	// another process's store.
+	other := openPostgres(t, dsn)
+	waitLapsed(t, other, "a")
+	joined := make(chan error, 1)
+	go func() {
+		_, err := other.Join(ctx, "a", "", time.Minute)
+		joined <- err
+	}()
+	testwait.Until(t, "the new epoch's join to wait for the old epoch's writes", 30*time.Second, func() bool {
+		var waiting int
+		err := other.leases.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	})
+	select {
+	case err := <-joined:
+		t.Fatalf("the join did not wait for the open writes: %v", err)
+	default:
+	}
+	close(release)
+	for range open {
+		if err := <-wrote; err != nil {
+			t.Fatalf("a write begun under the lease: %v", err)
+		}
+	}
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.AppendJournal(ctx, JournalEntry{Op: "op", Kind: "k"}); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("the old epoch writes after the new one joined: %v", err)
 	}
 }

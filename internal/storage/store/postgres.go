@@ -21,6 +21,9 @@ import (
 // synchronous_commit decides how; its default is to the WAL on disk).
 type Postgres struct {
 	sqlStore
+	// leases is a connection of the nodes' leases' own (Renew, Leave),
+	// shared by a node's view of the store (AsNode).
+	leases *sql.DB
 }
 
 var _ Store = (*Postgres)(nil)
@@ -48,18 +51,35 @@ func OpenPostgres(ctx context.Context, dsn string) (*Postgres, error) {
 		return nil, fmt.Errorf("record store %s: %w", where, err)
 	}
 	sizePool(db)
-	s := &Postgres{sqlStore{db: db, d: postgresDialect, where: where, now: time.Now}}
+	leases, err := sql.Open("pgx", dsn)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("record store %s: %w", where, err)
+	}
+	leases.SetMaxOpenConns(1)
+	s := &Postgres{sqlStore: sqlStore{db: db, d: postgresDialect, where: where, now: time.Now}, leases: leases}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		_ = db.Close()
+		_ = leases.Close()
 		return nil, fmt.Errorf("record store %s: cannot connect: %w; check that the server runs, the URL's host, port, user and database, and its password (in the URL or PGPASSWORD)", where, err)
 	}
 	if err := s.migrate(ctx); err != nil {
 		_ = db.Close()
+		_ = leases.Close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// Close closes the store's connections.
+func (s *Postgres) Close() error {
+	err := s.sqlStore.Close()
+	if s.leases != nil {
+		err = errors.Join(err, s.wrap(s.leases.Close()))
+	}
+	return err
 }
 
 // sizePool sets the limits of a store's pool of connections.

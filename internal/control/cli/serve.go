@@ -19,6 +19,7 @@ import (
 	"stasis/internal/control/system"
 	"stasis/internal/control/task"
 	"stasis/internal/providers/microvm"
+	"stasis/internal/providers/sim"
 	"stasis/sandbox"
 )
 
@@ -79,7 +80,7 @@ func (sf *serveFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&sf.access.TLSCert, "tls-cert", "", "serve the API over TLS with this certificate chain (PEM; with --tls-key)")
 	f.StringVar(&sf.access.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
 	f.StringVar(&sf.access.TLSClientCA, "tls-client-ca", "", "require a client certificate signed by this CA (PEM) on every connection (with --tls-cert)")
-	f.StringVar(&sf.provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch)")
+	f.StringVar(&sf.provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch), or "+sim.Help)
 	f.StringVar(&sf.gwListen, "gateway-listen", "", "hosted providers: a TCP address where the gateway also listens for the sandboxes' relays")
 	f.StringVar(&sf.gwURL, "gateway-url", "", "hosted providers: the gateway's URL as the sandboxes reach it (default: http:// and the --gateway-listen address)")
 	f.StringVar(&sf.guestMemory, "guest-memory", "", fmt.Sprintf("microvm: each guest's memory, e.g. 1GiB (default %d MiB)", microvm.DefaultMemMiB))

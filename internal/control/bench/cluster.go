@@ -45,8 +45,12 @@ type ClusterOptions struct {
 	// the simulated harness does not run it).
 	Task string
 	// Concurrency is each node's coordinator concurrency (0: serve's
-	// default).
-	Concurrency int
+	// default). StartConcurrency is how many episodes each node is asked
+	// to start at once (default 4: the record store's journal takes its
+	// appends one after another, and many more at once exhaust its
+	// retries of serialization failures).
+	Concurrency      int
+	StartConcurrency int
 	// Dir is where the nodes' state directories are made (default: a
 	// temporary directory, removed afterwards).
 	Dir string
@@ -132,6 +136,9 @@ func Cluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, error) {
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
+	}
+	if o.StartConcurrency == 0 {
+		o.StartConcurrency = 4
 	}
 	if o.Settle == 0 {
 		o.Settle = statsSettle
@@ -301,7 +308,9 @@ func clusterOnce(ctx context.Context, o ClusterOptions, episodes int) (row Clust
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	row = ClusterRow{Episodes: episodes, Nodes: o.Nodes}
-	say := func(format string, args ...any) { fmt.Fprintf(o.Progress, "[%d] "+format+"\n", append([]any{episodes}, args...)...) }
+	say := func(format string, args ...any) {
+		fmt.Fprintf(o.Progress, "[%d] "+format+"\n", append([]any{episodes}, args...)...)
+	}
 
 	// The store's part alone first, on a database of its own.
 	suffix := fmt.Sprintf("%d_%d_%d", os.Getpid(), episodes, time.Now().UnixNano()%1e6)
@@ -350,17 +359,17 @@ func clusterOnce(ctx context.Context, o ClusterOptions, episodes int) (row Clust
 	}
 	say("%d nodes up; starting %d episodes", len(nodes), episodes)
 
-	// Start the episodes: node i gets every len(nodes)-th, each node 16
-	// at once.
+	// Start the episodes: node i gets every len(nodes)-th, each node
+	// StartConcurrency at once.
 	t0 := time.Now()
 	var started atomic.Int64
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	deadline := 6 * 24 * 3600.0 // the simulated harness must not end on its own during the run
 	for i, n := range nodes {
-		for w := range 16 {
+		for w := range o.StartConcurrency {
 			wg.Go(func() {
-				for e := i + w*len(nodes); e < episodes; e += 16 * len(nodes) {
+				for e := i + w*len(nodes); e < episodes; e += o.StartConcurrency * len(nodes) {
 					if ctx.Err() != nil || errs[i] != nil {
 						return
 					}

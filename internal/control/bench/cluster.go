@@ -51,6 +51,11 @@ type ClusterOptions struct {
 	// retries of serialization failures).
 	Concurrency      int
 	StartConcurrency int
+	// NodeLease is the nodes' --node-lease (default 60 s). With serve's
+	// default of 10 s, two of 4 nodes busy with a checkpoint of 1,250
+	// episodes on a loaded 2-core machine failed to renew their leases in
+	// time, and the checkpoint failed (see BENCHMARKS.md).
+	NodeLease time.Duration
 	// Dir is where the nodes' state directories are made (default: a
 	// temporary directory, removed afterwards).
 	Dir string
@@ -137,6 +142,9 @@ func Cluster(ctx context.Context, o ClusterOptions) ([]ClusterRow, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	if o.NodeLease == 0 {
+		o.NodeLease = time.Minute
+	}
 	if o.StartConcurrency == 0 {
 		o.StartConcurrency = 4
 	}
@@ -202,7 +210,7 @@ func startNode(ctx context.Context, o ClusterOptions, name, state, dsn string) (
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", state, "--provider", "sim", "--node", name, "--store", dsn, "--log-format", "json", "--log-level", "warn"}
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", state, "--provider", "sim", "--node", name, "--node-lease", o.NodeLease.String(), "--store", dsn, "--log-format", "json", "--log-level", "warn"}
 	if o.Concurrency > 0 {
 		args = append(args, "--concurrency", strconv.Itoa(o.Concurrency))
 	}

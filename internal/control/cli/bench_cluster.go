@@ -103,6 +103,7 @@ committed in <= 30 s, and <= 0.25 MiB of node RSS per episode.`,
 	f.IntVar(&o.Nodes, "nodes", 4, "stasis serve --node processes")
 	f.IntVar(&o.Concurrency, "concurrency", 0, "each node's checkpoint concurrency (default: serve's)")
 	f.IntVar(&o.StartConcurrency, "start-concurrency", 4, "episodes each node is asked to start at once")
+	f.DurationVar(&o.NodeLease, "node-lease", time.Minute, "the nodes' --node-lease")
 	f.DurationVar(&o.Timeout, "timeout", 20*time.Minute, "bound on each size's run")
 	f.StringVar(&o.HeapProfile, "heap-profile", "", "directory where node 1's heap profile is written once its episodes are started (heap-N.pb.gz; go tool pprof)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")

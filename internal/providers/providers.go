@@ -1,5 +1,6 @@
 // Package providers owns the list of stasis's built-in sandbox providers:
-// importing it registers every one (local, microvm, e2b, opensandbox) with
+// importing it registers every one (local, microvm, e2b, opensandbox, and
+// sim, the simulated provider for benchmarks and tests of stasis itself) with
 // sandbox.Register, so that sandbox.Open knows them by name. The CLI, the
 // server and the job import it; a program that wants fewer imports only
 // the providers it uses.
@@ -11,4 +12,5 @@ import (
 	_ "stasis/internal/providers/local"
 	_ "stasis/internal/providers/microvm"
 	_ "stasis/internal/providers/opensandbox"
+	_ "stasis/internal/providers/sim"
 )

@@ -13,10 +13,10 @@ import (
 )
 
 func TestEveryBuiltinProviderIsRegistered(t *testing.T) {
-	if got, want := sandbox.Names(), []string{"e2b", "local", "microvm", "opensandbox"}; !slices.Equal(got, want) {
+	if got, want := sandbox.Names(), []string{"e2b", "local", "microvm", "opensandbox", "sim"}; !slices.Equal(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
-	for name, hosted := range map[string]bool{"local": false, "microvm": false, "e2b": true, "opensandbox": true} {
+	for name, hosted := range map[string]bool{"local": false, "microvm": false, "e2b": true, "opensandbox": true, "sim": false} {
 		d, err := sandbox.Lookup(name)
 		if err != nil {
 			t.Fatal(err)

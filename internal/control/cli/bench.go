@@ -22,7 +22,7 @@ func newBenchCmd() *cobra.Command {
 a baseline measured in the same run, so that the ratio means something on a
 shared, noisy machine. BENCHMARKS.md records the results.`,
 	}
-	cmd.AddCommand(newBenchSuperviseCmd(), newBenchSnapshotCmd(), newBenchSandboxCmd(), newBenchRelayCmd(), newBenchCheckpointCmd(), newBenchMicroVMCmd())
+	cmd.AddCommand(newBenchSuperviseCmd(), newBenchSnapshotCmd(), newBenchSandboxCmd(), newBenchRelayCmd(), newBenchCheckpointCmd(), newBenchClusterCmd(), newBenchMicroVMCmd())
 	return cmd
 }
 

@@ -5,7 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -19,6 +24,7 @@ import (
 	"stasis/internal/control/system"
 	"stasis/internal/control/task"
 	"stasis/internal/providers/microvm"
+	"stasis/internal/providers/sim"
 	"stasis/sandbox"
 )
 
@@ -79,7 +85,7 @@ func (sf *serveFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&sf.access.TLSCert, "tls-cert", "", "serve the API over TLS with this certificate chain (PEM; with --tls-key)")
 	f.StringVar(&sf.access.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
 	f.StringVar(&sf.access.TLSClientCA, "tls-client-ca", "", "require a client certificate signed by this CA (PEM) on every connection (with --tls-cert)")
-	f.StringVar(&sf.provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch)")
+	f.StringVar(&sf.provider, "provider", "local", "sandbox provider: local (bubblewrap; stop pauses, relaunch on restore), microvm (QEMU; hold pauses, resume in place), opensandbox (OPENSANDBOX_URL, OPENSANDBOX_API_KEY; stop pauses, relaunch) or e2b (E2B_API_KEY, E2B_DOMAIN; hold pauses, resume in place; with E2B_FILE_ONLY_SNAPSHOTS=1 stop pauses, relaunch), or "+sim.Help)
 	f.StringVar(&sf.gwListen, "gateway-listen", "", "hosted providers: a TCP address where the gateway also listens for the sandboxes' relays")
 	f.StringVar(&sf.gwURL, "gateway-url", "", "hosted providers: the gateway's URL as the sandboxes reach it (default: http:// and the --gateway-listen address)")
 	f.StringVar(&sf.guestMemory, "guest-memory", "", fmt.Sprintf("microvm: each guest's memory, e.g. 1GiB (default %d MiB)", microvm.DefaultMemMiB))
@@ -130,6 +136,10 @@ func (sf *serveFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		_ = ln.Close()
 		return &exitError{Code: 1, Err: err}
+	}
+	if os.Getenv(HeapProfileEnv) != "" {
+		stop := heapProfileOnSignal(filepath.Join(sf.state, "heap.pb.gz"), log)
+		defer stop()
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), shown)
 	log.Info("serving", "addr", shown, "tls", o.Access.TLSConfig() != nil, "authenticates", o.Access.Authenticates())
@@ -354,4 +364,43 @@ func parseGuestMemory(v, provider string) (int, error) {
 		return 0, fmt.Errorf("--guest-memory %q: give a size from 128MiB, such as 512MiB or 1GiB", v)
 	}
 	return int(n >> 20), nil
+}
+
+// HeapProfileEnv, set in a server's environment, has it write its heap
+// profile (go tool pprof) to STATE/heap.pb.gz on each SIGUSR1, then
+// STATE/heap.pb.gz.done: how `stasis bench cluster --heap-profile` looks
+// into a node.
+const HeapProfileEnv = "STASIS_HEAP_PROFILE_SIGNAL"
+
+// heapProfileOnSignal writes the heap profile to dst on each SIGUSR1
+// until the returned function is called.
+func heapProfileOnSignal(dst string, log *slog.Logger) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ch:
+			case <-done:
+				return
+			}
+			runtime.GC()
+			_ = os.Remove(dst + ".done")
+			f, err := os.Create(dst)
+			if err == nil {
+				err = pprof.Lookup("heap").WriteTo(f, 0)
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+			}
+			if err == nil {
+				err = os.WriteFile(dst+".done", nil, 0o644)
+			}
+			if err != nil {
+				log.Warn("heap profile", "path", dst, "err", err)
+			}
+		}
+	}()
+	return func() { signal.Stop(ch); close(done) }
 }

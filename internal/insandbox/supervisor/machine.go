@@ -169,6 +169,35 @@ func NewMachine(cfg Config, id proc.Identity, p Process, gate Gate, clock Clock)
 	return &Machine{cfg: cfg, id: id, p: p, gate: gate, clock: clock}
 }
 
+// Clone returns a copy of the machine in its present state that drives p,
+// gate and clock instead of the original's: what a memory snapshot of the
+// sandbox holds, for a provider that keeps its sandboxes' processes in
+// memory (the simulated provider). The copy and the original go on
+// independently; like the machine, Clone must not run concurrently with
+// another call on it.
+func (m *Machine) Clone(p Process, gate Gate, clock Clock) *Machine {
+	c := *m
+	c.p, c.gate, c.clock = p, gate, clock
+	c.cfg.Argv = append([]string(nil), m.cfg.Argv...)
+	c.cfg.ResumeArgv = append([]string(nil), m.cfg.ResumeArgv...)
+	c.leftover = append([]int(nil), m.leftover...)
+	// Acknowledgements and the receipt are not changed once made, but a
+	// copy shares nothing it could.
+	if m.pauseAck != nil {
+		a := *m.pauseAck
+		c.pauseAck = &a
+	}
+	if m.contAck != nil {
+		a := *m.contAck
+		c.contAck = &a
+	}
+	if m.receipt != nil {
+		r := *m.receipt
+		c.receipt = &r
+	}
+	return &c
+}
+
 // Start launches the harness for the first time.
 func (m *Machine) Start() error {
 	m.gen++

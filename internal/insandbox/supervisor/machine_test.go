@@ -381,3 +381,37 @@ func TestHoldFreeze(t *testing.T) {
 	}
 	p.expect(t, "launch resume")
 }
+
+// TestCloneGoesOnAlone: a clone of a paused machine (a memory snapshot's
+// copy) is in the same state and drives its own process layer; what
+// either does afterwards leaves the other as it was.
+func TestCloneGoesOnAlone(t *testing.T) {
+	m, p, c := newTestMachine(t, Config{Mode: ModeStop, Deadline: time.Hour})
+	a, _, err := m.Pause(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.expect(t, "stop")
+	cp := &fakeProc{stopOK: true}
+	cc := &fakeClock{t: c.t}
+	k := m.Clone(cp, nil, cc)
+	if st := k.Status(); st.State != StatePaused || st.Seq != 2 || st.Identity != a.Identity {
+		t.Fatalf("the clone's status %+v", st)
+	}
+	if again, fresh, err := k.Pause(2); err != nil || fresh || again.Wall != a.Wall {
+		t.Fatalf("the clone repeats pause 2: %+v %v %v", again, fresh, err)
+	}
+	if _, _, err := k.Continue(2); err != nil {
+		t.Fatal(err)
+	}
+	cp.expect(t, "cont")
+	p.expect(t, "")
+	if st := m.Status(); st.State != StatePaused {
+		t.Fatalf("the original after the clone's continue: %+v", st)
+	}
+	_, _, err = m.Pause(3)
+	refused(t, err, "pause 2 is in force")
+	if _, _, err := k.Pause(3); err != nil {
+		t.Fatalf("the clone's own pause 3: %v", err)
+	}
+}

@@ -39,6 +39,10 @@ func (s *sqlStore) AppendJournal(ctx context.Context, e JournalEntry) (JournalEn
 	}
 	e.Created = s.now().UTC()
 	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+		if s.d.journalSeq {
+			return s.wrap(tx.QueryRowContext(ctx, s.q(`INSERT INTO journal (seq, op, kind, episode, doc, created_ns, node) VALUES (nextval('journal_seq'), ?, ?, ?, ?, ?, ?) RETURNING seq`),
+				e.Op, e.Kind, e.Episode, doc, e.Created.UnixNano(), s.node()).Scan(&e.Seq))
+		}
 		var last sql.NullInt64
 		if err := tx.QueryRowContext(ctx, `SELECT MAX(seq) FROM journal`).Scan(&last); err != nil {
 			return s.wrap(err)

@@ -36,6 +36,7 @@ var postgresDialect = dialect{
 	writeIsolation:     sql.LevelSerializable,
 	retry:              retryablePostgres,
 	migrateLock:        fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, migrationLock),
+	journalSeq:         true,
 }
 
 // OpenPostgres opens the record store in the PostgreSQL database at dsn (a

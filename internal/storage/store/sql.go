@@ -49,6 +49,13 @@ type dialect struct {
 	// migrateLock, if set, is run first in the migration's transaction to
 	// make concurrent migrations of one database take turns.
 	migrateLock string
+	// journalSeq: the journal's numbers come from the sequence
+	// journal_seq (PostgreSQL), which the migration makes if missing,
+	// rather than from MAX(seq) + 1. Under serializable isolation every
+	// append reading the journal's last number conflicts with every other
+	// append, and with many episodes starting at once their retries ran
+	// out; a sequence is read by no transaction.
+	journalSeq bool
 }
 
 var sqliteDialect = dialect{name: "sqlite", serialWrites: true}
@@ -308,8 +315,29 @@ func (s *sqlStore) migrate(ctx context.Context) error {
 				return s.wrap(err)
 			}
 		}
+		if s.d.journalSeq {
+			return s.makeJournalSeq(ctx, tx)
+		}
 		return nil
 	})
+}
+
+// makeJournalSeq makes the sequence of the journal's numbers if it is
+// missing, starting above the journal's last entry (under the migration's
+// lock: one process makes it).
+func (s *sqlStore) makeJournalSeq(ctx context.Context, tx *sql.Tx) error {
+	var missing bool
+	if err := tx.QueryRowContext(ctx, `SELECT to_regclass('journal_seq') IS NULL`).Scan(&missing); err != nil {
+		return s.wrap(err)
+	}
+	if !missing {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `CREATE SEQUENCE journal_seq`); err != nil {
+		return s.wrap(err)
+	}
+	_, err := tx.ExecContext(ctx, `SELECT setval('journal_seq', COALESCE(MAX(seq), 0) + 1, false) FROM journal`)
+	return s.wrap(err)
 }
 
 // state reads a checkpoint's state inside tx, locking its row for a write.

@@ -58,6 +58,11 @@ type vmConfig struct {
 	// starts from (QEMU runs it: `stasis microvm state`, streaming it out
 	// of the blob store), or empty.
 	Incoming []string `json:"incoming,omitempty"`
+	// IncomingStream says the saved state comes over the monitor instead
+	// (QEMU starts with -incoming defer): the provider streams it out of a
+	// store of its own process (Options.Blobs), through a pipe it hands
+	// QEMU (see streamIncoming).
+	IncomingStream bool `json:"incoming_stream,omitempty"`
 }
 
 // shellQuote quotes s for the glib shell parser QEMU uses on a guestfwd
@@ -156,6 +161,8 @@ func (c vmConfig) args(dir string) []string {
 			q[i] = shellQuote(arg)
 		}
 		a = append(a, "-incoming", "exec:"+strings.Join(q, " "))
+	} else if c.IncomingStream {
+		a = append(a, "-incoming", "defer")
 	}
 	return a
 }

@@ -637,36 +637,55 @@ func (p *Provider) resumeIncoming(ctx context.Context, m meta) error {
 	return p.waitLoaded(bctx, mon, m, nil)
 }
 
+// stateStream is the writing of a saved state into QEMU (streamIncoming):
+// done is closed when the writer has ended, err is then its outcome.
+type stateStream struct {
+	done chan struct{}
+	err  error
+}
+
+// failed is the stream's error, said as the load's, once it has ended.
+func (s *stateStream) failed() error {
+	if s.err == nil {
+		return nil
+	}
+	return fmt.Errorf("stream the saved state: %w", s.err)
+}
+
 // waitLoaded polls QEMU's status until it has loaded its saved state,
-// and lets the guest run. streamDone, when not nil, delivers the outcome
-// of writing the state to QEMU (streamIncoming): a failure there is the
-// load's, said before QEMU's own complaint about a stream cut short.
-func (p *Provider) waitLoaded(bctx context.Context, mon *qmpConn, m meta, streamDone <-chan error) error {
+// and lets the guest run. st, when not nil, is the writing of the state
+// into QEMU (streamIncoming): a failure there is the load's, said before
+// QEMU's own complaint about a stream cut short.
+func (p *Provider) waitLoaded(bctx context.Context, mon *qmpConn, m meta, st *stateStream) error {
 	dir := p.sbDir(m.ID)
+	var streamDone <-chan struct{}
+	if st != nil {
+		streamDone = st.done
+	}
 	streamErr := func(err error) error {
-		if streamDone == nil {
+		if st == nil {
 			return err
 		}
 		// QEMU ends once the stream fails it: the writer is told of it
 		// at once (its pipe is broken).
 		select {
-		case serr := <-streamDone:
-			if serr != nil {
-				return fmt.Errorf("stream the saved state: %w", serr)
+		case <-st.done:
+			if serr := st.failed(); serr != nil {
+				return serr
 			}
 		case <-bctx.Done():
 		}
 		return err
 	}
 	for {
-		var st struct {
+		var status struct {
 			Status string `json:"status"`
 		}
-		if err := qmpRun(mon, "query-status", nil, &st); err != nil {
+		if err := qmpRun(mon, "query-status", nil, &status); err != nil {
 			qlog, _ := os.ReadFile(filepath.Join(dir, qemuLogFile))
 			return streamErr(fmt.Errorf("%w; QEMU said: %s", err, strings.TrimSpace(string(qlog))))
 		}
-		switch st.Status {
+		switch status.Status {
 		case "running":
 			return nil
 		case "inmigrate", "prelaunch":
@@ -674,14 +693,14 @@ func (p *Provider) waitLoaded(bctx context.Context, mon *qmpConn, m meta, stream
 			return qmpRun(mon, "cont", nil, nil)
 		default:
 			qlog, _ := os.ReadFile(filepath.Join(dir, qemuLogFile))
-			return streamErr(fmt.Errorf("QEMU is %q after loading the saved state: %s", st.Status, strings.TrimSpace(string(qlog))))
+			return streamErr(fmt.Errorf("QEMU is %q after loading the saved state: %s", status.Status, strings.TrimSpace(string(qlog))))
 		}
 		select {
 		case <-bctx.Done():
 			return streamErr(fmt.Errorf("QEMU did not load the saved state within %s", p.o.BootTimeout))
-		case serr := <-streamDone:
-			if serr != nil {
-				return fmt.Errorf("stream the saved state: %w", serr)
+		case <-streamDone:
+			if err := st.failed(); err != nil {
+				return err
 			}
 			streamDone = nil // all written; QEMU may still be loading it
 		case <-time.After(10 * time.Millisecond): // poll interval, bounded by the boot timeout
@@ -724,7 +743,7 @@ func (p *Provider) streamIncoming(ctx context.Context, m meta, cat func(context.
 	if err := qmpRun(mon, "migrate-incoming", map[string]any{"uri": "fd:state"}, nil); err != nil {
 		return err
 	}
-	done := make(chan error, 1)
+	st := &stateStream{done: make(chan struct{})}
 	go func() {
 		bw := bufio.NewWriterSize(w, 1<<20)
 		err := cat(bctx, bw)
@@ -732,18 +751,19 @@ func (p *Provider) streamIncoming(ctx context.Context, m meta, cat func(context.
 			err = bw.Flush()
 		}
 		closeWriter()
-		done <- err
+		st.err = err
+		close(st.done)
 	}()
-	if err := p.waitLoaded(bctx, mon, m, done); err != nil {
+	if err := p.waitLoaded(bctx, mon, m, st); err != nil {
 		closeWriter() // a writer still blocked on the pipe returns
 		return err
 	}
 	// Loaded: the writer has written it all (QEMU read up to the end),
 	// or is told now that QEMU closed its end.
 	select {
-	case err := <-done:
-		if err != nil && !errors.Is(err, syscall.EPIPE) {
-			return fmt.Errorf("stream the saved state: %w", err)
+	case <-st.done:
+		if st.err != nil && !errors.Is(st.err, syscall.EPIPE) {
+			return st.failed()
 		}
 		return nil
 	case <-bctx.Done():

@@ -301,7 +301,9 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	var state []string
 	var cat func(context.Context, io.Writer) error
 	if p.shared() {
-		cat = func(ctx context.Context, w io.Writer) error { return p.snaps.CAS.CatFile(ctx, s.Manifest, stateFile, w) }
+		cat = func(ctx context.Context, w io.Writer) error {
+			return p.snaps.CAS.CatFile(ctx, s.Manifest, stateFile, w)
+		}
 	} else {
 		state = []string{p.o.Exe, "microvm", "state", "--blobs", p.blobDir(), "--manifest", s.Manifest}
 	}

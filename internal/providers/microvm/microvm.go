@@ -268,7 +268,7 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	}
 	p.snaps = &hostkeep.Snapshots[snapMeta, *snapMeta]{
 		Provider: Name, Dir: filepath.Join(o.Home, "snapshots", Name), Prefix: "vms-", Now: o.Now,
-		Info: snapMeta.info, BlobLock: filepath.Join(o.Home, "vmblobs.lock"), Bases: p.sbs.Manifests,
+		Info: snapMeta.info, BlobLock: filepath.Join(o.Home, "vmblobs.lock"), Bases: p.liveManifests,
 	}
 	if p.images, err = image.Open(o.Home, image.DefaultIDBase); err != nil {
 		return nil, err

@@ -52,6 +52,9 @@ type vmConfig struct {
 	// otherwise, and a saved machine's page cache would then read the
 	// wrong ones.
 	DiskID string `json:"disk_id,omitempty"`
+	// DiskManifest is Disk stored in a shared store (see storeDisks),
+	// set in a snapshot's record.
+	DiskManifest string `json:"disk_manifest,omitempty"`
 	// Binds are host directories the guest sees read-only (see BindDisk).
 	Binds []BindDisk `json:"binds,omitempty"`
 	// Incoming is the command whose output is the saved state a fork

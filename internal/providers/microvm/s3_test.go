@@ -17,6 +17,7 @@ import (
 	"stasis/errdefs"
 	"stasis/internal/providers/microvm"
 	"stasis/internal/s3test"
+	"stasis/internal/stasistest"
 	"stasis/internal/storage/blob"
 	"stasis/sandbox"
 	"stasis/sandbox/sandboxtest"
@@ -201,6 +202,74 @@ func TestForkFromS3OnAnotherHome(t *testing.T) {
 	}
 }
 
+// TestForkFromS3WithDisks: a guest with read-only disks (an image root
+// and a read-only bind) saved on one node forks on another after the
+// first node's state directory and the bound directory are gone: the
+// snapshot stored the disks in S3 and the second node writes them from
+// there, once, so its process goes on in place and reads the files of
+// both disks, including blocks the guest never read before.
+func TestForkFromS3WithDisks(t *testing.T) {
+	url, _, _ := s3Blobs(t)
+	bound := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bound, "hello"), []byte("bound\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	homeA := t.TempDir()
+	a := newProvider(t, microvm.Options{Home: homeA, Blobs: url, MemMiB: 256, ReadOnlyBinds: map[string]string{bound: "/opt/tools"}})
+	src, err := a.Create(ctx, sandbox.Spec{Image: stasistest.BusyboxImage(t), Expiry: time.Now().Add(10 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Delete(ctx, src.ID)
+	sh(t, a, src.ID, `setsid sh -c 'echo $$ > /tmp/pid.new; mv /tmp/pid.new /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 &
+		until [ -s /tmp/count ] && [ -s /tmp/pid ]; do sleep 0.05; done`)
+	ident := guestProcess(t, a, src.ID)
+	snap, err := a.Snapshot(ctx, src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{homeA, bound} {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	homeB := t.TempDir()
+	b := newProvider(t, microvm.Options{Home: homeB, Blobs: url})
+	defer b.Close()
+	for i := 0; i < 2; i++ {
+		forks, err := b.Fork(ctx, snap.ID, 1, sandbox.ForkSpec{Expiry: time.Now().Add(10 * time.Minute)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := forks[0].ID
+		defer b.Delete(ctx, f)
+		if got := guestProcess(t, b, f); got != ident {
+			t.Fatalf("fork %d: the process is %q, before it was %q: not resumed in place", i, got, ident)
+		}
+		if got := sh(t, b, f, "cat /opt/tools/hello"); got != "bound\n" {
+			t.Fatalf("fork %d: the bound file reads %q", i, got)
+		}
+		if got := sh(t, b, f, "cat /etc/os-release"); !strings.Contains(got, stasistest.BusyboxText) {
+			t.Fatalf("fork %d: the image's /etc/os-release reads %q", i, got)
+		}
+		if got := sh(t, b, f, "cmp /bin/busybox /usr/bin/id && echo same"); got != "same\n" {
+			t.Fatalf("fork %d: the image's busybox and its copy differ: %q", i, got)
+		}
+	}
+	// Each disk was written on this node once, for both forks.
+	disks, _ := filepath.Glob(filepath.Join(homeB, "vmdisks", "*.img"))
+	if len(disks) != 2 {
+		t.Fatalf("the disks written on the second node: %v, want the image's and the bind's", disks)
+	}
+}
+
 // TestForkOfDamagedStateInS3: a saved state whose pack was damaged in
 // the bucket (a byte changed, then the pack cut short) fails the fork on
 // a node with a cold cache, with an error that says the blob is corrupt;
@@ -273,9 +342,8 @@ func TestForkOfDamagedStateInS3(t *testing.T) {
 	}
 }
 
-// TestConformanceWithS3: the provider suite's snapshot and fork cases
-// (the rest does not touch the store), on a provider whose snapshots are
-// in S3.
+// TestConformanceWithS3: the whole provider suite on a provider whose
+// snapshots are in S3 (about two minutes under TCG).
 func TestConformanceWithS3(t *testing.T) {
 	url, _, _ := s3Blobs(t)
 	var mu sync.Mutex

@@ -77,6 +77,11 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	}
 	vm := m.VM
 	vm.Port, vm.Incoming, vm.IncomingStream = 0, nil, false
+	// With a shared store, the read-only disks go there too (once each),
+	// so that another node can fork the machine.
+	if err := p.storeDisks(ctx, &vm); err != nil {
+		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
+	}
 	s := snapMeta{SnapMeta: hostkeep.SnapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes},
 		VM: vm, Env: m.Env, Paused: sv.Paused, Cut: sv.Cut}
 	if err := p.snaps.Add(&s); err != nil {
@@ -271,7 +276,10 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	}
 	elsewhere := ""
 	if p.shared() {
-		elsewhere = " (or the snapshot was saved on another node, whose file that was: a snapshot of a guest with an image root or read-only binds forks only on the node that saved it)"
+		if err := p.disksHere(ctx, snap, &s.VM); err != nil {
+			return nil, err
+		}
+		elsewhere = " (or the snapshot was saved on another node, whose file that was, and by a stasis that did not store it)"
 	}
 	if s.VM.Disk != "" {
 		// The saved machine had the image attached: its forks need the

@@ -26,7 +26,7 @@ import (
 // s3Blobs starts (or shares) the test S3 server, points the AWS
 // environment at it and returns a fresh bucket's URL for the providers'
 // Options.Blobs, with the server and the bucket.
-func s3Blobs(t *testing.T) (string, *s3test.Server, string) {
+func s3Blobs(t testing.TB) (string, *s3test.Server, string) {
 	t.Helper()
 	srv := s3test.Start(t)
 	srv.Setenv(t)

@@ -7,7 +7,11 @@
 // it, cut into chunks by guest address (internal/providers/microvm/vmstate), so that
 // snapshots of one VM and forks of forks share the pages that did not
 // change; a fork starts new QEMU processes from a saved state, and the
-// processes of the snapshot continue in each (keeps_processes).
+// processes of the snapshot continue in each (keeps_processes). The blob
+// store is a directory in the state directory, or an S3 bucket shared by
+// the nodes of a cluster (Options.Blobs), which then holds the snapshots'
+// records and the guests' read-only disks as well (shareddisk.go), so
+// that any node forks any node's snapshot with its processes.
 //
 // The host reaches the guest agent (internal/providers/microvm/agent, run by busybox
 // init from the stasis binary in the image) over QEMU's user-mode network:

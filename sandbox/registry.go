@@ -147,3 +147,10 @@ func IsHosted(name string) bool {
 	d, err := Lookup(name)
 	return err == nil && d.Hosted
 }
+
+// KeepsBlobs says whether the named provider keeps its snapshots in
+// Config.Blobs when it is set (Driver.Blobs).
+func KeepsBlobs(name string) bool {
+	d, err := Lookup(name)
+	return err == nil && d.Blobs
+}

@@ -276,9 +276,6 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	}
 	elsewhere := ""
 	if p.shared() {
-		if err := p.disksHere(ctx, snap, &s.VM); err != nil {
-			return nil, err
-		}
 		elsewhere = " (or the snapshot was saved on another node, whose file that was, and by a stasis that did not store it)"
 	}
 	if s.VM.Disk != "" {
@@ -376,8 +373,9 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, cat 
 // when it is the same (the guest image by its name, a digest of what it
 // was built from; the kernel by its file's name, which holds its version;
 // QEMU by its name), else the saved path if this node has that file,
-// else the fork is refused. (The read-only disks are checked by Fork:
-// they must be the very files the guest saw.)
+// else the fork is refused. The read-only disks must be the very files
+// the guest saw: this node's copies of them out of the store where they
+// are not here (disksHere); Fork checks them.
 func (p *Provider) machineHere(ctx context.Context, snap string, vm vmConfig) (vmConfig, error) {
 	if !p.shared() {
 		return vm, nil
@@ -399,5 +397,8 @@ func (p *Provider) machineHere(ctx context.Context, snap string, vm vmConfig) (v
 	vm.QEMU = here(vm.QEMU, p.qemu, "QEMU")
 	vm.Kernel = here(vm.Kernel, p.kernel.Image, "guest kernel")
 	vm.Initramfs = here(vm.Initramfs, p.initramfs, "guest image")
-	return vm, err
+	if err != nil {
+		return vm, err
+	}
+	return vm, p.disksHere(ctx, snap, &vm)
 }

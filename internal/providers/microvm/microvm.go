@@ -648,9 +648,11 @@ type stateStream struct {
 	err  error
 }
 
-// failed is the stream's error, said as the load's, once it has ended.
+// failed is the stream's error, said as the load's, once it has ended. A
+// broken pipe is not one: QEMU closed its end, done with the stream (it
+// reads it to the end) or failing (its status says why).
 func (s *stateStream) failed() error {
-	if s.err == nil {
+	if s.err == nil || errors.Is(s.err, syscall.EPIPE) {
 		return nil
 	}
 	return fmt.Errorf("stream the saved state: %w", s.err)
@@ -766,10 +768,7 @@ func (p *Provider) streamIncoming(ctx context.Context, m meta, cat func(context.
 	// or is told now that QEMU closed its end.
 	select {
 	case <-st.done:
-		if st.err != nil && !errors.Is(st.err, syscall.EPIPE) {
-			return st.failed()
-		}
-		return nil
+		return st.failed()
 	case <-bctx.Done():
 		return fmt.Errorf("the saved state's stream did not end within %s of QEMU loading it", p.o.BootTimeout)
 	}

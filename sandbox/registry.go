@@ -48,7 +48,8 @@ type Config struct {
 	// Blobs, when set, is an S3 URL (s3://BUCKET/PREFIX) where the
 	// provider keeps its snapshots, blobs and records, so that the
 	// providers of several nodes on that store fork each other's
-	// snapshots (local); unset, they stay in Home.
+	// snapshots (those whose Driver.Blobs is true: local, microvm);
+	// unset, they stay in Home.
 	Blobs string
 }
 
@@ -65,6 +66,9 @@ type Driver struct {
 	// NoFreeze says why the provider's sandboxes cannot freeze a held
 	// harness, when its Capabilities.Freeze is false and it knows why.
 	NoFreeze string
+	// Blobs: the provider keeps its snapshots in Config.Blobs when it is
+	// set (a host provider whose snapshots the nodes of a cluster share).
+	Blobs bool
 	// Open makes the provider from c.
 	Open func(ctx context.Context, c Config) (Provider, error)
 }
@@ -142,4 +146,11 @@ func Open(ctx context.Context, name string, c Config) (Provider, error) {
 func IsHosted(name string) bool {
 	d, err := Lookup(name)
 	return err == nil && d.Hosted
+}
+
+// KeepsBlobs says whether the named provider keeps its snapshots in
+// Config.Blobs when it is set (Driver.Blobs).
+func KeepsBlobs(name string) bool {
+	d, err := Lookup(name)
+	return err == nil && d.Blobs
 }

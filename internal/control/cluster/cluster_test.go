@@ -10,12 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"os"
 	"stasis/errdefs"
 	"stasis/internal/control/cluster"
 	"stasis/internal/control/coordinator"
 	"stasis/internal/control/relay"
 	"stasis/internal/control/system"
 	"stasis/internal/pgtest"
+	"stasis/internal/providers/microvm"
 	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
 	"stasis/internal/storage/ledger"
@@ -420,6 +422,59 @@ func TestNodeDiesAfterTheRestoreWent(t *testing.T) {
 	finishAll(t, ctx, ws, nil)
 	for _, id := range []string{"ep-a", "ep-b"} {
 		if row, err := ws[0].Store.GetEpisode(ctx, id); err != nil || row.State != store.EpisodeRetired || row.Attempt != 1 {
+			t.Fatalf("%s at the end: %+v %v", id, row, err)
+		}
+	}
+}
+
+// A microVM episode checkpointed on one node resumes in place on another.
+// Two nodes keep their microVM snapshots in one S3 bucket; the checkpoint
+// saves each node's guest, processes and all, into it. Node a then dies
+// with its sandboxes and stays down, and node b, restoring the
+// checkpoint, forks a's snapshot from S3 as well as its own: in each
+// fork the supervisor reports the identity it had at the pause, so both
+// episodes resume in place (not relaunched), and finish with reward 1 and
+// a verified ledger.
+func TestMicroVMResumesInPlaceOnAnotherNode(t *testing.T) {
+	if os.Getenv(microvm.KernelEnv) == "" {
+		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel)", microvm.KernelEnv)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	s3 := s3test.Start(t)
+	s3.Setenv(t)
+	blobs := "s3://" + s3.Bucket(t) + "/stasis"
+	guest := stasistest.StaticBinary(t)
+	vm := func(c *system.Config) { c.Provider, c.GuestBinary, c.Blobs = microvm.Name, guest, blobs }
+	ws, holds := startNodes(t, ctx, dsn, map[string]func(*system.Config){"a": vm, "b": vm}, "a", "b")
+	ck, err := ws[0].Member.Checkpoint(ctx, "ck-1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ck.Episodes {
+		t.Logf("checkpoint: %s snapshot %s", e.Episode, e.Snapshot)
+	}
+	crashAll(t, ctx, ws, func(name string) bool { return name != "a" })
+	for _, h := range holds {
+		h.Release()
+	}
+	res, err := ws[1].Member.Restore(ctx, "ck-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumed := map[string]string{}
+	for _, e := range res.Episodes {
+		resumed[e.Episode] = e.Resume + " " + e.ResumeWhy
+	}
+	for _, id := range []string{"ep-a", "ep-b"} {
+		if resumed[id] != "in_place " {
+			t.Fatalf("%s on node b: resumed %q, want in_place (all: %v)", id, resumed[id], resumed)
+		}
+	}
+	finishAll(t, ctx, ws[1:], nil)
+	for _, id := range []string{"ep-a", "ep-b"} {
+		if row, err := ws[1].Store.GetEpisode(ctx, id); err != nil || row.State != store.EpisodeRetired {
 			t.Fatalf("%s at the end: %+v %v", id, row, err)
 		}
 	}

@@ -657,8 +657,8 @@ func (o *Options) defaults() error {
 		switch {
 		case o.Store == "" || o.Blobs == "":
 			return fmt.Errorf("--nodes %d: the nodes share a PostgreSQL store and an S3 bucket: give --store postgres://… and --blobs s3://… (or STASIS_STORE and STASIS_BLOBS)", o.Nodes)
-		case o.Provider != local.Name:
-			return fmt.Errorf("--nodes: the %s provider's snapshots are not in the shared --blobs: use --provider local", o.Provider)
+		case !sandbox.KeepsBlobs(o.Provider):
+			return fmt.Errorf("--nodes: the %s provider's snapshots are not in the shared --blobs: use --provider local or microvm", o.Provider)
 		case o.Nodes > 16:
 			return fmt.Errorf("--nodes %d: at most 16 on one machine", o.Nodes)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +70,15 @@ func TestRunOnThreeNodes(t *testing.T) {
 	}
 	if _, err := job.Run(ctx, job.Options{N: 1, Nodes: 2}); err == nil {
 		t.Fatal("a run over nodes without a store ran")
+	}
+}
+
+// A run over nodes needs a provider whose snapshots are in the shared
+// bucket; any other is refused before anything starts, naming those that
+// are.
+func TestRunOnNodesNeedsSharedSnapshots(t *testing.T) {
+	_, err := job.Run(context.Background(), job.Options{N: 1, Nodes: 2, Store: "postgres://stasis@db/stasis", Blobs: "s3://bucket/run", Provider: "e2b", Harness: "mini"})
+	if err == nil || !strings.Contains(err.Error(), "use --provider local or microvm") {
+		t.Fatalf("a run over nodes on e2b: %v", err)
 	}
 }

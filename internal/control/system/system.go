@@ -71,9 +71,9 @@ type Config struct {
 	Node      string
 	NodeAddr  string
 	NodeLease time.Duration
-	// Blobs is an S3 URL (s3://BUCKET/PREFIX) where a local provider keeps
-	// its snapshots, so that the nodes of a cluster fork each other's
-	// (sandbox.Config.Blobs); empty: in the state directory.
+	// Blobs is an S3 URL (s3://BUCKET/PREFIX) where a local or microVM
+	// provider keeps its snapshots, so that the nodes of a cluster fork
+	// each other's (sandbox.Config.Blobs); empty: in the state directory.
 	Blobs string
 	// Tasks are the tasks episodes may name (default: the built-in set).
 	Tasks []*task.Task
@@ -315,9 +315,6 @@ func (c *Config) resolve() (d sandbox.Driver, err error) {
 	if c.Provider == "" {
 		c.Provider = local.Name
 	}
-	if c.Blobs != "" && c.Provider != local.Name {
-		return d, errdefs.Errorf(errdefs.ErrInvalid, "--blobs: only the local provider keeps its snapshots in S3 so far; the %s provider keeps its own", c.Provider)
-	}
 	if c.SeedDir == "" {
 		c.SeedDir = filepath.Join(c.State, "verify-seeds")
 	}
@@ -334,6 +331,15 @@ func (c *Config) resolve() (d sandbox.Driver, err error) {
 	}
 	if d, err = sandbox.Lookup(c.Provider); err != nil {
 		return d, err
+	}
+	if c.Blobs != "" && !d.Blobs {
+		var with []string
+		for _, n := range sandbox.Names() {
+			if o, err := sandbox.Lookup(n); err == nil && o.Blobs {
+				with = append(with, n)
+			}
+		}
+		return d, errdefs.Errorf(errdefs.ErrInvalid, "--blobs: the %s provider keeps its snapshots itself, not in S3; the providers that keep them in S3 are %s", c.Provider, strings.Join(with, ", "))
 	}
 	if d.Hosted && c.GatewayListen == "" {
 		return d, errdefs.Errorf(errdefs.ErrInvalid, "the %s provider's sandboxes reach the gateway over the network: give it a TCP address to listen on (serve --gateway-listen) and, if they see it under another name, the URL (--gateway-url)", c.Provider)

@@ -24,6 +24,9 @@ func TestOpenRefusesBeforeMakingAnything(t *testing.T) {
 		{"unknown provider", func(s string) system.Config { return system.Config{State: s, Provider: "nimbus"} }, "nimbus"},
 		{"clock policy", func(s string) system.Config { return system.Config{State: s, ClockPolicy: "sundial"} }, "use continuous or host"},
 		{"hosted without a gateway listener", func(s string) system.Config { return system.Config{State: s, Provider: "e2b"} }, "--gateway-listen"},
+		{"blobs for a provider that keeps its own", func(s string) system.Config {
+			return system.Config{State: s, Provider: "e2b", GatewayListen: "127.0.0.1:0", Blobs: "s3://bucket/run"}
+		}, "the providers that keep them in S3 are local, microvm"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			state := filepath.Join(t.TempDir(), "state")

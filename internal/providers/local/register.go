@@ -11,6 +11,7 @@ import (
 func init() {
 	sandbox.Register(Name, sandbox.Driver{
 		GatewayURL: "unix://" + path.Join(GatewayDirInSandbox, GatewaySocketName),
+		Blobs:      true,
 		NoFreeze:   "local sandboxes mount no cgroup file system for the supervisor (bubblewrap gives none, and the sandbox's control group is the host's to manage)",
 		Open: func(_ context.Context, c sandbox.Config) (sandbox.Provider, error) {
 			ro := maps.Clone(c.ReadOnlyBinds)

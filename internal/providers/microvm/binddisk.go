@@ -25,6 +25,9 @@ type BindDisk struct {
 	Path   string `json:"path"`   // where the guest sees it
 	Disk   string `json:"disk"`   // the erofs image of Source
 	DiskID string `json:"disk_id"`
+	// Manifest is Disk stored in a shared store (see storeDisks), set in
+	// a snapshot's record.
+	Manifest string `json:"manifest,omitempty"`
 }
 
 // bindSerial is the virtio serial of the i-th bind disk (the root's is

@@ -7,7 +7,11 @@
 // it, cut into chunks by guest address (internal/providers/microvm/vmstate), so that
 // snapshots of one VM and forks of forks share the pages that did not
 // change; a fork starts new QEMU processes from a saved state, and the
-// processes of the snapshot continue in each (keeps_processes).
+// processes of the snapshot continue in each (keeps_processes). The blob
+// store is a directory in the state directory, or an S3 bucket shared by
+// the nodes of a cluster (Options.Blobs), which then holds the snapshots'
+// records and the guests' read-only disks as well (shareddisk.go), so
+// that any node forks any node's snapshot with its processes.
 //
 // The host reaches the guest agent (internal/providers/microvm/agent, run by busybox
 // init from the stasis binary in the image) over QEMU's user-mode network:
@@ -20,6 +24,7 @@
 package microvm
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,6 +40,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"stasis/errdefs"
 	"stasis/internal/control/image"
@@ -64,6 +71,16 @@ const DefaultMemMiB = 1024
 type Options struct {
 	// Home is the state directory ($STASIS_HOME).
 	Home string
+	// Blobs, when set, is an S3 URL (s3://BUCKET/PREFIX, with the AWS
+	// environment variables for its endpoint and credentials) where the
+	// snapshots' saved states and records are kept instead of Home,
+	// shared by the providers of every node on it: any of them forks any
+	// snapshot, its processes continuing in place. A fork streams the
+	// state out of S3 through a bounded, verified read cache in Home
+	// (vmblob-cache); a save is staged there and uploaded (a multipart
+	// upload). Deleting a snapshot then collects no blobs
+	// (hostkeep.Snapshots.Shared).
+	Blobs string
 	// Exe is the stasis binary that runs keepers and gateway pipes on the
 	// host (default: this executable); ExeEnv is extra environment for it.
 	Exe    string
@@ -119,14 +136,24 @@ type Provider struct {
 	images    *image.Store
 
 	// The sandboxes ($STASIS_HOME/sandboxes/microvm) and the snapshots
-	// ($STASIS_HOME/snapshots/microvm, their saved states in blobs, a
-	// blob store at blobDir), kept as hostkeep keeps them; Calls answers
-	// Get, List, SetExpiry, GetSnapshot, DeleteSnapshot and CollectBlobs
-	// from them alone.
+	// ($STASIS_HOME/snapshots/microvm, their saved states in blobs: a
+	// blob store at blobDir, or Options.Blobs with the records too), kept
+	// as hostkeep keeps them; Calls answers Get, List, SetExpiry,
+	// GetSnapshot, DeleteSnapshot and CollectBlobs from them alone.
 	sbs   *hostkeep.Sandboxes[meta, *meta, keeperInfo]
 	snaps *hostkeep.Snapshots[snapMeta, *snapMeta]
-	blobs *blob.Dir
+	blobs packStore
 	hostkeep.Calls[meta, *meta, keeperInfo, snapMeta, *snapMeta]
+	// closeBlobs closes a shared blob store (Options.Blobs), or is nil.
+	closeBlobs func() error
+}
+
+// packStore is what the provider needs of its blob store: QEMU migrates
+// a saved state straight into one of its pack files (blob.Dir's, or
+// blob.S3's staged locally and uploaded).
+type packStore interface {
+	blob.Store
+	blob.PackFiler
 }
 
 // Images is the provider's image store ($STASIS_HOME/images, shared with
@@ -200,7 +227,7 @@ type keeperInfo struct {
 // and a static busybox and guest binary are there. The guest image and the
 // accelerator wait for Prepare (the first Create), so that a command that
 // boots nothing (exec, ls, rm, gc) does not pay for them.
-func New(_ context.Context, o Options) (*Provider, error) {
+func New(ctx context.Context, o Options) (*Provider, error) {
 	exe, err := hostkeep.KeeperExe(Name, o.Home, o.Exe)
 	if err != nil {
 		return nil, err
@@ -245,7 +272,7 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	}
 	p.snaps = &hostkeep.Snapshots[snapMeta, *snapMeta]{
 		Provider: Name, Dir: filepath.Join(o.Home, "snapshots", Name), Prefix: "vms-", Now: o.Now,
-		Info: snapMeta.info, BlobLock: filepath.Join(o.Home, "vmblobs.lock"), Bases: p.sbs.Manifests,
+		Info: snapMeta.info, BlobLock: filepath.Join(o.Home, "vmblobs.lock"), Bases: p.liveManifests,
 	}
 	if p.images, err = image.Open(o.Home, image.DefaultIDBase); err != nil {
 		return nil, err
@@ -277,15 +304,28 @@ func New(_ context.Context, o Options) (*Provider, error) {
 	default:
 		return nil, fmt.Errorf("microvm provider: accelerator %q: want kvm, tcg or empty (probe)", o.Accel)
 	}
-	bs, err := blob.NewDir(p.blobDir())
-	if err != nil {
-		return nil, err
+	if o.Blobs != "" {
+		s3, err := blob.OpenS3(ctx, o.Blobs, blob.S3Options{CacheDir: filepath.Join(o.Home, "vmblob-cache")})
+		if err != nil {
+			return nil, fmt.Errorf("microvm provider: %w", err)
+		}
+		p.blobs, p.snaps.Shared, p.closeBlobs = s3, s3, s3.Close
+	} else {
+		bs, err := blob.NewDir(p.blobDir())
+		if err != nil {
+			return nil, err
+		}
+		p.blobs = bs
 	}
 	// Saved states are stored cut by guest address (see save), so two
 	// states of one VM share the pages that did not change.
-	p.snaps.CAS, p.blobs = cas.New(bs), bs
+	p.snaps.CAS = cas.New(p.blobs)
 	return p, nil
 }
+
+// shared says whether the snapshots are in a store several nodes share
+// (Options.Blobs).
+func (p *Provider) shared() bool { return p.closeBlobs != nil }
 
 func (p *Provider) blobDir() string { return filepath.Join(p.o.Home, "vmblobs") }
 
@@ -503,7 +543,7 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Info,
 			_ = p.retire(m.ID)
 		}
 	}()
-	if err := p.boot(ctx, &m); err != nil {
+	if err := p.boot(ctx, &m, nil); err != nil {
 		return sandbox.Info{}, fmt.Errorf("create %s: %w", what(m.ID), err)
 	}
 	if spec.Root != "" {
@@ -537,8 +577,10 @@ func tarDir(dir string, w io.Writer) error {
 
 // boot writes the sandbox's directory and metadata, starts its keeper (and
 // so QEMU) and waits for the agent; a QEMU that could not take its port is
-// started again on another.
-func (p *Provider) boot(ctx context.Context, m *meta) error {
+// started again on another. A fork's QEMU loads its saved state first:
+// from its Incoming command, or (IncomingStream) from cat, which writes
+// the state (see streamIncoming).
+func (p *Provider) boot(ctx context.Context, m *meta, cat func(context.Context, io.Writer) error) error {
 	dir := p.sbDir(m.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -563,8 +605,13 @@ func (p *Provider) boot(ctx context.Context, m *meta) error {
 				return err
 			}
 		}
-		if err = p.waitAgent(ctx, *m); err == nil {
-			return nil
+		if m.VM.IncomingStream {
+			err = p.streamIncoming(ctx, *m, cat)
+		}
+		if err == nil {
+			if err = p.waitAgent(ctx, *m); err == nil {
+				return nil
+			}
 		}
 		b, _ := os.ReadFile(filepath.Join(dir, qemuLogFile))
 		if !strings.Contains(string(b), "host forwarding rule") {
@@ -584,7 +631,6 @@ func (p *Provider) boot(ctx context.Context, m *meta) error {
 // the guest run: the state was saved from a stopped guest, and QEMU keeps
 // such a guest stopped after loading it.
 func (p *Provider) resumeIncoming(ctx context.Context, m meta) error {
-	dir := p.sbDir(m.ID)
 	bctx, cancel := context.WithTimeout(ctx, p.o.BootTimeout)
 	defer cancel()
 	mon, err := monitor(bctx, qmpPath(m.ID))
@@ -592,14 +638,60 @@ func (p *Provider) resumeIncoming(ctx context.Context, m meta) error {
 		return err
 	}
 	defer mon.Close()
-	for {
-		var st struct {
-			Status string `json:"status"`
-		}
-		if err := qmpRun(mon, "query-status", nil, &st); err != nil {
+	return p.waitLoaded(bctx, mon, m, nil)
+}
+
+// stateStream is the writing of a saved state into QEMU (streamIncoming):
+// done is closed when the writer has ended, err is then its outcome.
+type stateStream struct {
+	done chan struct{}
+	err  error
+}
+
+// failed is the stream's error, said as the load's, once it has ended. A
+// broken pipe is not one: QEMU closed its end, done with the stream (it
+// reads it to the end) or failing (its status says why).
+func (s *stateStream) failed() error {
+	if s.err == nil || errors.Is(s.err, syscall.EPIPE) {
+		return nil
+	}
+	return fmt.Errorf("stream the saved state: %w", s.err)
+}
+
+// waitLoaded polls QEMU's status until it has loaded its saved state,
+// and lets the guest run. st, when not nil, is the writing of the state
+// into QEMU (streamIncoming): a failure there is the load's, said before
+// QEMU's own complaint about a stream cut short.
+func (p *Provider) waitLoaded(bctx context.Context, mon *qmpConn, m meta, st *stateStream) error {
+	dir := p.sbDir(m.ID)
+	var streamDone <-chan struct{}
+	if st != nil {
+		streamDone = st.done
+	}
+	streamErr := func(err error) error {
+		if st == nil {
 			return err
 		}
-		switch st.Status {
+		// QEMU ends once the stream fails it: the writer is told of it
+		// at once (its pipe is broken).
+		select {
+		case <-st.done:
+			if serr := st.failed(); serr != nil {
+				return serr
+			}
+		case <-bctx.Done():
+		}
+		return err
+	}
+	for {
+		var status struct {
+			Status string `json:"status"`
+		}
+		if err := qmpRun(mon, "query-status", nil, &status); err != nil {
+			qlog, _ := os.ReadFile(filepath.Join(dir, qemuLogFile))
+			return streamErr(fmt.Errorf("%w; QEMU said: %s", err, strings.TrimSpace(string(qlog))))
+		}
+		switch status.Status {
 		case "running":
 			return nil
 		case "inmigrate", "prelaunch":
@@ -607,13 +699,78 @@ func (p *Provider) resumeIncoming(ctx context.Context, m meta) error {
 			return qmpRun(mon, "cont", nil, nil)
 		default:
 			qlog, _ := os.ReadFile(filepath.Join(dir, qemuLogFile))
-			return fmt.Errorf("QEMU is %q after loading the saved state: %s", st.Status, strings.TrimSpace(string(qlog)))
+			return streamErr(fmt.Errorf("QEMU is %q after loading the saved state: %s", status.Status, strings.TrimSpace(string(qlog))))
 		}
 		select {
 		case <-bctx.Done():
-			return fmt.Errorf("QEMU did not load the saved state within %s", p.o.BootTimeout)
+			return streamErr(fmt.Errorf("QEMU did not load the saved state within %s", p.o.BootTimeout))
+		case <-streamDone:
+			if err := st.failed(); err != nil {
+				return err
+			}
+			streamDone = nil // all written; QEMU may still be loading it
 		case <-time.After(10 * time.Millisecond): // poll interval, bounded by the boot timeout
 		}
+	}
+}
+
+// streamIncoming has a fork's QEMU, started with -incoming defer, load
+// its saved state from a pipe that this process writes: cat writes the
+// state into it, out of the provider's own store (a shared one's read
+// cache, each chunk verified), while waitLoaded watches QEMU. A chunk
+// that fails its check, or a store that does not answer, fails the load
+// with that error; QEMU, its stream cut short, exits.
+func (p *Provider) streamIncoming(ctx context.Context, m meta, cat func(context.Context, io.Writer) error) error {
+	if cat == nil {
+		return errors.New("no saved state to stream") // a programming error
+	}
+	bctx, cancel := context.WithTimeout(ctx, p.o.BootTimeout)
+	defer cancel()
+	mon, err := monitor(bctx, qmpPath(m.ID))
+	if err != nil {
+		return err
+	}
+	defer mon.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	var closeW sync.Once
+	closeWriter := func() { closeW.Do(func() { w.Close() }) }
+	defer closeWriter()
+	// A larger pipe wakes QEMU and the writer less often; the default
+	// does if the kernel refuses.
+	_, _ = unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+	err = qmpRunFD(mon, "getfd", map[string]any{"fdname": "state"}, nil, r)
+	r.Close() // QEMU has its own copy
+	if err != nil {
+		return err
+	}
+	if err := qmpRun(mon, "migrate-incoming", map[string]any{"uri": "fd:state"}, nil); err != nil {
+		return err
+	}
+	st := &stateStream{done: make(chan struct{})}
+	go func() {
+		bw := bufio.NewWriterSize(w, 1<<20)
+		err := cat(bctx, bw)
+		if err == nil {
+			err = bw.Flush()
+		}
+		closeWriter()
+		st.err = err
+		close(st.done)
+	}()
+	if err := p.waitLoaded(bctx, mon, m, st); err != nil {
+		closeWriter() // a writer still blocked on the pipe returns
+		return err
+	}
+	// Loaded: the writer has written it all (QEMU read up to the end),
+	// or is told now that QEMU closed its end.
+	select {
+	case <-st.done:
+		return st.failed()
+	case <-bctx.Done():
+		return fmt.Errorf("the saved state's stream did not end within %s of QEMU loading it", p.o.BootTimeout)
 	}
 }
 
@@ -819,7 +976,13 @@ func (p *Provider) GuestInfo(ctx context.Context, id string) (agent.Info, error)
 	return in, p.wrap("info", m, err)
 }
 
-// Close is the contract's: this value holds nothing of its own (each
-// guest's keeper and QEMU are processes of their own, and the gateway
-// sockets are the GatewayServer's), so there is nothing to release.
-func (p *Provider) Close() error { return nil }
+// Close is the contract's: it closes a shared blob store's connections
+// and read cache; nothing else is this value's own (each guest's keeper
+// and QEMU are processes of their own, and the gateway sockets are the
+// GatewayServer's).
+func (p *Provider) Close() error {
+	if p.closeBlobs != nil {
+		return p.closeBlobs()
+	}
+	return nil
+}

@@ -34,7 +34,7 @@ var ctx = context.Background()
 // newProvider opens a microVM provider over a fresh state directory; the
 // guest runs a static stasis built from this module, the host side this
 // test binary acting as stasis.
-func newProvider(t *testing.T, o microvm.Options) *microvm.Provider {
+func newProvider(t testing.TB, o microvm.Options) *microvm.Provider {
 	t.Helper()
 	if os.Getenv(microvm.KernelEnv) == "" {
 		t.Fatalf("%s is not set: run the tests with make (make deps-microvm unpacks the kernel), or point it at an unpacked linux-image-*-cloud-amd64 package", microvm.KernelEnv)
@@ -141,7 +141,7 @@ func TestConformanceWithDebianImage(t *testing.T) {
 	})
 }
 
-func sh(t *testing.T, p sandbox.Provider, id, script string) string {
+func sh(t testing.TB, p sandbox.Provider, id, script string) string {
 	t.Helper()
 	var out, errb bytes.Buffer
 	res, err := p.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errb, Timeout: time.Minute})

@@ -52,12 +52,20 @@ type vmConfig struct {
 	// otherwise, and a saved machine's page cache would then read the
 	// wrong ones.
 	DiskID string `json:"disk_id,omitempty"`
+	// DiskManifest is Disk stored in a shared store (see storeDisks),
+	// set in a snapshot's record.
+	DiskManifest string `json:"disk_manifest,omitempty"`
 	// Binds are host directories the guest sees read-only (see BindDisk).
 	Binds []BindDisk `json:"binds,omitempty"`
 	// Incoming is the command whose output is the saved state a fork
 	// starts from (QEMU runs it: `stasis microvm state`, streaming it out
 	// of the blob store), or empty.
 	Incoming []string `json:"incoming,omitempty"`
+	// IncomingStream says the saved state comes over the monitor instead
+	// (QEMU starts with -incoming defer): the provider streams it out of a
+	// store of its own process (Options.Blobs), through a pipe it hands
+	// QEMU (see streamIncoming).
+	IncomingStream bool `json:"incoming_stream,omitempty"`
 }
 
 // shellQuote quotes s for the glib shell parser QEMU uses on a guestfwd
@@ -156,6 +164,8 @@ func (c vmConfig) args(dir string) []string {
 			q[i] = shellQuote(arg)
 		}
 		a = append(a, "-incoming", "exec:"+strings.Join(q, " "))
+	} else if c.IncomingStream {
+		a = append(a, "-incoming", "defer")
 	}
 	return a
 }

@@ -9,6 +9,7 @@ import (
 func init() {
 	sandbox.Register(Name, sandbox.Driver{
 		GatewayURL: "http://" + GatewayAddr,
+		Blobs:      true,
 		Open: func(ctx context.Context, c sandbox.Config) (sandbox.Provider, error) {
 			guest := c.GuestBinary
 			if guest == "" {
@@ -17,7 +18,7 @@ func init() {
 			p, err := New(ctx, Options{
 				Home: c.Home, Exe: c.Exe, ExeEnv: c.ExeEnv, GuestBinary: guest,
 				GatewayDir: c.GatewayDir, GatewayServer: c.Gateway, ReadOnlyBinds: c.ReadOnlyBinds,
-				MemMiB: c.MemMiB,
+				MemMiB: c.MemMiB, Blobs: c.Blobs,
 			})
 			if err != nil {
 				return nil, err

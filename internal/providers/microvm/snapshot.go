@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -75,7 +76,12 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: store the state: %w", what(id), err)
 	}
 	vm := m.VM
-	vm.Port, vm.Incoming = 0, nil
+	vm.Port, vm.Incoming, vm.IncomingStream = 0, nil, false
+	// With a shared store, the read-only disks go there too (once each),
+	// so that another node can fork the machine.
+	if err := p.storeDisks(ctx, &vm); err != nil {
+		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
+	}
 	s := snapMeta{SnapMeta: hostkeep.SnapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes},
 		VM: vm, Env: m.Env, Paused: sv.Paused, Cut: sv.Cut}
 	if err := p.snaps.Add(&s); err != nil {
@@ -263,29 +269,49 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	if err != nil {
 		return nil, err
 	}
+	// Another node's files, where they are not this one's (a shared
+	// store): this node's own, or a refusal.
+	if s.VM, err = p.machineHere(ctx, snap, s.VM); err != nil {
+		return nil, err
+	}
+	elsewhere := ""
+	if p.shared() {
+		elsewhere = " (or the snapshot was saved on another node, whose file that was, and by a stasis that did not store it)"
+	}
 	if s.VM.Disk != "" {
 		// The saved machine had the image attached: its forks need the
 		// same file.
 		id, err := fileID(s.VM.Disk)
 		if err != nil {
-			return nil, sandbox.Errorf(errdefs.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?); the saved machine needs that very file, so this snapshot cannot be forked: %v", s.VM.Disk, s.VM.Image, err)
+			return nil, sandbox.Errorf(errdefs.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?%s); the saved machine needs that very file, so this snapshot cannot be forked: %v", s.VM.Disk, s.VM.Image, elsewhere, err)
 		}
 		if s.VM.DiskID != "" && id != s.VM.DiskID {
-			return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", s.VM.Disk, s.VM.Image)
+			return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?%s); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", s.VM.Disk, s.VM.Image, elsewhere)
 		}
 	}
 	if err := checkBindDisks(s.VM.Binds); err != nil {
-		return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "%v; the saved machine needs that very file, so this snapshot cannot be forked", err)
+		return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "%v%s; the saved machine needs that very file, so this snapshot cannot be forked", err, elsewhere)
 	}
 	// Each fork's QEMU streams the state out of the blob store (no file
 	// is written); the shared lock keeps a garbage collection from taking
-	// its chunks meanwhile.
+	// its chunks meanwhile. From a directory store, QEMU runs `stasis
+	// microvm state`; from a shared one, this process writes the state
+	// to QEMU itself, through the store's read cache (which one process
+	// holds).
 	unlockBlobs, err := p.snaps.LockBlobs(false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlockBlobs()
-	state := []string{p.o.Exe, "microvm", "state", "--blobs", p.blobDir(), "--manifest", s.Manifest}
+	var state []string
+	var cat func(context.Context, io.Writer) error
+	if p.shared() {
+		cat = func(ctx context.Context, w io.Writer) error {
+			return p.snaps.CAS.CatFile(ctx, s.Manifest, stateFile, w)
+		}
+	} else {
+		state = []string{p.o.Exe, "microvm", "state", "--blobs", p.blobDir(), "--manifest", s.Manifest}
+	}
 
 	made := make([]sandbox.Info, n)
 	errs := make([]error, n)
@@ -300,7 +326,7 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			made[i], errs[i] = p.forkOne(ctx, s, state, spec)
+			made[i], errs[i] = p.forkOne(ctx, s, state, cat, spec)
 		}(i)
 	}
 	wg.Wait()
@@ -318,19 +344,19 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	return made, nil
 }
 
-func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, spec sandbox.ForkSpec) (sandbox.Info, error) {
+func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, cat func(context.Context, io.Writer) error, spec sandbox.ForkSpec) (sandbox.Info, error) {
 	m := meta{Meta: hostkeep.Meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: s.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), Source: s.ID, LastManifest: s.Manifest}, VM: s.VM}
-	m.VM.Incoming = state
+	m.VM.Incoming, m.VM.IncomingStream = state, cat != nil
 	// A fork's gateway is this provider's (the host's socket may have
 	// moved since the save).
 	m.VM.Gateway, m.VM.Pipe = p.gateway(m.ID)
-	if err := p.boot(ctx, &m); err != nil {
+	if err := p.boot(ctx, &m, cat); err != nil {
 		_ = p.retire(m.ID)
 		return sandbox.Info{}, err
 	}
 	// The state is loaded; nothing reads it again.
 	loaded, err := p.sbs.Rewrite("fork", m.ID, func(m *meta) error {
-		m.VM.Incoming = nil
+		m.VM.Incoming, m.VM.IncomingStream = nil, false
 		return nil
 	})
 	if err != nil {
@@ -338,4 +364,41 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, spec
 		return sandbox.Info{}, err
 	}
 	return p.info(loaded, sandbox.StateRunning), nil
+}
+
+// machineHere is the saved machine vm as this node starts it. From a
+// directory store it is vm itself (the snapshot was saved here). From a
+// shared store it may have been saved on another node, whose QEMU,
+// kernel and guest image are files of that node: each is this node's own
+// when it is the same (the guest image by its name, a digest of what it
+// was built from; the kernel by its file's name, which holds its version;
+// QEMU by its name), else the saved path if this node has that file,
+// else the fork is refused. The read-only disks must be the very files
+// the guest saw: this node's copies of them out of the store where they
+// are not here (disksHere); Fork checks them.
+func (p *Provider) machineHere(ctx context.Context, snap string, vm vmConfig) (vmConfig, error) {
+	if !p.shared() {
+		return vm, nil
+	}
+	if err := p.Prepare(ctx); err != nil {
+		return vm, err
+	}
+	var err error
+	here := func(saved, mine, what string) string {
+		if err != nil || saved == "" || filepath.Base(saved) == filepath.Base(mine) {
+			return mine
+		}
+		if _, serr := os.Stat(saved); serr == nil {
+			return saved
+		}
+		err = sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "it was saved on a node whose %s was %s, which this node does not have (its own is %s): fork it on a node with the same stasis, busybox, guest kernel and QEMU", what, saved, mine)
+		return saved
+	}
+	vm.QEMU = here(vm.QEMU, p.qemu, "QEMU")
+	vm.Kernel = here(vm.Kernel, p.kernel.Image, "guest kernel")
+	vm.Initramfs = here(vm.Initramfs, p.initramfs, "guest image")
+	if err != nil {
+		return vm, err
+	}
+	return vm, p.disksHere(ctx, snap, &vm)
 }

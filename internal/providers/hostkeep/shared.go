@@ -424,19 +424,18 @@ func takeLease(ctx context.Context, r SharedRecords, home string) (release func(
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // released meanwhile
 		}
-		var l gcLease
-		if err == nil {
-			err = json.Unmarshal(b, &l)
+		if err != nil {
+			_ = r.DeleteRecord(context.WithoutCancel(ctx), own)
+			return nil, fmt.Errorf("take the collectors' lease: %s: %w", n, err)
 		}
-		if err == nil && !l.Expires.After(r.Now()) {
-			slog.Info("shared blob store: removing an expired collector's lease", "lease", n, "home", l.Home, "host", l.Host, "expired", l.Expires)
+		var l gcLease
+		if err := json.Unmarshal(b, &l); err != nil || !l.Expires.After(r.Now()) {
+			// Expired, or not a lease at all (it would never expire).
+			slog.Info("shared blob store: removing a stale collector's lease", "lease", n, "home", l.Home, "host", l.Host, "expired", l.Expires, "err", err)
 			_ = r.DeleteRecord(ctx, n)
 			continue
 		}
 		_ = r.DeleteRecord(context.WithoutCancel(ctx), own)
-		if err != nil {
-			return nil, fmt.Errorf("take the collectors' lease: %s: %w", n, err)
-		}
 		return nil, errBusy{fmt.Sprintf("home %s on %s, until %s", l.Home, l.Host, l.Expires.Format(time.RFC3339))}
 	}
 	stop, done := make(chan struct{}), make(chan struct{})
@@ -517,17 +516,21 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 	if err := x.reconcile(ctx); err != nil {
 		return 0, 0, fmt.Errorf("gc: %w; nothing was deleted", err)
 	}
-	snaps, err := x.sharedRoots(ctx, "snapshots/", func(b []byte) ([]string, error) {
+	snaps, err := x.sharedRoots(ctx, "snapshots/", func(name string, b []byte) ([]string, error) {
 		var m SnapMeta
-		if err := json.Unmarshal(b, &m); err != nil || m.Deleted || m.Manifest == "" {
+		if err := json.Unmarshal(b, &m); err != nil || m.Manifest == "" {
 			return nil, err
+		}
+		if m.Deleted {
+			x.tombstones.Store(name, true) // a tombstone stays one
+			return nil, nil
 		}
 		return []string{m.Manifest}, nil
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("gc: the snapshot records: %w; nothing was deleted", err)
 	}
-	bases, err := x.sharedRoots(ctx, "bases/", func(b []byte) ([]string, error) {
+	bases, err := x.sharedRoots(ctx, "bases/", func(_ string, b []byte) ([]string, error) {
 		var p pin
 		err := json.Unmarshal(b, &p)
 		return p.Manifests, err
@@ -554,9 +557,10 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 }
 
 // sharedRoots reads every record under dir (all providers', all homes')
-// and returns the manifests roots finds in them. A record removed while
-// it is read is left out; one that cannot be read or decoded is an error.
-func (x *Snapshots[S, PS]) sharedRoots(ctx context.Context, dir string, roots func([]byte) ([]string, error)) ([]string, error) {
+// but the snapshot tombstones this process has seen, and returns the
+// manifests roots finds in them. A record removed while it is read is
+// left out; one that cannot be read or decoded is an error.
+func (x *Snapshots[S, PS]) sharedRoots(ctx context.Context, dir string, roots func(name string, b []byte) ([]string, error)) ([]string, error) {
 	names, err := x.Shared.ListRecords(ctx, dir)
 	if err != nil {
 		return nil, err
@@ -566,7 +570,7 @@ func (x *Snapshots[S, PS]) sharedRoots(ctx context.Context, dir string, roots fu
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16) // records read at once
 	for i, n := range names {
-		if !strings.HasSuffix(n, ".json") {
+		if _, dead := x.tombstones.Load(n); dead || !strings.HasSuffix(n, ".json") {
 			continue
 		}
 		sem <- struct{}{}
@@ -577,7 +581,7 @@ func (x *Snapshots[S, PS]) sharedRoots(ctx context.Context, dir string, roots fu
 				return
 			}
 			if err == nil {
-				found[i], err = roots(b)
+				found[i], err = roots(n, b)
 			}
 			if err != nil {
 				errs[i] = fmt.Errorf("%s: %w", n, err)

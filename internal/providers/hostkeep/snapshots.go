@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"stasis/errdefs"
@@ -70,9 +71,10 @@ type Snapshots[S any, PS SnapOf[S]] struct {
 	// collections mark from what every node published (see shared.go).
 	Shared SharedRecords
 
-	share     ShareOptions
-	pins      *Pins
-	reconcile func(context.Context) error
+	share      ShareOptions
+	pins       *Pins
+	reconcile  func(context.Context) error
+	tombstones sync.Map // shared snapshot records seen deleted: never read again
 }
 
 // Path is snapshot id's record file (without Shared).

@@ -593,11 +593,16 @@ func newKeeperCmd(short, component string, run func(dir string, log *slog.Logger
 func init() { snapshotFreer = freeSnapshots }
 
 // freeSnapshots deletes, through their providers, the snapshots that no
-// checkpoint references any more (after `stasis ckpt rm`).
-func freeSnapshots(ctx context.Context, refs []store.SnapshotRef) error {
+// checkpoint references any more (after `stasis ckpt rm`); the local
+// provider's are in the shared store blobs when that is set.
+func freeSnapshots(ctx context.Context, refs []store.SnapshotRef, blobs string) error {
 	var errs []error
 	for _, r := range refs {
-		p, err := openProvider(r.Provider, "")
+		shared := ""
+		if r.Provider == local.Name {
+			shared = blobs
+		}
+		p, err := openProvider(r.Provider, shared)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("snapshot %s: %w", r.SnapshotID, err))
 			continue
@@ -605,6 +610,7 @@ func freeSnapshots(ctx context.Context, refs []store.SnapshotRef) error {
 		if err := p.DeleteSnapshot(ctx, r.SnapshotID); err != nil {
 			errs = append(errs, err)
 		}
+		p.Close() // its store's read cache is locked while it is open
 	}
 	return errors.Join(errs...)
 }

@@ -542,17 +542,25 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 	if err != nil {
 		return 0, 0, fmt.Errorf("gc: %w; nothing was deleted", err)
 	}
-	live := append(append(snaps, bases...), own...)
+	live := append(snaps, own...)
 	slices.Sort(live)
 	live = slices.Compact(live)
+	slices.Sort(bases)
+	bases = slices.DeleteFunc(slices.Compact(bases), func(m string) bool {
+		_, found := slices.BinarySearch(live, m)
+		return found // most bases are snapshots' manifests too
+	})
 	if x.share.AfterMark != nil {
 		x.share.AfterMark()
 	}
-	n, bytes, err := x.CAS.GCWith(ctx, live, cas.GCOptions{Grace: x.share.Grace})
+	// A published base whose manifest is gone (a fork that lost its
+	// snapshot to a collection, and a crash before it removed its pin)
+	// protects nothing and must not stop every collection.
+	n, bytes, err := x.CAS.GCWith(ctx, live, cas.GCOptions{Grace: x.share.Grace, Optional: bases})
 	if err != nil {
 		return 0, 0, err
 	}
-	slog.Info("shared blob store: collected", "snapshot_roots", len(snaps), "published_bases", len(bases), "roots", len(live), "freed_blobs", n, "freed_bytes", bytes, "grace", x.share.Grace, "seconds", time.Since(start).Seconds())
+	slog.Info("shared blob store: collected", "snapshot_roots", len(snaps), "published_bases", len(bases), "roots", len(live)+len(bases), "freed_blobs", n, "freed_bytes", bytes, "grace", x.share.Grace, "seconds", time.Since(start).Seconds())
 	return n, bytes, nil
 }
 

@@ -533,6 +533,17 @@ func TestSharedPinsOfAGoneHome(t *testing.T) {
 		t.Fatalf("A's pins after it opened again: %v, want %s's alone", got, y)
 	}
 
+	// A pin whose manifest a collection freed before it was published
+	// (a fork that lost its snapshot, and then its process) stops no
+	// collection.
+	lost := "bases/local/" + hostkeep.NewID("h-") + "/" + hostkeep.NewID("sb-") + ".json"
+	if err := s3.PutRecord(ctx, lost, []byte(`{"manifests":["`+strings.Repeat("ab", 32)+`"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := nodeB.CollectBlobs(ctx); err != nil {
+		t.Fatalf("a collection with a pin of a missing manifest: %v", err)
+	}
+
 	// Node A's machine is gone, its sandbox with it, but not its pin.
 	sManifest := b.manifest(t, s)
 	if err := nodeB.DeleteSnapshot(ctx, s); err != nil {

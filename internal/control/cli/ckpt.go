@@ -21,7 +21,8 @@ import (
 )
 
 // snapshotFreer deletes snapshots that no checkpoint references any more; the sandbox providers set it.
-var snapshotFreer func(ctx context.Context, refs []store.SnapshotRef) error
+// blobs is the shared blob store of the local provider's snapshots, or "".
+var snapshotFreer func(ctx context.Context, refs []store.SnapshotRef, blobs string) error
 
 func newCkptCmd() *cobra.Command {
 	var asJSON bool
@@ -332,6 +333,7 @@ type ckptRmResult struct {
 
 func newCkptRmCmd(asJSON *bool) *cobra.Command {
 	var force bool
+	var blobs string
 	cmd := &cobra.Command{
 		Use:   "rm ID",
 		Short: "Delete a checkpoint and the snapshots only it referenced",
@@ -344,7 +346,11 @@ snapshots and says that they were not deleted.
 
 A pending checkpoint is refused: a save may still be writing it. When you are
 sure no save is running (it was interrupted), --force marks it failed and
-deletes it.`,
+deletes it.
+
+The local provider's snapshots of a cluster are in the S3 store its nodes
+share: give it with --blobs (or $` + BlobsEnv + `), as to stasis serve, so that rm
+deletes them there (and collects their blobs once nothing uses them).`,
 		Args: ckptOneID,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, id := cmd.Context(), args[0]
@@ -371,7 +377,7 @@ deletes it.`,
 				if snapshotFreer == nil {
 					res.SnapshotsDeleted = false
 					res.Note = "no sandbox provider is available to this stasis to delete the unreferenced snapshots: they still exist; delete them with their provider"
-				} else if freeErr = snapshotFreer(ctx, freed); freeErr != nil {
+				} else if freeErr = snapshotFreer(ctx, freed, blobs); freeErr != nil {
 					res.SnapshotsDeleted = false
 					res.Note = fmt.Sprintf("deleting the unreferenced snapshots failed: %v; they may still exist: delete them with their provider", freeErr)
 				}
@@ -389,6 +395,7 @@ deletes it.`,
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "delete a pending checkpoint too, marking it failed first: only when no save is writing it")
+	cmd.Flags().StringVar(&blobs, "blobs", os.Getenv(BlobsEnv), "the S3 store of the local provider's snapshots, s3://BUCKET/PREFIX, as the nodes' stasis serve --blobs (default: $"+BlobsEnv+")")
 	return cmd
 }
 

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"stasis/errdefs"
 	"stasis/internal/control/home"
 	"stasis/internal/providers/local"
+	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
 	"stasis/internal/storage/store"
 	"stasis/sandbox"
@@ -226,5 +228,58 @@ func TestCkptRmFreesRealSnapshot(t *testing.T) {
 	}
 	if _, err := p.GetSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("the snapshot survived the removal of its only checkpoint: %v", err)
+	}
+}
+
+// TestCkptRmFreesSharedSnapshots: with --blobs, rm deletes the local
+// provider's snapshots in the S3 store the nodes share, every one of them
+// (the provider opened for each is closed before the next).
+func TestCkptRmFreesSharedSnapshots(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Setenv(t)
+	url := "s3://" + srv.Bucket(t) + "/ckpt"
+	ctx := context.Background()
+	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Blobs: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sb, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Delete(ctx, sb.ID) }()
+	dir := t.TempDir() // the operator's, with the record store
+	s, err := store.OpenSQLite(filepath.Join(dir, store.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Begin(ctx, "shared", nil); err != nil {
+		t.Fatal(err)
+	}
+	var snaps []string
+	for i := range 2 {
+		snap, err := p.Snapshot(ctx, sb.ID, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		snaps = append(snaps, snap.ID)
+		rec := ckptRecord(t, fmt.Sprintf(`{"episode":"ep-%d","provider":"local","sandbox":{"id":"%s"},"snapshot_id":"%s","pause_seq":1,"pause_mode":"stop","pause_confirmed":true,"attempt":0}`, i, sb.ID, snap.ID))
+		if err := s.Put(ctx, "shared", rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Commit(ctx, "shared", 2); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	out, errOut, code := ckpt(t, dir, "rm", "shared", "--blobs", url)
+	if code != 0 {
+		t.Fatalf("rm: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, id := range snaps {
+		if _, err := p.GetSnapshot(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("snapshot %s survived the removal of its only checkpoint: %v", id, err)
+		}
 	}
 }

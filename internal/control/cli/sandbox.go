@@ -28,16 +28,20 @@ import (
 	"stasis/sandbox"
 )
 
-// openProvider opens the named sandbox provider on $STASIS_HOME.
-func openProvider(name string) (sandbox.Provider, error) {
+// openProvider opens the named sandbox provider on $STASIS_HOME, its
+// snapshots in the shared blob store blobs if that is set.
+func openProvider(name, blobs string) (sandbox.Provider, error) {
 	if _, err := sandbox.Lookup(name); err != nil {
 		return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--provider: %w", err)}
+	}
+	if blobs != "" && name != local.Name {
+		return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--blobs: the %s provider keeps its snapshots in its state directory; only the local provider keeps them in a shared store", name)}
 	}
 	h, err := home.Dir()
 	if err != nil {
 		return nil, err
 	}
-	return sandbox.Open(context.Background(), name, sandbox.Config{Home: h})
+	return sandbox.Open(context.Background(), name, sandbox.Config{Home: h, Blobs: blobs})
 }
 
 func openLocal() (*local.Provider, error) {
@@ -96,7 +100,9 @@ Exit status: 0 done; 2 bad request; 3 no such (or expired) sandbox or
 snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	}
 	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: "+strings.Join(sandbox.Names(), ", ")+" (opensandbox is configured by OPENSANDBOX_URL and OPENSANDBOX_API_KEY, e2b by E2B_API_KEY, E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL, E2B_FILE_ONLY_SNAPSHOTS; "+sim.Help+", whose sandboxes end with the command)")
-	open := func() (sandbox.Provider, error) { return openProvider(provider) }
+	var blobs string
+	cmd.PersistentFlags().StringVar(&blobs, "blobs", "", "local provider: the shared S3 store of the snapshots, s3://BUCKET/PREFIX, as the node's stasis serve --blobs (endpoint and credentials from the AWS environment variables)")
+	open := func() (sandbox.Provider, error) { return openProvider(provider, blobs) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
 		newSandboxSnapshotCmd(open), newSandboxForkCmd(open), newSandboxRmCmd(open), newSandboxGCCmd(open),
@@ -479,13 +485,45 @@ func newSandboxRmCmd(open opener) *cobra.Command {
 	return cmd
 }
 
+// homeForgetter is a provider on a shared blob store that can drop the
+// bases another state directory published there.
+type homeForgetter interface {
+	ForgetHome(ctx context.Context, home string) (int, error)
+}
+
 func newSandboxGCCmd(open opener) *cobra.Command {
-	return &cobra.Command{
-		Use:   "gc",
+	var forget string
+	cmd := &cobra.Command{
+		Use:   "gc [--blobs s3://BUCKET/PREFIX [--forget-home ID]]",
 		Short: "Remove sandboxes whose keeper died (ending a QEMU left behind), and blobs nothing references",
-		Args:  cobra.NoArgs,
+		Long: `gc removes the sandboxes whose keeper died and then the blobs that no
+snapshot and no sandbox's incremental base references.
+
+With --blobs (the store the nodes share) the collection covers every node:
+it keeps the blobs of every snapshot record in the store and of every
+sandbox base any node published there, and every blob stored less than
+two hours ago (snapshots and forks in progress anywhere). One node
+collects at a time; gc waits for another node's collection to finish.
+
+A node whose machine is gone for good keeps its sandboxes' bases, and so
+their blobs, until its state directory is opened again or an operator
+runs gc --forget-home ID (the store's records/homes/ name each state
+directory's ID, host and path; a directory's own ID is in its home-id
+file).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return open.with(func(p sandbox.Provider) error {
+				if forget != "" {
+					f, ok := p.(homeForgetter)
+					if !ok {
+						return &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--forget-home: the %s provider publishes no bases", p.Name())}
+					}
+					n, err := f.ForgetHome(cmd.Context(), forget)
+					if err != nil {
+						return sandboxErr(err)
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "forgot home %s: %d published bases removed\n", forget, n)
+				}
 				reaped, err := p.GC(cmd.Context())
 				if err != nil {
 					return err
@@ -502,6 +540,8 @@ func newSandboxGCCmd(open opener) *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().StringVar(&forget, "forget-home", "", "with --blobs: first remove the bases state directory ID published (its machine is gone for good)")
+	return cmd
 }
 
 func newSandboxExtendCmd(open opener) *cobra.Command {
@@ -554,11 +594,16 @@ func newKeeperCmd(short, component string, run func(dir string, log *slog.Logger
 func init() { snapshotFreer = freeSnapshots }
 
 // freeSnapshots deletes, through their providers, the snapshots that no
-// checkpoint references any more (after `stasis ckpt rm`).
-func freeSnapshots(ctx context.Context, refs []store.SnapshotRef) error {
+// checkpoint references any more (after `stasis ckpt rm`); the local
+// provider's are in the shared store blobs when that is set.
+func freeSnapshots(ctx context.Context, refs []store.SnapshotRef, blobs string) error {
 	var errs []error
 	for _, r := range refs {
-		p, err := openProvider(r.Provider)
+		shared := ""
+		if r.Provider == local.Name {
+			shared = blobs
+		}
+		p, err := openProvider(r.Provider, shared)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("snapshot %s: %w", r.SnapshotID, err))
 			continue
@@ -566,6 +611,7 @@ func freeSnapshots(ctx context.Context, refs []store.SnapshotRef) error {
 		if err := p.DeleteSnapshot(ctx, r.SnapshotID); err != nil {
 			errs = append(errs, err)
 		}
+		p.Close() // its store's read cache is locked while it is open
 	}
 	return errors.Join(errs...)
 }

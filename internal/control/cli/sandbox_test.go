@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
 	"stasis/sandbox"
 )
@@ -99,6 +100,52 @@ func TestSandboxCLI(t *testing.T) {
 	must("sandbox", "rm", "--snapshot", snap)
 	if out := must("sandbox", "gc"); !strings.Contains(out, "0 sandboxes reaped") {
 		t.Fatalf("gc: %s", out)
+	}
+	stasistest.NoChildrenLeft(t)
+}
+
+// sandbox --blobs works on a shared bucket: a snapshot deleted there is
+// collected by gc (once past the grace period: not here, as it is new),
+// --forget-home says what it removed or why not, and --blobs is refused
+// for a provider that does not share its snapshots.
+func TestSandboxGCOnSharedBlobs(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.Setenv(t)
+	url := "s3://" + srv.Bucket(t) + "/cli"
+	home := t.TempDir()
+	run := func(args ...string) (string, string, int) {
+		return inHome(t, home, "", append([]string{"sandbox", "--blobs", url}, args...)...)
+	}
+	must := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := run(args...)
+		if code != 0 {
+			t.Fatalf("stasis sandbox %v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		return out
+	}
+	id := lastLine(must("create", "--ttl", "10m"))
+	snap := lastLine(must("snapshot", id))
+	must("rm", id)
+	must("rm", "--snapshot", snap)
+	if out := must("gc"); !strings.Contains(out, "0 sandboxes reaped, 0 blobs (0 bytes) freed") {
+		t.Fatalf("gc within the grace period: %s", out)
+	}
+	if _, errOut, code := run("gc", "--forget-home", "h-0123456789abcdef"); code != 3 || !strings.Contains(errOut, "no such home") {
+		t.Fatalf("forget an unknown home: exit %d: %s", code, errOut)
+	}
+	own, err := os.ReadFile(filepath.Join(home, "home-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := run("gc", "--forget-home", strings.TrimSpace(string(own))); code != 2 || !strings.Contains(errOut, "this state directory") {
+		t.Fatalf("forget its own home: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := inHome(t, home, "", "sandbox", "gc", "--forget-home", "h-0123456789abcdef"); code != 2 || !strings.Contains(errOut, "not shared") {
+		t.Fatalf("--forget-home without --blobs: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := inHome(t, home, "", "sandbox", "--provider", "microvm", "--blobs", url, "ls"); code != 2 || !strings.Contains(errOut, "--blobs") {
+		t.Fatalf("--blobs with microvm: exit %d: %s", code, errOut)
 	}
 	stasistest.NoChildrenLeft(t)
 }

@@ -127,3 +127,10 @@ func (c Calls[M, PM, K, S, PS]) DeleteSnapshot(ctx context.Context, id string) e
 func (c Calls[M, PM, K, S, PS]) CollectBlobs(ctx context.Context) (int, int64, error) {
 	return c.x.CollectBlobs(ctx)
 }
+
+// ForgetHome removes the bases another state directory published in a
+// shared blob store (Snapshots.ForgetHome): for an operator, once that
+// directory's machine is gone for good.
+func (c Calls[M, PM, K, S, PS]) ForgetHome(ctx context.Context, home string) (int, error) {
+	return c.x.ForgetHome(ctx, home)
+}

@@ -5,9 +5,12 @@
 // retiring a sandbox directory exactly once; the sandbox directories
 // (Sandboxes: meta.json, rewritten only under the sandbox's lock, and
 // keeper.json; whether a sandbox runs; starting its keeper; GC) and the
-// snapshot records and their blob store (Snapshots); and the calls of the
-// provider contract that these answer alone (Calls: Get, List,
-// SetExpiry, GetSnapshot, DeleteSnapshot, CollectBlobs). A provider
+// snapshot records and their blob store (Snapshots); on a blob store the
+// providers of several nodes share (ShareBlobs), the sandboxes' published
+// bases (Pins) and the collection that marks from every node's (see
+// shared.go); and the calls of the provider contract that these answer
+// alone (Calls: Get, List, SetExpiry, GetSnapshot, DeleteSnapshot,
+// CollectBlobs, ForgetHome). A provider
 // says what differs (its meta and keeper records, its processes, its
 // messages) through type parameters and fields.
 package hostkeep

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,6 +84,10 @@ type Sandboxes[M any, PM MetaOf[M], K any] struct {
 	Ended func(op string, m M) error
 	// Info describes a sandbox (Meta.Info and what the provider adds).
 	Info func(m M, state sandbox.State) sandbox.Info
+
+	// Pins, set by ShareBlobs when the blob store is shared, publish each
+	// sandbox's base for every node's collection.
+	Pins *Pins
 
 	retiredMu sync.Mutex
 	retired   map[string]int
@@ -189,7 +194,8 @@ func (s *Sandboxes[M, PM, K]) Rewrite(op, id string, change func(PM) error) (M, 
 
 // SetBase records manifest as sandbox id's incremental base (after a
 // snapshot of it), under its lock; a sandbox gone or unreadable by now is
-// left as it is.
+// left as it is. With Pins, the new base is published beside the old one
+// before meta.json names it, and alone after.
 func (s *Sandboxes[M, PM, K]) SetBase(id, manifest string) error {
 	unlock, err := s.lock("snapshot", id)
 	if err != nil {
@@ -200,8 +206,19 @@ func (s *Sandboxes[M, PM, K]) SetBase(id, manifest string) error {
 	if err != nil {
 		return nil
 	}
+	ctx := context.Background()
+	if err := s.Pin(ctx, id, PM(&m).meta().LastManifest, manifest); err != nil {
+		return err
+	}
 	PM(&m).meta().LastManifest = manifest
-	return s.write(m)
+	if err := s.write(m); err != nil {
+		return err
+	}
+	if err := s.Pin(ctx, id, manifest); err != nil {
+		// The old base stays published too: it costs blobs, not safety.
+		slog.Warn("publishing a sandbox's new base alone failed; its old base stays kept too", "sandbox", id, "err", err)
+	}
+	return nil
 }
 
 // Running checks that a sandbox whose meta.json is read runs: it has not
@@ -296,6 +313,9 @@ func (s *Sandboxes[M, PM, K]) Manifests() ([]string, error) {
 // ending its processes in the directory renamed aside; gone is nil.
 func (s *Sandboxes[M, PM, K]) Retire(id string, kill func(dead string)) error {
 	done, err := Retire(s.Path(id), id, kill)
+	if err == nil {
+		s.unpin(id)
+	}
 	if done {
 		s.retiredMu.Lock()
 		if s.retired == nil {
@@ -305,6 +325,17 @@ func (s *Sandboxes[M, PM, K]) Retire(id string, kill func(dead string)) error {
 		s.retiredMu.Unlock()
 	}
 	return err
+}
+
+// unpin removes retired sandbox id's pin, if the store is shared; a pin
+// left behind is removed by the next Reconcile.
+func (s *Sandboxes[M, PM, K]) unpin(id string) {
+	if s.Pins == nil {
+		return
+	}
+	if err := s.Pins.Drop(context.Background(), id); err != nil {
+		slog.Warn("removing a retired sandbox's published base failed; the next collection here removes it", "sandbox", id, "err", err)
+	}
 }
 
 // GC retires (with retire) the sandboxes whose keeper is gone: it was
@@ -323,7 +354,9 @@ func (s *Sandboxes[M, PM, K]) GC(finish func(dead, id string), retire func(id st
 		name := e.Name()
 		if id, ok := RetiringID(name, s.Prefix); ok {
 			finish(filepath.Join(s.Dir, name), id)
-			_ = os.RemoveAll(filepath.Join(s.Dir, name))
+			if os.RemoveAll(filepath.Join(s.Dir, name)) == nil {
+				s.unpin(id)
+			}
 			continue
 		}
 		if !ValidID(name, s.Prefix) {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"stasis/errdefs"
@@ -64,20 +65,16 @@ type Snapshots[S any, PS SnapOf[S]] struct {
 	// Bases are the manifests the store keeps besides the snapshots':
 	// the sandboxes' incremental bases (Sandboxes.Manifests).
 	Bases func() ([]string, error)
-	// Shared, when set, keeps the records in a blob store that the
-	// providers of several nodes share (the one CAS is on), instead of
-	// files in Dir: any node can then fork any node's snapshot. Deleting
-	// a snapshot then collects no blobs: this node cannot know which
-	// blobs the other nodes' sandboxes still build on.
+	// Shared, set by ShareBlobs, keeps the records in a blob store that
+	// the providers of several nodes share (the one CAS is on), instead of
+	// files in Dir: any node can then fork any node's snapshot, and
+	// collections mark from what every node published (see shared.go).
 	Shared SharedRecords
-}
 
-// SharedRecords are documents kept in a store several nodes read
-// (blob.S3's records).
-type SharedRecords interface {
-	PutRecord(ctx context.Context, name string, data []byte) error
-	GetRecord(ctx context.Context, name string) ([]byte, error) // fs.ErrNotExist when none
-	ListRecords(ctx context.Context, dir string) ([]string, error)
+	share      ShareOptions
+	pins       *Pins
+	reconcile  func(context.Context) error
+	tombstones sync.Map // shared snapshot records seen deleted: never read again
 }
 
 // Path is snapshot id's record file (without Shared).
@@ -239,7 +236,9 @@ func (x *Snapshots[S, PS]) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	if x.Shared != nil {
-		return nil // see Shared
+		// Left to another node's collection if one is under way.
+		_, _, err = x.collectShared(ctx, false)
+		return err
 	}
 	_, _, err = x.CollectBlobs(ctx)
 	return err
@@ -253,16 +252,20 @@ func (x *Snapshots[S, PS]) LockBlobs(exclusive bool) (func(), error) {
 
 // CollectBlobs deletes, under the exclusive blob lock, the blobs that no
 // snapshot and no sandbox's incremental base references; it returns how
-// many it deleted and their bytes.
+// many it deleted and their bytes. On a shared store it marks from every
+// node's snapshots and published bases and spares recent blobs instead
+// (see shared.go), without the lock: snapshots and forks go on meanwhile,
+// here and elsewhere. It waits for another node's collection to finish
+// (ShareOptions.LeaseWait).
 func (x *Snapshots[S, PS]) CollectBlobs(ctx context.Context) (int, int64, error) {
+	if x.Shared != nil {
+		return x.collectShared(ctx, true)
+	}
 	unlock, err := x.LockBlobs(true)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer unlock()
-	if x.Shared != nil {
-		return 0, 0, nil // see Shared
-	}
 	ids, err := x.ids()
 	if err != nil {
 		return 0, 0, err

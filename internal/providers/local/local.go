@@ -51,9 +51,13 @@ type Options struct {
 	// environment variables for its endpoint and credentials) where the
 	// snapshots' blobs and records are kept instead of Home, shared by
 	// the providers of every node on it: any of them forks any snapshot.
-	// A bounded read cache stays in Home (blob-cache). Deleting a
-	// snapshot then collects no blobs (hostkeep.Snapshots.Shared).
+	// A bounded read cache stays in Home (blob-cache). The sandboxes'
+	// incremental bases are published there too, so that a collection on
+	// any node keeps them (hostkeep.ShareBlobs).
 	Blobs string
+	// Share tunes the collection of a shared Blobs store (zero fields:
+	// hostkeep's defaults).
+	Share hostkeep.ShareOptions
 	// Exe is the stasis binary that runs keepers (default: this
 	// executable); ExeEnv is extra environment for it (tests run their own
 	// binary as stasis).
@@ -186,11 +190,19 @@ func New(o Options) (*Provider, error) {
 	}
 	var bs blob.Store
 	if o.Blobs != "" {
-		s3, err := blob.OpenS3(context.Background(), o.Blobs, blob.S3Options{CacheDir: filepath.Join(o.Home, "blob-cache")})
+		share, err := o.Share.WithDefaults()
 		if err != nil {
 			return nil, fmt.Errorf("local provider: %w", err)
 		}
-		bs, p.snaps.Shared, p.closeBlobs = s3, s3, s3.Close
+		s3, err := blob.OpenS3(context.Background(), o.Blobs, blob.S3Options{CacheDir: filepath.Join(o.Home, "blob-cache"), ReuseWithin: share.Reuse})
+		if err != nil {
+			return nil, fmt.Errorf("local provider: %w", err)
+		}
+		if err := hostkeep.ShareBlobs(context.Background(), p.sbs, p.snaps, s3, o.Home, share); err != nil {
+			s3.Close()
+			return nil, fmt.Errorf("local provider: %w", err)
+		}
+		bs, p.closeBlobs = s3, s3.Close
 	} else if bs, err = blob.NewDir(filepath.Join(o.Home, "blobs")); err != nil {
 		return nil, err
 	}

@@ -113,13 +113,23 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, spec sandbox.ForkSpe
 	// lets the fork's first snapshot read only what changed since the fork.
 	// The shared blob lock keeps a garbage collection from taking the index
 	// before meta.json names it.
+	// On a shared store, the snapshot's manifest is published as the
+	// sandbox's base before its blobs are read (PinFork), and the index
+	// beside it before meta.json names it.
 	unlock, err := p.snaps.LockBlobs(false)
 	if err != nil {
 		return sandbox.Info{}, err
 	}
-	index, _, err := p.snaps.CAS.RestoreIndexed(ctx, s.Manifest, filepath.Join(dir, rootDir))
+	err = p.snaps.PinFork(ctx, m.ID, s)
+	var index string
+	if err == nil {
+		index, _, err = p.snaps.CAS.RestoreIndexed(ctx, s.Manifest, filepath.Join(dir, rootDir))
+	}
 	if err == nil {
 		err = p.prepareDir(&m)
+	}
+	if err == nil {
+		err = p.sbs.Pin(ctx, m.ID, s.Manifest, index)
 	}
 	if err == nil {
 		m.LastManifest = index

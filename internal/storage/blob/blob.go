@@ -125,3 +125,14 @@ type Ager interface {
 	// walk), as DeleteKeys does otherwise.
 	DeleteStoredBefore(ctx context.Context, keys []string, t time.Time) error
 }
+
+// AnyHaver is implemented by stores whose Has may leave out old copies
+// (S3 with S3Options.ReuseWithin), so that a writer stores such a blob
+// anew rather than rely on a copy a collector elsewhere may be deleting.
+type AnyHaver interface {
+	// HasAny reports whether any copy of key is stored, however old: for
+	// a caller whose blobs every collector keeps by other means (package
+	// cas's check of the previous snapshot's chunks, which a provider
+	// keeps as a sandbox's base).
+	HasAny(ctx context.Context, key string) (bool, error)
+}

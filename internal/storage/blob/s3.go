@@ -74,6 +74,7 @@ var (
 	_ PackFiler   = (*S3)(nil)
 	_ BulkDeleter = (*S3)(nil)
 	_ Ager        = (*S3)(nil)
+	_ AnyHaver    = (*S3)(nil)
 )
 
 // OpenS3 opens the store at rawURL, s3://BUCKET[/PREFIX], with opts and
@@ -419,6 +420,31 @@ func (s *S3) Has(ctx context.Context, key string) (bool, error) {
 		return false, fmt.Errorf("blob %s: %w", key, err)
 	}
 	return s.usable(k), nil
+}
+
+// HasAny reports whether any copy of key is stored, however long ago:
+// Has without S3Options.ReuseWithin. A caller relies on such a copy only
+// when something every collector marks keeps it (a sandbox's published
+// incremental base), not merely because it is there.
+func (s *S3) HasAny(ctx context.Context, key string) (bool, error) {
+	k, err := parseKey(key)
+	if err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if len(s.locs(k)) > 0 {
+		return true, nil
+	}
+	notBefore := time.Now()
+	if s.cfg.hasMaxAge > 0 {
+		notBefore = notBefore.Add(-s.cfg.hasMaxAge)
+	}
+	if err := s.refresh(ctx, notBefore); err != nil {
+		return false, fmt.Errorf("blob %s: %w", key, err)
+	}
+	return len(s.locs(k)) > 0, nil
 }
 
 // Refresh lists the store again, so that this node sees what others

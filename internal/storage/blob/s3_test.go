@@ -513,6 +513,12 @@ func TestS3ReuseWithin(t *testing.T) {
 	if has, _ := s.Has(ctx, k); has {
 		t.Fatal("a blob stored two hours ago is reported within an hour's reuse")
 	}
+	if has, err := s.HasAny(ctx, k); err != nil || !has {
+		t.Fatalf("HasAny of a blob stored two hours ago: %v %v", has, err)
+	}
+	if has, err := s.HasAny(ctx, strings.Repeat("0", KeyLen)); err != nil || has {
+		t.Fatalf("HasAny of a blob never stored: %v %v", has, err)
+	}
 	if got, err := s.Get(ctx, k); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("Get of an old blob: %v", err)
 	}
@@ -617,8 +623,8 @@ func TestS3Leftovers(t *testing.T) {
 	}
 }
 
-// Records are put, replaced, read back by another handle and listed;
-// bad names are refused.
+// Records are put, replaced, read back by another handle, listed and
+// deleted; bad names are refused.
 func TestS3Records(t *testing.T) {
 	ctx := context.Background()
 	a := newS3Env(t).open(t, S3Options{})
@@ -641,9 +647,23 @@ func TestS3Records(t *testing.T) {
 	if err != nil || strings.Join(names, " ") != "snapshots/local/snap-1.json snapshots/local/snap-2.json" {
 		t.Fatalf("list: %v %v", names, err)
 	}
+	for _, name := range []string{"snapshots/local/snap-1.json", "snapshots/local/never.json"} {
+		if err := a.DeleteRecord(ctx, name); err != nil {
+			t.Fatalf("delete %s: %v", name, err)
+		}
+	}
+	if _, err := a.GetRecord(ctx, "snapshots/local/snap-1.json"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a deleted record: %v", err)
+	}
+	if names, err := a.ListRecords(ctx, "snapshots/local/"); err != nil || strings.Join(names, " ") != "snapshots/local/snap-2.json" {
+		t.Fatalf("list after a delete: %v %v", names, err)
+	}
 	for _, bad := range []string{"", "../x", "a/../b", "/abs", "a//b", strings.Repeat("x", 200)} {
 		if err := a.PutRecord(ctx, bad, nil); err == nil {
 			t.Errorf("PutRecord(%q) was accepted", bad)
+		}
+		if err := a.DeleteRecord(ctx, bad); err == nil {
+			t.Errorf("DeleteRecord(%q) was accepted", bad)
 		}
 	}
 }

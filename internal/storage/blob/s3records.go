@@ -55,6 +55,15 @@ func (s *S3) GetRecord(ctx context.Context, name string) ([]byte, error) {
 	return b, err
 }
 
+// DeleteRecord removes record name; removing one that is not there is
+// not an error.
+func (s *S3) DeleteRecord(ctx context.Context, name string) error {
+	if err := checkRecordName(name); err != nil {
+		return err
+	}
+	return s.remove(ctx, recordsDir+name)
+}
+
 // ListRecords returns the names of the records under dir (a name prefix
 // ending in /), in lexical order.
 func (s *S3) ListRecords(ctx context.Context, dir string) ([]string, error) {

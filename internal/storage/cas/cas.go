@@ -32,8 +32,10 @@
 // read is marked racy and read again next time, since a second change in
 // the same tick would leave its stat as it was. The previous snapshot's
 // chunks are taken as stored when this Store wrote or checked that
-// snapshot since its last GC; otherwise each is looked up first, and a file
-// with a chunk gone is read again.
+// snapshot since its last GC; otherwise each is looked up first (any copy,
+// however old, counts: blob.AnyHaver), and a file with a chunk gone is
+// read again. The caller's GC must keep the previous snapshot, as a
+// provider keeps a sandbox's base.
 //
 // The manifest is a compact, versioned binary encoding (see manifest.go),
 // decoded strictly: a manifest that could write outside the destination,

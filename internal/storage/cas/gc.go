@@ -2,7 +2,9 @@ package cas
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"stasis/internal/storage/blob"
@@ -45,6 +47,12 @@ type GCOptions struct {
 	// also blob.S3Options.ReuseWithin, for the blobs such a snapshot
 	// reuses rather than stores.
 	Grace time.Duration
+	// Optional are snapshots kept like the live ones when they are there;
+	// one whose manifest is not in the store is passed over instead of
+	// stopping the collection (what another node published as in use,
+	// which a collection elsewhere may have freed before it was
+	// published, and which nothing can rely on since).
+	Optional []string
 }
 
 // GCWith deletes every blob that no snapshot in live references,
@@ -68,8 +76,12 @@ func (s *Store) GCWith(ctx context.Context, live []string, o GCOptions) (freedBl
 		return 0, 0, fmt.Errorf("gc: a grace period needs a blob store that records when it stored each blob (blob.Ager), and %T does not; give 0, with no snapshot running; nothing was deleted", s.blobs)
 	}
 	keep := map[string]bool{}
-	for _, id := range live {
+	for i, id := range append(live[:len(live):len(live)], o.Optional...) {
 		keys, err := s.Chunks(ctx, id)
+		if i >= len(live) && errors.Is(err, blob.ErrNotFound) {
+			slog.Warn("gc: a snapshot kept if it is there is not; passed over", "manifest", id)
+			continue
+		}
 		if err != nil {
 			return 0, 0, fmt.Errorf("gc: live %w; nothing was deleted", err)
 		}

@@ -174,3 +174,27 @@ func TestGCGraceNeedsAger(t *testing.T) {
 		t.Fatal("GC took a negative grace period")
 	}
 }
+
+// An optional snapshot is kept when it is there and passed over when its
+// manifest is not; a missing live one still stops the collection.
+func TestGCOptional(t *testing.T) {
+	s, d := newDirStore(t)
+	tree := t.TempDir()
+	writeFile(t, filepath.Join(tree, "f"), []byte("kept by an optional root"))
+	kept, _, err := s.Snapshot(ctx, tree, "")
+	must(t, err)
+	garbage := []byte("referenced by nothing")
+	must(t, d.Put(ctx, hashKey(garbage), garbage))
+	missing := hashKey([]byte("a manifest never stored"))
+	if _, _, err := s.GCWith(ctx, []string{missing}, GCOptions{Optional: []string{kept}}); err == nil || !strings.Contains(err.Error(), "nothing was deleted") {
+		t.Fatalf("GC with a missing live snapshot: %v", err)
+	}
+	freed, _, err := s.GCWith(ctx, nil, GCOptions{Optional: []string{missing, kept}})
+	must(t, err)
+	if freed != 1 {
+		t.Fatalf("freed %d blobs, want the one garbage blob", freed)
+	}
+	if _, err := s.Restore(ctx, kept, filepath.Join(t.TempDir(), "out")); err != nil {
+		t.Fatalf("the optional snapshot after GC: %v", err)
+	}
+}

@@ -220,10 +220,18 @@ func unchanged(old, e *entry) bool {
 }
 
 // allStored reports whether every chunk is still in the blob store (a GC
-// may have freed the previous snapshot's, or the store been damaged).
+// may have freed the previous snapshot's, or the store been damaged). A
+// copy of any age counts (blob.AnyHaver): the previous snapshot is the
+// caller's base, which its GC keeps, so a store's refusal to report old
+// copies (S3Options.ReuseWithin) would only make every unchanged file be
+// read and stored again.
 func (sn *snapshotter) allStored(ctx context.Context, refs []chunkRef) (bool, error) {
+	has := sn.s.blobs.Has
+	if a, ok := sn.s.blobs.(blob.AnyHaver); ok {
+		has = a.HasAny
+	}
 	for _, c := range refs {
-		ok, err := sn.s.blobs.Has(ctx, c.Key)
+		ok, err := has(ctx, c.Key)
 		if err != nil || !ok {
 			return false, err
 		}

@@ -277,7 +277,41 @@ func ShareBlobs[M any, PM MetaOf[M], K any, S any, PS SnapOf[S]](ctx context.Con
 	if err := r.PutRecord(ctx, "homes/"+id+".json", b); err != nil {
 		return fmt.Errorf("shared blob store: %w", err)
 	}
+	if err := r.PutRecord(ctx, collectorsDir+x.Provider+".json", []byte(`{"publishes_bases":true}`)); err != nil {
+		return fmt.Errorf("shared blob store: %w", err)
+	}
 	return s.Reconcile(ctx)
+}
+
+// collectorsDir holds a record for each provider whose nodes publish
+// their sandboxes' bases (ShareBlobs): a collection marks only what such
+// providers' nodes say they use, so it runs only when every provider with
+// snapshots in the store is one of them.
+const collectorsDir = "collectors/"
+
+// errNotAllPublish refuses a collection of a store holding snapshots of
+// a provider whose nodes publish no bases: its sandboxes may build on
+// blobs no record names.
+func (x *Snapshots[S, PS]) checkAllPublish(ctx context.Context) error {
+	snaps, err := x.Shared.ListRecords(ctx, "snapshots/")
+	if err != nil {
+		return err
+	}
+	known, err := x.Shared.ListRecords(ctx, collectorsDir)
+	if err != nil {
+		return err
+	}
+	publish := map[string]bool{}
+	for _, n := range known {
+		publish[strings.TrimSuffix(strings.TrimPrefix(n, collectorsDir), ".json")] = true
+	}
+	for _, n := range snaps {
+		provider, _, ok := strings.Cut(strings.TrimPrefix(n, "snapshots/"), "/")
+		if ok && !publish[provider] {
+			return errdefs.Errorf(errdefs.ErrConflict, "the shared store holds snapshots of the %s provider, whose nodes publish no sandbox bases: a collection could free blobs its sandboxes build on, so none runs (keep that provider's snapshots under another --blobs prefix)", provider)
+		}
+	}
+	return nil
 }
 
 // Reconcile brings this home's pins into line with its sandbox
@@ -514,6 +548,13 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 	}
 	defer release()
 	if err := x.reconcile(ctx); err != nil {
+		return 0, 0, fmt.Errorf("gc: %w; nothing was deleted", err)
+	}
+	if err := x.checkAllPublish(ctx); err != nil {
+		if !wait {
+			slog.Warn("shared blob store: not collecting", "err", err)
+			return 0, 0, nil
+		}
 		return 0, 0, fmt.Errorf("gc: %w; nothing was deleted", err)
 	}
 	snaps, err := x.sharedRoots(ctx, "snapshots/", func(name string, b []byte) ([]string, error) {

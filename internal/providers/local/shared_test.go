@@ -260,6 +260,25 @@ func TestSharedCollectsGarbage(t *testing.T) {
 		t.Fatalf("blobs within the grace period were collected: %d bytes before, %d after", before, after)
 	}
 	b.age(t, 3*time.Hour)
+	// A provider whose nodes publish no bases keeps snapshots in the
+	// bucket too: no collection runs, nothing is freed.
+	other, err := blob.OpenS3(ctx, b.url, blob.S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.PutRecord(ctx, "snapshots/microvm/vms-1.json", []byte(`{"id":"vms-1","manifest":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := nodeA.CollectBlobs(ctx); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "microvm provider, whose nodes publish no sandbox bases") {
+		t.Fatalf("a collection with another provider's snapshots in the bucket: %v", err)
+	}
+	if after := b.packBytes(t); after != before {
+		t.Fatalf("a refused collection freed blobs: %d bytes before, %d after", before, after)
+	}
+	if err := other.DeleteRecord(ctx, "snapshots/microvm/vms-1.json"); err != nil {
+		t.Fatal(err)
+	}
 	n, freed, err := nodeA.CollectBlobs(ctx)
 	if err != nil {
 		t.Fatal(err)

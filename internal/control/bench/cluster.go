@@ -438,7 +438,12 @@ func clusterOnce(ctx context.Context, o ClusterOptions, episodes int) (row Clust
 	t1 := time.Now()
 	res, err := nodes[0].api.Checkpoint(ctx, client.CheckpointRequest{ID: fmt.Sprintf("bench-%d", episodes)})
 	if err != nil {
-		return row, fmt.Errorf("checkpoint: %w", err)
+		var logs strings.Builder
+		for _, n := range nodes {
+			tail, _ := os.ReadFile(n.log.Name())
+			fmt.Fprintf(&logs, "\n%s's log:\n%s", n.name, lastLines(string(tail), 10))
+		}
+		return row, fmt.Errorf("checkpoint: %w%s", err, logs.String())
 	}
 	row.CheckpointS = time.Since(t1).Seconds()
 	ck, _, err := nodes[0].api.GetCheckpoint(ctx, res.Checkpoint)

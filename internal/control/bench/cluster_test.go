@@ -54,10 +54,17 @@ func BenchmarkClusterSim(b *testing.B) {
 			sizes = append(sizes, n)
 		}
 	}
+	var lease time.Duration // STASIS_BENCH_NODE_LEASE: the nodes' lease (default: bench.Cluster's)
+	if s := os.Getenv("STASIS_BENCH_NODE_LEASE"); s != "" {
+		var err error
+		if lease, err = time.ParseDuration(s); err != nil {
+			b.Fatalf("STASIS_BENCH_NODE_LEASE %q: %v", s, err)
+		}
+	}
 	srv := pgtest.SharedDurable(b)
 	for range b.N {
 		rows, err := bench.Cluster(context.Background(), bench.ClusterOptions{
-			Exe: os.Args[0], Env: stasistest.Env, Store: srv.URL("postgres"), Sizes: sizes, Nodes: 4,
+			Exe: os.Args[0], Env: stasistest.Env, Store: srv.URL("postgres"), Sizes: sizes, Nodes: 4, NodeLease: lease,
 			Timeout: 30 * time.Minute, Progress: os.Stderr, HeapProfile: os.Getenv("STASIS_BENCH_HEAP"),
 		})
 		for _, r := range rows {

@@ -143,7 +143,10 @@ func (m *Member) heartbeat(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, m.o.Lease/3)
+		// A renewal slowed by a busy database is given until the lease
+		// would run out, not cut off at the next tick: landing late, it
+		// still extends the lease from when it ran.
+		rctx, cancel := context.WithDeadline(ctx, until)
 		t0 := time.Now()
 		_, err := m.o.Store.Renew(rctx, m.node, m.o.Lease)
 		cancel()

@@ -48,6 +48,12 @@ func CheckNodeName(name string) error {
 // dbNowNS is the database's clock, in unix nanoseconds.
 const dbNowNS = `CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT)`
 
+// txNowNS is when the transaction began by the database's clock, in unix
+// nanoseconds: no later than its snapshot, so a lease the snapshot shows
+// ending before it had ended when the snapshot was taken (and, once
+// ended, an epoch's lease is never renewed).
+const txNowNS = `CAST(EXTRACT(EPOCH FROM transaction_timestamp()) * 1000000000 AS BIGINT)`
+
 // Join registers node name (at addr) with a lease of lease from now, as a
 // new epoch of that name. A name whose lease is still live is refused
 // (another server runs under it).

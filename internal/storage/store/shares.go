@@ -175,7 +175,10 @@ func (s *Postgres) Shares(ctx context.Context, id string) ([]Share, error) {
 
 // lapsedShares lists, in tx, the nodes whose share (a row of table, whose
 // column col names the operation id) is in one of states while their
-// epoch no longer holds a live lease.
+// epoch no longer holds a live lease. A lease is judged as of the
+// transaction's start (txNowNS), not the clock now: tx reads the nodes'
+// rows as they were when its snapshot was taken, and it may have waited
+// for a lock since, while the nodes renewed their leases.
 func (s *Postgres) lapsedShares(ctx context.Context, tx *sql.Tx, table, col, id string, states ...ShareState) ([]string, error) {
 	args := []any{id}
 	in := make([]string, len(states))
@@ -184,7 +187,7 @@ func (s *Postgres) lapsedShares(ctx context.Context, tx *sql.Tx, table, col, id 
 		in[i] = fmt.Sprintf("$%d", i+2)
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT s.node FROM `+table+` s WHERE s.`+col+` = $1 AND s.state IN (`+strings.Join(in, ", ")+`)
-		AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.name = s.node AND n.epoch = s.epoch AND n.lease_until_ns > `+dbNowNS+`) ORDER BY s.node`,
+		AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.name = s.node AND n.epoch = s.epoch AND n.lease_until_ns > `+txNowNS+`) ORDER BY s.node`,
 		args...)
 	if err != nil {
 		return nil, s.wrap(err)

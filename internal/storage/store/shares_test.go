@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/internal/pgtest"
+	"stasis/internal/testwait"
 )
 
 // joinAll joins nodes named names to s with lease, and returns them.
@@ -247,5 +249,67 @@ func TestSharedPutsSideBySide(t *testing.T) {
 	c, err := views[0].List(ctx, ListOptions{State: StateCommitted})
 	if err != nil || len(c) != 1 || c[0].Episodes != episodes {
 		t.Fatalf("committed: %+v %v", c, err)
+	}
+}
+
+// A node's lease is judged as of the snapshot the judging transaction
+// reads: FailLapsed, held up on the checkpoint's row by the nodes' puts,
+// must not take leases its old snapshot shows for lapsed ones while the
+// nodes went on renewing them (it failed busy checkpoints with every
+// node named).
+func TestFailLapsedJudgesLeasesAsOfItsSnapshot(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	s := openPostgres(t, dsn)
+	const lease = 2 * time.Second
+	ns := joinAll(t, s, lease, "a", "b")
+	if err := s.BeginShared(ctx, "ck", nil, ns); err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- s.tx(ctx, false, func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, `SELECT 1 FROM checkpoints WHERE id = $1 FOR SHARE`, "ck"); err != nil {
+				return err
+			}
+			close(entered)
+			<-release
+			return nil
+		})
+	}()
+	<-entered
+	type result struct {
+		failed bool
+		err    error
+	}
+	judged := make(chan result, 1)
+	go func() {
+		failed, err := s.FailLapsed(ctx, "ck")
+		judged <- result{failed, err}
+	}()
+	other := openPostgres(t, dsn)
+	testwait.Until(t, "FailLapsed to wait for the checkpoint's row", 30*time.Second, func() bool {
+		var waiting int
+		err := other.leases.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	})
+	// The nodes keep renewing (a heartbeat, a third of the lease apart)
+	// past two whole leases while FailLapsed waits.
+	tick := time.NewTicker(lease / 3)
+	defer tick.Stop()
+	for end := time.Now().Add(2*lease + lease/2); time.Now().Before(end); <-tick.C {
+		for _, n := range ns {
+			if _, err := other.Renew(ctx, n, lease); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if r := <-judged; r.err != nil || r.failed {
+		t.Fatalf("FailLapsed with every node renewing: failed %v, %v", r.failed, r.err)
 	}
 }

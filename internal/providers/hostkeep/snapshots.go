@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -236,6 +237,9 @@ func (x *Snapshots[S, PS]) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	if x.Shared != nil {
+		if x.pins == nil {
+			return nil // a provider that publishes no bases collects nothing
+		}
 		// Left to another node's collection if one is under way.
 		_, _, err = x.collectShared(ctx, false)
 		return err
@@ -259,6 +263,12 @@ func (x *Snapshots[S, PS]) LockBlobs(exclusive bool) (func(), error) {
 // (ShareOptions.LeaseWait).
 func (x *Snapshots[S, PS]) CollectBlobs(ctx context.Context) (int, int64, error) {
 	if x.Shared != nil {
+		if x.pins == nil {
+			// A provider that publishes no bases (microvm) cannot tell
+			// what other nodes' sandboxes build on: it collects nothing.
+			slog.Info("shared blob store: not collected: this provider publishes no sandbox bases", "provider", x.Provider)
+			return 0, 0, nil
+		}
 		return x.collectShared(ctx, true)
 	}
 	unlock, err := x.LockBlobs(true)

@@ -402,24 +402,7 @@ func (s *S3) getRange(ctx context.Context, name string, off, size int64) ([]byte
 // missing from a view older than S3Options.HasMaxAge is looked for again
 // after a new listing.
 func (s *S3) Has(ctx context.Context, key string) (bool, error) {
-	k, err := parseKey(key)
-	if err != nil {
-		return false, err
-	}
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	if s.usable(k) {
-		return true, nil
-	}
-	notBefore := time.Now()
-	if s.cfg.hasMaxAge > 0 {
-		notBefore = notBefore.Add(-s.cfg.hasMaxAge)
-	}
-	if err := s.refresh(ctx, notBefore); err != nil {
-		return false, fmt.Errorf("blob %s: %w", key, err)
-	}
-	return s.usable(k), nil
+	return s.has(ctx, key, s.usable)
 }
 
 // HasAny reports whether any copy of key is stored, however long ago:
@@ -427,6 +410,12 @@ func (s *S3) Has(ctx context.Context, key string) (bool, error) {
 // when something every collector marks keeps it (a sandbox's published
 // incremental base), not merely because it is there.
 func (s *S3) HasAny(ctx context.Context, key string) (bool, error) {
+	return s.has(ctx, key, func(k rawKey) bool { return len(s.locs(k)) > 0 })
+}
+
+// has reports whether found says key is stored, looking again after a
+// new listing when this node's view does not.
+func (s *S3) has(ctx context.Context, key string, found func(rawKey) bool) (bool, error) {
 	k, err := parseKey(key)
 	if err != nil {
 		return false, err
@@ -434,7 +423,7 @@ func (s *S3) HasAny(ctx context.Context, key string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	if len(s.locs(k)) > 0 {
+	if found(k) {
 		return true, nil
 	}
 	notBefore := time.Now()
@@ -444,7 +433,7 @@ func (s *S3) HasAny(ctx context.Context, key string) (bool, error) {
 	if err := s.refresh(ctx, notBefore); err != nil {
 		return false, fmt.Errorf("blob %s: %w", key, err)
 	}
-	return len(s.locs(k)) > 0, nil
+	return found(k), nil
 }
 
 // Refresh lists the store again, so that this node sees what others

@@ -25,6 +25,7 @@ __all__ = [
     "UnsupportedMediaType",
     "Misdirected",
     "InternalError",
+    "NodeUnreachable",
     "Unavailable",
     "ERROR_TYPES",
     "error_for",
@@ -113,6 +114,12 @@ class Unsupported(APIError):
     """501: the server's sandbox provider cannot do it."""
 
 
+class NodeUnreachable(APIError):
+    """502: on a node of a cluster, the node that drives the episode did not
+    answer the request this one forwarded to it; ask again (it may have
+    taken effect), or once that node's lease has run out."""
+
+
 class Unavailable(APIError):
     """503: the server is shutting down, or a service it needs (its record
     store, a hosted sandbox provider) is unreachable or refusing load; try
@@ -138,6 +145,7 @@ ERROR_TYPES: dict[str, tuple[int, type[APIError]]] = {
     "misdirected": (421, Misdirected),
     "internal": (500, InternalError),
     "unsupported": (501, Unsupported),
+    "node_unreachable": (502, NodeUnreachable),
     "unavailable": (503, Unavailable),
     "timeout": (504, Timeout),
 }

@@ -73,17 +73,23 @@ func hostProcesses(id string) []int {
 	return out
 }
 
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t, microvm.Options{}) }
+
+// conformance runs the provider suite on a provider made with o, whose
+// forks the suite can make fail.
+func conformance(t *testing.T, o microvm.Options) {
 	var mu sync.Mutex
 	fail := map[string]int{}
-	p := newProvider(t, microvm.Options{ForkHook: func(snapshot string, i int) error {
+	o.ForkHook = func(snapshot string, i int) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if k, ok := fail[snapshot]; ok && k == i {
 			return errors.New("injected fork failure")
 		}
 		return nil
-	}})
+	}
+	p := newProvider(t, o)
+	defer p.Close()
 	sandboxtest.Run(t, sandboxtest.Harness{
 		Provider: p,
 		FailFork: func(snapshot string, k int) func() {

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,7 +19,6 @@ import (
 	"stasis/internal/stasistest"
 	"stasis/internal/storage/blob"
 	"stasis/sandbox"
-	"stasis/sandbox/sandboxtest"
 )
 
 // s3Blobs starts (or shares) the test S3 server, points the AWS
@@ -346,27 +344,5 @@ func TestForkOfDamagedStateInS3(t *testing.T) {
 // snapshots are in S3 (about two minutes under TCG).
 func TestConformanceWithS3(t *testing.T) {
 	url, _, _ := s3Blobs(t)
-	var mu sync.Mutex
-	fail := map[string]int{}
-	p := newProvider(t, microvm.Options{Blobs: url, ForkHook: func(snapshot string, i int) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if k, ok := fail[snapshot]; ok && k == i {
-			return errors.New("injected fork failure")
-		}
-		return nil
-	}})
-	defer p.Close()
-	sandboxtest.Run(t, sandboxtest.Harness{
-		Provider: p,
-		FailFork: func(snapshot string, k int) func() {
-			mu.Lock()
-			fail[snapshot] = k
-			mu.Unlock()
-			return func() { mu.Lock(); delete(fail, snapshot); mu.Unlock() }
-		},
-		Retired:       p.Retired,
-		HostProcesses: hostProcesses,
-		ExpiryStep:    3 * time.Second,
-	})
+	conformance(t, microvm.Options{Blobs: url})
 }

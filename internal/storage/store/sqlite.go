@@ -3,12 +3,14 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"time"
 
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
+	"modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // SQLite is the record store in one SQLite database file: write-ahead
@@ -60,7 +62,7 @@ func openSQLite(ctx context.Context, path string) (*SQLite, error) {
 
 // check opens the first connection, checks its settings and migrates.
 func (s *SQLite) check(ctx context.Context) error {
-	if err := s.db.PingContext(ctx); err != nil {
+	if err := s.firstConnection(ctx); err != nil {
 		return fmt.Errorf("record store %s: %w; check that its directory exists and is writable", s.path, err)
 	}
 	var mode string
@@ -71,6 +73,35 @@ func (s *SQLite) check(ctx context.Context) error {
 		return fmt.Errorf("record store %s: journal mode is %q, not wal: the file system may not support SQLite's write-ahead log; put $STASIS_HOME on a local file system", s.path, mode)
 	}
 	return s.migrate(ctx)
+}
+
+// firstConnection opens a connection, which applies the DSN's pragmas. The
+// first process to open a new file turns it to write-ahead logging, which
+// needs the file to itself; SQLite reports a process opening the file at that
+// moment as busy without calling its busy handler (it would deadlock waiting
+// otherwise). Such an open is tried again, with a growing pause, until the
+// busy timeout has passed.
+func (s *SQLite) firstConnection(ctx context.Context) error {
+	deadline := time.Now().Add(busyTimeout)
+	pause := 5 * time.Millisecond
+	for {
+		err := s.db.PingContext(ctx)
+		if err == nil || !busy(err) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 250*time.Millisecond)
+	}
+}
+
+// busy tells whether err is SQLite's SQLITE_BUSY, of any extended kind.
+func busy(err error) bool {
+	var e *sqlite.Error
+	return errors.As(err, &e) && e.Code()&0xff == sqlite3.SQLITE_BUSY
 }
 
 // Path is the database file.

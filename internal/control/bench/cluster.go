@@ -69,6 +69,10 @@ type ClusterOptions struct {
 	// HeapProfile, when set, is a directory where node 1's heap profile is
 	// written once its episodes are started (heap-EPISODES.pb.gz).
 	HeapProfile string
+	// CPUProfile, when set, is a directory where node 1's CPU profile of
+	// the checkpoint, from just before it is asked for until its answer,
+	// is written (cpu-EPISODES.pb.gz).
+	CPUProfile string
 }
 
 // NodeMemory is one node's memory at one size.
@@ -218,6 +222,9 @@ func startNode(ctx context.Context, o ClusterOptions, name, state, dsn string) (
 	cmd.Env = append(os.Environ(), o.Env...)
 	if o.HeapProfile != "" && name == "node-1" {
 		cmd.Env = append(cmd.Env, "STASIS_HEAP_PROFILE_SIGNAL=1") // cli.HeapProfileEnv
+	}
+	if o.CPUProfile != "" && name == "node-1" {
+		cmd.Env = append(cmd.Env, "STASIS_CPU_PROFILE_SIGNAL=1") // cli.CPUProfileEnv
 	}
 	cmd.Stderr = logf
 	// The node dies with this process, whatever ends it.
@@ -408,7 +415,7 @@ func clusterOnce(ctx context.Context, o ClusterOptions, episodes int) (row Clust
 	}
 	say("started in %.1f s", row.StartS)
 	if o.HeapProfile != "" {
-		if err := heapProfile(ctx, nodes[0], filepath.Join(o.HeapProfile, fmt.Sprintf("heap-%d.pb.gz", episodes))); err != nil {
+		if err := profile(ctx, nodes[0], syscall.SIGUSR1, "heap.pb.gz", filepath.Join(o.HeapProfile, fmt.Sprintf("heap-%d.pb.gz", episodes))); err != nil {
 			return row, err
 		}
 	}
@@ -435,8 +442,18 @@ func clusterOnce(ctx context.Context, o ClusterOptions, episodes int) (row Clust
 	row.IdleTransactions = idle1 - idle0
 
 	x0 := idle1
+	if o.CPUProfile != "" {
+		if err := nodes[0].cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+			return row, err
+		}
+	}
 	t1 := time.Now()
 	res, err := nodes[0].api.Checkpoint(ctx, client.CheckpointRequest{ID: fmt.Sprintf("bench-%d", episodes)})
+	if o.CPUProfile != "" {
+		if perr := profile(ctx, nodes[0], syscall.SIGUSR2, "cpu.pb.gz", filepath.Join(o.CPUProfile, fmt.Sprintf("cpu-%d.pb.gz", episodes))); perr != nil && err == nil {
+			return row, perr
+		}
+	}
 	if err != nil {
 		var logs strings.Builder
 		for _, n := range nodes {
@@ -518,12 +535,12 @@ func allRunning(ctx context.Context, n *node, want int) error {
 	return nil
 }
 
-// heapProfile has node n write its heap profile (SIGUSR1, with
-// STASIS_HEAP_PROFILE_SIGNAL set) and waits for the file.
-func heapProfile(ctx context.Context, n *node, dst string) error {
-	src := filepath.Join(n.state, "heap.pb.gz")
-	_ = os.Remove(src)
-	if err := n.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+// profile signals node n to write (or end) a profile into STATE/name,
+// waits for STATE/name.done and copies the profile to dst.
+func profile(ctx context.Context, n *node, sig syscall.Signal, name, dst string) error {
+	src := filepath.Join(n.state, name)
+	_ = os.Remove(src + ".done")
+	if err := n.cmd.Process.Signal(sig); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(time.Minute)
@@ -532,7 +549,7 @@ func heapProfile(ctx context.Context, n *node, dst string) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s wrote no heap profile within a minute", n.name)
+			return fmt.Errorf("%s wrote no %s within a minute", n.name, name)
 		}
 		select {
 		case <-time.After(50 * time.Millisecond): // poll interval, bounded by the deadline above

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -16,9 +17,10 @@ import (
 // episodes) and checks that it measured what it says.
 func TestClusterMeasures(t *testing.T) {
 	srv := pgtest.Shared(t)
+	cpu := t.TempDir()
 	rows, err := bench.Cluster(context.Background(), bench.ClusterOptions{
 		Exe: os.Args[0], Env: stasistest.Env, Store: srv.URL("postgres"), Sizes: []int{8}, Nodes: 2,
-		Settle: time.Millisecond, Timeout: 5 * time.Minute, Dir: t.TempDir(), HeapProfile: t.TempDir(),
+		Settle: time.Millisecond, Timeout: 5 * time.Minute, Dir: t.TempDir(), HeapProfile: t.TempDir(), CPUProfile: cpu,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -32,6 +34,9 @@ func TestClusterMeasures(t *testing.T) {
 			t.Errorf("node memory %+v", m)
 		}
 	}
+	if fi, err := os.Stat(filepath.Join(cpu, "cpu-8.pb.gz")); err != nil || fi.Size() == 0 {
+		t.Errorf("node 1's CPU profile of the checkpoint: %v", err)
+	}
 	stasistest.NoChildrenLeft(t)
 }
 
@@ -40,8 +45,9 @@ func TestClusterMeasures(t *testing.T) {
 //
 //	go test ./internal/control/bench -run '^$' -bench ClusterSim -benchtime 1x -timeout 90m
 //
-// STASIS_BENCH_SIZES (e.g. 1250,10000) and STASIS_BENCH_HEAP (a directory
-// for node 1's heap profiles) adjust it.
+// STASIS_BENCH_SIZES (e.g. 1250,10000), STASIS_BENCH_HEAP and
+// STASIS_BENCH_CPU (directories for node 1's heap profiles and CPU
+// profiles of the checkpoints) adjust it.
 func BenchmarkClusterSim(b *testing.B) {
 	sizes := []int{1250, 2500, 5000, 10000}
 	if s := os.Getenv("STASIS_BENCH_SIZES"); s != "" {
@@ -65,7 +71,7 @@ func BenchmarkClusterSim(b *testing.B) {
 	for range b.N {
 		rows, err := bench.Cluster(context.Background(), bench.ClusterOptions{
 			Exe: os.Args[0], Env: stasistest.Env, Store: srv.URL("postgres"), Sizes: sizes, Nodes: 4, NodeLease: lease,
-			Timeout: 30 * time.Minute, Progress: os.Stderr, HeapProfile: os.Getenv("STASIS_BENCH_HEAP"),
+			Timeout: 30 * time.Minute, Progress: os.Stderr, HeapProfile: os.Getenv("STASIS_BENCH_HEAP"), CPUProfile: os.Getenv("STASIS_BENCH_CPU"),
 		})
 		for _, r := range rows {
 			base := int64(0)

@@ -106,6 +106,7 @@ committed in <= 30 s, and <= 0.25 MiB of node RSS per episode.`,
 	f.DurationVar(&o.NodeLease, "node-lease", time.Minute, "the nodes' --node-lease")
 	f.DurationVar(&o.Timeout, "timeout", 20*time.Minute, "bound on each size's run")
 	f.StringVar(&o.HeapProfile, "heap-profile", "", "directory where node 1's heap profile is written once its episodes are started (heap-N.pb.gz; go tool pprof)")
+	f.StringVar(&o.CPUProfile, "cpu-profile", "", "directory where node 1's CPU profile of each checkpoint, from the request to its answer, is written (cpu-N.pb.gz; go tool pprof)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

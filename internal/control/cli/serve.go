@@ -141,6 +141,10 @@ func (sf *serveFlags) run(cmd *cobra.Command) error {
 		stop := heapProfileOnSignal(filepath.Join(sf.state, "heap.pb.gz"), log)
 		defer stop()
 	}
+	if os.Getenv(CPUProfileEnv) != "" {
+		stop := cpuProfileOnSignal(filepath.Join(sf.state, "cpu.pb.gz"), log)
+		defer stop()
+	}
 	fmt.Fprintln(cmd.OutOrStdout(), shown)
 	log.Info("serving", "addr", shown, "tls", o.Access.TLSConfig() != nil, "authenticates", o.Access.Authenticates())
 	err = serve.UntilSignal(cmd.Context(), ln, srv.Handler(), log)
@@ -371,6 +375,61 @@ func parseGuestMemory(v, provider string) (int, error) {
 // STATE/heap.pb.gz.done: how `stasis bench cluster --heap-profile` looks
 // into a node.
 const HeapProfileEnv = "STASIS_HEAP_PROFILE_SIGNAL"
+
+// CPUProfileEnv, set in a server's environment, has it start profiling
+// its CPU (go tool pprof) into STATE/cpu.pb.gz on a SIGUSR2 and end the
+// profile on the next, then write STATE/cpu.pb.gz.done: how `stasis bench
+// cluster --cpu-profile` looks into a node during a checkpoint.
+const CPUProfileEnv = "STASIS_CPU_PROFILE_SIGNAL"
+
+// cpuProfileOnSignal starts and ends a CPU profile into dst on
+// alternate SIGUSR2s until the returned function is called.
+func cpuProfileOnSignal(dst string, log *slog.Logger) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR2)
+	done := make(chan struct{})
+	var f *os.File
+	end := func() {
+		if f == nil {
+			return
+		}
+		pprof.StopCPUProfile()
+		err := f.Close()
+		f = nil
+		if err == nil {
+			err = os.WriteFile(dst+".done", nil, 0o644)
+		}
+		if err != nil {
+			log.Warn("cpu profile", "path", dst, "err", err)
+		}
+	}
+	go func() {
+		defer end()
+		for {
+			select {
+			case <-ch:
+			case <-done:
+				return
+			}
+			if f != nil {
+				end()
+				continue
+			}
+			_ = os.Remove(dst + ".done")
+			var err error
+			if f, err = os.Create(dst); err == nil {
+				if err = pprof.StartCPUProfile(f); err != nil {
+					_ = f.Close()
+					f = nil
+				}
+			}
+			if err != nil {
+				log.Warn("cpu profile", "path", dst, "err", err)
+			}
+		}
+	}()
+	return func() { signal.Stop(ch); close(done) }
+}
 
 // heapProfileOnSignal writes the heap profile to dst on each SIGUSR1
 // until the returned function is called.

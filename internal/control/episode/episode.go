@@ -394,8 +394,11 @@ func (e *Episode) ready(ctx context.Context, cred relay.Credentials, fresh bool)
 	return e.writeCredentials(ctx, cred)
 }
 
-// writeCredentials writes the relay's token file.
+// writeCredentials writes the relay's token file, naming this node's
+// gateway as the relay's upstream (a relay resumed in place from another
+// node's snapshot sends its calls here from the continue on).
 func (e *Episode) writeCredentials(ctx context.Context, cred relay.Credentials) error {
+	cred.Upstream = e.env.GatewayURL
 	b, err := json.Marshal(cred)
 	if err != nil {
 		return err
@@ -724,7 +727,9 @@ func resumeInPlace(ctx context.Context, env *Env, spec Spec, sandboxID string, r
 		return nil, fmt.Errorf("episode %s: gateway: %w", spec.ID, err)
 	}
 	e.attempt = gst.Attempt
-	b, err := json.Marshal(gst.Credentials(0))
+	cred := gst.Credentials(0)
+	cred.Upstream = env.GatewayURL
+	b, err := json.Marshal(cred)
 	if err != nil {
 		return nil, err
 	}

@@ -420,11 +420,12 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 	wait := r.cfg.Retry.Initial
 	for try := 0; ; try++ {
 		t0 := r.clock.Now()
-		req, err := r.newRequest(ctx, path, body, n, cred)
+		up := r.up.Load()
+		req, err := r.newRequest(ctx, up, path, body, n, cred)
 		if err != nil {
 			return res, err
 		}
-		resp, b, buf, err := r.send(req)
+		resp, b, buf, err := r.send(up, req)
 		res.took += r.clock.Now().Sub(t0)
 		var d time.Duration // the wait before the next try
 		switch {
@@ -458,8 +459,8 @@ func (r *Relay) issue(ctx context.Context, path string, body []byte, n int64, cr
 }
 
 // newRequest makes one try of call n to path.
-func (r *Relay) newRequest(ctx context.Context, path string, body []byte, n int64, cred Credentials) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.up.Base+path, bytes.NewReader(body))
+func (r *Relay) newRequest(ctx context.Context, up *Upstream, path string, body []byte, n int64, cred Credentials) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.Base+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -474,7 +475,7 @@ func (r *Relay) newRequest(ctx context.Context, path string, body []byte, n int6
 // send sends one try upstream, with the settlements not yet recorded
 // riding along, and reads the answer whole (into a pooled buffer, one byte
 // over maxResponse at most).
-func (r *Relay) send(req *http.Request) (*http.Response, []byte, *[]byte, error) {
+func (r *Relay) send(up *Upstream, req *http.Request) (*http.Response, []byte, *[]byte, error) {
 	carried := r.takeSettlements()
 	if len(carried) > 0 {
 		req.Header.Set(HeaderSettled, formatSettlements(carried))
@@ -485,17 +486,17 @@ func (r *Relay) send(req *http.Request) (*http.Response, []byte, *[]byte, error)
 	if base {
 		req.Header.Set(HeaderWantBase, "1")
 	}
-	resp, err := r.up.Client.Do(req)
+	resp, err := up.Client.Do(req)
 	if err != nil {
 		r.returnSettlements(carried, false)
-		return nil, nil, nil, fmt.Errorf("upstream %s: %w", r.up.Base, err)
+		return nil, nil, nil, fmt.Errorf("upstream %s: %w", up.Raw, err)
 	}
 	r.returnSettlements(carried, resp.Header.Get(HeaderSettledOK) != "")
 	b, buf, err := readPooled(io.LimitReader(resp.Body, maxResponse+1), resp.ContentLength)
 	resp.Body.Close()
 	if err != nil {
 		releaseBody(buf)
-		return nil, nil, nil, fmt.Errorf("upstream %s: read: %w", r.up.Base, err)
+		return nil, nil, nil, fmt.Errorf("upstream %s: read: %w", up.Raw, err)
 	}
 	return resp, b, buf, nil
 }

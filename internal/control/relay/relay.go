@@ -31,6 +31,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,6 +63,12 @@ type Credentials struct {
 	Episode string `json:"episode"`
 	Token   string `json:"token"`
 	Attempt int    `json:"attempt"`
+	// Upstream, when set, is the gateway's URL as this sandbox reaches it
+	// now: the host writes it with each attempt, and a relay that already
+	// runs (a sandbox resumed in place, perhaps on another node, whose
+	// gateway is elsewhere) sends its calls there from the continue on.
+	// Empty: the relay's configured upstream.
+	Upstream string `json:"upstream,omitempty"`
 	// NextCall numbers the first call of a relaunched relay after the
 	// calls already in the ledger (0: start at 1). A relay started with
 	// NextCall set is a relaunch: it does not know where in the ledger its
@@ -115,7 +122,7 @@ const DefaultHeartbeat = 5 * time.Second
 
 // Relay is the in-sandbox end. It implements supervisor.Gate.
 type Relay struct {
-	up    *Upstream
+	up    atomic.Pointer[Upstream] // where calls go; the token file may move it (Release)
 	cfg   Config
 	clock Clock
 	log   *slog.Logger
@@ -140,11 +147,14 @@ type relayMetrics struct {
 
 // New makes a relay.
 func New(cfg Config) (*Relay, error) {
-	up, err := ParseUpstream(cfg.Upstream)
+	cred, err := ReadCredentials(cfg.TokenFile)
 	if err != nil {
 		return nil, err
 	}
-	cred, err := ReadCredentials(cfg.TokenFile)
+	if cred.Upstream != "" {
+		cfg.Upstream = cred.Upstream
+	}
+	up, err := ParseUpstream(cfg.Upstream)
 	if err != nil {
 		return nil, err
 	}
@@ -170,8 +180,9 @@ func New(cfg Config) (*Relay, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &Relay{up: up, cfg: cfg, clock: clockOr(cfg.Clock), log: log, cred: cred, order: newOrder(cred.NextCall),
+	r := &Relay{cfg: cfg, clock: clockOr(cfg.Clock), log: log, cred: cred, order: newOrder(cred.NextCall),
 		cancels: map[int64]context.CancelFunc{}, reg: prometheus.NewRegistry(), changed: make(chan struct{})}
+	r.up.Store(up)
 	f := prometheus.NewCounter
 	r.m = relayMetrics{
 		calls:      f(prometheus.CounterOpts{Name: "stasis_relay_calls_total", Help: "Model calls the harness made."}),
@@ -270,9 +281,14 @@ func (r *Relay) Flush(ctx context.Context) error {
 // attempt means the sandbox was restored from a snapshot that kept its
 // processes, so every call not yet delivered is issued again under the new
 // attempt (the old upstream connections are dead, and the ledger was cut
-// to the settled position).
+// to the settled position); a new upstream there (the episode resumed on
+// another node) takes every call from now on.
 func (r *Relay) Release() error {
 	cred, err := ReadCredentials(r.cfg.TokenFile)
+	var moved error
+	if err == nil {
+		moved = r.moveUpstream(cred.Upstream)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err == nil && cred.Attempt != r.cred.Attempt {
@@ -282,7 +298,7 @@ func (r *Relay) Release() error {
 		for _, cancel := range r.cancels {
 			cancel()
 		}
-		if tr, ok := r.up.Client.Transport.(*http.Transport); ok {
+		if tr, ok := r.up.Load().Client.Transport.(*http.Transport); ok {
 			tr.CloseIdleConnections()
 		}
 	} else if err == nil {
@@ -296,6 +312,26 @@ func (r *Relay) Release() error {
 	if r.out.pending() {
 		r.scheduleFlushLocked()
 	}
+	return moved
+}
+
+// moveUpstream sends calls to raw from now on, when it is set and not
+// where they go already. A URL that does not parse moves nothing: the
+// calls keep their upstream, and the error says why.
+func (r *Relay) moveUpstream(raw string) error {
+	old := r.up.Load()
+	if raw == "" || raw == old.Raw {
+		return nil
+	}
+	up, err := ParseUpstream(raw)
+	if err != nil {
+		return fmt.Errorf("relay token file %s: upstream: %w", r.cfg.TokenFile, err)
+	}
+	r.up.Store(up)
+	if tr, ok := old.Client.Transport.(*http.Transport); ok {
+		tr.CloseIdleConnections()
+	}
+	r.log.Info("upstream moved", "from", old.Raw, "to", raw)
 	return nil
 }
 
@@ -587,7 +623,7 @@ func (r *Relay) serveModels(w http.ResponseWriter, q *http.Request) {
 	r.mu.Lock()
 	cred := r.cred
 	r.mu.Unlock()
-	proxyGet(w, q, r.up, "/v1/models", map[string]string{"Authorization": "Bearer " + cred.Token, HeaderEpisode: cred.Episode})
+	proxyGet(w, q, r.up.Load(), "/v1/models", map[string]string{"Authorization": "Bearer " + cred.Token, HeaderEpisode: cred.Episode})
 }
 
 // proxyGet answers a GET with the upstream's answer to the same GET.

@@ -238,6 +238,70 @@ func TestReissueAfterRestore(t *testing.T) {
 	}
 }
 
+// TestReissueToAnotherNodesGateway: the sandbox is resumed in place on
+// another node, whose gateway is at another URL, written into the token
+// file with the new attempt. The undelivered call is issued again there,
+// and so is every later call; the old node's gateway gets nothing more.
+// A token file naming an upstream that does not parse moves nothing and
+// says so.
+func TestReissueToAnotherNodesGateway(t *testing.T) {
+	dead := make(chan struct{})
+	old := newFakeUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		select { // the old node dies with the call in flight
+		case <-r.Context().Done():
+		case <-dead:
+			http.Error(w, "gone", http.StatusBadGateway)
+		}
+	})
+	moved := newFakeUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		_, _ = io.WriteString(w, completion)
+	})
+	r, srv, tok := newTestRelay(t, old.srv.URL)
+	t.Cleanup(func() { close(dead) }) // first: a call left at the old gateway ends
+	got := make(chan []byte, 2)
+	go func() {
+		_, b := post(t, srv.URL, `{"messages":[]}`)
+		got <- b
+	}()
+	eventually(t, "the call reaches the old gateway", func() bool { return len(old.seen()) == 1 })
+	if _, err := r.Hold(); err != nil {
+		t.Fatal(err)
+	}
+	writeCreds(t, tok, Credentials{Episode: "ep", Token: "secret", Attempt: 1, Upstream: moved.srv.URL})
+	if err := r.Release(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		if string(b) != completion {
+			t.Fatalf("after the move: %s", b)
+		}
+	case <-time.After(10 * time.Second): // a bound on the wait, not a wait for an event
+		t.Fatalf("the re-issued call was not answered in 10 s: it went to %d calls at the old gateway, %d at the new", len(old.seen()), len(moved.seen()))
+	}
+	if resp, b := post(t, srv.URL, `{"messages":[]}`); resp.StatusCode != 200 || string(b) != completion {
+		t.Fatalf("a later call: %d %s", resp.StatusCode, b)
+	}
+	calls := moved.seen()
+	if len(calls) != 2 || calls[0].callID != "ep/1" || calls[0].attempt != "1" || calls[1].callID != "ep/2" {
+		t.Fatalf("calls at the new gateway: %+v", calls)
+	}
+	if n := len(old.seen()); n != 1 {
+		t.Fatalf("the old gateway got %d calls, want the first only", n)
+	}
+	// A bad URL: refused, and the calls stay where they go.
+	if _, err := r.Hold(); err != nil {
+		t.Fatal(err)
+	}
+	writeCreds(t, tok, Credentials{Episode: "ep", Token: "secret", Attempt: 1, Upstream: "ftp://elsewhere"})
+	if err := r.Release(); err == nil || !strings.Contains(err.Error(), "scheme") {
+		t.Fatalf("release with a bad upstream: %v", err)
+	}
+	if resp, b := post(t, srv.URL, `{"messages":[]}`); resp.StatusCode != 200 || string(b) != completion || len(moved.seen()) != 3 {
+		t.Fatalf("after the refused move: %d %s, %d calls at the new gateway", resp.StatusCode, b, len(moved.seen()))
+	}
+}
+
 // TestUpstreamFailureDuringHoldWaitsForContinue: a restore breaks the
 // relay's upstream connection, and until the continue every try fails
 // (the gateway is down, or starting again). While held, the failure does

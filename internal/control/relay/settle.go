@@ -262,7 +262,8 @@ func (r *Relay) flushSettlements(ctx context.Context, all bool) error {
 func (r *Relay) postSettlements(ctx context.Context, cred Credentials, s []settlement) error {
 	wait := r.cfg.Retry.Initial
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.up.Base+settlePath, nil)
+		up := r.up.Load()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.Base+settlePath, nil)
 		if err != nil {
 			return err
 		}
@@ -270,7 +271,7 @@ func (r *Relay) postSettlements(ctx context.Context, cred Credentials, s []settl
 		req.Header.Set(HeaderAttempt, strconv.Itoa(cred.Attempt))
 		req.Header.Set(HeaderEpisode, cred.Episode)
 		req.Header.Set(HeaderSettled, formatSettlements(s))
-		resp, err := r.up.Client.Do(req)
+		resp, err := up.Client.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.Header.Get(HeaderSettledOK) != "" {

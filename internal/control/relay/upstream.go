@@ -15,6 +15,7 @@ import (
 
 // Upstream is where calls go: an http://, https:// or unix://PATH URL.
 type Upstream struct {
+	Raw    string // the URL as given
 	Base   string // URL prefix requests are made against
 	Client *http.Client
 }
@@ -37,7 +38,7 @@ func ParseUpstream(raw string) (*Upstream, error) {
 			return nil, fmt.Errorf("upstream %q: no host", raw)
 		}
 		tr.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
-		return &Upstream{Base: strings.TrimSuffix(u.Scheme+"://"+u.Host+u.Path, "/"), Client: &http.Client{Transport: tr}}, nil
+		return &Upstream{Raw: raw, Base: strings.TrimSuffix(u.Scheme+"://"+u.Host+u.Path, "/"), Client: &http.Client{Transport: tr}}, nil
 	case "unix":
 		path := u.Path
 		if u.Host != "" { // unix://relative/path
@@ -50,7 +51,7 @@ func ParseUpstream(raw string) (*Upstream, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", path)
 		}
-		return &Upstream{Base: "http://unix", Client: &http.Client{Transport: tr}}, nil
+		return &Upstream{Raw: raw, Base: "http://unix", Client: &http.Client{Transport: tr}}, nil
 	}
 	return nil, fmt.Errorf("upstream %q: scheme must be http, https or unix", raw)
 }

@@ -431,23 +431,62 @@ func (s *Session) Start(ctx context.Context) error {
 	for k, v := range s.o.BinaryEnv {
 		env[k] = v
 	}
+	// A fork may hold the receipt of the launch that ended in it, which
+	// answers a status until the new supervisor has moved it aside: that
+	// launch's identity is not taken for the new one's.
+	var before *proc.Identity
+	if s.o.Adopt {
+		if b, err := s.p.ReadFile(ctx, s.id, path.Join(s.o.Dir, supervisor.ReceiptFile)); err == nil {
+			var rc supervisor.Receipt
+			if json.Unmarshal(b, &rc) == nil {
+				before = &rc.Identity
+			}
+		}
+	}
 	if _, err := s.p.Exec(ctx, s.id, sandbox.ExecRequest{
 		Argv: append([]string{s.binPath()}, args...), Env: env, Background: true, LogPath: path.Join(s.o.Dir, "supervisor.log"), User: s.control(),
 	}); err != nil {
 		return fmt.Errorf("session %s: start the supervisor: %w", s.o.Episode, err)
 	}
 	s.started = true
-	// One exec that waits for the supervisor to answer.
-	out, err := s.ctl(ctx, "--wait", "30s", "status")
-	if err == nil {
-		var st supervisor.Status
-		if json.Unmarshal(out, &st) == nil && st.State != "" {
-			return nil
+	// One exec that waits for the supervisor to answer (more only while
+	// the old receipt answers instead).
+	deadline := time.Now().Add(30 * time.Second)
+	var err error
+	for {
+		var out []byte
+		out, err = s.ctl(ctx, "--wait", "30s", "status")
+		if err == nil {
+			var st supervisor.Status
+			if json.Unmarshal(out, &st) != nil || st.State == "" {
+				err = fmt.Errorf("bad status %q", out)
+			} else if before == nil || st.Identity != *before {
+				return nil
+			} else {
+				err = fmt.Errorf("only the receipt of the launch that ended in the fork (pid %d) answers", before.PID)
+			}
 		}
-		err = fmt.Errorf("bad status %q", out)
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
+			break
+		}
+		if !sleepCtx(ctx, 20*time.Millisecond) { // poll interval, bounded by the deadline above
+			break
+		}
 	}
 	log, _ := s.p.ReadFile(ctx, s.id, path.Join(s.o.Dir, "supervisor.log"))
 	return fmt.Errorf("session %s: the supervisor did not answer within 30s (%v); its log: %s", s.o.Episode, err, strings.TrimSpace(string(log)))
+}
+
+// sleepCtx waits d or until ctx ends, and says whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // FindStarted reports whether a supervisor answers in the session

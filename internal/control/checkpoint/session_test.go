@@ -2,6 +2,7 @@ package checkpoint_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"strconv"
@@ -245,4 +246,59 @@ func sandboxProcs(id string) int {
 		}
 	}
 	return found
+}
+
+// slowStart delays every background exec (the supervisor's launch) by a
+// second, as a loaded machine or a hosted service's exec API may.
+type slowStart struct{ sandbox.Provider }
+
+func (p slowStart) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	if r.Background {
+		r.Argv = append([]string{"/bin/sh", "-c", `sleep 1; exec "$@"`, "sh"}, r.Argv...)
+	}
+	return p.Provider.Exec(ctx, id, r)
+}
+
+// TestStartInForkWithEndedLaunch: a fork holds the receipt of the launch
+// whose harness ended in it (a resume in place that must relaunch). The
+// new supervisor is slow to start; until it moves the receipt aside, the
+// receipt answers every status. Start does not return on that answer: it
+// waits for the new launch, so that nobody takes the old launch's end for
+// the new one's.
+func TestStartInForkWithEndedLaunch(t *testing.T) {
+	p := newLocal(t)
+	info, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := opts(slowStart{p}, "ep-fork")
+	o.Sandbox, o.Adopt = info.ID, true
+	old := supervisor.Receipt{Identity: proc.Identity{PID: 4242, StartTime: 7}, Mode: supervisor.ModeStop}
+	rc, _ := json.Marshal(old)
+	dir := "/tmp/stasis/ep-fork"
+	if res, err := p.Exec(ctx, info.ID, sandbox.ExecRequest{
+		Argv: []string{"sh", "-c", `mkdir -p "$1" && printf '%s' "$2" > "$1/` + supervisor.ReceiptFile + `"`, "sh", dir, string(rc)},
+		User: sandbox.UserControl,
+	}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("write the old receipt: exit %d, %v", res.ExitCode, err)
+	}
+	s, err := checkpoint.NewSession(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(ctx) })
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Identity == old.Identity || st.State == supervisor.StateExited {
+		t.Fatalf("right after Start the status is the ended launch's: %+v", st)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stasistest.NoChildrenLeft(t)
 }

@@ -4,19 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"os"
 	"stasis/errdefs"
 	"stasis/internal/control/cluster"
 	"stasis/internal/control/coordinator"
 	"stasis/internal/control/relay"
 	"stasis/internal/control/system"
 	"stasis/internal/pgtest"
+	"stasis/internal/providers/e2b"
+	"stasis/internal/providers/e2b/e2bfake"
+	"stasis/internal/providers/local"
 	"stasis/internal/providers/microvm"
 	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
@@ -477,5 +482,79 @@ func TestMicroVMResumesInPlaceOnAnotherNode(t *testing.T) {
 		if row, err := ws[1].Store.GetEpisode(ctx, id); err != nil || row.State != store.EpisodeRetired {
 			t.Fatalf("%s at the end: %+v %v", id, row, err)
 		}
+	}
+}
+
+// A hosted provider's sandboxes are reachable from every node: node a
+// starts its episode on the (fake) E2B service and is killed after a
+// checkpoint; the restore, asked of node b, places the episode on b, which
+// forks a's snapshot through the service's API and relaunches the harness
+// there. The service's network reaches whichever node's gateway is up, as
+// a load balancer in front of the nodes does; b's gateway knows the
+// episode from the shared store. The episode finishes with reward 1 and a
+// ledger that verifies, and the service is left with no sandbox.
+func TestHostedRestoreOntoAnotherNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	gwDir, err := os.MkdirTemp("", "stasis-gw-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(gwDir) })
+	sockA, sockB := filepath.Join(gwDir, "a.sock"), filepath.Join(gwDir, "b.sock")
+	network := stasistest.NewNetwork(sockA, sockB)
+	t.Cleanup(network.Close)
+	backend, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, GatewayDir: gwDir, Gateway: network})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := e2bfake.New(backend, e2bfake.Options{APIKey: "test-key"})
+	srv := httptest.NewServer(fake)
+	t.Cleanup(func() { fake.Close(); srv.Close() })
+	for k, v := range map[string]string{e2b.EnvAPIKey: "test-key", e2b.EnvDomain: "", e2b.EnvAPIURL: srv.URL, e2b.EnvSandboxURL: srv.URL, e2b.EnvFileOnlySnapshots: "1"} {
+		t.Setenv(k, v)
+	}
+	hosted := func(sock string) func(*system.Config) {
+		return func(c *system.Config) {
+			c.Provider, c.GatewayListen = e2b.Name, "unix:"+sock
+			c.GatewayURL = "unix://" + local.GatewayDirInSandbox + "/" + local.GatewaySocketName
+		}
+	}
+	a := node(t, dsn, "a", hosted(sockA))
+	b := node(t, dsn, "b", hosted(sockB))
+	hold := a.Hold("ep-a", 2)
+	if _, err := a.Coordinator.Start(ctx, "ep-a", "sh-renext-spaces", "mini"); err != nil {
+		t.Fatal(err)
+	}
+	if err := hold.Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := b.Member.Checkpoint(ctx, "ck-1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.State != store.StateCommitted || len(ck.Shares) != 2 || ck.Shares[0].Node != "a" || ck.Shares[0].Records != 1 {
+		t.Fatalf("checkpoint: %+v", ck)
+	}
+	// Node a dies, and its sandbox with it.
+	crashAll(t, ctx, []*stasistest.World{a}, func(string) bool { return false })
+	hold.Release()
+	res, err := b.Member.Restore(ctx, "ck-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Episodes) != 1 || res.Episodes[0].Episode != "ep-a" || res.Episodes[0].Resume != "relaunch" {
+		t.Fatalf("restore on node b: %+v", res)
+	}
+	if ids := b.Coordinator.LiveIDs(); len(ids) != 1 || ids[0] != "ep-a" {
+		t.Fatalf("live on node b: %v", ids)
+	}
+	finishAll(t, ctx, []*stasistest.World{b}, nil)
+	if row, err := b.Store.GetEpisode(ctx, "ep-a"); err != nil || row.State != store.EpisodeRetired || row.Attempt != 1 {
+		t.Fatalf("ep-a at the end: %+v %v", row, err)
+	}
+	if left := fake.Sandboxes(); len(left) != 0 {
+		t.Fatalf("sandboxes left on the service: %v", left)
 	}
 }

@@ -2,13 +2,10 @@ package job_test
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -186,80 +183,18 @@ func TestRunOnE2BFake(t *testing.T) {
 }
 
 // gatewayPipes makes a directory for the gateway socket and the fake
-// service's per-sandbox sockets, and the socketPipes joining them: a hosted
+// service's per-sandbox sockets, and the network joining them: a hosted
 // service's sandboxes reach the gateway over its network; the fake's
 // sandboxes reach it on a socket of their own each, which the test joins
 // to the job's gateway socket.
-func gatewayPipes(t *testing.T) (dir, sock string, pipes *socketPipes) {
+func gatewayPipes(t *testing.T) (dir, sock string, pipes *stasistest.Network) {
 	dir, err := os.MkdirTemp("", "stasis-gw-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	sock = filepath.Join(dir, "gw.sock")
-	pipes = &socketPipes{target: sock}
-	t.Cleanup(pipes.close)
+	pipes = stasistest.NewNetwork(sock)
+	t.Cleanup(pipes.Close)
 	return dir, sock, pipes
-}
-
-// socketPipes is a local.GatewayServer that joins every connection on a
-// sandbox's socket to the gateway socket at target, as a hosted service's
-// network joins its sandboxes to a gateway.
-type socketPipes struct {
-	target string
-	mu     sync.Mutex
-	lns    map[string]net.Listener
-	wg     sync.WaitGroup
-}
-
-func (s *socketPipes) ServeSandbox(id string, ln net.Listener) {
-	s.mu.Lock()
-	if s.lns == nil {
-		s.lns = map[string]net.Listener{}
-	}
-	if old := s.lns[id]; old != nil {
-		_ = old.Close()
-	}
-	s.lns[id] = ln
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("unix", s.target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { _, _ = io.Copy(up, c); _ = up.(*net.UnixConn).CloseWrite() }()
-				_, _ = io.Copy(c, up)
-			}()
-		}
-	}()
-}
-
-func (s *socketPipes) StopSandbox(id string) {
-	s.mu.Lock()
-	ln := s.lns[id]
-	delete(s.lns, id)
-	s.mu.Unlock()
-	if ln != nil {
-		_ = ln.Close()
-	}
-}
-
-func (s *socketPipes) close() {
-	s.mu.Lock()
-	for id, ln := range s.lns {
-		_ = ln.Close()
-		delete(s.lns, id)
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
 }

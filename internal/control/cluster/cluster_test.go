@@ -33,11 +33,16 @@ import (
 
 func TestMain(m *testing.M) { stasistest.Main(m) }
 
+// testLease is the nodes' lease: long enough that a node renews it on a
+// loaded machine (a renewal is due every third of it), short enough that
+// the tests in which a node dies do not wait long for it to run out.
+const testLease = 5 * time.Second
+
 // node opens a world that is node name of the cluster on dsn.
 func node(t *testing.T, dsn, name string, opts ...func(*system.Config)) *stasistest.World {
 	t.Helper()
 	return stasistest.NewWorld(t, append([]func(*system.Config){func(c *system.Config) {
-		c.Store, c.Node, c.NodeLease, c.LivenessInterval = dsn, name, 2*time.Second, -1
+		c.Store, c.Node, c.NodeLease, c.LivenessInterval = dsn, name, testLease, -1
 	}}, opts...)...)
 }
 
@@ -190,7 +195,7 @@ func TestNodeDiesMidPrepare(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("node c's snapshot never started")
 	}
-	c.Member.Halt() // node c dies: its lease runs out in 2 s
+	c.Member.Halt() // node c dies: its lease runs out within testLease
 	var o outcome
 	select {
 	case o = <-done:

@@ -28,6 +28,10 @@ type JournalEntry struct {
 	Created time.Time       `json:"created"`
 }
 
+// maxSeqSkips bounds the journal numbers an append skips because they
+// are taken.
+const maxSeqSkips = 1000
+
 // AppendJournal implements Store.
 func (s *sqlStore) AppendJournal(ctx context.Context, e JournalEntry) (JournalEntry, error) {
 	if e.Op == "" || e.Kind == "" {
@@ -40,8 +44,18 @@ func (s *sqlStore) AppendJournal(ctx context.Context, e JournalEntry) (JournalEn
 	e.Created = s.now().UTC()
 	err := s.tx(ctx, false, func(tx *sql.Tx) error {
 		if s.d.journalSeq {
-			return s.wrap(tx.QueryRowContext(ctx, s.q(`INSERT INTO journal (seq, op, kind, episode, doc, created_ns, node) VALUES (nextval('journal_seq'), ?, ?, ?, ?, ?, ?) RETURNING seq`),
-				e.Op, e.Kind, e.Episode, doc, e.Created.UnixNano(), s.node()).Scan(&e.Seq))
+			// A node of an older stasis, on the same store, numbers its
+			// entries MAX(seq) + 1 and may have taken the sequence's next
+			// numbers: those are skipped.
+			for range maxSeqSkips {
+				err := tx.QueryRowContext(ctx, s.q(`INSERT INTO journal (seq, op, kind, episode, doc, created_ns, node) VALUES (nextval('journal_seq'), ?, ?, ?, ?, ?, ?)
+					ON CONFLICT (seq) DO NOTHING RETURNING seq`),
+					e.Op, e.Kind, e.Episode, doc, e.Created.UnixNano(), s.node()).Scan(&e.Seq)
+				if !errors.Is(err, sql.ErrNoRows) {
+					return s.wrap(err)
+				}
+			}
+			return fmt.Errorf("journal of %s: %d numbers of the journal's sequence in a row were taken already: is a node of an older stasis numbering entries on this store? upgrade every node", e.Op, maxSeqSkips)
 		}
 		var last sql.NullInt64
 		if err := tx.QueryRowContext(ctx, `SELECT MAX(seq) FROM journal`).Scan(&last); err != nil {

@@ -126,3 +126,33 @@ func testMigrateToJournal(t *testing.T, be backend) {
 		t.Fatal(err)
 	}
 }
+
+// A node of an older stasis on the same PostgreSQL store numbers its
+// journal entries MAX(seq) + 1, taking numbers the sequence would give
+// next: an append of this stasis skips them, and both entries are kept.
+func TestJournalSkipsNumbersAnOlderNodeTook(t *testing.T) {
+	ctx := context.Background()
+	s, _ := backends[1].openTemp(t)
+	first, err := s.AppendJournal(ctx, JournalEntry{Op: "new/1", Kind: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The older node's appends, as it made them.
+	for i := range 3 {
+		if _, err := s.db.ExecContext(ctx, `INSERT INTO journal (seq, op, kind, episode, doc, created_ns, node)
+			SELECT MAX(seq) + 1, 'old/1', 'k', '', '', 0, '' FROM journal`); err != nil {
+			t.Fatalf("the older node's append %d: %v", i, err)
+		}
+	}
+	next, err := s.AppendJournal(ctx, JournalEntry{Op: "new/1", Kind: "k2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Seq != first.Seq+4 {
+		t.Fatalf("the next append took %d after %d and the older node's three", next.Seq, first.Seq)
+	}
+	es, err := s.Journal(ctx)
+	if err != nil || len(es) != 5 {
+		t.Fatalf("journal: %+v %v", es, err)
+	}
+}

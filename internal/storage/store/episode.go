@@ -74,7 +74,7 @@ func (s *sqlStore) PutEpisodes(ctx context.Context, es []Episode) error {
 	if err != nil {
 		return err
 	}
-	return s.tx(ctx, false, func(tx *sql.Tx) error { return s.putEpisodesTx(ctx, tx, es, docs) })
+	return s.write(ctx, func(tx *sql.Tx) error { return s.putEpisodesTx(ctx, tx, es, docs) })
 }
 
 // episodeDocs checks episodes, stamps their times and encodes them.

@@ -42,7 +42,7 @@ func (s *sqlStore) AppendJournal(ctx context.Context, e JournalEntry) (JournalEn
 		return e, fmt.Errorf("journal of %s: the %s entry's document is not valid JSON", e.Op, e.Kind)
 	}
 	e.Created = s.now().UTC()
-	err := s.tx(ctx, false, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
 		if s.d.journalSeq {
 			// A node of an older stasis, on the same store, numbers its
 			// entries MAX(seq) + 1 and may have taken the sequence's next

@@ -190,6 +190,8 @@ type sqlStore struct {
 	// guard, when set, is the node whose live lease every write
 	// transaction checks first (Postgres.AsNode).
 	guard *Node
+	// batch queues the small writes that share commits (batch.go).
+	batch batcher
 }
 
 // q rewrites a query's placeholders for the dialect.
@@ -407,7 +409,7 @@ func (s *sqlStore) Put(ctx context.Context, id string, rec Record) error {
 	if rec, err = DecodeRecord(doc); err != nil {
 		return fmt.Errorf("put into checkpoint %q: %w", id, err)
 	}
-	return s.tx(ctx, false, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
 		// Puts of one checkpoint's records run side by side (and share
 		// the server's flushes to disk); Commit and Fail lock the
 		// checkpoint's row for update, and so wait for those under way.

@@ -22,6 +22,9 @@ import (
 // A write that fails inside a batch rolls the whole batch back; its
 // companions, which may have done nothing wrong, are then written each in
 // a transaction of its own, and each caller gets its own write's outcome.
+// So are the writes of a batch that kept conflicting with other writers
+// (PostgreSQL's serialization failures) until its tries ran out: a bigger
+// transaction conflicts more often.
 // An error of the transaction itself (the commit, the lease, the
 // connection) is every caller's: the batch may or may not have been
 // committed, and writing it again would write twice.
@@ -112,13 +115,15 @@ func (s *sqlStore) writeBatch(ctx context.Context, ws []*batchWrite) {
 		return nil
 	})
 	var oe *opError
-	if !errors.As(err, &oe) {
+	conflicted := err != nil && s.d.retry != nil && s.d.retry(err)
+	if !errors.As(err, &oe) && !conflicted {
 		for _, w := range ws {
 			w.done <- err
 		}
 		return
 	}
-	// One write failed and the batch was rolled back: each alone.
+	// One write failed, or the batch kept conflicting with other writers
+	// until its tries ran out; either way it was rolled back: each alone.
 	for _, w := range ws {
 		w.done <- s.tx(ctx, false, w.fn)
 	}

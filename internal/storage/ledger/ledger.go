@@ -345,6 +345,28 @@ func (l *Ledger) Branch(from, reason string) error {
 	return err
 }
 
+// Restart takes the logical ledger back to its start, with no entries
+// and not broken (a branch to its header), whatever happened since: an
+// episode started again from its task as its next attempt begins a
+// history of its own. The entries it leaves stay readable (Read lists
+// them as dropped), and a restore of a checkpoint of them branches back
+// to them. A ledger already at its start is left as it is.
+func (l *Ledger) Restart(reason string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if len(l.st.entries) == 0 && !l.st.broken {
+		return nil
+	}
+	if reason == "" {
+		reason = "restart"
+	}
+	_, err := l.write(record{Kind: kindBranch, From: l.st.start, Reason: reason, At: time.Now().UTC()})
+	return err
+}
+
 // EntriesAt returns the logical ledger as it was right after the record
 // with hash at (a Tip's), each entry with its disposition then.
 func (l *Ledger) EntriesAt(at string) ([]Entry, error) {

@@ -423,6 +423,51 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 	return next, nil
 }
 
+// Restart starts the episode's next attempt from the start: a trainer
+// starts a retired or lost episode again, a new harness on the task's
+// work tree. Calls of older attempts are refused from then on, here and by
+// every gateway sharing the ledger (it is fenced with the new attempt),
+// and the ledger goes back to its start (ledger.Ledger.Restart), so that
+// the new attempt's calls are its whole history: the earlier entries stay
+// in the ledger, dropped, and a restore of a checkpoint of them branches
+// back to them. The token stays; Bind names the new sandbox.
+func (g *Gateway) Restart(id string) (EpisodeState, error) {
+	if err := g.load(id); err != nil {
+		return EpisodeState{}, err
+	}
+	l, err := g.ledger(id)
+	if err != nil {
+		return EpisodeState{}, err
+	}
+	lock := g.epLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	g.mu.Lock()
+	st, ok := g.desk.episode(id)
+	g.mu.Unlock()
+	if !ok {
+		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
+	if err := l.Fence(st.Attempt + 1); err != nil {
+		g.dropLedger(id, l, err)
+		return EpisodeState{}, err
+	}
+	if err := l.Restart(fmt.Sprintf("restart from the task as attempt %d", st.Attempt+1)); err != nil {
+		return EpisodeState{}, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	next, _ := g.desk.episode(id)
+	next.Attempt = st.Attempt + 1
+	next.NeedMatch = false
+	next.Revoked = false
+	if err := g.saveLocked(&next); err != nil {
+		return EpisodeState{}, err
+	}
+	g.desk.put(next)
+	return next, nil
+}
+
 // Fork registers episode dst as a copy of src's history at a checkpoint,
 // up to at.Position: dst gets its own token and a ledger holding those
 // entries of src's (appended anew, so under dst's own hash chain), and

@@ -67,6 +67,10 @@ func (c *Coordinator) PrepareWith(ctx context.Context, id string, po PrepareOpti
 	if policy == "" {
 		policy = StragglersExclude
 	}
+	// The starts under way finish first (their episodes are in this
+	// checkpoint); those asked from now on wait for it to end.
+	c.starts.Lock()
+	defer c.starts.Unlock()
 	c.op.Lock()
 	defer c.op.Unlock()
 	start := c.clock.Now()

@@ -1,0 +1,81 @@
+package trainer_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"testing"
+	"time"
+
+	"stasis/internal/s3test"
+)
+
+var (
+	seedsFlag = flag.Int("seeds", 4, "random trainer sequences to run, seeds -first, -first+1, …")
+	firstFlag = flag.Uint64("first", 1, "the first seed of -seeds")
+	seedFlag  = flag.Uint64("seed", 0, "run this one seed only (replays a failing one)")
+	soakFlag  = flag.Duration("soak-time", 0, "with -seeds: start no new seed once this long has passed (0: no bound)")
+)
+
+// sequenceLen bounds a sequence's operations: its seed picks from 6 to
+// 12 (before the drain).
+const (
+	minOps = 6
+	maxOps = 12
+	// maxEpisodes bounds the episode ids a sequence starts.
+	maxEpisodes = 4
+)
+
+// TestRandomSequences runs random trainer sequences through the server
+// API, one per seed (-seeds, -first; -seed replays one), and checks the
+// invariants after each (checkInvariants). A failing seed prints its
+// number, how to replay it and its sequence.
+func TestRandomSequences(t *testing.T) {
+	s3 := s3test.Start(t)
+	s3.Setenv(t)
+	seeds := []uint64{}
+	if *seedFlag != 0 {
+		seeds = append(seeds, *seedFlag)
+	} else {
+		for i := range *seedsFlag {
+			seeds = append(seeds, *firstFlag+uint64(i))
+		}
+	}
+	start := time.Now()
+	ran, failed := 0, []uint64{}
+	for _, seed := range seeds {
+		if *soakFlag > 0 && time.Since(start) > *soakFlag {
+			t.Logf("soak time %s is up after %d seeds", *soakFlag, ran)
+			break
+		}
+		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runSeed(t, s3, seed) })
+		ran++
+		if !ok {
+			failed = append(failed, seed)
+		}
+	}
+	t.Logf("%d seeds in %s; failed: %v", ran, time.Since(start).Round(time.Second), failed)
+}
+
+// runSeed runs the sequence of one seed and checks its invariants.
+func runSeed(t *testing.T, s3 *s3test.Server, seed uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	log := newSeqLog()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("seed %d failed; replay it with: go test ./internal/control/trainer -run 'TestRandomSequences' -args -seed %d\nits sequence:\n%s", seed, seed, log)
+		}
+	})
+	d := newDriver(nil, seed, maxEpisodes)
+	nodes := 1 + d.rng.IntN(maxNodes)
+	ops := minOps + d.rng.IntN(maxOps-minOps+1)
+	log.add("seed %d: %d nodes, %d operations", seed, nodes, ops)
+	d.w = newWorld(t, ctx, s3, maxEpisodes, nodes, log)
+	d.runSequence(ops)
+	d.checkInvariants()
+	if testing.Verbose() {
+		t.Logf("seed %d's sequence:\n%s", seed, log)
+	}
+	t.Logf("seed %d: %d operations, %d episodes, %d checkpoints, %d crashes, %d model calls in %s", seed, ops, len(d.episodes), len(d.ckpts), d.crashes, len(d.w.gate.Passed()), time.Since(log.start).Round(time.Second))
+}

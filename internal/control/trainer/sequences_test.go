@@ -74,8 +74,5 @@ func runSeed(t *testing.T, s3 *s3test.Server, seed uint64) {
 	d.w = newWorld(t, ctx, s3, maxEpisodes, nodes, log)
 	d.runSequence(ops)
 	d.checkInvariants()
-	if testing.Verbose() {
-		t.Logf("seed %d's sequence:\n%s", seed, log)
-	}
 	t.Logf("seed %d: %d operations, %d episodes, %d checkpoints, %d crashes, %d model calls in %s", seed, ops, len(d.episodes), len(d.ckpts), d.crashes, len(d.w.gate.Passed()), time.Since(log.start).Round(time.Second))
 }

@@ -125,8 +125,6 @@ type driver struct {
 	nextEp   int     // ids given
 	maxEps   int
 	crashes  int
-	// nodesOnly: the sequence keeps one node (scenarios that need it).
-	nodesOnly int
 }
 
 func newDriver(w *world, seed uint64, maxEps int) *driver {
@@ -171,7 +169,11 @@ func (d *driver) passed() int { return len(d.w.gate.Passed()) }
 // start starts a new episode on a node.
 func (d *driver) start() *episode {
 	d.nextEp++
-	id := fmt.Sprintf("ep-%d", d.nextEp)
+	return d.startAs(fmt.Sprintf("ep-%d", d.nextEp))
+}
+
+// startAs starts episode id (its task is taskOf's) on a node.
+func (d *driver) startAs(id string) *episode {
 	api, node := d.api()
 	e := &episode{id: id, task: taskOf(id)}
 	v, err := api.StartEpisode(d.w.ctx, client.StartRequest{ID: id, Task: e.task, Harness: "mini"})
@@ -234,6 +236,19 @@ func (d *driver) release(id string) {
 	}
 }
 
+// awaitEnded waits until episode id's harness has ended.
+func (d *driver) awaitEnded(id string) {
+	ctx, cancel := context.WithTimeout(d.w.ctx, 3*time.Minute)
+	defer cancel()
+	for !d.harnessEnded(id) {
+		select {
+		case <-ctx.Done():
+			d.fatalf("%s did not end (%s)", id, d.describe(id))
+		case <-time.After(100 * time.Millisecond): // poll interval, bounded by ctx
+		}
+	}
+}
+
 // harnessEnded asks whether an episode's harness has ended.
 func (d *driver) harnessEnded(id string) bool {
 	api, _ := d.api()
@@ -252,6 +267,27 @@ func (d *driver) describe(id string) string {
 	}
 	b, _ := json.Marshal(v)
 	return string(b) + "; the model holds " + fmt.Sprint(d.w.gate.Waiting())
+}
+
+// awaitHeld waits until the model holds a call of episode id.
+func (d *driver) awaitHeld(id string) model.GateCall {
+	e := d.episodes[id]
+	ctx, cancel := context.WithTimeout(d.w.ctx, 2*time.Minute)
+	defer cancel()
+	var got model.GateCall
+	err := d.w.gate.Await(ctx, func(w []model.GateCall) bool {
+		for _, c := range w {
+			if c.Script == e.task {
+				got = c
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		d.fatalf("%s's next model call never came (%s)", id, d.describe(id))
+	}
+	return got
 }
 
 // opRelease lets one to three calls through, each of an episode the rng
@@ -471,17 +507,24 @@ func (d *driver) opRestart() {
 // opCrash kills everything and restores the latest committed checkpoint,
 // on the same number of nodes or (half the time) on another.
 func (d *driver) opCrash() {
+	after := len(d.w.up())
+	if d.rng.IntN(2) == 0 {
+		after = 1 + d.rng.IntN(maxNodes)
+	}
+	d.crash(after)
+	d.restoreLatest()
+}
+
+// crash kills every node and sandbox, and starts nodes node-1 … node-n
+// again; once the dead nodes' leases have run out, the model is as a
+// crash leaves it: a restore is next.
+func (d *driver) crash(n int) {
 	d.crashes++
 	before := len(d.w.up())
 	d.w.crash()
-	after := before
-	if d.nodesOnly == 0 && d.rng.IntN(2) == 0 {
-		after = 1 + d.rng.IntN(maxNodes)
-	}
-	d.w.startNodes(after)
+	d.w.startNodes(n)
 	d.w.awaitLeases()
-	d.logf("crash of %d nodes and every sandbox; %d nodes up again", before, after)
-	d.restoreLatest()
+	d.logf("crash of %d nodes and every sandbox; %d nodes up again", before, n)
 }
 
 // restoreLatest restores the latest committed checkpoint after a crash
@@ -614,16 +657,10 @@ func (d *driver) runSequence(n int) {
 func (d *driver) drain() {
 	d.logf("drain: every call let through")
 	d.w.gate.Open()
-	ctx, cancel := context.WithTimeout(d.w.ctx, 3*time.Minute)
-	defer cancel()
 	for _, id := range d.ids(func(e *episode) bool { return e.state == stRunning || e.state == stEnded }) {
 		e := d.episodes[id]
-		for !e.gone && !d.harnessEnded(id) {
-			select {
-			case <-ctx.Done():
-				d.fatalf("drain: %s did not end (%s)", id, d.describe(id))
-			case <-time.After(100 * time.Millisecond): // poll interval, bounded by ctx
-			}
+		if !e.gone {
+			d.awaitEnded(id)
 		}
 		api, _ := d.api()
 		vr, err := api.Verify(d.w.ctx, id)

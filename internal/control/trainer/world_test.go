@@ -79,9 +79,14 @@ type node struct {
 	done        chan struct{}
 }
 
-// taskCopies writes n copies of baseTask into dir, t1 … tn, each with a
-// statement of its own (the scripted model picks a script by the start of
-// the statement).
+// slowTask is the copy of baseTask that episode ep-slow plays: its tests
+// take two seconds more (a verify of it runs long enough for a
+// checkpoint to begin meanwhile).
+const slowTask = "tslow"
+
+// taskCopies writes n copies of baseTask into dir, t1 … tn, and slowTask,
+// each with a statement of its own (the scripted model picks a script by
+// the start of the statement).
 func taskCopies(t *testing.T, dir string, n int) {
 	t.Helper()
 	src := filepath.Join("..", "task", "_builtin", baseTask)
@@ -89,8 +94,12 @@ func taskCopies(t *testing.T, dir string, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ids []string
 	for i := 1; i <= n; i++ {
-		dst := filepath.Join(dir, fmt.Sprintf("t%d", i))
+		ids = append(ids, fmt.Sprintf("t%d", i))
+	}
+	for _, id := range append(ids, slowTask) {
+		dst := filepath.Join(dir, id)
 		if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
 			t.Fatal(err)
 		}
@@ -98,8 +107,11 @@ func taskCopies(t *testing.T, dir string, n int) {
 		if err := json.Unmarshal(raw, &doc); err != nil {
 			t.Fatal(err)
 		}
-		doc["id"] = fmt.Sprintf("t%d", i)
-		doc["statement"] = fmt.Sprintf("(task copy %d) %s", i, doc["statement"])
+		doc["id"] = id
+		doc["statement"] = fmt.Sprintf("(task copy %s) %s", id, doc["statement"])
+		if id == slowTask {
+			doc["test_cmd"] = "sleep 2; " + doc["test_cmd"].(string)
+		}
 		b, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
 			t.Fatal(err)
@@ -110,7 +122,8 @@ func taskCopies(t *testing.T, dir string, n int) {
 	}
 }
 
-// taskOf is the task of episode ep-N: its own copy, tN.
+// taskOf is the task of episode ep-N: its own copy, tN (ep-slow's is
+// slowTask).
 func taskOf(id string) string { return "t" + strings.TrimPrefix(id, "ep-") }
 
 // newWorld makes a sequence's world, with nodes nodes up; s3 is the test's

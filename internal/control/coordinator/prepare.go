@@ -294,7 +294,7 @@ func pauseRecord(snap episode.Snapshot, row store.Episode, sandboxID string) sto
 		Schema: store.RecordSchema, Episode: row.ID, Provider: s.Provider, Sandbox: s.Descriptor,
 		SnapshotID: snap.ID, KeepsProcesses: s.KeepsProcesses, PauseSeq: s.PauseSeq, PauseMode: string(s.PauseMode),
 		PauseConfirmed: s.PauseConfirmed, PauseFrozen: s.PauseFrozen, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
-		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, LedgerHead: s.LedgerHead, LedgerTip: s.LedgerTip, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
+		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, RelayUnmatched: s.RelayUnmatched, LedgerHead: s.LedgerHead, LedgerTip: s.LedgerTip, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
 		Image: s.Image, ImageRef: row.Image,
 	}
 	if len(rec.Sandbox) == 0 {

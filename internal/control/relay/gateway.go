@@ -326,6 +326,13 @@ type LedgerAt struct {
 	// Tip is the hash of the ledger's last record at the checkpoint (Tip;
 	// "" when not known: a record older than tips).
 	Tip string
+	// Unmatched: the relay had not learned where in the ledger its
+	// harness was (relaunched from a saved session, no answer since), so
+	// Position (0) says nothing: an in-place restore does not cut the
+	// ledger but matches the harness's next call against it, as a
+	// relaunch's is (a Fork copies the whole history and matches the
+	// copy's first call).
+	Unmatched bool
 }
 
 // rewind takes l back to the checkpoint's history when it no longer holds
@@ -358,6 +365,9 @@ func rewind(l *ledger.Ledger, id string, at LedgerAt, attempt int) (bool, error)
 // at.Position, the relay's settled position at the pause (relay_position;
 // relay_delivered in acknowledgements older than it); otherwise (a
 // relaunch) the next call is matched against the ledger.
+//
+// With at.Unmatched (the relay did not know its position), an in-place
+// restore cuts nothing and matches the next call, as a relaunch does.
 //
 // at.Head, when not empty, is the hash of the ledger's entry at
 // at.Position as the checkpoint saw it (Head). An in-place restore onto a
@@ -397,7 +407,8 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 	if _, err := rewind(l, id, at, st.Attempt+1); err != nil {
 		return EpisodeState{}, err
 	}
-	if inPlace {
+	cut := inPlace && !at.Unmatched
+	if cut {
 		if at.Position > l.Len() {
 			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), at.Position)
 		}
@@ -414,7 +425,7 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 	// what the cut was made for, and the episode lock kept it so.
 	next, _ := g.desk.episode(id)
 	next.Attempt = st.Attempt + 1
-	next.NeedMatch = !inPlace
+	next.NeedMatch = !cut
 	next.Revoked = false
 	if err := g.saveLocked(&next); err != nil {
 		return EpisodeState{}, err
@@ -475,7 +486,8 @@ func (g *Gateway) Restart(id string) (EpisodeState, error) {
 // checkpointed episode continues as several (a fork of N), each with its
 // own ledger. The history is src's at at.Tip when given (whatever src's
 // ledger holds now), its current one otherwise; at.Head, when given, must
-// be the entry at at.Position in it (errdefs.ErrConflict otherwise).
+// be the entry at at.Position in it (errdefs.ErrConflict otherwise). With
+// at.Unmatched the copy takes the whole history.
 func (g *Gateway) Fork(src, dst string, at LedgerAt) (EpisodeState, error) {
 	if err := g.load(src); err != nil {
 		return EpisodeState{}, err
@@ -494,6 +506,12 @@ func (g *Gateway) Fork(src, dst string, at LedgerAt) (EpisodeState, error) {
 		}
 	}
 	upTo := at.Position
+	if at.Unmatched {
+		// Where the harness is in that history is not known: the copy
+		// takes all of it, and its first call is matched against it
+		// (Restore of the copy, which at.Unmatched makes match).
+		upTo, at.Head = int64(len(entries)), ""
+	}
 	if upTo < 0 || upTo > int64(len(entries)) {
 		return EpisodeState{}, fmt.Errorf("episode %q: cannot fork its ledger of %d entries at %d", src, len(entries), upTo)
 	}

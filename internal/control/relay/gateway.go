@@ -379,7 +379,7 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 	if err := g.load(id); err != nil {
 		return EpisodeState{}, err
 	}
-	l, err := g.ledger(id)
+	l, err := g.freshLedger(id)
 	if err != nil {
 		return EpisodeState{}, err
 	}
@@ -446,7 +446,7 @@ func (g *Gateway) Restart(id string) (EpisodeState, error) {
 	if err := g.load(id); err != nil {
 		return EpisodeState{}, err
 	}
-	l, err := g.ledger(id)
+	l, err := g.freshLedger(id)
 	if err != nil {
 		return EpisodeState{}, err
 	}
@@ -492,7 +492,7 @@ func (g *Gateway) Fork(src, dst string, at LedgerAt) (EpisodeState, error) {
 	if err := g.load(src); err != nil {
 		return EpisodeState{}, err
 	}
-	l, err := g.ledger(src)
+	l, err := g.freshLedger(src)
 	if err != nil {
 		return EpisodeState{}, err
 	}
@@ -602,6 +602,22 @@ func (g *Gateway) Remove(id string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// freshLedger is the episode's open ledger as its storage holds it now:
+// where the storage is shared, another node's gateway may have written it
+// since this one opened it (the episode ran there, and now a restore or
+// a restart brings it here), and what this gateway decides from it must
+// be of the ledger as it is.
+func (g *Gateway) freshLedger(id string) (*ledger.Ledger, error) {
+	l, err := g.ledger(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.Refresh(); err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 // ledger returns the episode's open ledger, opening it on its first call.

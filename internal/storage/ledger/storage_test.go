@@ -278,6 +278,29 @@ func TestRestart(t *testing.T) {
 	})
 }
 
+// A ledger another writer appended to since it was opened (a database's,
+// which the gateways of several nodes share) reads it again on Refresh and
+// can then write after it; one in step with its storage is left as it is.
+func TestRefresh(t *testing.T) {
+	s := openPostgres(t, pgtest.DSN(t))
+	a := openIn(t, s, "ep")
+	mustAppend(t, a, entry("ep/1", chat("1")))
+	if err := a.Refresh(); err != nil || a.Len() != 1 {
+		t.Fatalf("a refresh in step: %d entries, %v", a.Len(), err)
+	}
+	b := openIn(t, s, "ep")
+	mustAppend(t, b, entry("ep/2", chat("2")))
+	mustAppend(t, b, entry("ep/3", chat("3")))
+	if err := a.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if got := seqs(a.Entries()); got != "1:ep/1 2:ep/2 3:ep/3" || a.Tip() != b.Tip() {
+		t.Fatalf("after the refresh: %s", got)
+	}
+	mustAppend(t, a, entry("ep/4", chat("4")))
+	checkCounts(t, s, "ep")
+}
+
 // A newer attempt's fence keeps an older attempt's writer out.
 func TestFence(t *testing.T) {
 	forEachStorage(t, func(t *testing.T, s Storage) {

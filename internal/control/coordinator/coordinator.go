@@ -484,9 +484,6 @@ func checkRestart(row store.Episode, taskID, harnessName string) error {
 	if row.Task != taskID || row.Harness != harnessName {
 		return errdefs.Errorf(errdefs.ErrConflict, "episode %s ran task %s with harness %s: start it again with those, or give another id for task %s with harness %s", row.ID, row.Task, row.Harness, taskID, harnessName)
 	}
-	if row.Origin != "" {
-		return errdefs.Errorf(errdefs.ErrConflict, "episode %s is a copy branched from episode %s's checkpoint: it has no start of its own to go back to; branch the checkpoint again, or give another id", row.ID, row.Origin)
-	}
 	return nil
 }
 

@@ -97,6 +97,10 @@ func (d *driver) positionOf(e *episode, r store.Record) int64 {
 	p := position(r)
 	if n := len(e.runs); n > 0 && int64(e.runs[n-1].start) > p {
 		d.logf("  %s's record in a checkpoint says position %d; its run began at %d (a relaunched relay that has had no answer yet)", e.id, p, e.runs[n-1].start)
+		if !r.RelayUnmatched {
+			d.fatalf("%s's record says position %d, yet its harness resumed at %d, and the record does not say its relay did not know its place (relay_unmatched)", e.id, p, e.runs[n-1].start)
+		}
+		d.ops["records of an unmatched relay"]++
 		p = int64(e.runs[n-1].start)
 	}
 	return p
@@ -125,10 +129,12 @@ type driver struct {
 	nextEp   int     // ids given
 	maxEps   int
 	crashes  int
+	// ops counts the operations done, by name.
+	ops map[string]int
 }
 
 func newDriver(w *world, seed uint64, maxEps int) *driver {
-	return &driver{w: w, rng: rand.New(rand.NewPCG(seed, 0x5eed)), seed: seed, episodes: map[string]*episode{}, maxEps: maxEps}
+	return &driver{w: w, rng: rand.New(rand.NewPCG(seed, 0x5eed)), seed: seed, episodes: map[string]*episode{}, maxEps: maxEps, ops: map[string]int{}}
 }
 
 func (d *driver) logf(format string, args ...any) { d.w.log.add(format, args...) }
@@ -422,11 +428,18 @@ func (d *driver) opStartThenCheckpoint() {
 	d.checkpoint("right after starting")
 }
 
-// opStartDuringCheckpoint asks a node for a start while a checkpoint runs:
-// the start is admitted after the node's share of the checkpoint, so its
-// episode is in the checkpoint (when the node's share had not begun),
+// opStartDuringCheckpoint asks a node for a start while a checkpoint runs
+// (once the checkpoint is open, or, half the time, asks for the checkpoint
+// right after the start, while it is under way): a start asked while the
+// node takes its share of a checkpoint is admitted after it, and a share
+// waits for the starts under way; so the episode is in the checkpoint,
 // whole, or not at all.
 func (d *driver) opStartDuringCheckpoint() {
+	if d.rng.IntN(2) == 0 {
+		d.ops["checkpoint during start"]++
+		d.opCheckpointDuringStart()
+		return
+	}
 	id := fmt.Sprintf("ck-%d-%d", d.seed, len(d.ckpts)+1)
 	api, node := d.api()
 	live := d.ids(func(e *episode) bool { return (e.state == stRunning || e.state == stEnded) && !e.gone })
@@ -468,6 +481,41 @@ func (d *driver) opStartDuringCheckpoint() {
 	// asked before the node's share began is in it, whole.
 	_, in := c.records[e.id]
 	d.logf("start %s during checkpoint %s on %s: %d records %s (%s in it: %v)", e.id, id, node, len(c.records), c.describe(), e.id, in)
+}
+
+// opCheckpointDuringStart asks a node for a checkpoint right after asking
+// one for a start, while the start is under way.
+func (d *driver) opCheckpointDuringStart() {
+	d.nextEp++
+	e := &episode{id: fmt.Sprintf("ep-%d", d.nextEp)}
+	e.task = taskOf(e.id)
+	d.episodes[e.id] = e // starting: in the checkpoint or not, at attempt 0
+	api, node := d.api()
+	live := d.ids(func(e *episode) bool { return (e.state == stRunning || e.state == stEnded) && !e.gone })
+	type answer struct {
+		v   client.EpisodeView
+		err error
+	}
+	started := make(chan answer, 1)
+	go func() {
+		v, err := api.StartEpisode(d.w.ctx, client.StartRequest{ID: e.id, Task: e.task, Harness: "mini"})
+		started <- answer{v, err}
+	}()
+	// The checkpoint is asked without waiting for the start: it finds
+	// it under way (waited for), or not begun yet (admitted after it).
+	c := d.checkpoint("checkpoint while " + e.id + " starts")
+	a := <-started
+	if a.err != nil {
+		d.fatalf("start %s on %s beside checkpoint %s: %v", e.id, node, c.id, a.err)
+	}
+	d.started(e, a.v, "start")
+	_, in := c.records[e.id]
+	for _, ep := range live {
+		if _, ok := c.records[ep]; !ok {
+			d.fatalf("checkpoint %s has no record of %s, whose start was answered before it was asked for", c.id, ep)
+		}
+	}
+	d.logf("start %s on %s under way as checkpoint %s was asked: in it %v", e.id, node, c.id, in)
 }
 
 // opRestart retires an episode the rng picks (unless a crash lost it) and
@@ -591,6 +639,7 @@ func (d *driver) restore(c *ckpt, names []string) {
 		e.runs = append(e.runs, run{why: fmt.Sprintf("restore of %s as attempt %d", c.id, v.Attempt), from: d.passed(), start: int(p)})
 		e.lineage = append(slices.Clone(c.lineage[ep]), piece{Attempt: v.Attempt, From: p + 1})
 	}
+	d.ops["restores"]++
 	d.logf("  restore %s on %s: %v back (%d shares)", c.id, node, back, len(res.Shares))
 }
 
@@ -632,6 +681,7 @@ func (d *driver) runSequence(n int) {
 		for _, o := range can {
 			if x < o.weight {
 				d.logf("op %d: %s", d.n, o.name)
+				d.ops[o.name]++
 				o.do()
 				break
 			}

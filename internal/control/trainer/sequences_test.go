@@ -4,6 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,22 +46,37 @@ func TestRandomSequences(t *testing.T) {
 	}
 	start := time.Now()
 	ran, failed := 0, []uint64{}
+	totals := map[string]int{}
 	for _, seed := range seeds {
 		if *soakFlag > 0 && time.Since(start) > *soakFlag {
 			t.Logf("soak time %s is up after %d seeds", *soakFlag, ran)
 			break
 		}
-		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runSeed(t, s3, seed) })
+		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			for k, n := range runSeed(t, s3, seed) {
+				totals[k] += n
+			}
+		})
 		ran++
 		if !ok {
 			failed = append(failed, seed)
 		}
 	}
-	t.Logf("%d seeds in %s; failed: %v", ran, time.Since(start).Round(time.Second), failed)
+	t.Logf("%d seeds in %s; failed: %v; %s", ran, time.Since(start).Round(time.Second), failed, counts(totals))
 }
 
-// runSeed runs the sequence of one seed and checks its invariants.
-func runSeed(t *testing.T, s3 *s3test.Server, seed uint64) {
+// counts is a map of counts in key order.
+func counts(m map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// runSeed runs the sequence of one seed, checks its invariants, and
+// returns what it did, counted.
+func runSeed(t *testing.T, s3 *s3test.Server, seed uint64) map[string]int {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	log := newSeqLog()
@@ -74,5 +92,9 @@ func runSeed(t *testing.T, s3 *s3test.Server, seed uint64) {
 	d.w = newWorld(t, ctx, s3, maxEpisodes, nodes, log)
 	d.runSequence(ops)
 	d.checkInvariants()
-	t.Logf("seed %d: %d operations, %d episodes, %d checkpoints, %d crashes, %d model calls in %s", seed, ops, len(d.episodes), len(d.ckpts), d.crashes, len(d.w.gate.Passed()), time.Since(log.start).Round(time.Second))
+	d.ops["model calls"] = len(d.w.gate.Passed())
+	d.ops["committed checkpoints"] = len(d.ckpts)
+	d.ops["episodes"] = len(d.episodes)
+	t.Logf("seed %d: %d operations in %s: %s", seed, ops, time.Since(log.start).Round(time.Second), counts(d.ops))
+	return d.ops
 }

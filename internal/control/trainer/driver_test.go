@@ -521,7 +521,12 @@ func (d *driver) opCheckpointDuringStart() {
 // opRestart retires an episode the rng picks (unless a crash lost it) and
 // starts it again as its next attempt.
 func (d *driver) opRestart() {
-	id := d.pick(d.ids(nil))
+	d.opRestartOf(d.pick(d.ids(nil)))
+}
+
+// opRestartOf retires episode id (unless a crash lost it) and starts it
+// again as its next attempt.
+func (d *driver) opRestartOf(id string) {
 	e := d.episodes[id]
 	api, node := d.api()
 	// A lost episode the server says is lost is started again as it is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -242,15 +243,29 @@ func finishDuringPrepare(d *driver) {
 	}
 }
 
+// sandboxTmp is where the local provider keeps the /tmp of an episode's
+// sandbox, on its node's host.
+func (d *driver) sandboxTmp(v client.EpisodeView) string {
+	for i, n := range d.w.nodes {
+		if n != nil && n.name == v.Node {
+			return filepath.Join(d.w.stateOf(i), "local", "sandboxes", "local", v.Sandbox, "root", "tmp")
+		}
+	}
+	d.fatalf("episode %s's node %s is not up", v.ID, v.Node)
+	return ""
+}
+
 // api2 is any node's API.
 func api2(d *driver) *client.Client { api, _ := d.api(); return api }
 
 // A verify running when a checkpoint begins is waited for: the
 // checkpoint records the episode finished with that very verdict (the
 // tests ran once), and a restore of it brings the episode back ended with
-// it (no verify runs again). ep-slow's tests take two seconds more, so
-// the checkpoint, asked right after the verify, begins while it runs: the
-// scenario checks that it did.
+// it (no verify runs again). ep-slow's tests take two seconds more; the
+// checkpoint is asked once the verify's run has begun in the sandbox (its
+// home appears in the sandbox's /tmp, which the local provider keeps in
+// the sandbox's directory on the host), and the scenario checks that the
+// two overlapped.
 func verifyDuringCheckpoint(d *driver) {
 	other := d.start() // a running episode beside it
 	e := d.startAs("ep-slow")
@@ -261,14 +276,30 @@ func verifyDuringCheckpoint(d *driver) {
 		vr  client.VerifyResponse
 		err error
 	}
+	view, err := api.Episode(d.w.ctx, e.id)
+	if err != nil {
+		d.fatalf("%v", err)
+	}
+	tmp := d.sandboxTmp(view)
 	verified := make(chan answer, 1)
 	go func() {
 		vr, err := api.Verify(d.w.ctx, e.id)
 		verified <- answer{vr, err}
 	}()
-	// The verify is under way once the tests' two seconds have begun;
-	// the checkpoint is asked right away, through another node when
-	// there is one.
+	// The verify is under way once its home is in the sandbox's /tmp
+	// (the tests' two seconds have begun).
+	wctx, wcancel := context.WithTimeout(d.w.ctx, time.Minute)
+	defer wcancel()
+	for {
+		if m, _ := filepath.Glob(filepath.Join(tmp, ".stasis-verify-*")); len(m) > 0 {
+			break
+		}
+		select {
+		case <-wctx.Done():
+			d.fatalf("the verify of ep-slow never began its tests in %s", tmp)
+		case <-time.After(5 * time.Millisecond): // poll interval, bounded by wctx
+		}
+	}
 	c := d.checkpoint("checkpoint while ep-slow is verified")
 	v := <-verified
 	if v.err != nil || v.vr.Recorded {

@@ -28,12 +28,15 @@ func TestScenarios(t *testing.T) {
 		name  string
 		nodes int
 		run   func(d *driver)
+		opts  []func(*world)
 	}{
-		{"second crash before the restored episodes call", 2, secondCrashBeforeNextCall},
-		{"same checkpoint restored twice", 2, sameCheckpointTwice},
-		{"episodes finish while a checkpoint is prepared", 1, finishDuringPrepare},
-		{"verify running when a checkpoint begins", 2, verifyDuringCheckpoint},
-		{"checkpoint during which no response reaches a harness", 2, quietCheckpoint},
+		{"second crash before the restored episodes call", 2, secondCrashBeforeNextCall, nil},
+		{"same checkpoint restored twice", 2, sameCheckpointTwice, nil},
+		// One episode at a time: the last ones finish while the first
+		// are paused and snapshotted.
+		{"episodes finish while a checkpoint is prepared", 1, finishDuringPrepare, []func(*world){func(w *world) { w.concurrency = 1 }}},
+		{"verify running when a checkpoint begins", 2, verifyDuringCheckpoint, nil},
+		{"checkpoint during which no response reaches a harness", 2, quietCheckpoint, nil},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -45,7 +48,7 @@ func TestScenarios(t *testing.T) {
 				}
 			})
 			d := newDriver(nil, 1, maxEpisodes)
-			d.w = newWorld(t, ctx, s3, maxEpisodes, sc.nodes, log)
+			d.w = newWorld(t, ctx, s3, maxEpisodes, sc.nodes, log, sc.opts...)
 			sc.run(d)
 			d.drain()
 			d.checkInvariants()
@@ -175,11 +178,13 @@ func sameCheckpointTwice(d *driver) {
 }
 
 // Episodes finish while a checkpoint is being prepared: their last calls
-// are let through once the checkpoint is open. Each is recorded either
-// finished (verified by the checkpoint) or paused before its last answer
-// reached it; none is lost, and none is verified twice (sawVerdict holds
-// every verdict of an attempt to the first). A crash and a restore of the
-// checkpoint bring each back as recorded.
+// are let through once the checkpoint is open, and the node prepares one
+// episode at a time (--concurrency 1), so the last ones end while the
+// first are paused and snapshotted. Each is recorded either finished
+// (verified by the checkpoint; at least one is) or paused before its last
+// answer reached it; none is lost, and none is verified twice (sawVerdict
+// holds every verdict of an attempt to the first). A crash and a restore
+// of the checkpoint bring each back as recorded.
 func finishDuringPrepare(d *driver) {
 	var eps []*episode
 	for range 3 {
@@ -218,9 +223,16 @@ func finishDuringPrepare(d *driver) {
 		d.fatalf("checkpoint %s on %s: %v", id, node, err)
 	}
 	c := d.readCheckpoint(id)
+	finished := 0
 	for _, e := range eps {
 		r := c.records[e.id]
 		d.logf("  %s recorded %s", e.id, map[bool]string{true: "finished", false: "paused"}[r.Finished])
+		if r.Finished {
+			finished++
+		}
+	}
+	if finished == 0 {
+		d.fatalf("checkpoint %s recorded no episode finished: none ended while it was prepared", id)
 	}
 	for _, e := range eps {
 		d.awaitEnded(e.id)

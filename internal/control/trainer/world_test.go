@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -67,6 +68,9 @@ type world struct {
 	// (SIGTERM), as against those a crash killed and that stayed down.
 	ran, stopped [maxNodes]bool
 	log          *seqLog
+	// concurrency is the nodes' --concurrency: how many episodes a
+	// checkpoint or a restore works on at once.
+	concurrency int
 }
 
 // node is one `stasis serve --node` child.
@@ -128,9 +132,12 @@ func taskOf(id string) string { return "t" + strings.TrimPrefix(id, "ep-") }
 
 // newWorld makes a sequence's world, with nodes nodes up; s3 is the test's
 // S3 server. Everything it made is gone when t ends.
-func newWorld(t *testing.T, ctx context.Context, s3 *s3test.Server, episodes, nodes int, log *seqLog) *world {
+func newWorld(t *testing.T, ctx context.Context, s3 *s3test.Server, episodes, nodes int, log *seqLog, opts ...func(*world)) *world {
 	t.Helper()
-	w := &world{t: t, ctx: ctx, dir: t.TempDir(), gate: model.NewGate(), log: log}
+	w := &world{t: t, ctx: ctx, dir: t.TempDir(), gate: model.NewGate(), log: log, concurrency: 4}
+	for _, o := range opts {
+		o(w)
+	}
 	w.tasks = filepath.Join(w.dir, "tasks")
 	taskCopies(t, w.tasks, episodes)
 	ts, _, err := task.Load(w.tasks, task.SWEBenchOptions{})
@@ -252,7 +259,7 @@ func (w *world) startNode(i int) (*node, error) {
 	defer logf.Close()
 	n.cmd = exec.Command(stasistest.Exe(), "serve", "--listen", "127.0.0.1:0", "--state", n.state, "--tasks", w.tasks,
 		"--model-upstream", w.model.URL, "--node", n.name, "--node-lease", lease.String(), "--store", w.dsn, "--blobs", w.blobs,
-		"--concurrency", "4", "--log-format", "json", "--log-level", "debug")
+		"--concurrency", strconv.Itoa(w.concurrency), "--log-format", "json", "--log-level", "debug")
 	n.cmd.Env = append(os.Environ(), stasistest.Env...)
 	n.cmd.Stderr = logf
 	out, err := n.cmd.StdoutPipe()

@@ -357,8 +357,9 @@ func (s *Sandboxes[M, PM, K]) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-// pinMissing publishes sandbox id's base if it has one and no pin, under
-// its lock (which SetBase holds while it changes both).
+// pinMissing publishes sandbox id's bases (Sandboxes.Bases) if it has
+// some and no pin, under its lock (which Rebase holds while it changes
+// both).
 func (s *Sandboxes[M, PM, K]) pinMissing(ctx context.Context, id string) error {
 	unlock, err := s.lock("reconcile", id)
 	if err != nil {
@@ -366,13 +367,17 @@ func (s *Sandboxes[M, PM, K]) pinMissing(ctx context.Context, id string) error {
 	}
 	defer unlock()
 	m, err := s.Read("reconcile", id)
-	if err != nil || PM(&m).meta().LastManifest == "" {
+	if err != nil {
+		return nil
+	}
+	bases := s.Bases(m)
+	if len(bases) == 0 {
 		return nil
 	}
 	if has, err := s.Pins.has(ctx, id); err != nil || has {
 		return err
 	}
-	return s.Pins.Set(ctx, id, PM(&m).meta().LastManifest)
+	return s.Pins.Set(ctx, id, bases...)
 }
 
 // Pin publishes manifests as what sandbox id builds on (Pins.Set), when
@@ -384,18 +389,19 @@ func (s *Sandboxes[M, PM, K]) Pin(ctx context.Context, id string, manifests ...s
 	return s.Pins.Set(ctx, id, manifests...)
 }
 
-// PinFork, when the store is shared, publishes snapshot snap's manifest as
-// the base of sandbox id, which is being forked from it (its directory
-// made), and then checks that the snapshot is still there: a collection
-// that could miss the pin finds the snapshot live. A snapshot deleted
-// meanwhile is errdefs.ErrNotFound, with the pin removed. Call it before
-// reading the snapshot's blobs.
+// PinFork, when the store is shared, publishes snapshot snap's manifests
+// (SnapMeta.Roots: its own and those it uses) as the base of sandbox id,
+// which is being forked from it (its directory made), and then checks
+// that the snapshot is still there: a collection that could miss the pin
+// finds the snapshot live. A snapshot deleted meanwhile is
+// errdefs.ErrNotFound, with the pin removed. Call it before reading the
+// snapshot's blobs.
 func (x *Snapshots[S, PS]) PinFork(ctx context.Context, id string, snap S) error {
 	if x.pins == nil {
 		return nil
 	}
 	m := PS(&snap).snap()
-	if err := x.pins.Set(ctx, id, m.Manifest); err != nil {
+	if err := x.pins.Set(ctx, id, m.Roots()...); err != nil {
 		return err
 	}
 	if _, err := x.Read("fork", m.ID); err != nil {
@@ -559,14 +565,14 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 	}
 	snaps, err := x.sharedRoots(ctx, "snapshots/", func(name string, b []byte) ([]string, error) {
 		var m SnapMeta
-		if err := json.Unmarshal(b, &m); err != nil || m.Manifest == "" {
+		if err := json.Unmarshal(b, &m); err != nil {
 			return nil, err
 		}
 		if m.Deleted {
 			x.tombstones.Store(name, true) // a tombstone stays one
 			return nil, nil
 		}
-		return []string{m.Manifest}, nil
+		return m.Roots(), nil
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("gc: the snapshot records: %w; nothing was deleted", err)

@@ -31,10 +31,25 @@ type SnapMeta struct {
 	Created  time.Time `json:"created"`
 	Bytes    int64     `json:"bytes"`
 	NewBytes int64     `json:"new_bytes"`
-	Deleted  bool      `json:"deleted,omitempty"`
+	// Uses are the other manifests the snapshot needs besides Manifest
+	// (microvm: its guest's read-only disks, stored in a shared store):
+	// every collection keeps them while the snapshot lives, whichever
+	// provider's node collects, and a fork publishes them with Manifest
+	// (PinFork).
+	Uses    []string `json:"uses,omitempty"`
+	Deleted bool     `json:"deleted,omitempty"`
 }
 
 func (s *SnapMeta) snap() *SnapMeta { return s }
+
+// Roots are the manifests snapshot s keeps in the blob store: Manifest
+// and Uses.
+func (s SnapMeta) Roots() []string {
+	if s.Manifest == "" {
+		return s.Uses
+	}
+	return append([]string{s.Manifest}, s.Uses...)
+}
 
 // Info is the part of a sandbox.SnapshotInfo that s holds.
 func (s SnapMeta) Info(provider string) sandbox.SnapshotInfo {
@@ -282,8 +297,8 @@ func (x *Snapshots[S, PS]) CollectBlobs(ctx context.Context) (int, int64, error)
 	}
 	var live []string
 	for _, id := range ids {
-		if s, err := x.Read("gc", id); err == nil && PS(&s).snap().Manifest != "" {
-			live = append(live, PS(&s).snap().Manifest)
+		if s, err := x.Read("gc", id); err == nil {
+			live = append(live, PS(&s).snap().Roots()...)
 		}
 	}
 	bases, err := x.Bases()

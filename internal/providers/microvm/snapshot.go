@@ -143,7 +143,7 @@ func (p *Provider) save(ctx context.Context, id string, memMiB int) (*cas.Staged
 	}
 	res := make(chan result, 1)
 	go func() {
-		st, err := p.snaps.CAS.StageFile(sctx, stateFile, pf, sp)
+		st, err := p.snaps.CAS.StageFile(sctx, stateFile, pf, sp, "")
 		res <- result{st, err}
 	}()
 	fail := func(err error) (*cas.Staged, SaveInfo, error) {

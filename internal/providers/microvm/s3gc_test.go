@@ -38,7 +38,7 @@ type vmBucket struct {
 func newVMBucket(t *testing.T) *vmBucket {
 	url, srv, bucket := s3Blobs(t)
 	return &vmBucket{srv: srv, name: bucket, url: url, prefix: "vms",
-		share: hostkeep.ShareOptions{Reuse: time.Second, Grace: 2 * time.Second}}
+		share: hostkeep.ShareOptions{Reuse: time.Second, Grace: 3 * time.Second}}
 }
 
 // node opens a microVM provider on a fresh state directory over the

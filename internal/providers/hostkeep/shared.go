@@ -7,30 +7,39 @@ package hostkeep
 // its sandboxes build on, and every collection marks from what every node
 // published. The layout of the shared records:
 //
-//	snapshots/PROVIDER/SNAP.json   a snapshot's record (its manifest), a tombstone once deleted
+//	snapshots/PROVIDER/SNAP.json   a snapshot's record (its manifests), a tombstone once deleted
 //	bases/PROVIDER/HOME/SB.json    the manifests sandbox SB of state directory HOME builds on (Pins)
 //	homes/HOME.json                who HOME is (host, directory), for an operator
+//	collectors/PROVIDER.json       PROVIDER's nodes publish their bases (collectorsDir)
 //	gc/lock/HOME-RAND.json         a collector's lease (gcLease)
 //
-// The mark is every live snapshot record of every provider in the store,
-// then every published base of every home (in that order: see PinFork),
-// then this home's sandboxes' bases as its meta.json files say. The sweep
+// The mark is every manifest that a live snapshot record of any provider
+// in the store names (SnapMeta.Roots: its own and those it uses, such as
+// a microVM snapshot's read-only disks), then every published base of
+// every home (in that order: see PinFork), then this home's sandboxes'
+// bases as its meta.json files say (Sandboxes.Bases). The sweep
 // (cas.GCWith with a grace period, on a blob.Ager) never deletes a blob
 // stored after its walk began, nor one stored within the grace period
 // before: the chunks of snapshots and forks in progress anywhere, which
 // nothing published names yet. A writer never relies on an old blob that
 // nothing marks: the store's Has reports only copies stored within
 // ShareOptions.Reuse (blob.S3Options.ReuseWithin), shorter than the grace
-// period, and a sandbox's base, which it does rely on, is published before
-// it is used.
+// period, and a sandbox's bases, which it does rely on however old their
+// copies (cas's incremental Snapshot and StageFile on a base, a microVM's
+// stored disks), are published before they are used.
+//
+// Both host providers publish (local: a sandbox's last snapshot and its
+// index; microvm: a sandbox's saved state and its read-only disks in the
+// store), and say so in a record under collectors/; a collection refuses
+// a store holding snapshots of any other provider (checkAllPublish).
 //
 // The publication protocol:
-//   - a fork publishes the snapshot's manifest as the new sandbox's base
+//   - a fork publishes the snapshot's manifests as the new sandbox's base
 //     and only then checks that the snapshot is still live (PinFork): a
 //     collector that found its record deleted lists the bases after that,
 //     so it sees the pin;
-//   - a new base is published beside the old one before meta.json names
-//     it, and alone after (Sandboxes.SetBase);
+//   - new bases are published beside the old ones before meta.json names
+//     them, and alone after (Sandboxes.Rebase);
 //   - a sandbox's pin is removed once it is retired (Sandboxes.Retire);
 //   - Reconcile, when the provider opens and before each of its
 //     collections, publishes what is missing and removes the pins of

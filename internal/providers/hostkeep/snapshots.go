@@ -270,7 +270,7 @@ func (x *Snapshots[S, PS]) LockBlobs(exclusive bool) (func(), error) {
 }
 
 // CollectBlobs deletes, under the exclusive blob lock, the blobs that no
-// snapshot and no sandbox's incremental base references; it returns how
+// snapshot (SnapMeta.Roots) and no sandbox's base references; it returns how
 // many it deleted and their bytes. On a shared store it marks from every
 // node's snapshots and published bases and spares recent blobs instead
 // (see shared.go), without the lock: snapshots and forks go on meanwhile,
@@ -279,8 +279,9 @@ func (x *Snapshots[S, PS]) LockBlobs(exclusive bool) (func(), error) {
 func (x *Snapshots[S, PS]) CollectBlobs(ctx context.Context) (int, int64, error) {
 	if x.Shared != nil {
 		if x.pins == nil {
-			// A provider that publishes no bases (microvm) cannot tell
-			// what other nodes' sandboxes build on: it collects nothing.
+			// A provider that publishes no bases (not ShareBlobs's)
+			// cannot tell what other nodes' sandboxes build on: it
+			// collects nothing.
 			slog.Info("shared blob store: not collected: this provider publishes no sandbox bases", "provider", x.Provider)
 			return 0, 0, nil
 		}

@@ -11,7 +11,11 @@
 // store is a directory in the state directory, or an S3 bucket shared by
 // the nodes of a cluster (Options.Blobs), which then holds the snapshots'
 // records and the guests' read-only disks as well (shareddisk.go), so
-// that any node forks any node's snapshot with its processes.
+// that any node forks any node's snapshot with its processes; each
+// sandbox publishes there what it builds on (the saved state its next
+// snapshot is staged on, its disks' copies), so that a collection on any
+// node frees only what no snapshot and no sandbox anywhere uses
+// (hostkeep.ShareBlobs).
 //
 // The host reaches the guest agent (internal/providers/microvm/agent, run by busybox
 // init from the stasis binary in the image) over QEMU's user-mode network:

@@ -377,7 +377,7 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, cat 
 	if err := p.disksHere(ctx, s.ID, &m.VM); err != nil {
 		return sandbox.Info{}, err
 	}
-	if err := p.checkDisks(s, m.VM); err != nil {
+	if err := p.checkDisks(s.ID, m.VM); err != nil {
 		return sandbox.Info{}, err
 	}
 	if err := p.boot(ctx, &m, cat); err != nil {
@@ -395,11 +395,10 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, cat 
 	return p.info(loaded, sandbox.StateRunning), nil
 }
 
-// checkDisks refuses to fork snapshot s onto read-only disks vm (this
+// checkDisks refuses to fork snapshot snap onto read-only disks vm (this
 // node's: see disksHere) that are not the very files its saved machine
 // had.
-func (p *Provider) checkDisks(s snapMeta, vm vmConfig) error {
-	snap := s.ID
+func (p *Provider) checkDisks(snap string, vm vmConfig) error {
 	elsewhere := ""
 	if p.shared() {
 		elsewhere = " (or the snapshot was saved on another node, whose file that was, and by a stasis that did not store it)"

@@ -23,7 +23,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/internal/insandbox/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(VERSITYGW_DIR):$(PATH)
 
-.PHONY: all build demo test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean
+.PHONY: all build demo demo-nodes test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean
 
 all: build
 
@@ -223,6 +223,13 @@ build: deps
 ## checkpoint mid-way, a crash of everything, the restore, and the report.
 demo: build deps-opencode deps-image
 	./$(BIN) run --episodes 8 --harness mixed --crash --image $(STASIS_TEST_IMAGE)
+
+## demo-nodes: the demo across three `stasis serve --node` processes on
+## this machine (scripts/demo-nodes): a throwaway PostgreSQL and S3 server,
+## a checkpoint over the nodes, every node killed, two back, and the third
+## node's episodes restored onto them; everything removed at the end.
+demo-nodes: build deps-s3
+	scripts/demo-nodes
 
 vet:
 	$(GO) vet ./...

@@ -20,7 +20,6 @@ import (
 	"stasis/internal/control/server"
 	"stasis/internal/proc"
 	"stasis/internal/stasistest"
-	"stasis/internal/testwait"
 )
 
 // serveProc is a `stasis serve` child: the test binary acting as stasis.

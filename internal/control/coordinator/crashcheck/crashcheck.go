@@ -25,6 +25,9 @@ type System struct {
 	Provider    sandbox.Provider
 	Store       store.Store
 	Gateway     *relay.Gateway
+	// Node, on a node of a cluster, is its name: only the episodes it
+	// drives are its to check ("": every episode in the store).
+	Node string
 }
 
 // Check checks, every time:
@@ -73,6 +76,9 @@ func Check(ctx context.Context, s System, snaps []string) error {
 		return err
 	}
 	for _, row := range rows {
+		if s.Node != "" && row.Node != s.Node {
+			continue
+		}
 		e, ok := c.Live(row.ID)
 		switch {
 		case row.State == store.EpisodeRunning && (!ok || e.SandboxID() != row.Sandbox):

@@ -169,7 +169,9 @@ type providerCfg struct {
 	world func(t *testing.T, c *system.Config)
 	// find finds the host pid of a party of the one sandbox under state,
 	// or 0 and why there is none.
-	find func(state, party string) (int, string)
+	// st is the episode's supervisor's status before the operation
+	// (nil in a restore, whose forks are new).
+	find func(state, party string, st *supervisor.Status) (int, string)
 }
 
 var localProvider = providerCfg{
@@ -217,6 +219,12 @@ func runCell(t *testing.T, pc providerCfg, party string, st step) row {
 	committed := []string{}
 	ck := "ck-1"
 	var op func() answer
+	// The supervisor's status before the operation: its identity and its
+	// harness's pid, the same until the kill (a restore's forks are new).
+	var before *supervisor.Status
+	if !st.restore {
+		before = s.episode(ep).Status
+	}
 	if st.restore {
 		s.must("POST", "/v1/checkpoints", map[string]any{"id": "ck-0"}, http.StatusCreated, nil)
 		committed = append(committed, "ck-0")
@@ -248,7 +256,7 @@ func runCell(t *testing.T, pc providerCfg, party string, st step) row {
 		s.kill()
 		killed = "serve SIGKILLed at the gate"
 	default:
-		pid, what := pc.find(state, party)
+		pid, what := pc.find(state, party, before)
 		if pid == 0 {
 			killed = ""
 			r.survived, r.lost, r.left = "-", "-", "-"
@@ -301,9 +309,14 @@ func runCell(t *testing.T, pc providerCfg, party string, st step) row {
 	h.Release()
 	v = s.episode(ep)
 	if st.restore && !v.Live {
-		// A restore the kill undid: the trainer restores again.
+		// A restore the kill undid, or one that went but could not
+		// continue the episode (marked lost): the trainer restores again.
+		if v.State == store.EpisodeLost {
+			recovery = append(recovery, "the restore went, but its fork dead, the episode was marked lost; restored again")
+		} else {
+			recovery = append(recovery, "the restore was undone; restored again")
+		}
 		s.must("POST", "/v1/checkpoints/ck-0/restore", map[string]any{"episodes": []string{ep}}, http.StatusOK, nil)
-		recovery = append(recovery, "the restore was undone; restored again")
 	}
 	end := finish(t, s, ep)
 	recovery = append(recovery, end.how)
@@ -394,7 +407,7 @@ func shortErr(e string) string {
 // ending is how an episode ended.
 type ending struct {
 	reward  int
-	lost    bool // marked lost: a restore brings it back
+	lost    bool   // marked lost: a restore brings it back
 	summary string // what survived
 	how     string // how it went
 }
@@ -476,11 +489,16 @@ func Receipt(v server.EpisodeView) *supervisor.Receipt {
 
 // findParty finds the host pid of party (harness or supervisor) of the
 // one sandbox under state, or 0 and why there is none.
-func findParty(state, party string) (int, string) {
+// The supervisor is the process of its identity (as its status gave it
+// before the operation), the harness the process of the harness pid it
+// gave below it; without a status, the supervisor is found by its
+// command line.
+func findParty(state, party string, st *supervisor.Status) (int, string) {
 	ps := sandboxProcs(state)
 	var sup *sandboxProc
 	for i := range ps {
-		if strings.Contains(ps[i].cmdline, "supervise") {
+		if st != nil && ps[i].nsPID == st.Identity.PID && ps[i].start == st.Identity.StartTime ||
+			st == nil && strings.Contains(ps[i].cmdline, "supervise") {
 			sup = &ps[i]
 		}
 	}
@@ -491,11 +509,11 @@ func findParty(state, party string) (int, string) {
 		return sup.pid, fmt.Sprintf("the supervisor (host pid %d)", sup.pid)
 	}
 	for _, p := range ps {
-		if p.ppid == sup.pid {
+		if st != nil && p.nsPID == st.HarnessPID && descends(ps, p, sup.pid) {
 			return p.pid, fmt.Sprintf("the harness (host pid %d)", p.pid)
 		}
 	}
-	return 0, "no harness runs at this step (its supervisor has no child)"
+	return 0, "no harness runs at this step"
 }
 
 // listSnapshots lists the snapshots of provider under state.
@@ -524,4 +542,23 @@ func removeGatewayDir(t *testing.T, state string) {
 			t.Error(err)
 		}
 	})
+}
+
+// descends reports whether p is below the process pid among ps.
+func descends(ps []sandboxProc, p sandboxProc, pid int) bool {
+	by := map[int]sandboxProc{}
+	for _, q := range ps {
+		by[q.pid] = q
+	}
+	for n := 0; n < 64; n++ {
+		if p.ppid == pid {
+			return true
+		}
+		q, ok := by[p.ppid]
+		if !ok {
+			return false
+		}
+		p = q
+	}
+	return false
 }

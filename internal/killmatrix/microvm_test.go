@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"stasis/internal/control/system"
+	"stasis/internal/insandbox/supervisor"
 	"stasis/internal/proc"
 	"stasis/internal/providers/microvm"
 	"stasis/internal/stasistest"
@@ -65,7 +66,7 @@ func TestKillMatrixMicroVM(t *testing.T) {
 // findVMParty finds the host pid of the QEMU or the keeper of the one
 // running microVM under state, from the provider's state (each
 // sandbox's keeper.json names both processes' identities).
-func findVMParty(state, party string) (int, string) {
+func findVMParty(state, party string, _ *supervisor.Status) (int, string) {
 	ms, _ := filepath.Glob(filepath.Join(state, microvm.Name, "sandboxes", microvm.Name, "*", "keeper.json"))
 	for _, m := range ms {
 		b, err := os.ReadFile(m)

@@ -258,7 +258,8 @@ func (h *holder) ServeHTTP(w http.ResponseWriter, q *http.Request) {
 // the host sees it.
 type sandboxProc struct {
 	pid, ppid int
-	nsPID     int // its pid in the sandbox's namespace
+	nsPID     int    // its pid in the sandbox's namespace
+	start     uint64 // its start time (clock ticks since boot)
 	cmdline   string
 }
 
@@ -291,7 +292,7 @@ func sandboxProcs(state string) []sandboxProc {
 		if len(ns) < 2 || !under(st.PPID) {
 			continue
 		}
-		out = append(out, sandboxProc{pid: pid, ppid: st.PPID, nsPID: ns[len(ns)-1], cmdline: cmdline(pid)})
+		out = append(out, sandboxProc{pid: pid, ppid: st.PPID, nsPID: ns[len(ns)-1], start: st.StartTime, cmdline: cmdline(pid)})
 	}
 	return out
 }

@@ -2,8 +2,10 @@ package killmatrix_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +24,8 @@ import (
 	"stasis/internal/control/system"
 	"stasis/internal/control/task"
 	"stasis/internal/insandbox/supervisor"
+	"stasis/internal/providers/local"
+	"stasis/internal/providers/microvm"
 	"stasis/internal/stasistest"
 	"stasis/internal/storage/store"
 	"stasis/internal/testwait"
@@ -529,8 +533,11 @@ func listSnapshots(t *testing.T, state, provider string) []string {
 	return out
 }
 
-// removeGatewayDir has the gateway's socket directory of the servers on
-// state removed when the test ends (after they are gone).
+// removeGatewayDir has, when the test ends (after the servers on state
+// are gone), every sandbox still running under state killed (a cell that
+// failed half-way leaves its episodes' sandboxes, whose keepers outlive
+// the servers; one that passed retired them) and the gateway's socket
+// directory of those servers removed.
 func removeGatewayDir(t *testing.T, state string) {
 	t.Helper()
 	sock, err := server.GatewaySocket(state)
@@ -539,6 +546,18 @@ func removeGatewayDir(t *testing.T, state string) {
 	}
 	t.Cleanup(func() {
 		if err := os.RemoveAll(filepath.Dir(sock)); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Cleanup(func() {
+		n, err := local.Crash(filepath.Join(state, local.Name))
+		if m, merr := microvm.Crash(filepath.Join(state, microvm.Name)); merr == nil {
+			n += m
+		}
+		if n > 0 && !t.Failed() {
+			t.Errorf("%d sandboxes were left running under %s", n, state)
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			t.Error(err)
 		}
 	})

@@ -23,7 +23,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/internal/insandbox/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(VERSITYGW_DIR):$(PATH)
 
-.PHONY: all build demo demo-nodes test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean
+.PHONY: all build demo demo-nodes test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean matrix
 
 all: build
 
@@ -263,6 +263,14 @@ python-client: build deps-python
 ## test: vet, staticcheck, the whole Go suite under the race detector, and
 ## the Python client's tests.
 test: deps-test vet staticcheck unit python-client
+
+## matrix: the whole kill matrix (RELIABILITY.md, internal/killmatrix):
+## the local and node cells, which `unit` runs too, and the microVM cells,
+## which it skips (each boots and saves guests under TCG). UPDATE=1 writes
+## the tables the cells found to internal/killmatrix/testdata, to be put in
+## RELIABILITY.md.
+matrix: deps-microvm deps-s3 deps
+	STASIS_KILL_MATRIX_MICROVM=1 $(GO) test -race -count=1 -timeout 40m -v ./internal/killmatrix $(if $(UPDATE),-update)
 
 ## fuzz: run every fuzz target of the tree (each `func Fuzz…` in a _test.go
 ## file, found afresh each run) for FUZZTIME each (default 30s), one after

@@ -125,6 +125,11 @@ type Options struct {
 	// (default 3m: TCG on a loaded machine is slow, and a 1 GiB guest's state
 	// takes a while to load).
 	BootTimeout time.Duration
+	// SnapshotHook, when set (tests), is called inside each Snapshot while
+	// the machine's state is being written: QEMU's migration into the
+	// state file started (the guest stopped), its end not yet seen, the
+	// staging of its chunks under way. An error fails the snapshot.
+	SnapshotHook func(sandbox string) error
 	// ForkHook, when set, is called before each sandbox of a Fork is made;
 	// an error makes that one fail (tests).
 	ForkHook func(snapshot string, i int) error

@@ -193,6 +193,11 @@ func (p *Provider) save(ctx context.Context, id string, memMiB int, base string)
 		_ = qmpRun(mon, "closefd", map[string]any{"fdname": "state"}, nil) // QEMU's copy of the file
 		return fail(err)
 	}
+	if p.o.SnapshotHook != nil {
+		if err := p.o.SnapshotHook(id); err != nil {
+			return fail(err)
+		}
+	}
 	if _, err := waitMigration(ctx, mon); err != nil {
 		return fail(err)
 	}

@@ -23,7 +23,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/internal/insandbox/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(VERSITYGW_DIR):$(PATH)
 
-.PHONY: all build demo demo-nodes test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz bench clean matrix
+.PHONY: all build demo demo-nodes test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz soak bench clean matrix
 
 all: build
 
@@ -292,6 +292,19 @@ fuzz: deps
 		done; \
 	done; \
 	echo "fuzz: $$n targets ran for $(FUZZTIME) each, none failed"
+
+## soak: random trainer sequences (internal/control/trainer), as many
+## as SEEDS (default 1000), seeds SEED_FIRST, SEED_FIRST+1, ..., starting
+## no new one once SOAK_TIME (default 2h) has passed, so it stops by
+## itself; one sequence is bounded too (15 minutes). `make test` runs four
+## of them; soak is not part of it. A failing seed prints its number, how
+## to replay it (-seed N) and its sequence; the run goes on to the next.
+SEEDS      ?= 1000
+SEED_FIRST ?= 1
+SOAK_TIME  ?= 2h
+soak: deps deps-s3
+	$(GO) test ./internal/control/trainer -run '^TestRandomSequences$$' -count=1 -timeout 0 -v \
+		-args -seeds $(SEEDS) -first $(SEED_FIRST) -soak-time $(SOAK_TIME)
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build deps-microvm

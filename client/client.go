@@ -33,6 +33,7 @@ type (
 	TaskSummary        = server.TaskSummary
 	CheckpointRequest  = server.CheckpointRequest
 	CheckpointResponse = server.CheckpointResponse
+	RestoreRequest     = server.RestoreRequest
 	RestoreResponse    = server.RestoreResponse
 	BranchRequest      = server.BranchRequest
 	Result             = coordinator.Result
@@ -278,6 +279,14 @@ func (c *Client) GetCheckpoint(ctx context.Context, id string) (Checkpoint, []Re
 func (c *Client) Restore(ctx context.Context, id string) (RestoreResponse, error) {
 	var r RestoreResponse
 	return r, c.do(ctx, http.MethodPost, checkpointPath(id)+"/restore", nil, &r)
+}
+
+// RestoreWith is Restore with a body: req.Episodes, when given, are the
+// only episodes of the checkpoint brought back (a scoped restore; a
+// retired episode named comes back).
+func (c *Client) RestoreWith(ctx context.Context, id string, req RestoreRequest) (RestoreResponse, error) {
+	var r RestoreResponse
+	return r, c.do(ctx, http.MethodPost, checkpointPath(id)+"/restore", req, &r)
 }
 
 // Branch starts copies of one of a checkpoint's episodes

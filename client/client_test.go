@@ -185,6 +185,20 @@ func TestClientAgainstAServer(t *testing.T) {
 	if _, err := c.Retire(ctx, "e1"); err != nil {
 		t.Fatal(err)
 	}
+	// A retired episode comes back only when a restore names it; it had
+	// ended at the checkpoint, so it comes back ended, with its verdict.
+	if _, err := c.RestoreWith(ctx, "ck1", client.RestoreRequest{Episodes: []string{"nobody"}}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a restore naming an episode the checkpoint lacks: %v", err)
+	}
+	if res, err := c.RestoreWith(ctx, "ck1", client.RestoreRequest{Episodes: []string{"e1"}}); err != nil || len(res.Episodes) != 1 || !res.Episodes[0].Finished {
+		t.Fatalf("a restore naming e1: %+v %v", res, err)
+	}
+	if v, err := c.Episode(ctx, "e1"); err != nil || v.State != store.EpisodeEnded || v.Reward == nil || *v.Reward != 1 {
+		t.Fatalf("e1 restored: %+v %v", v, err)
+	}
+	if _, err := c.Retire(ctx, "e1"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Retire(ctx, "nobody"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("retire of an unknown episode: %v", err)
 	}

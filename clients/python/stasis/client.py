@@ -313,7 +313,10 @@ class Client:
     ) -> Episode:
         """Start an episode of task with harness (POST /v1/episodes): a
         sandbox with the task's work tree, the harness under its supervisor.
-        Not retried (a second start of the same id is a Conflict)."""
+        The id of a retired or lost episode (with its task and harness)
+        starts it again as its next attempt. A start asked while a
+        checkpoint runs answers once the checkpoint is done. Not retried (a
+        second start of an id that runs is a Conflict)."""
         req = StartRequest(task=task, harness=harness, id=id, provider=provider, pause_mode=pause_mode, deadline_s=deadline_s, limits=limits, image=image)  # type: ignore[arg-type]
         return self._call("startEpisode", body=req)
 

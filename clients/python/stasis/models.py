@@ -377,6 +377,7 @@ class CheckpointRecord:
     pause_uptime: float = 0.0
     relay_delivered: int = 0
     relay_position: Optional[int] = None  # the in-place cut; None in older records
+    relay_unmatched: bool = False  # the relay did not know its place at the pause: a restore matches instead of cutting
     ledger_head: Optional[str] = None  # the hash of the ledger's entry at the cut
     ledger_tip: Optional[str] = None  # the hash of the ledger's last record at the snapshot; None in older records
     harness_session: str = ""

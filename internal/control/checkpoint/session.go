@@ -707,6 +707,10 @@ type State struct {
 	PauseUptime    float64         `json:"pause_uptime"`
 	RelayDelivered *int64          `json:"relay_delivered,omitempty"`
 	RelayPosition  *int64          `json:"relay_position,omitempty"`
+	// RelayUnmatched: the relay did not know its ledger position at the
+	// pause (supervisor.Ack.RelayUnmatched): an in-place restore matches
+	// instead of cutting.
+	RelayUnmatched bool `json:"relay_unmatched,omitempty"`
 	// LedgerHead is the hash of the episode's ledger entry at LedgerCut
 	// when the pause was taken ("" at 0, or with no relay).
 	LedgerHead string `json:"ledger_head,omitempty"`
@@ -735,7 +739,7 @@ func (s State) LedgerCut() int64 {
 // LedgerAt is where the checkpoint left the episode's ledger, for the
 // gateway's Restore and Fork.
 func (s State) LedgerAt() relay.LedgerAt {
-	return relay.LedgerAt{Position: s.LedgerCut(), Head: s.LedgerHead, Tip: s.LedgerTip}
+	return relay.LedgerAt{Position: s.LedgerCut(), Head: s.LedgerHead, Tip: s.LedgerTip, Unmatched: s.RelayUnmatched}
 }
 
 // ErrNoPause: CheckpointState was asked while no pause is in force.
@@ -752,7 +756,7 @@ func (s *Session) CheckpointState(ctx context.Context) (State, error) {
 	st := State{
 		Episode: s.o.Episode, Provider: s.p.Name(), Sandbox: s.id, KeepsProcesses: s.p.Capabilities().KeepsProcesses,
 		Dir: s.o.Dir, PauseSeq: a.Seq, PauseMode: a.Mode, PauseConfirmed: a.Confirmed, PauseFrozen: a.Frozen, Identity: a.Identity,
-		PauseWall: a.Wall, PauseUptime: a.Uptime, RelayDelivered: a.RelayDelivered, RelayPosition: a.RelayPosition,
+		PauseWall: a.Wall, PauseUptime: a.Uptime, RelayDelivered: a.RelayDelivered, RelayPosition: a.RelayPosition, RelayUnmatched: a.RelayUnmatched,
 		HarnessSession: s.o.HarnessSession, Attempt: s.o.Attempt, DeadlineLeftS: a.DeadlineLeft,
 	}
 	if info, err := s.p.Get(ctx, s.id); err == nil {

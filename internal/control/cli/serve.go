@@ -246,7 +246,8 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 
 const serveLong = `serve is the environment server: an HTTP JSON API for trainers.
 
-  POST   /v1/episodes                   start {"task", "harness": "mini|opencode"} (201)
+  POST   /v1/episodes                   start {"task", "harness": "mini|opencode"} (201); the id of a
+                                        retired or lost episode starts it again as its next attempt
   GET    /v1/episodes                   list (?state=running|ended|retired|lost&task=T&harness=H)
   GET    /v1/episodes/ID                one episode: its record, supervisor status, ledger, reward
   POST   /v1/episodes/ID/verify         run the task's tests once the harness ended (capture once)

@@ -563,3 +563,40 @@ func TestHostedRestoreOntoAnotherNode(t *testing.T) {
 		t.Fatalf("sandboxes left on the service: %v", left)
 	}
 }
+
+// A restore over the cluster with nothing to bring back answers at once:
+// a checkpoint taken with no episode, and one whose every episode was
+// retired since (left out, and said so). No node gets a share of it, so
+// none would ever make it go.
+func TestRestoreOfNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	a := node(t, dsn, "a")
+	if _, err := a.Member.Checkpoint(ctx, "ck-empty", ""); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer rcancel()
+	res, err := a.Member.Restore(rctx, "ck-empty", nil)
+	if err != nil || len(res.Episodes) != 0 || res.Checkpoint != "ck-empty" {
+		t.Fatalf("the restore of a checkpoint with no episode: %+v %v", res, err)
+	}
+	h := a.Hold("ep-a", 2)
+	if _, err := a.Coordinator.Start(ctx, "ep-a", "sh-renext-spaces", "mini"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Member.Checkpoint(ctx, "ck-1", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Coordinator.Retire(ctx, "ep-a"); err != nil {
+		t.Fatal(err)
+	}
+	res, err = a.Member.Restore(rctx, "ck-1", nil)
+	if err != nil || len(res.Episodes) != 1 || !res.Episodes[0].Excluded || res.Episodes[0].Episode != "ep-a" {
+		t.Fatalf("the restore of a checkpoint whose episode was retired: %+v %v", res, err)
+	}
+}

@@ -247,6 +247,13 @@ func (m *Member) Restore(ctx context.Context, id string, episodes []string) (Res
 		}
 		plan[owner] = append(plan[owner], r.Episode)
 	}
+	out.Checkpoint = id
+	if len(plan) == 0 {
+		// Nothing to bring back (no records, or every episode retired
+		// since): no node has a share, so none would ever make the
+		// restore go.
+		return out, nil
+	}
 	rid := "restore-" + id + "-" + randomHex(4)
 	if err := m.view.BeginRestore(ctx, rid, id, plan, live); err != nil {
 		return out, err

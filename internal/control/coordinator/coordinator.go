@@ -209,9 +209,13 @@ type Coordinator struct {
 
 	mu   sync.Mutex
 	live map[string]*episode.Episode
-	// op serialises prepares, restores, retires, recoveries and the
-	// marking of lost episodes.
+	// op serialises prepares, restores, retires, restarts, recoveries
+	// and the marking of lost episodes.
 	op sync.Mutex
+	// starts keeps starts and prepares apart: each start holds it for
+	// reading, each prepare for writing (before op), so a prepare waits
+	// for the starts under way and holds back those asked while it runs.
+	starts sync.RWMutex
 
 	// The liveness check's goroutine: stop ends it, watching is done
 	// when it has.
@@ -373,6 +377,19 @@ type StartOptions struct {
 
 // StartWith is Start with o's choices; the store keeps them, so
 // re-attaches, relaunches and restores keep them too.
+//
+// An id the store has as retired or lost is started again, from its
+// task's work tree, as its next attempt (episode.Restart): a trainer
+// restarts a straggler it retired, or an episode a crash lost, under its
+// own id. Its task and harness must be the ones it had; its ledger starts
+// empty (the earlier attempts' entries stay, dropped) and calls of its
+// earlier attempts are refused. An id that runs or has ended is refused
+// (retire it first).
+//
+// A start and a checkpoint of this coordinator do not overlap: a
+// checkpoint waits for the starts under way (their episodes are in it),
+// and a start asked while a checkpoint runs waits for it to end (its
+// episode is not in it).
 func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName string, o StartOptions) (store.Episode, error) {
 	deadline := o.Deadline
 	if deadline < 0 {
@@ -385,8 +402,24 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 	if err != nil {
 		return store.Episode{}, err
 	}
-	if _, err := c.o.Store.GetEpisode(ctx, id); err == nil {
-		return store.Episode{}, fmt.Errorf("episode %s: %w", id, errdefs.ErrExists)
+	c.starts.RLock()
+	defer c.starts.RUnlock()
+	var again *store.Episode
+	if row, err := c.o.Store.GetEpisode(ctx, id); err == nil {
+		if err := checkRestart(row, taskID, harnessName); err != nil {
+			return store.Episode{}, err
+		}
+		// A restart is serialised with the operations that change an
+		// existing episode (restores, retires).
+		c.op.Lock()
+		defer c.op.Unlock()
+		if row, err = c.o.Store.GetEpisode(ctx, id); err != nil {
+			return store.Episode{}, err
+		}
+		if err := checkRestart(row, taskID, harnessName); err != nil {
+			return store.Episode{}, err
+		}
+		again = &row
 	}
 	spec.Expiry = spec.ExpiryFrom(c.clock.Now())
 	// Journaled, its sandbox labelled, its row written as the journal is
@@ -399,7 +432,11 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 	if err := x.step(stepStart, id); err != nil {
 		return store.Episode{}, c.crashed(x)
 	}
-	e, err := episode.Start(ctx, c.o.Env, spec)
+	start := episode.Start
+	if again != nil {
+		start = episode.Restart
+	}
+	e, err := start(ctx, c.o.Env, spec)
 	if x.dead() {
 		return store.Episode{}, c.crashed(x)
 	}
@@ -408,13 +445,20 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 			return store.Episode{}, c.crashed(x)
 		}
 		row := store.Episode{ID: id, Task: taskID, Harness: harnessName, Provider: c.o.Env.Provider.Name(), Sandbox: e.SandboxID(), State: store.EpisodeRunning, DeadlineS: deadline.Seconds(), Limits: o.Limits, Image: spec.Image, Environment: e.Environment().String()}
+		if again != nil {
+			// Its pauses go on numbering from the last (a snapshot's
+			// name carries the number), and it keeps its creation.
+			row.Attempt, row.PauseSeq, row.Created = e.Attempt(), again.PauseSeq, again.Created
+		}
 		if err = x.close(ctx, []store.Episode{row}); err != nil {
 			_ = e.Close(context.WithoutCancel(ctx))
 		}
 	}
 	if err != nil {
 		// Nothing of it is left: its sandbox, if any, and its gateway
-		// registration (so that the id can be started again).
+		// registration (so that the id can be started again); a restart
+		// leaves the episode's row and registration as they were (at its
+		// new attempt, if the gateway got there).
 		if uerr := c.undoCopies(context.WithoutCancel(ctx), x.id, nil, []string{id}); uerr != nil {
 			c.log.Warn("undo a failed start", "episode", id, "err", uerr)
 		} else if cerr := x.close(ctx, nil); cerr != nil {
@@ -426,6 +470,21 @@ func (c *Coordinator) StartWith(ctx context.Context, id, taskID, harnessName str
 	c.live[id] = e
 	c.mu.Unlock()
 	return c.o.Store.GetEpisode(ctx, id)
+}
+
+// checkRestart says whether an episode the store has may be started
+// again as its next attempt: it must be retired or lost, and be asked
+// for with its own task and harness.
+func checkRestart(row store.Episode, taskID, harnessName string) error {
+	switch row.State {
+	case store.EpisodeRetired, store.EpisodeLost:
+	default:
+		return errdefs.Errorf(errdefs.ErrExists, "episode %s already exists and is %s: retire it first to start it again as its next attempt, or give another id", row.ID, row.State)
+	}
+	if row.Task != taskID || row.Harness != harnessName {
+		return errdefs.Errorf(errdefs.ErrConflict, "episode %s ran task %s with harness %s: start it again with those, or give another id for task %s with harness %s", row.ID, row.Task, row.Harness, taskID, harnessName)
+	}
+	return nil
 }
 
 // Live returns the live episode id, if any.

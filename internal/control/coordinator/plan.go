@@ -184,7 +184,7 @@ func decide(p restorePlan, forks map[string]string, ready map[string]readiness) 
 
 // stateOf is the checkpoint state a record keeps.
 func stateOf(r store.Record) checkpoint.State {
-	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, LedgerHead: r.LedgerHead, LedgerTip: r.LedgerTip, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
+	st := checkpoint.State{Episode: r.Episode, PauseSeq: r.PauseSeq, RelayDelivered: r.RelayDelivered, RelayPosition: r.RelayPosition, RelayUnmatched: r.RelayUnmatched, LedgerHead: r.LedgerHead, LedgerTip: r.LedgerTip, HarnessSession: r.HarnessSession, Attempt: r.Attempt}
 	if r.RestoresInPlace() {
 		st.Identity, st.PauseWall, st.PauseUptime = *r.Identity, *r.PauseWall, *r.PauseUptime
 	}

@@ -168,6 +168,14 @@ func TestDecide(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back.Plan, got) {
 		t.Fatalf("through JSON: %+v %v", back.Plan, err)
 	}
+	// A record whose relay had not learned its place (relaunched, no
+	// answer since) is resumed in place without a cut: the gateway
+	// matches its next call, as a relaunch's.
+	f.Records[1].RelayUnmatched = true
+	plan, _ = planRestore(f)
+	if d := decide(plan, forks, ready)[1]; d.State == nil || !d.State.RelayUnmatched || !d.State.LedgerAt().Unmatched {
+		t.Fatalf("an unmatched record's decision: %+v", d)
+	}
 	if r := got[1].relaunched(3); r.Mode != resumeRelaunch || r.Attempt != 3 || r.Cut != 0 || r.Seq != 0 || r.State != nil || r.Sandbox != "sb-b" {
 		t.Fatalf("relaunched: %+v", r)
 	}

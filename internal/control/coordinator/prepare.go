@@ -68,6 +68,10 @@ func (c *Coordinator) PrepareWith(ctx context.Context, id string, po PrepareOpti
 	if policy == "" {
 		policy = StragglersExclude
 	}
+	// The starts under way finish first (their episodes are in this
+	// checkpoint); those asked from now on wait for it to end.
+	c.starts.Lock()
+	defer c.starts.Unlock()
 	c.op.Lock()
 	defer c.op.Unlock()
 	start := c.clock.Now()
@@ -292,7 +296,7 @@ func pauseRecord(snap episode.Snapshot, row store.Episode, sandboxID string) sto
 		Schema: store.RecordSchema, Episode: row.ID, Provider: s.Provider, Sandbox: s.Descriptor,
 		SnapshotID: snap.ID, KeepsProcesses: s.KeepsProcesses, PauseSeq: s.PauseSeq, PauseMode: string(s.PauseMode),
 		PauseConfirmed: s.PauseConfirmed, PauseFrozen: s.PauseFrozen, Identity: &id, PauseWall: &pw, PauseUptime: &pu,
-		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, LedgerHead: s.LedgerHead, LedgerTip: s.LedgerTip, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
+		RelayDelivered: s.RelayDelivered, RelayPosition: s.RelayPosition, RelayUnmatched: s.RelayUnmatched, LedgerHead: s.LedgerHead, LedgerTip: s.LedgerTip, HarnessSession: s.HarnessSession, Attempt: s.Attempt, DeadlineLeftS: s.DeadlineLeftS,
 		Image: s.Image, ImageRef: row.Image,
 	}
 	if len(rec.Sandbox) == 0 {

@@ -436,6 +436,7 @@ func (c *Coordinator) advance(d decision) error {
 	at := relay.LedgerAt{Position: d.Cut, Tip: d.Tip}
 	if d.State != nil {
 		at.Head = d.State.LedgerHead // an in-place cut checks the entry it ends at
+		at.Unmatched = d.State.RelayUnmatched
 	}
 	st, err := c.o.Env.Gateway.Restore(d.Episode, d.Mode == resumeInPlace, at)
 	if err != nil {

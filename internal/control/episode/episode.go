@@ -17,6 +17,7 @@ import (
 	"path"
 	"time"
 
+	"stasis/errdefs"
 	"stasis/internal/control/checkpoint"
 	"stasis/internal/control/relay"
 	"stasis/internal/control/task"
@@ -296,6 +297,21 @@ func DefaultPauseMode(p sandbox.Provider) supervisor.Mode {
 // launches the harness under the supervisor. On an error nothing is left
 // behind but the gateway's registration.
 func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
+	return start(ctx, env, spec, false)
+}
+
+// Restart is Start of an episode the gateway knows already (retired, or
+// lost when its sandbox went): a new sandbox from the task's work tree and the
+// harness launched afresh, as the episode's next attempt. The gateway is
+// moved to that attempt (relay.Gateway.Restart: the ledger starts empty,
+// calls of older attempts are refused) once the sandbox is made; on an
+// error before that nothing has changed, after it the gateway stays at
+// the new attempt and the sandbox is deleted.
+func Restart(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
+	return start(ctx, env, spec, true)
+}
+
+func start(ctx context.Context, env *Env, spec Spec, again bool) (*Episode, error) {
 	if err := spec.prepare(ctx); err != nil {
 		return nil, err
 	}
@@ -307,12 +323,17 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 	if err := spec.Task.Materialize(tree); err != nil {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
-	st, err := env.Gateway.AddEpisode(spec.ID)
-	if err != nil {
+	var st relay.EpisodeState
+	if again {
+		if st, err = env.Gateway.Episode(spec.ID); err != nil {
+			return nil, fmt.Errorf("episode %s: start it again: %w", spec.ID, err)
+		}
+		st.Attempt++ // what Restart makes it, once the sandbox is there
+	} else if st, err = env.Gateway.AddEpisode(spec.ID); err != nil {
 		return nil, fmt.Errorf("episode %s: register with the gateway: %w", spec.ID, err)
 	}
-	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec)}
-	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), 0)
+	e := &Episode{env: env, spec: spec, name: spec.ID, launch: env.launch(spec), attempt: st.Attempt}
+	o := env.sessionOptions(spec, spec.Harness.Start(e.launch), st.Attempt)
 	img := env.ImageOf(spec)
 	senv := spec.Task.EnvMap()
 	if _, own := spec.Task.Env["PATH"]; img != "" && !own {
@@ -328,13 +349,34 @@ func Start(ctx context.Context, env *Env, spec Spec) (*Episode, error) {
 		return nil, fmt.Errorf("episode %s: %w", spec.ID, err)
 	}
 	e.sess = sess
-	if err := e.boot(ctx, st.Credentials(0), true); err != nil {
+	cred := st.Credentials(0)
+	if again {
+		err = e.restartAttempt(st.Attempt)
+		cred = st.Credentials(int64(st.Attempt)*callsPerAttempt + 1)
+	}
+	if err == nil {
+		err = e.boot(ctx, cred, true)
+	}
+	if err != nil {
 		if cerr := closeRetrying(ctx, sess); cerr != nil {
 			return nil, fmt.Errorf("%w; and its sandbox %s could not be deleted: %v", err, sess.SandboxID(), cerr)
 		}
 		return nil, err
 	}
 	return e, nil
+}
+
+// restartAttempt moves the gateway to the episode's next attempt, which
+// must be attempt (another restart or restore did not go first).
+func (e *Episode) restartAttempt(attempt int) error {
+	st, err := e.env.Gateway.Restart(e.name)
+	if err != nil {
+		return fmt.Errorf("episode %s: start its attempt %d at the gateway: %w", e.name, attempt, err)
+	}
+	if st.Attempt != attempt {
+		return errdefs.Errorf(errdefs.ErrConflict, "episode %s: the gateway went to attempt %d, not %d: it was started or restored again meanwhile", e.name, st.Attempt, attempt)
+	}
+	return nil
 }
 
 // closeRetrying closes a session (deleting the sandbox it owns), retrying

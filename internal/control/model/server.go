@@ -15,6 +15,9 @@
 // Faults are injected on request, deterministically: a fraction of requests
 // (Options.FailRate) or one request (the X-Stasis-Fault header) fails with
 // 429, 500, or a connection dropped mid-stream.
+//
+// A Gate (Options.Gate) holds the calls until a test lets them through, by
+// count, and counts those it lets through by script and turn.
 package model
 
 import (
@@ -58,6 +61,9 @@ type Options struct {
 	Name         string        // model name in /v1/models; "" means DefaultName
 	MaxBodyBytes int64         // 0 means DefaultMaxBody
 	Logger       *slog.Logger  // nil: discard
+	// Gate, when set, holds every chat and responses call until it lets
+	// the call through (tests: see Gate).
+	Gate *Gate
 }
 
 // Server is the scripted model; it is an http.Handler.
@@ -71,6 +77,7 @@ type Server struct {
 	maxBody int64
 	created int64
 	log     *slog.Logger
+	gate    *Gate
 
 	mu       sync.Mutex
 	attempts map[[32]byte]uint64 // per distinct request, for rate faults
@@ -82,7 +89,7 @@ type Server struct {
 func New(o Options) *Server {
 	s := &Server{
 		script: o.Script, scripts: o.Scripts, seed: o.Seed, delay: o.TokenDelay, rate: o.FailRate,
-		name: o.Name, maxBody: o.MaxBodyBytes, log: o.Logger,
+		name: o.Name, maxBody: o.MaxBodyBytes, log: o.Logger, gate: o.Gate,
 		attempts: map[[32]byte]uint64{},
 	}
 	if s.script == nil || len(s.script.Turns) == 0 {
@@ -262,6 +269,9 @@ type call struct {
 // answer (an error, or a drop of a call that does not stream) generates
 // the reply and sends it.
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, c call) {
+	if s.gate != nil && !s.gate.pass(r.Context(), s.scriptFor(c.conv).Name, c.conv.assistant) {
+		return // the client went while the call was held
+	}
 	key := requestKey(s.seed, c.api, c.body)
 	f, draw, ok := s.pickFault(w, r, key)
 	if !ok || s.injectError(w, f) {

@@ -326,6 +326,13 @@ type LedgerAt struct {
 	// Tip is the hash of the ledger's last record at the checkpoint (Tip;
 	// "" when not known: a record older than tips).
 	Tip string
+	// Unmatched: the relay had not learned where in the ledger its
+	// harness was (relaunched from a saved session, no answer since), so
+	// Position (0) says nothing: an in-place restore does not cut the
+	// ledger but matches the harness's next call against it, as a
+	// relaunch's is (a Fork copies the whole history and matches the
+	// copy's first call).
+	Unmatched bool
 }
 
 // rewind takes l back to the checkpoint's history when it no longer holds
@@ -359,6 +366,9 @@ func rewind(l *ledger.Ledger, id string, at LedgerAt, attempt int) (bool, error)
 // relay_delivered in acknowledgements older than it); otherwise (a
 // relaunch) the next call is matched against the ledger.
 //
+// With at.Unmatched (the relay did not know its position), an in-place
+// restore cuts nothing and matches the next call, as a relaunch does.
+//
 // at.Head, when not empty, is the hash of the ledger's entry at
 // at.Position as the checkpoint saw it (Head). An in-place restore onto a
 // ledger whose entry there is another even so (no tip to branch to: a
@@ -369,7 +379,7 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 	if err := g.load(id); err != nil {
 		return EpisodeState{}, err
 	}
-	l, err := g.ledger(id)
+	l, err := g.freshLedger(id)
 	if err != nil {
 		return EpisodeState{}, err
 	}
@@ -397,7 +407,8 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 	if _, err := rewind(l, id, at, st.Attempt+1); err != nil {
 		return EpisodeState{}, err
 	}
-	if inPlace {
+	cut := inPlace && !at.Unmatched
+	if cut {
 		if at.Position > l.Len() {
 			return EpisodeState{}, fmt.Errorf("episode %q: cannot cut its ledger of %d entries to %d", id, l.Len(), at.Position)
 		}
@@ -414,7 +425,52 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 	// what the cut was made for, and the episode lock kept it so.
 	next, _ := g.desk.episode(id)
 	next.Attempt = st.Attempt + 1
-	next.NeedMatch = !inPlace
+	next.NeedMatch = !cut
+	next.Revoked = false
+	if err := g.saveLocked(&next); err != nil {
+		return EpisodeState{}, err
+	}
+	g.desk.put(next)
+	return next, nil
+}
+
+// Restart starts the episode's next attempt from the start: a trainer
+// starts a retired or lost episode again, a new harness on the task's
+// work tree. Calls of older attempts are refused from then on, here and by
+// every gateway sharing the ledger (it is fenced with the new attempt),
+// and the ledger goes back to its start (ledger.Ledger.Restart), so that
+// the new attempt's calls are its whole history: the earlier entries stay
+// in the ledger, dropped, and a restore of a checkpoint of them branches
+// back to them. The token stays; Bind names the new sandbox.
+func (g *Gateway) Restart(id string) (EpisodeState, error) {
+	if err := g.load(id); err != nil {
+		return EpisodeState{}, err
+	}
+	l, err := g.freshLedger(id)
+	if err != nil {
+		return EpisodeState{}, err
+	}
+	lock := g.epLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	g.mu.Lock()
+	st, ok := g.desk.episode(id)
+	g.mu.Unlock()
+	if !ok {
+		return EpisodeState{}, fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
+	if err := l.Fence(st.Attempt + 1); err != nil {
+		g.dropLedger(id, l, err)
+		return EpisodeState{}, err
+	}
+	if err := l.Restart(fmt.Sprintf("restart from the task as attempt %d", st.Attempt+1)); err != nil {
+		return EpisodeState{}, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	next, _ := g.desk.episode(id)
+	next.Attempt = st.Attempt + 1
+	next.NeedMatch = false
 	next.Revoked = false
 	if err := g.saveLocked(&next); err != nil {
 		return EpisodeState{}, err
@@ -430,12 +486,13 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 // checkpointed episode continues as several (a fork of N), each with its
 // own ledger. The history is src's at at.Tip when given (whatever src's
 // ledger holds now), its current one otherwise; at.Head, when given, must
-// be the entry at at.Position in it (errdefs.ErrConflict otherwise).
+// be the entry at at.Position in it (errdefs.ErrConflict otherwise). With
+// at.Unmatched the copy takes the whole history.
 func (g *Gateway) Fork(src, dst string, at LedgerAt) (EpisodeState, error) {
 	if err := g.load(src); err != nil {
 		return EpisodeState{}, err
 	}
-	l, err := g.ledger(src)
+	l, err := g.freshLedger(src)
 	if err != nil {
 		return EpisodeState{}, err
 	}
@@ -449,6 +506,12 @@ func (g *Gateway) Fork(src, dst string, at LedgerAt) (EpisodeState, error) {
 		}
 	}
 	upTo := at.Position
+	if at.Unmatched {
+		// Where the harness is in that history is not known: the copy
+		// takes all of it, and its first call is matched against it
+		// (Restore of the copy, which at.Unmatched makes match).
+		upTo, at.Head = int64(len(entries)), ""
+	}
 	if upTo < 0 || upTo > int64(len(entries)) {
 		return EpisodeState{}, fmt.Errorf("episode %q: cannot fork its ledger of %d entries at %d", src, len(entries), upTo)
 	}
@@ -539,6 +602,22 @@ func (g *Gateway) Remove(id string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// freshLedger is the episode's open ledger as its storage holds it now:
+// where the storage is shared, another node's gateway may have written it
+// since this one opened it (the episode ran there, and now a restore or
+// a restart brings it here), and what this gateway decides from it must
+// be of the ledger as it is.
+func (g *Gateway) freshLedger(id string) (*ledger.Ledger, error) {
+	l, err := g.ledger(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.Refresh(); err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 // ledger returns the episode's open ledger, opening it on its first call.

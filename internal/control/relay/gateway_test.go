@@ -550,3 +550,97 @@ func TestRestoreBranchesBackToACheckpointsTip(t *testing.T) {
 		t.Fatalf("the refused restore raised the attempt to %d", st.Attempt)
 	}
 }
+
+// TestRestoreInPlaceOfAnUnmatchedRelaunch: an episode relaunched from its
+// saved session (two answers in it) is checkpointed, by a process-keeping
+// snapshot, before its relay has had an answer: the relay does not know
+// where in the ledger its harness is, and its hold says so (Unmatched,
+// position 0). A restore of that snapshot in place cuts nothing and
+// matches the harness's next call against the ledger, as a relaunch's: the
+// ledger keeps the two answers the harness has and records the next call
+// as the third, not as the first. So does a copy forked from it.
+func TestRestoreInPlaceOfAnUnmatchedRelaunch(t *testing.T) {
+	model := newFakeModel(t)
+	g, gsrv := newTestGateway(t, model.srv.URL)
+	ep, err := g.AddEpisode("ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := `{"role":"user","content":"task"}`
+	for i := 1; i <= 3; i++ {
+		if resp, b := gwCall(t, gsrv.URL, ep.Token, 0, fmt.Sprintf("ep/%d", i), `{"messages":[`+conv+`]}`); resp.StatusCode != 200 {
+			t.Fatal(string(b))
+		}
+		conv += fmt.Sprintf(`,{"role":"assistant","content":"answer %d"},{"role":"user","content":"more"}`, i)
+	}
+	// A restore relaunches the harness from a session with two answers;
+	// its relay starts after the ledger's calls and has had no answer
+	// when the next checkpoint holds it.
+	st, err := g.Restore("ep", false, LedgerAt{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := filepath.Join(t.TempDir(), "token.json")
+	writeCreds(t, tok, st.Credentials(int64(st.Attempt)*1_000_000+1))
+	r, err := New(Config{Upstream: gsrv.URL, TokenFile: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsrv := httptest.NewServer(r.Handler())
+	defer rsrv.Close()
+	held, err := r.Hold()
+	if err != nil || !held.Unmatched || held.Position != 0 {
+		t.Fatalf("the hold of a relaunched relay with no answer yet: %+v %v", held, err)
+	}
+	l, _ := g.ledger("ep")
+	tip := l.Tip().Hash
+	at := LedgerAt{Position: held.Position, Tip: tip, Unmatched: held.Unmatched}
+
+	// A copy of that snapshot, forked as the original is restored.
+	if _, err := g.Fork("ep", "ep-b1", at); err != nil {
+		t.Fatal(err)
+	}
+	cst, err := g.Restore("ep-b1", true, LedgerAt{Position: held.Position, Unmatched: true})
+	if err != nil || !cst.NeedMatch {
+		t.Fatalf("the copy's restore: %+v %v", cst, err)
+	}
+	// The snapshot, restored in place.
+	st, err = g.Restore("ep", true, at)
+	if err != nil || !st.NeedMatch || l.Len() != 3 {
+		t.Fatalf("the restore in place: %+v %v, %d entries", st, err, l.Len())
+	}
+	writeCreds(t, tok, st.Credentials(0))
+	if err := r.Release(); err != nil {
+		t.Fatal(err)
+	}
+	two := `{"role":"user","content":"task"},{"role":"assistant","content":"answer 1"},{"role":"user","content":"more"},{"role":"assistant","content":"answer 2"},{"role":"user","content":"more"}`
+	if resp, b := post(t, rsrv.URL, `{"messages":[`+two+`]}`); resp.StatusCode != 200 {
+		t.Fatalf("the harness's next call: %d %s", resp.StatusCode, b)
+	}
+	es := l.Entries()
+	if len(es) != 3 || es[2].Attempt != st.Attempt || !es[2].Boundary || es[0].CallID != "ep/1" || es[1].CallID != "ep/2" {
+		t.Fatalf("the ledger after the next call: %s", describeEntries(es))
+	}
+	eventually(t, "the relay learns its place", func() bool { return r.Delivered() == 3 })
+	// The copy's first call is matched against the history it took.
+	if resp, b := gwCall(t, gsrv.URL, cst.Token, cst.Attempt, "ep-b1/5000001", `{"messages":[`+two+`]}`); resp.StatusCode != 200 {
+		t.Fatalf("the copy's first call: %d %s", resp.StatusCode, b)
+	}
+	cl, _ := g.ledger("ep-b1")
+	if ces := cl.Entries(); len(ces) != 3 || !ces[2].Boundary || ces[2].CallID != "ep-b1/5000001" {
+		t.Fatalf("the copy's ledger: %s", describeEntries(ces))
+	}
+	for _, id := range []string{"ep", "ep-b1"} {
+		if rep, err := ledger.VerifyIn(g.Ledgers(), id); err != nil || !rep.OK || rep.Broken {
+			t.Fatalf("%s: verify %+v %v", id, rep, err)
+		}
+	}
+}
+
+func describeEntries(es []ledger.Entry) string {
+	var b strings.Builder
+	for _, e := range es {
+		fmt.Fprintf(&b, "%d:%s@%d boundary=%v; ", e.Seq, e.CallID, e.Attempt, e.Boundary)
+	}
+	return b.String()
+}

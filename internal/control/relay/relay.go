@@ -250,7 +250,7 @@ func (r *Relay) Hold() (supervisor.Held, error) {
 	for !r.order.idle() {
 		r.waitLocked(nil)
 	}
-	h := supervisor.Held{Delivered: r.order.deliv, Position: r.order.pos}
+	h := supervisor.Held{Delivered: r.order.deliv, Position: r.order.pos, Unmatched: r.order.wantsBase()}
 	r.mu.Unlock()
 	ctx, cancel := withTimeout(context.Background(), r.clock, holdFlushTimeout)
 	defer cancel()

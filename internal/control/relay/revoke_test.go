@@ -100,3 +100,54 @@ func TestTokenValidOnItsOwnSocketOnly(t *testing.T) {
 		t.Errorf("a's token on its old sandbox's socket after a rebind: %d", resp.StatusCode)
 	}
 }
+
+// TestRestartStartsAFreshAttempt: a retired episode started again from its
+// task (Restart) is its next attempt: its token works again, the retired
+// attempt's calls are refused as stale, and its ledger starts empty, the
+// retired attempt's entries dropped but kept.
+func TestRestartStartsAFreshAttempt(t *testing.T) {
+	model := newFakeModel(t)
+	g, srv := newTestGateway(t, model.srv.URL)
+	ep, err := g.AddEpisode("ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"messages":[{"role":"user","content":"hi"}]}`
+	for _, id := range []string{"ep/1", "ep/2"} {
+		if resp, b := gwCall(t, srv.URL, ep.Token, 0, id, body); resp.StatusCode != 200 {
+			t.Fatalf("attempt 0, %s: %d %s", id, resp.StatusCode, b)
+		}
+	}
+	if err := g.Revoke("ep"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := g.Restart("ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Attempt != 1 || st.Revoked || st.NeedMatch || st.Token != ep.Token {
+		t.Fatalf("after the restart: %+v", st)
+	}
+	if resp, b := gwCall(t, srv.URL, ep.Token, 0, "ep/3", body); resp.StatusCode != 409 {
+		t.Fatalf("a call of the retired attempt: %d %s", resp.StatusCode, b)
+	}
+	if resp, b := gwCall(t, srv.URL, ep.Token, 1, "ep/1000001", body); resp.StatusCode != 200 {
+		t.Fatalf("the new attempt's first call: %d %s", resp.StatusCode, b)
+	}
+	l, err := g.ledger("ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := l.Entries()
+	if len(es) != 1 || es[0].CallID != "ep/1000001" || es[0].Attempt != 1 || es[0].Seq != 1 || es[0].Boundary {
+		t.Fatalf("the ledger after the restart: %+v", es)
+	}
+	if n := model.n.Load(); n != 3 {
+		t.Errorf("the model was called %d times, want 3", n)
+	}
+	// Durable: a restarted gateway is at the new attempt too.
+	g2, _ := restartGateway(t, g)
+	if st2, err := g2.Episode("ep"); err != nil || st2.Attempt != 1 {
+		t.Fatalf("after a gateway restart: %+v %v", st2, err)
+	}
+}

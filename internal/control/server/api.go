@@ -356,8 +356,11 @@ func (s *Server) startEpisode(w http.ResponseWriter, q *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(q.Context()) // a client that goes away does not leave a half-started episode
-	if _, err := s.store.GetEpisode(ctx, req.ID); err == nil {
-		s.fail(w, q, conflict("episode %s already exists", req.ID))
+	// An id that is retired or lost is started again as its next attempt
+	// (the coordinator checks its task and harness); one that runs or has
+	// ended is refused.
+	if row, err := s.store.GetEpisode(ctx, req.ID); err == nil && row.State != store.EpisodeRetired && row.State != store.EpisodeLost {
+		s.fail(w, q, conflict("episode %s already exists and is %s: retire it first to start it again as its next attempt, or give another id", req.ID, row.State))
 		return
 	}
 	s.startMu.Lock()

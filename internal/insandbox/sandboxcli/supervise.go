@@ -239,7 +239,9 @@ then starts no new model call and no new delivery, waits for a delivery under
 way, and the acknowledgement carries relay_delivered (the responses the
 harness received whole) and relay_position (the ledger position up to which
 every response is settled, delivered or abandoned by a client that had
-gone: where an in-place restore cuts the ledger). At each continue the
+gone: where an in-place restore cuts the ledger), or relay_unmatched when
+a relay relaunched from a saved session has had no answer yet and so does
+not know its place in the ledger. At each continue the
 relay re-reads its token file; a raised attempt (a restore that kept the
 processes) makes it issue every undelivered call again.
 

@@ -56,6 +56,12 @@ type Held struct {
 	// point an in-place restore cuts the ledger to. It is Delivered plus
 	// the abandoned responses before it.
 	Position int64
+	// Unmatched: the relay was relaunched from a saved session and has had
+	// no answer since, so it does not know where in the ledger its harness
+	// resumes; Delivered and Position are 0 and say nothing of it. A
+	// restore in place must have the gateway match the harness's next call
+	// against the ledger instead of cutting the ledger at Position.
+	Unmatched bool
 }
 
 // Clock gives the machine its time. Monotonic readings drive the deadline;
@@ -293,6 +299,7 @@ func (m *Machine) Pause(seq int64) (*Ack, bool, error) {
 	a.Frozen = m.frozen && next == stPausedHold
 	if held != nil {
 		a.RelayDelivered, a.RelayPosition = &held.Delivered, &held.Position
+		a.RelayUnmatched = held.Unmatched
 	}
 	a.Note = note
 	m.pauseAck = a

@@ -143,7 +143,13 @@ type Ack struct {
 	// ledger. Absent from older acknowledgements, where it equals
 	// RelayDelivered.
 	RelayPosition *int64 `json:"relay_position,omitempty"`
-	HarnessPID    int    `json:"harness_pid,omitempty"`
+	// RelayUnmatched: the relay, relaunched from a saved session, had had
+	// no answer yet when the pause took hold, so RelayDelivered and
+	// RelayPosition (0) do not say where in the ledger its harness is: an
+	// in-place restore matches the harness's next call against the ledger
+	// instead of cutting it.
+	RelayUnmatched bool `json:"relay_unmatched,omitempty"`
+	HarnessPID     int  `json:"harness_pid,omitempty"`
 	// DeadlineLeft is the run budget left, in seconds (paused time does not
 	// count); absent without a deadline.
 	DeadlineLeft *float64 `json:"deadline_left_s,omitempty"`

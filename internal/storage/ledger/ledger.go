@@ -81,6 +81,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"regexp"
 	"sync"
@@ -342,6 +343,60 @@ func (l *Ledger) Branch(from, reason string) error {
 		reason = "branch"
 	}
 	_, err := l.write(record{Kind: kindBranch, From: from, Reason: reason, At: time.Now().UTC()})
+	return err
+}
+
+// Refresh reads the ledger again when its storage holds more than this
+// ledger read: in a storage several writers share (a database the
+// gateways of several nodes write), an episode that ran on another node
+// since this one opened its ledger and has come back. Nothing is written;
+// a ledger whose storage holds what it read is left as it is. A ledger
+// that fails a write is still to be opened again (Err).
+func (l *Ledger) Refresh() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("ledger %s: %w", l.where, ErrClosed)
+	}
+	data, err := l.storage.ReadAll(l.episode)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && l.off == 0:
+		return nil // nothing written yet, here or elsewhere
+	case err != nil:
+		return fmt.Errorf("ledger %s: read it again: %w", l.where, err)
+	case int64(len(data)) == l.off:
+		return nil
+	}
+	st, prob := load(data, l.episode, false)
+	if prob != nil {
+		return fmt.Errorf("ledger %s: read it again: %w: %s", l.where, ErrCorrupt, prob)
+	}
+	if st.off < l.off {
+		return fmt.Errorf("ledger %s: read it again: it holds %d bytes, fewer than the %d read before", l.where, st.off, l.off)
+	}
+	l.st, l.off, l.fps = st, st.off, nil
+	return nil
+}
+
+// Restart takes the logical ledger back to its start, with no entries
+// and not broken (a branch to its header), whatever happened since: an
+// episode started again from its task as its next attempt begins a
+// history of its own. The entries it leaves stay readable (Read lists
+// them as dropped), and a restore of a checkpoint of them branches back
+// to them. A ledger already at its start is left as it is.
+func (l *Ledger) Restart(reason string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if len(l.st.entries) == 0 && !l.st.broken {
+		return nil
+	}
+	if reason == "" {
+		reason = "restart"
+	}
+	_, err := l.write(record{Kind: kindBranch, From: l.st.start, Reason: reason, At: time.Now().UTC()})
 	return err
 }
 

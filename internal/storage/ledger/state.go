@@ -16,6 +16,7 @@ type state struct {
 	records      int   // complete, valid lines
 	off          int64 // bytes those lines take
 	head         string
+	start        string  // the header's hash: where Restart branches back to
 	entries      []Entry // the logical ledger
 	settled      []bool  // per live entry: a settle record named it
 	index        map[string]int
@@ -96,6 +97,7 @@ func (s *state) apply(r record) error {
 			return fmt.Errorf("this is the ledger of episode %q, not %q: the file was renamed or copied", r.Episode, s.episode)
 		}
 		s.format = r.Format
+		s.start = r.Hash
 	case kindEntry:
 		if r.Seq != n+1 {
 			return fmt.Errorf("seq %d, but the logical ledger has %d entries here, so it must be %d", r.Seq, n, n+1)

@@ -209,6 +209,98 @@ func TestBranch(t *testing.T) {
 	})
 }
 
+// An episode started again as its next attempt takes its ledger back to
+// its start: empty and no longer broken, the earlier history dropped but
+// readable, and a branch (a restore of a checkpoint of that history)
+// brings it back. A ledger at its start is left as it is.
+func TestRestart(t *testing.T) {
+	forEachStorage(t, func(t *testing.T, s Storage) {
+		l := openIn(t, s, "ep")
+		if err := l.Restart("nothing to do"); err != nil {
+			t.Fatal(err)
+		}
+		if tip := l.Tip(); tip.Records != 0 {
+			t.Fatalf("a restart of an empty ledger wrote %d records", tip.Records)
+		}
+		mustAppend(t, l, entry("ep/1", chat("1")))
+		mustAppend(t, l, entry("ep/2", chat("2")))
+		old := l.Tip()
+		if err := l.markBroken("a relaunch that did not match"); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Restart("restart as attempt 1"); err != nil {
+			t.Fatal(err)
+		}
+		if n := l.Len(); n != 0 {
+			t.Fatalf("after the restart: %d live entries", n)
+		}
+		if broken, why := l.Broken(); broken {
+			t.Fatalf("after the restart the ledger is still broken: %s", why)
+		}
+		mustAppend(t, l, entry("ep/1000001", chat("1")))
+		if got := seqs(l.Entries()); got != "1:ep/1000001" {
+			t.Fatalf("the new attempt's history: %s", got)
+		}
+		tip := l.Tip()
+		if err := l.Restart(""); err != nil {
+			t.Fatal(err)
+		}
+		if l.Len() != 0 {
+			t.Fatal("a second restart left entries")
+		}
+		l.Close()
+		l = openIn(t, s, "ep")
+		if l.Len() != 0 {
+			t.Fatalf("after reopening: %s", seqs(l.Entries()))
+		}
+		rep := checkCounts(t, s, "ep")
+		if rep.Entries != 3 || rep.Live != 0 || rep.Broken {
+			t.Fatalf("report: %+v", rep)
+		}
+		h, err := ReadIn(s, "ep")
+		if err != nil || len(h.Dropped) != 3 {
+			t.Fatalf("read: %d dropped, %v", len(h.Dropped), err)
+		}
+		// A checkpoint of either history brings it back.
+		if err := l.Branch(old.Hash, "restore the first attempt"); err != nil {
+			t.Fatal(err)
+		}
+		if got := seqs(l.Entries()); got != "1:ep/1 2:ep/2" {
+			t.Fatalf("after branching back to the first attempt: %s", got)
+		}
+		if err := l.Branch(tip.Hash, "restore the second attempt"); err != nil {
+			t.Fatal(err)
+		}
+		if got := seqs(l.Entries()); got != "1:ep/1000001" {
+			t.Fatalf("after branching back to the second attempt: %s", got)
+		}
+		checkCounts(t, s, "ep")
+	})
+}
+
+// A ledger another writer appended to since it was opened (a database's,
+// which the gateways of several nodes share) reads it again on Refresh and
+// can then write after it; one in step with its storage is left as it is.
+func TestRefresh(t *testing.T) {
+	s := openPostgres(t, pgtest.DSN(t))
+	a := openIn(t, s, "ep")
+	mustAppend(t, a, entry("ep/1", chat("1")))
+	if err := a.Refresh(); err != nil || a.Len() != 1 {
+		t.Fatalf("a refresh in step: %d entries, %v", a.Len(), err)
+	}
+	b := openIn(t, s, "ep")
+	mustAppend(t, b, entry("ep/2", chat("2")))
+	mustAppend(t, b, entry("ep/3", chat("3")))
+	if err := a.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if got := seqs(a.Entries()); got != "1:ep/1 2:ep/2 3:ep/3" || a.Tip() != b.Tip() {
+		t.Fatalf("after the refresh: %s", got)
+	}
+	mustAppend(t, a, entry("ep/4", chat("4")))
+	checkCounts(t, s, "ep")
+}
+
 // A newer attempt's fence keeps an older attempt's writer out.
 func TestFence(t *testing.T) {
 	forEachStorage(t, func(t *testing.T, s Storage) {

@@ -59,6 +59,11 @@ type Record struct {
 	// pause (delivered or abandoned responses): the in-place cut. Older
 	// records lack it; their cut is RelayDelivered.
 	RelayPosition *int64 `json:"relay_position,omitempty"`
+	// RelayUnmatched: the relay had not learned its ledger position at the
+	// pause (relaunched, no answer since): RelayPosition says nothing, and
+	// an in-place restore matches the harness's next call against the
+	// ledger instead of cutting it. Absent reads as false.
+	RelayUnmatched bool `json:"relay_unmatched,omitempty"`
 	// LedgerHead is the hash of the ledger's entry at the cut ("" at 0, and
 	// in older records): an in-place restore checks that the ledger still
 	// holds that entry there.

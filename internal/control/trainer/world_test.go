@@ -1,0 +1,382 @@
+package trainer_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"stasis/client"
+	"stasis/internal/control/model"
+	"stasis/internal/control/system"
+	"stasis/internal/control/task"
+	"stasis/internal/pgtest"
+	"stasis/internal/providers/local"
+	"stasis/internal/s3test"
+	"stasis/internal/stasistest"
+	"stasis/internal/storage/store"
+	"stasis/internal/testwait"
+)
+
+func TestMain(m *testing.M) { stasistest.Main(m) }
+
+// The task every episode plays: a shell task, quick to solve and to
+// verify. Each episode id gets a copy of its own (tasks), so that the
+// scripted model, which sees only the conversation, knows whose call it
+// is answering.
+const (
+	baseTask = "sh-renext-spaces"
+	// turns is how many model calls its script takes from the start.
+	turns = 5
+)
+
+// lease is the nodes' lease: long enough that a loaded machine renews it,
+// short enough that a crash does not wait long for the dead nodes'.
+const lease = 5 * time.Second
+
+// maxNodes bounds the nodes of a sequence.
+const maxNodes = 3
+
+// world is what one sequence runs on: the scripted model behind a gate,
+// in this process (it outlives crashes), the tasks, a PostgreSQL database
+// and an S3 bucket of its own, and up to maxNodes `stasis serve --node`
+// processes, each with a state directory of its own.
+type world struct {
+	t     *testing.T
+	ctx   context.Context
+	dir   string
+	tasks string
+	gate  *model.Gate
+	model *httptest.Server
+	dsn   string
+	blobs string
+	store *store.Postgres // the test's own view, to watch the nodes' leases
+	nodes [maxNodes]*node // nil: down
+	// ran are the nodes that have run; stopped those stopNodes stopped
+	// (SIGTERM), as against those a crash killed and that stayed down.
+	ran, stopped [maxNodes]bool
+	log          *seqLog
+}
+
+// node is one `stasis serve --node` child.
+type node struct {
+	name, state string
+	url         string
+	cmd         *exec.Cmd
+	api         *client.Client
+	logPath     string
+	done        chan struct{}
+}
+
+// slowTask is the copy of baseTask that episode ep-slow plays: its tests
+// take two seconds more (a verify of it runs long enough for a
+// checkpoint to begin meanwhile).
+const slowTask = "tslow"
+
+// taskCopies writes n copies of baseTask into dir, t1 … tn, and slowTask,
+// each with a statement of its own (the scripted model picks a script by
+// the start of the statement).
+func taskCopies(t *testing.T, dir string, n int) {
+	t.Helper()
+	src := filepath.Join("..", "task", "_builtin", baseTask)
+	raw, err := os.ReadFile(filepath.Join(src, "task.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := 1; i <= n; i++ {
+		ids = append(ids, fmt.Sprintf("t%d", i))
+	}
+	for _, id := range append(ids, slowTask) {
+		dst := filepath.Join(dir, id)
+		if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+			t.Fatal(err)
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			t.Fatal(err)
+		}
+		doc["id"] = id
+		doc["statement"] = fmt.Sprintf("(task copy %s) %s", id, doc["statement"])
+		if id == slowTask {
+			doc["test_cmd"] = "sleep 2; " + doc["test_cmd"].(string)
+		}
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, "task.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// taskOf is the task of episode ep-N: its own copy, tN (ep-slow's is
+// slowTask).
+func taskOf(id string) string { return "t" + strings.TrimPrefix(id, "ep-") }
+
+// newWorld makes a sequence's world, with nodes nodes up; s3 is the test's
+// S3 server. Everything it made is gone when t ends.
+func newWorld(t *testing.T, ctx context.Context, s3 *s3test.Server, episodes, nodes int, log *seqLog) *world {
+	t.Helper()
+	w := &world{t: t, ctx: ctx, dir: t.TempDir(), gate: model.NewGate(), log: log}
+	w.tasks = filepath.Join(w.dir, "tasks")
+	taskCopies(t, w.tasks, episodes)
+	ts, _, err := task.Load(w.tasks, task.SWEBenchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripts, err := task.Scripts(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(scripts[0].Turns); got != turns {
+		t.Fatalf("%s's script has %d turns, not the %d the sequences count on", baseTask, got, turns)
+	}
+	w.model = httptest.NewServer(model.New(model.Options{Scripts: scripts, Gate: w.gate}))
+	w.dsn = pgtest.DSN(t)
+	w.blobs = "s3://" + s3.Bucket(t) + "/snapshots"
+	if w.store, err = store.OpenPostgres(ctx, w.dsn); err != nil {
+		t.Fatal(err)
+	}
+	// Runs last: nothing of the world may be left.
+	t.Cleanup(func() { stasistest.NoChildrenLeft(t) })
+	t.Cleanup(w.teardown)
+	w.startNodes(nodes)
+	return w
+}
+
+// teardown kills what a failed sequence left (a passing one stopped its
+// nodes and retired its episodes) and removes the nodes' socket
+// directories.
+func (w *world) teardown() {
+	if w.t.Failed() {
+		for i := range maxNodes {
+			if p := filepath.Join(w.dir, fmt.Sprintf("node-%d.log", i+1)); fileExists(p) {
+				w.t.Logf("the end of node-%d's log:\n%s", i+1, tail(p, 40))
+			}
+		}
+	}
+	for i, n := range w.nodes {
+		if n != nil {
+			_ = n.cmd.Process.Kill()
+			<-n.done
+			w.nodes[i] = nil
+		}
+	}
+	for i := range maxNodes {
+		state := w.stateOf(i)
+		if _, err := local.Crash(filepath.Join(state, "local")); err != nil {
+			w.t.Errorf("kill what node-%d left: %v", i+1, err)
+		}
+		if sock, err := system.GatewaySocket(state); err == nil {
+			_ = os.RemoveAll(filepath.Dir(sock))
+		}
+	}
+	w.gate.Open() // the model server's Close waits for the calls it holds
+	w.model.Close()
+	w.store.Close()
+}
+
+func (w *world) stateOf(i int) string { return filepath.Join(w.dir, fmt.Sprintf("node-%d", i+1)) }
+
+// up lists the nodes that are up.
+func (w *world) up() []*node {
+	var out []*node
+	for _, n := range w.nodes {
+		if n != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// startNodes starts nodes node-1 … node-n (those not up), at once: a node
+// whose last life died waits for its lease to run out first.
+func (w *world) startNodes(n int) {
+	w.t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		if w.nodes[i] != nil {
+			continue
+		}
+		w.ran[i] = true
+		wg.Go(func() { w.nodes[i], errs[i] = w.startNode(i) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			w.t.Fatal(err)
+		}
+	}
+}
+
+// recoverNodes starts again every node that has run and is down: the
+// documented recovery of a node a crash took. It finds its sandboxes
+// dead, removes what is left of them, and marks lost the episodes it
+// drove that no restore placed elsewhere.
+func (w *world) recoverNodes() {
+	w.t.Helper()
+	n := 0
+	for i := range maxNodes {
+		if w.ran[i] {
+			n = i + 1
+		}
+	}
+	w.startNodes(n)
+}
+
+// startNode starts node-(i+1) on its state directory.
+func (w *world) startNode(i int) (*node, error) {
+	n := &node{name: fmt.Sprintf("node-%d", i+1), state: w.stateOf(i), done: make(chan struct{})}
+	if err := os.MkdirAll(n.state, 0o700); err != nil {
+		return nil, err
+	}
+	n.logPath = filepath.Join(w.dir, n.name+".log")
+	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	n.cmd = exec.Command(stasistest.Exe(), "serve", "--listen", "127.0.0.1:0", "--state", n.state, "--tasks", w.tasks,
+		"--model-upstream", w.model.URL, "--node", n.name, "--node-lease", lease.String(), "--store", w.dsn, "--blobs", w.blobs,
+		"--concurrency", "4", "--log-format", "json", "--log-level", "debug")
+	n.cmd.Env = append(os.Environ(), stasistest.Env...)
+	n.cmd.Stderr = logf
+	out, err := n.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := n.cmd.Start(); err != nil {
+		return nil, err
+	}
+	addr := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		addr <- strings.TrimSpace(line)
+		_, _ = io.Copy(io.Discard, out)
+		_ = n.cmd.Wait()
+		close(n.done)
+	}()
+	select {
+	case a := <-addr:
+		if a == "" {
+			<-n.done
+			return nil, fmt.Errorf("%s printed no address; its log:\n%s", n.name, tail(n.logPath, 20))
+		}
+		n.url = "http://" + a
+		if n.api, err = client.New(n.url); err != nil {
+			return nil, err
+		}
+	case <-time.After(2 * time.Minute): // bounds a start that hangs
+		_ = n.cmd.Process.Kill()
+		<-n.done
+		return nil, fmt.Errorf("%s printed no address within 2 minutes; its log:\n%s", n.name, tail(n.logPath, 20))
+	}
+	return n, nil
+}
+
+// stopNodes stops every node with SIGTERM (it leaves its sandboxes
+// running: a passing sequence has retired them all).
+func (w *world) stopNodes() {
+	w.t.Helper()
+	for i, n := range w.nodes {
+		if n == nil {
+			continue
+		}
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.done:
+		case <-time.After(time.Minute): // bounds a stop that hangs
+			w.t.Errorf("%s still runs a minute after SIGTERM; its log:\n%s", n.name, tail(n.logPath, 20))
+			_ = n.cmd.Process.Kill()
+			<-n.done
+		}
+		w.nodes[i], w.stopped[i] = nil, true
+	}
+}
+
+// crash kills everything as a crash of every machine would: each node
+// with SIGKILL, and every sandbox of each; then waits until the model no
+// longer holds a call of theirs (their connections are gone).
+func (w *world) crash() {
+	w.t.Helper()
+	for i, n := range w.nodes {
+		if n == nil {
+			continue
+		}
+		_ = n.cmd.Process.Signal(syscall.SIGKILL)
+		<-n.done
+		w.nodes[i] = nil
+	}
+	for i := range maxNodes {
+		if _, err := local.Crash(filepath.Join(w.stateOf(i), "local")); err != nil {
+			w.t.Fatalf("crash node-%d's sandboxes: %v", i+1, err)
+		}
+	}
+	testwait.Until(w.t, "the model holds no call of the crashed nodes", time.Minute, func() bool { return len(w.gate.Waiting()) == 0 })
+}
+
+// awaitLeases waits until exactly the nodes that are up hold live leases
+// (a dead node's lease runs out within the lease).
+func (w *world) awaitLeases() {
+	w.t.Helper()
+	testwait.Until(w.t, "the dead nodes' leases run out", 3*lease, func() bool {
+		ns, err := w.store.Nodes(w.ctx)
+		if err != nil {
+			return false
+		}
+		for _, n := range ns {
+			i := slices.IndexFunc(w.nodes[:], func(x *node) bool { return x != nil && x.name == n.Name })
+			if n.Live != (i >= 0) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// tail is the last n lines of a file.
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	ls := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// seqLog is a sequence's record of what it did, printed when it fails.
+type seqLog struct {
+	mu    sync.Mutex
+	start time.Time
+	lines []string
+}
+
+func newSeqLog() *seqLog { return &seqLog{start: time.Now()} }
+
+func (l *seqLog) add(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, fmt.Sprintf("%6.1fs ", time.Since(l.start).Seconds())+fmt.Sprintf(format, args...))
+}
+
+func (l *seqLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}

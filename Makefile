@@ -23,7 +23,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/internal/insandbox/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(VERSITYGW_DIR):$(PATH)
 
-.PHONY: all build demo test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz soak bench clean
+.PHONY: all build demo demo-nodes test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz soak bench clean matrix
 
 all: build
 
@@ -224,14 +224,31 @@ build: deps
 demo: build deps-opencode deps-image
 	./$(BIN) run --episodes 8 --harness mixed --crash --image $(STASIS_TEST_IMAGE)
 
+## demo-nodes: the demo across three `stasis serve --node` processes on
+## this machine (scripts/demo-nodes): a throwaway PostgreSQL and S3 server,
+## a checkpoint over the nodes, every node killed, two back, and the third
+## node's episodes restored onto them; everything removed at the end.
+demo-nodes: build deps-s3
+	scripts/demo-nodes
+
 vet:
 	$(GO) vet ./...
 
 staticcheck: $(STATICCHECK)
 	$(STATICCHECK) ./...
 
+## unit: every package's tests under the race detector but the whole-run
+## tests of RACE_FREE, which run beside them without it: each runs whole
+## `stasis run` jobs whose processes (servers, supervisors, relays,
+## harnesses) are that test binary, three times slower when built for
+## -race, and whose code is race-tested in its own packages.
+RACE_FREE := stasis/internal/control/job
 unit:
-	$(GO) test -race -count=1 -timeout 45m ./...
+	@log=$$(mktemp); pkgs=$$($(GO) list ./... | grep -vxF '$(RACE_FREE)'); \
+	echo "go test -count=1 -timeout 45m $(RACE_FREE) (beside the rest, its output after theirs)"; \
+	$(GO) test -count=1 -timeout 45m $(RACE_FREE) >$$log 2>&1 & job=$$!; \
+	rc=0; $(GO) test -race -count=1 -timeout 45m $$pkgs || rc=$$?; \
+	wait $$job || rc=$$?; cat $$log; rm -f $$log; exit $$rc
 
 ## model: only the check of the checkpoint protocol's model
 ## (internal/control/coordinator/protocol.pml) with spin; `unit` runs it too.
@@ -246,6 +263,14 @@ python-client: build deps-python
 ## test: vet, staticcheck, the whole Go suite under the race detector, and
 ## the Python client's tests.
 test: deps-test vet staticcheck unit python-client
+
+## matrix: the whole kill matrix (RELIABILITY.md, internal/killmatrix):
+## the local and node cells, which `unit` runs too, and the microVM cells,
+## which it skips (each boots and saves guests under TCG). UPDATE=1 writes
+## the tables the cells found to internal/killmatrix/testdata, to be put in
+## RELIABILITY.md.
+matrix: deps-microvm deps-s3 deps
+	STASIS_KILL_MATRIX_MICROVM=1 $(GO) test -race -count=1 -timeout 40m -v ./internal/killmatrix $(if $(UPDATE),-update)
 
 ## fuzz: run every fuzz target of the tree (each `func Fuzz…` in a _test.go
 ## file, found afresh each run) for FUZZTIME each (default 30s), one after

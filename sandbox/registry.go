@@ -51,6 +51,12 @@ type Config struct {
 	// snapshots (those whose Driver.Blobs is true: local, microvm);
 	// unset, they stay in Home.
 	Blobs string
+	// SnapshotHook, when set (tests: the kill matrix's step gate), is
+	// called inside each Snapshot of a host provider while the snapshot
+	// is being written, with the sandbox's id: local, once its data is
+	// stored and before it is recorded as a snapshot; microvm, while
+	// QEMU's migration of the machine runs. An error fails the snapshot.
+	SnapshotHook func(sandbox string) error
 }
 
 // Driver is one kind of provider as the registry knows it.

@@ -305,6 +305,10 @@ class RestoreResult:
     seconds: float
     restore: Optional[Restore] = None  # on a node of a cluster
     shares: list[RestoreShare] = field(default_factory=list)  # on a node of a cluster
+    # on a node of a cluster: the restore went, but some episodes are not
+    # continued yet (their node stopped after it went; it continues them
+    # when it starts again)
+    continue_error: str = ""
     extra: dict[str, Any] = _extra()
 
 

@@ -575,6 +575,14 @@ func IsRefused(err error) bool {
 	return errors.As(err, &ce) && ce.Code == supervisor.CodeRefused
 }
 
+// IsUnreachable reports whether err is a control command's that found no
+// supervisor: nothing answers on its control socket and it left no
+// receipt (it was killed, or never started).
+func IsUnreachable(err error) bool {
+	var ce *ctlError
+	return errors.As(err, &ce) && ce.Code == supervisor.CodeUnreachable
+}
+
 func (s *Session) ctl(ctx context.Context, args ...string) ([]byte, error) {
 	out, code, errOut, err := s.stasis(ctx, append([]string{"ctl", "--dir", s.o.Dir}, args...)...)
 	if err != nil {

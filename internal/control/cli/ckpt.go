@@ -21,7 +21,8 @@ import (
 )
 
 // snapshotFreer deletes snapshots that no checkpoint references any more; the sandbox providers set it.
-// blobs is the shared blob store of the local provider's snapshots, or "".
+// blobs is the shared blob store of the local and microvm providers'
+// snapshots, or "".
 var snapshotFreer func(ctx context.Context, refs []store.SnapshotRef, blobs string) error
 
 func newCkptCmd() *cobra.Command {
@@ -348,9 +349,9 @@ A pending checkpoint is refused: a save may still be writing it. When you are
 sure no save is running (it was interrupted), --force marks it failed and
 deletes it.
 
-The local provider's snapshots of a cluster are in the S3 store its nodes
-share: give it with --blobs (or $` + BlobsEnv + `), as to stasis serve, so that rm
-deletes them there (and collects their blobs once nothing uses them).`,
+The local and microvm providers' snapshots of a cluster are in the S3 store
+its nodes share: give it with --blobs (or $` + BlobsEnv + `), as to stasis serve, so
+that rm deletes them there (and collects their blobs once nothing uses them).`,
 		Args: ckptOneID,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, id := cmd.Context(), args[0]
@@ -395,7 +396,7 @@ deletes them there (and collects their blobs once nothing uses them).`,
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "delete a pending checkpoint too, marking it failed first: only when no save is writing it")
-	cmd.Flags().StringVar(&blobs, "blobs", os.Getenv(BlobsEnv), "the S3 store of the local provider's snapshots, s3://BUCKET/PREFIX, as the nodes' stasis serve --blobs (default: $"+BlobsEnv+")")
+	cmd.Flags().StringVar(&blobs, "blobs", os.Getenv(BlobsEnv), "the S3 store of the local and microvm providers' snapshots, s3://BUCKET/PREFIX, as the nodes' stasis serve --blobs (default: $"+BlobsEnv+")")
 	return cmd
 }
 

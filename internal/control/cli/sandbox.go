@@ -34,8 +34,8 @@ func openProvider(name, blobs string) (sandbox.Provider, error) {
 	if _, err := sandbox.Lookup(name); err != nil {
 		return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--provider: %w", err)}
 	}
-	if blobs != "" && name != local.Name {
-		return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--blobs: the %s provider keeps its snapshots in its state directory; only the local provider keeps them in a shared store", name)}
+	if blobs != "" && !sandbox.KeepsBlobs(name) {
+		return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--blobs: the %s provider keeps no snapshots in a shared store (the local and microvm providers do)", name)}
 	}
 	h, err := home.Dir()
 	if err != nil {
@@ -101,7 +101,7 @@ snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	}
 	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: "+strings.Join(sandbox.Names(), ", ")+" (opensandbox is configured by OPENSANDBOX_URL and OPENSANDBOX_API_KEY, e2b by E2B_API_KEY, E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL, E2B_FILE_ONLY_SNAPSHOTS; "+sim.Help+", whose sandboxes end with the command)")
 	var blobs string
-	cmd.PersistentFlags().StringVar(&blobs, "blobs", "", "local provider: the shared S3 store of the snapshots, s3://BUCKET/PREFIX, as the node's stasis serve --blobs (endpoint and credentials from the AWS environment variables)")
+	cmd.PersistentFlags().StringVar(&blobs, "blobs", "", "local and microvm providers: the shared S3 store of the snapshots, s3://BUCKET/PREFIX, as the node's stasis serve --blobs (endpoint and credentials from the AWS environment variables)")
 	open := func() (sandbox.Provider, error) { return openProvider(provider, blobs) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
@@ -594,13 +594,14 @@ func newKeeperCmd(short, component string, run func(dir string, log *slog.Logger
 func init() { snapshotFreer = freeSnapshots }
 
 // freeSnapshots deletes, through their providers, the snapshots that no
-// checkpoint references any more (after `stasis ckpt rm`); the local
-// provider's are in the shared store blobs when that is set.
+// checkpoint references any more (after `stasis ckpt rm`); those of the
+// providers that keep snapshots in a shared store (local, microvm) are
+// in blobs when that is set.
 func freeSnapshots(ctx context.Context, refs []store.SnapshotRef, blobs string) error {
 	var errs []error
 	for _, r := range refs {
 		shared := ""
-		if r.Provider == local.Name {
+		if sandbox.KeepsBlobs(r.Provider) {
 			shared = blobs
 		}
 		p, err := openProvider(r.Provider, shared)

@@ -106,8 +106,9 @@ func TestSandboxCLI(t *testing.T) {
 
 // sandbox --blobs works on a shared bucket: a snapshot deleted there is
 // collected by gc (once past the grace period: not here, as it is new),
-// --forget-home says what it removed or why not, and --blobs is refused
-// for a provider that does not share its snapshots.
+// --forget-home says what it removed or why not, on the local and the
+// microvm provider, and --blobs is refused for a provider that does not
+// share its snapshots.
 func TestSandboxGCOnSharedBlobs(t *testing.T) {
 	srv := s3test.Start(t)
 	srv.Setenv(t)
@@ -144,8 +145,21 @@ func TestSandboxGCOnSharedBlobs(t *testing.T) {
 	if _, errOut, code := inHome(t, home, "", "sandbox", "gc", "--forget-home", "h-0123456789abcdef"); code != 2 || !strings.Contains(errOut, "not shared") {
 		t.Fatalf("--forget-home without --blobs: exit %d: %s", code, errOut)
 	}
-	if _, errOut, code := inHome(t, home, "", "sandbox", "--provider", "microvm", "--blobs", url, "ls"); code != 2 || !strings.Contains(errOut, "--blobs") {
-		t.Fatalf("--blobs with microvm: exit %d: %s", code, errOut)
+	// The microvm provider collects the shared store too (it publishes
+	// its sandboxes' bases); a provider that keeps no snapshots there is
+	// refused.
+	vm := func(args ...string) (string, string, int) {
+		env := []string{"STASIS_HOME=" + home, "STASIS_SANDBOX_BINARY=" + stasistest.StaticBinary(t)} // the guest's
+		return stasistest.Run(t, env, "", append([]string{"sandbox", "--provider", "microvm", "--blobs", url}, args...)...)
+	}
+	if out, errOut, code := vm("gc"); code != 0 || !strings.Contains(out, "0 sandboxes reaped, 0 blobs (0 bytes) freed") {
+		t.Fatalf("gc --blobs with microvm: exit %d: %s%s", code, out, errOut)
+	}
+	if _, errOut, code := vm("gc", "--forget-home", "h-0123456789abcdef"); code != 3 || !strings.Contains(errOut, "no such home") {
+		t.Fatalf("forget an unknown home with microvm: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := inHome(t, home, "", "sandbox", "--provider", "e2b", "--blobs", url, "ls"); code != 2 || !strings.Contains(errOut, "--blobs") {
+		t.Fatalf("--blobs with e2b: exit %d: %s", code, errOut)
 	}
 	stasistest.NoChildrenLeft(t)
 }

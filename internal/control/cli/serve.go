@@ -224,7 +224,18 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 	if err != nil {
 		return nil, server.Options{}, &exitError{Code: 2, Err: err}
 	}
+	gate, err := serve.StepGateFromEnv(log)
+	if err != nil {
+		return nil, server.Options{}, &exitError{Code: 2, Err: err}
+	}
+	var coOpts func(*coordinator.Options)
+	var snapHook func(string) error
+	if gate != nil {
+		coOpts = func(o *coordinator.Options) { coordinator.SetStepHook(o, gate.Step) }
+		snapHook = gate.Snapshot
+	}
 	return log, server.Options{Config: system.Config{
+		CoordinatorOptions: coOpts, SnapshotHook: snapHook,
 		GuestMemMiB: guestMiB, Stragglers: sf.stragglers, Limits: lim, Image: sf.imageRef, PullImages: sf.pullImages,
 		State: sf.state, Store: sf.storeURL, Blobs: sf.blobs, Node: sf.node, NodeAddr: sf.nodeAddr, NodeLease: sf.nodeLease, Tasks: ts, ModelUpstream: sf.upstream, ModelKey: os.Getenv(sf.keyEnv), Model: sf.modelName,
 		Concurrency: sf.concurrency, Logger: log, BinaryEnv: selfEnv(),
@@ -376,6 +387,14 @@ func parseGuestMemory(v, provider string) (int, error) {
 // STATE/heap.pb.gz.done: how `stasis bench cluster --heap-profile` looks
 // into a node.
 const HeapProfileEnv = "STASIS_HEAP_PROFILE_SIGNAL"
+
+// StepGateEnv, set in a server's environment to a directory, has it stop
+// once at the step StepGateAtEnv names (OP:STEP[:EPISODE]) of a
+// checkpoint, a restore or a provider's snapshot, marking it reached with
+// a file there and going on when the test writes the matching .go file
+// (serve.StepGateEnv): how the kill matrix kills a party at exactly that
+// step. For tests only.
+const StepGateEnv = serve.StepGateEnv
 
 // CPUProfileEnv, set in a server's environment, has it start profiling
 // its CPU (go tool pprof) into STATE/cpu.pb.gz on a SIGUSR2 and end the

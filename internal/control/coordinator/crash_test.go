@@ -35,6 +35,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/internal/control/coordinator"
+	"stasis/internal/control/coordinator/crashcheck"
 	"stasis/internal/control/relay"
 	"stasis/internal/control/system"
 	"stasis/internal/providers/local"
@@ -246,95 +247,13 @@ func (r *killRig) ledgerState(ep string) string {
 	return b.String()
 }
 
-// check checks what must hold after every recovery.
+// check checks what must hold after every recovery (crashcheck.Check).
 func (r *killRig) check(what string) {
-	t, ctx := r.t, r.ctx
-	t.Helper()
-	live := map[string]string{} // sandbox → episode
-	for _, id := range r.c.LiveIDs() {
-		e, _ := r.c.Live(id)
-		live[e.SandboxID()] = id
-		st, err := e.Status(ctx)
-		if err != nil || st.State == "paused" {
-			t.Fatalf("%s: live episode %s: status %+v %v: left paused or unreachable", what, id, st, err)
-		}
+	r.t.Helper()
+	s := crashcheck.System{Coordinator: r.c, Provider: r.w.local, Store: r.w.Store, Gateway: r.w.Gateway}
+	if err := crashcheck.Check(r.ctx, s, r.snaps.made()); err != nil {
+		r.t.Fatalf("%s: %v", what, err)
 	}
-	infos, err := r.w.local.List(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	listed := map[string]bool{}
-	for _, info := range infos {
-		listed[info.ID] = true
-		if _, ok := live[info.ID]; !ok {
-			t.Fatalf("%s: sandbox %s (%v) is left, and no episode runs in it", what, info.ID, info.Labels)
-		}
-	}
-	for sb, id := range live {
-		if !listed[sb] {
-			t.Fatalf("%s: live episode %s's sandbox %s is gone", what, id, sb)
-		}
-	}
-	rows, err := r.w.Store.ListEpisodes(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, row := range rows {
-		e, ok := r.c.Live(row.ID)
-		switch {
-		case row.State == store.EpisodeRunning && (!ok || e.SandboxID() != row.Sandbox):
-			t.Fatalf("%s: episode %s is running in %s in the store, but not live there", what, row.ID, row.Sandbox)
-		case ok && row.State != store.EpisodeRunning && row.State != store.EpisodeEnded:
-			t.Fatalf("%s: episode %s is live but %s in the store", what, row.ID, row.State)
-		}
-		if ok {
-			st, err := r.w.Gateway.Episode(row.ID)
-			if err != nil || st.Attempt != row.Attempt || st.Attempt != e.Attempt() || st.Sandbox != row.Sandbox || st.Revoked {
-				t.Fatalf("%s: live episode %s: the gateway says %+v (%v), the store attempt %d in %s", what, row.ID, st, err, row.Attempt, row.Sandbox)
-			}
-		}
-		if rep, err := ledger.VerifyIn(r.w.Gateway.Ledgers(), row.ID); err != nil || !rep.OK || rep.Broken {
-			t.Fatalf("%s: ledger of %s: %+v %v", what, row.ID, rep, err)
-		}
-	}
-	pending, err := r.w.Store.List(ctx, store.ListOptions{State: store.StatePending})
-	if err != nil || len(pending) > 0 {
-		t.Fatalf("%s: checkpoints left pending: %+v %v", what, pending, err)
-	}
-	named := r.named()
-	for _, s := range r.snaps.made() {
-		_, err := r.w.local.GetSnapshot(ctx, s)
-		switch ck, ok := named[s]; {
-		case ok && err != nil:
-			t.Fatalf("%s: snapshot %s of committed checkpoint %s: %v", what, s, ck, err)
-		case !ok && !errors.Is(err, errdefs.ErrNotFound):
-			t.Fatalf("%s: snapshot %s is left, and no committed checkpoint names it (%v)", what, s, err)
-		}
-	}
-	if es, err := r.w.Store.Journal(ctx); err != nil || len(es) > 0 {
-		t.Fatalf("%s: the journal still holds %+v (%v)", what, es, err)
-	}
-}
-
-// named maps each snapshot a committed checkpoint names to it.
-func (r *killRig) named() map[string]string {
-	named := map[string]string{}
-	cks, err := r.w.Store.List(r.ctx, store.ListOptions{State: store.StateCommitted})
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	for _, ck := range cks {
-		_, recs, err := r.w.Store.Get(r.ctx, ck.ID)
-		if err != nil {
-			r.t.Fatal(err)
-		}
-		for _, rec := range recs {
-			if rec.SnapshotID != "" {
-				named[rec.SnapshotID] = ck.ID
-			}
-		}
-	}
-	return named
 }
 
 // retireAll retires the live episodes, so that a checkpoint of them can
@@ -371,6 +290,7 @@ func TestKillEveryStep(t *testing.T) {
 		{op: "prepare", step: "snapshot", n: 1},
 		{op: "prepare", step: "snapshotted", n: 2},
 		{op: "prepare", step: "record", n: 2},
+		{op: "prepare", step: "recorded", n: 1},
 		{op: "prepare", step: "commit", n: 1},
 		{op: "prepare", step: "continue", n: 1},
 		{op: "prepare", step: "close", n: 1},

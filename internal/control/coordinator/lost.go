@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"stasis/errdefs"
+	"stasis/internal/control/checkpoint"
+	"stasis/internal/control/episode"
 	"stasis/internal/storage/store"
 )
 
@@ -38,9 +40,11 @@ func (c *Coordinator) markLost(ctx context.Context, r store.Episode, cause error
 	return c.o.Store.PutEpisode(ctx, lostRow(r, gone, verr == nil))
 }
 
-// noticeLost checks that live episode id's sandbox is still there; when
-// it is gone, the episode is dropped from the live ones and marked lost,
-// and the error says so (matching ErrLost). A check that cannot take the
+// noticeLost checks that live episode id's sandbox is still there and
+// its supervisor answers (or left its receipt); when the sandbox is gone,
+// or the supervisor is gone without a receipt (killed: the episode can
+// neither go on nor be verified), the episode is dropped from the live
+// ones and marked lost, and the error says so (matching ErrLost). A check that cannot take the
 // coordinator's operation lock (a prepare or a restore runs) marks
 // nothing: the operation, or the next check, will.
 func (c *Coordinator) noticeLost(ctx context.Context, id string) error {
@@ -50,6 +54,9 @@ func (c *Coordinator) noticeLost(ctx context.Context, id string) error {
 	}
 	sb := e.SandboxID()
 	_, cause := c.o.Env.Provider.Get(ctx, sb)
+	if cause == nil {
+		cause = c.supervisorGone(ctx, e)
+	}
 	if !sandboxGone(cause) {
 		return nil
 	}
@@ -57,6 +64,9 @@ func (c *Coordinator) noticeLost(ctx context.Context, id string) error {
 		return nil
 	}
 	defer c.op.Unlock()
+	if errors.Is(cause, errSupervisorGone) && !errors.Is(c.supervisorGone(ctx, e), errSupervisorGone) {
+		return nil // it answers after all
+	}
 	c.mu.Lock()
 	if c.live[id] != e {
 		c.mu.Unlock()
@@ -64,7 +74,7 @@ func (c *Coordinator) noticeLost(ctx context.Context, id string) error {
 	}
 	delete(c.live, id)
 	c.mu.Unlock()
-	c.log.Warn("episode lost: its sandbox is gone", "episode", id, "sandbox", sb, "err", cause)
+	c.log.Warn("episode lost: its sandbox or its supervisor is gone", "episode", id, "sandbox", sb, "err", cause)
 	lost := fmt.Errorf("episode %s: sandbox %s: %w (%v)", id, sb, ErrLost, cause)
 	row, err := c.o.Store.GetEpisode(ctx, id)
 	if err == nil && row.Sandbox == sb {
@@ -76,8 +86,21 @@ func (c *Coordinator) noticeLost(ctx context.Context, id string) error {
 	return lost
 }
 
-// CheckLiveness checks every live episode's sandbox and marks each whose
-// sandbox is gone lost (noticeLost); it returns those.
+// errSupervisorGone is the cause of a loss whose sandbox runs on but whose
+// supervisor is gone without a receipt.
+var errSupervisorGone = errdefs.Errorf(errdefs.ErrConflict, "its supervisor is gone and left no receipt (killed?)")
+
+// supervisorGone is errSupervisorGone (with the status's error) when
+// live episode e's supervisor is gone without a receipt, else nil.
+func (c *Coordinator) supervisorGone(ctx context.Context, e *episode.Episode) error {
+	if _, err := e.Status(ctx); checkpoint.IsUnreachable(err) {
+		return fmt.Errorf("%w: %v", errSupervisorGone, err)
+	}
+	return nil
+}
+
+// CheckLiveness checks every live episode's sandbox and supervisor and marks each whose
+// sandbox or supervisor is gone lost (noticeLost); it returns those.
 func (c *Coordinator) CheckLiveness(ctx context.Context) []string {
 	var lost []string
 	for _, id := range c.LiveIDs() {

@@ -21,6 +21,7 @@ const (
 	stepSnapshot    = "snapshot"    // the pause acknowledged, before the snapshot
 	stepSnapshotted = "snapshotted" // the snapshot made, before its id is journaled
 	stepRecord      = "record"      // before the episode's record is put
+	stepRecorded    = "recorded"    // the episode's record put, before the checkpoint is committed
 	stepCommit      = "commit"      // before the checkpoint is committed (or failed)
 	stepContinue    = "continue"    // before an episode's pause is continued
 	stepClose       = "close"       // before the journal is closed
@@ -202,6 +203,7 @@ func (c *Coordinator) prepareAll(ctx context.Context, x *op, id string, ids []st
 					r.Err = fmt.Errorf("episode %s: %w: %w", eid, errRecord, perr)
 				} else {
 					r.Recorded = true
+					r.Err = x.step(stepRecorded, eid)
 				}
 			}
 		}

@@ -912,6 +912,13 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, q *http.Request) {
 		var cr cluster.RestoreResult
 		cr, err = s.member.Restore(ctx, id, req.Episodes)
 		out = RestoreResponse{Result: cr.Result, Restore: &cr.Restore, Shares: cr.Shares}
+		if err != nil && cr.Restore.State == store.RestoreGo {
+			// The restore went (every node's forks were ready): what
+			// failed is continuing some episodes (a node stopped after
+			// it went, and finishes them when it starts again). Not an
+			// error to retry: the restore is done.
+			out.ContinueError, err = err.Error(), nil
+		}
 	} else {
 		out.Result, err = s.coord.RestoreWith(ctx, id, coordinator.RestoreOptions{Episodes: req.Episodes})
 	}
@@ -934,6 +941,10 @@ type RestoreResponse struct {
 	coordinator.Result
 	Restore *store.Restore       `json:"restore,omitempty"`
 	Shares  []store.RestoreShare `json:"shares,omitempty"`
+	// ContinueError, on a cluster, says which episodes the restore went
+	// for but could not continue yet (their node stopped after it went;
+	// it continues them when it starts again).
+	ContinueError string `json:"continue_error,omitempty"`
 }
 
 // BranchRequest is the body of POST /v1/checkpoints/{id}/branch.

@@ -154,6 +154,9 @@ type Config struct {
 	// before anything uses it (tests inject faults or watch snapshots
 	// there).
 	WrapProvider func(sandbox.Provider) sandbox.Provider
+	// SnapshotHook, when set, is the host provider's
+	// sandbox.Config.SnapshotHook (the kill matrix's step gate).
+	SnapshotHook func(sandbox string) error
 	// CoordinatorOptions, when set, adjusts the coordinator's options
 	// before it is made (tests give it a clock or a step hook).
 	CoordinatorOptions func(*coordinator.Options)
@@ -501,6 +504,7 @@ func (s *System) openProvider(ctx context.Context, c Config, d sandbox.Driver) e
 		Home: filepath.Join(s.State, c.Provider), Exe: c.Exe, ExeEnv: c.ExeEnv,
 		Binary: c.Binary, GuestBinary: c.GuestBinary, SandboxBinary: c.SandboxBinary,
 		Hide: []string{s.State}, Limits: c.Limits, MemMiB: c.GuestMemMiB, Blobs: c.Blobs,
+		SnapshotHook: c.SnapshotHook,
 	}
 	if !d.Hosted {
 		s.sockets = relay.NewSandboxSockets(s.Gateway, c.GatewayMiddleware)

@@ -85,6 +85,12 @@ type Sandboxes[M any, PM MetaOf[M], K any] struct {
 	// Info describes a sandbox (Meta.Info and what the provider adds).
 	Info func(m M, state sandbox.State) sandbox.Info
 
+	// Uses, when set, are the manifests a sandbox needs in the blob store
+	// besides its LastManifest, by its meta.json (microvm: its read-only
+	// disks stored in a shared store): kept, and published with its base,
+	// while the sandbox is there (Bases).
+	Uses func(M) []string
+
 	// Pins, set by ShareBlobs when the blob store is shared, publish each
 	// sandbox's base for every node's collection.
 	Pins *Pins
@@ -192,11 +198,35 @@ func (s *Sandboxes[M, PM, K]) Rewrite(op, id string, change func(PM) error) (M, 
 	return m, s.write(m)
 }
 
+// Bases are the manifests sandbox m builds on, by its meta.json: its
+// LastManifest and what Uses says.
+func (s *Sandboxes[M, PM, K]) Bases(m M) []string {
+	var out []string
+	if b := PM(&m).meta().LastManifest; b != "" {
+		out = append(out, b)
+	}
+	if s.Uses != nil {
+		for _, u := range s.Uses(m) {
+			if u != "" {
+				out = append(out, u)
+			}
+		}
+	}
+	return out
+}
+
 // SetBase records manifest as sandbox id's incremental base (after a
-// snapshot of it), under its lock; a sandbox gone or unreadable by now is
-// left as it is. With Pins, the new base is published beside the old one
-// before meta.json names it, and alone after.
+// snapshot of it), as Rebase does.
 func (s *Sandboxes[M, PM, K]) SetBase(id, manifest string) error {
+	return s.Rebase(id, func(m PM) { m.meta().LastManifest = manifest })
+}
+
+// Rebase changes what sandbox id builds on (after a snapshot of it):
+// change sets its LastManifest and what Uses reads, under its lock; a
+// sandbox gone or unreadable by now is left as it is. With Pins, the new
+// bases are published beside the old ones before meta.json names them,
+// and alone after.
+func (s *Sandboxes[M, PM, K]) Rebase(id string, change func(PM)) error {
 	unlock, err := s.lock("snapshot", id)
 	if err != nil {
 		return nil
@@ -207,14 +237,16 @@ func (s *Sandboxes[M, PM, K]) SetBase(id, manifest string) error {
 		return nil
 	}
 	ctx := context.Background()
-	if err := s.Pin(ctx, id, PM(&m).meta().LastManifest, manifest); err != nil {
+	old := s.Bases(m)
+	change(&m)
+	now := s.Bases(m)
+	if err := s.Pin(ctx, id, append(old, now...)...); err != nil {
 		return err
 	}
-	PM(&m).meta().LastManifest = manifest
 	if err := s.write(m); err != nil {
 		return err
 	}
-	if err := s.Pin(ctx, id, manifest); err != nil {
+	if err := s.Pin(ctx, id, now...); err != nil {
 		// The old base stays published too: it costs blobs, not safety.
 		slog.Warn("publishing a sandbox's new base alone failed; its old base stays kept too", "sandbox", id, "err", err)
 	}
@@ -291,9 +323,9 @@ func (s *Sandboxes[M, PM, K]) Each(f func(M) error) error {
 	return nil
 }
 
-// Manifests are the incremental bases (LastManifest) of every sandbox
-// directory, a retiring one's too: what the blob store must keep for the
-// sandboxes.
+// Manifests are the bases (Bases: the incremental base, LastManifest, and
+// what Uses adds) of every sandbox directory, a retiring one's too: what
+// the blob store must keep for the sandboxes.
 func (s *Sandboxes[M, PM, K]) Manifests() ([]string, error) {
 	ents, err := os.ReadDir(s.Dir)
 	if err != nil {
@@ -302,8 +334,8 @@ func (s *Sandboxes[M, PM, K]) Manifests() ([]string, error) {
 	var live []string
 	for _, e := range ents {
 		m, err := ReadJSON[M](filepath.Join(s.Dir, e.Name(), MetaFile))
-		if b := PM(&m).meta(); err == nil && b.LastManifest != "" {
-			live = append(live, b.LastManifest)
+		if err == nil {
+			live = append(live, s.Bases(m)...)
 		}
 	}
 	return live, nil

@@ -25,7 +25,8 @@ import (
 // theirs.
 type tmeta struct {
 	Meta
-	Own string `json:"own,omitempty"`
+	Own  string   `json:"own,omitempty"`
+	Disk []string `json:"disk,omitempty"` // what Sandboxes.Uses says
 }
 
 type tkeeper struct {
@@ -121,6 +122,7 @@ func newRig(t *testing.T) *rig {
 			return nil
 		},
 		Info: func(m tmeta, state sandbox.State) sandbox.Info { return m.Info("test", state) },
+		Uses: func(m tmeta) []string { return m.Disk },
 	}
 	r.c = NewCalls(r.s, (*Snapshots[SnapMeta, *SnapMeta])(nil))
 	return r
@@ -382,6 +384,28 @@ func TestSetBase(t *testing.T) {
 	}
 }
 
+// Rebase changes the incremental base and what Uses reads at once;
+// Bases are both, without empty ones.
+func TestRebase(t *testing.T) {
+	r := newRig(t)
+	id := r.add(0, time.Hour, nil, "", r.self)
+	if got := r.s.Bases(r.read(id)); len(got) != 0 {
+		t.Fatalf("bases of a new sandbox: %v", got)
+	}
+	if err := r.s.Rebase(id, func(m *tmeta) { m.LastManifest, m.Disk = "m1", []string{"d1", ""} }); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.s.Bases(r.read(id)); fmt.Sprint(got) != "[m1 d1]" {
+		t.Fatalf("bases after Rebase: %v", got)
+	}
+	if err := r.s.SetBase(id, "m2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.s.Bases(r.read(id)); fmt.Sprint(got) != "[m2 d1]" {
+		t.Fatalf("bases after SetBase: %v", got)
+	}
+}
+
 // GC retires the sandboxes whose keeper is dead, and those without a
 // keeper record a minute old; it finishes a retiring directory; it leaves
 // running sandboxes, expired ones whose keeper runs, and young ones.
@@ -438,7 +462,8 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-// Manifests are every directory's incremental base, a retiring one's too.
+// Manifests are every directory's bases (its incremental base and what
+// Uses says), a retiring one's too.
 func TestManifests(t *testing.T) {
 	r := newRig(t)
 	a := r.add(0, time.Hour, nil, "", r.self)
@@ -447,14 +472,14 @@ func TestManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := r.add(0, time.Hour, nil, "", r.self)
-	if err := r.s.SetBase(b, "m2"); err != nil {
+	if err := r.s.Rebase(b, func(m *tmeta) { m.LastManifest, m.Disk = "m2", []string{"d2"} }); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(r.s.Path(b), filepath.Join(r.s.Dir, ".retiring-"+b+"-x")); err != nil {
 		t.Fatal(err)
 	}
 	got, err := r.s.Manifests()
-	if err != nil || len(got) != 2 || !contains(got, "m1") || !contains(got, "m2") {
+	if err != nil || len(got) != 3 || !contains(got, "m1") || !contains(got, "m2") || !contains(got, "d2") {
 		t.Fatalf("%v %v", got, err)
 	}
 }

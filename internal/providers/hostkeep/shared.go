@@ -7,30 +7,39 @@ package hostkeep
 // its sandboxes build on, and every collection marks from what every node
 // published. The layout of the shared records:
 //
-//	snapshots/PROVIDER/SNAP.json   a snapshot's record (its manifest), a tombstone once deleted
+//	snapshots/PROVIDER/SNAP.json   a snapshot's record (its manifests), a tombstone once deleted
 //	bases/PROVIDER/HOME/SB.json    the manifests sandbox SB of state directory HOME builds on (Pins)
 //	homes/HOME.json                who HOME is (host, directory), for an operator
+//	collectors/PROVIDER.json       PROVIDER's nodes publish their bases (collectorsDir)
 //	gc/lock/HOME-RAND.json         a collector's lease (gcLease)
 //
-// The mark is every live snapshot record of every provider in the store,
-// then every published base of every home (in that order: see PinFork),
-// then this home's sandboxes' bases as its meta.json files say. The sweep
+// The mark is every manifest that a live snapshot record of any provider
+// in the store names (SnapMeta.Roots: its own and those it uses, such as
+// a microVM snapshot's read-only disks), then every published base of
+// every home (in that order: see PinFork), then this home's sandboxes'
+// bases as its meta.json files say (Sandboxes.Bases). The sweep
 // (cas.GCWith with a grace period, on a blob.Ager) never deletes a blob
 // stored after its walk began, nor one stored within the grace period
 // before: the chunks of snapshots and forks in progress anywhere, which
 // nothing published names yet. A writer never relies on an old blob that
 // nothing marks: the store's Has reports only copies stored within
 // ShareOptions.Reuse (blob.S3Options.ReuseWithin), shorter than the grace
-// period, and a sandbox's base, which it does rely on, is published before
-// it is used.
+// period, and a sandbox's bases, which it does rely on however old their
+// copies (cas's incremental Snapshot and StageFile on a base, a microVM's
+// stored disks), are published before they are used.
+//
+// Both host providers publish (local: a sandbox's last snapshot and its
+// index; microvm: a sandbox's saved state and its read-only disks in the
+// store), and say so in a record under collectors/; a collection refuses
+// a store holding snapshots of any other provider (checkAllPublish).
 //
 // The publication protocol:
-//   - a fork publishes the snapshot's manifest as the new sandbox's base
+//   - a fork publishes the snapshot's manifests as the new sandbox's base
 //     and only then checks that the snapshot is still live (PinFork): a
 //     collector that found its record deleted lists the bases after that,
 //     so it sees the pin;
-//   - a new base is published beside the old one before meta.json names
-//     it, and alone after (Sandboxes.SetBase);
+//   - new bases are published beside the old ones before meta.json names
+//     them, and alone after (Sandboxes.Rebase);
 //   - a sandbox's pin is removed once it is retired (Sandboxes.Retire);
 //   - Reconcile, when the provider opens and before each of its
 //     collections, publishes what is missing and removes the pins of
@@ -357,8 +366,9 @@ func (s *Sandboxes[M, PM, K]) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-// pinMissing publishes sandbox id's base if it has one and no pin, under
-// its lock (which SetBase holds while it changes both).
+// pinMissing publishes sandbox id's bases (Sandboxes.Bases) if it has
+// some and no pin, under its lock (which Rebase holds while it changes
+// both).
 func (s *Sandboxes[M, PM, K]) pinMissing(ctx context.Context, id string) error {
 	unlock, err := s.lock("reconcile", id)
 	if err != nil {
@@ -366,13 +376,17 @@ func (s *Sandboxes[M, PM, K]) pinMissing(ctx context.Context, id string) error {
 	}
 	defer unlock()
 	m, err := s.Read("reconcile", id)
-	if err != nil || PM(&m).meta().LastManifest == "" {
+	if err != nil {
+		return nil
+	}
+	bases := s.Bases(m)
+	if len(bases) == 0 {
 		return nil
 	}
 	if has, err := s.Pins.has(ctx, id); err != nil || has {
 		return err
 	}
-	return s.Pins.Set(ctx, id, PM(&m).meta().LastManifest)
+	return s.Pins.Set(ctx, id, bases...)
 }
 
 // Pin publishes manifests as what sandbox id builds on (Pins.Set), when
@@ -384,18 +398,19 @@ func (s *Sandboxes[M, PM, K]) Pin(ctx context.Context, id string, manifests ...s
 	return s.Pins.Set(ctx, id, manifests...)
 }
 
-// PinFork, when the store is shared, publishes snapshot snap's manifest as
-// the base of sandbox id, which is being forked from it (its directory
-// made), and then checks that the snapshot is still there: a collection
-// that could miss the pin finds the snapshot live. A snapshot deleted
-// meanwhile is errdefs.ErrNotFound, with the pin removed. Call it before
-// reading the snapshot's blobs.
+// PinFork, when the store is shared, publishes snapshot snap's manifests
+// (SnapMeta.Roots: its own and those it uses) as the base of sandbox id,
+// which is being forked from it (its directory made), and then checks
+// that the snapshot is still there: a collection that could miss the pin
+// finds the snapshot live. A snapshot deleted meanwhile is
+// errdefs.ErrNotFound, with the pin removed. Call it before reading the
+// snapshot's blobs.
 func (x *Snapshots[S, PS]) PinFork(ctx context.Context, id string, snap S) error {
 	if x.pins == nil {
 		return nil
 	}
 	m := PS(&snap).snap()
-	if err := x.pins.Set(ctx, id, m.Manifest); err != nil {
+	if err := x.pins.Set(ctx, id, m.Roots()...); err != nil {
 		return err
 	}
 	if _, err := x.Read("fork", m.ID); err != nil {
@@ -559,14 +574,14 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 	}
 	snaps, err := x.sharedRoots(ctx, "snapshots/", func(name string, b []byte) ([]string, error) {
 		var m SnapMeta
-		if err := json.Unmarshal(b, &m); err != nil || m.Manifest == "" {
+		if err := json.Unmarshal(b, &m); err != nil {
 			return nil, err
 		}
 		if m.Deleted {
 			x.tombstones.Store(name, true) // a tombstone stays one
 			return nil, nil
 		}
-		return []string{m.Manifest}, nil
+		return m.Roots(), nil
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("gc: the snapshot records: %w; nothing was deleted", err)

@@ -31,10 +31,25 @@ type SnapMeta struct {
 	Created  time.Time `json:"created"`
 	Bytes    int64     `json:"bytes"`
 	NewBytes int64     `json:"new_bytes"`
-	Deleted  bool      `json:"deleted,omitempty"`
+	// Uses are the other manifests the snapshot needs besides Manifest
+	// (microvm: its guest's read-only disks, stored in a shared store):
+	// every collection keeps them while the snapshot lives, whichever
+	// provider's node collects, and a fork publishes them with Manifest
+	// (PinFork).
+	Uses    []string `json:"uses,omitempty"`
+	Deleted bool     `json:"deleted,omitempty"`
 }
 
 func (s *SnapMeta) snap() *SnapMeta { return s }
+
+// Roots are the manifests snapshot s keeps in the blob store: Manifest
+// and Uses.
+func (s SnapMeta) Roots() []string {
+	if s.Manifest == "" {
+		return s.Uses
+	}
+	return append([]string{s.Manifest}, s.Uses...)
+}
 
 // Info is the part of a sandbox.SnapshotInfo that s holds.
 func (s SnapMeta) Info(provider string) sandbox.SnapshotInfo {
@@ -255,7 +270,7 @@ func (x *Snapshots[S, PS]) LockBlobs(exclusive bool) (func(), error) {
 }
 
 // CollectBlobs deletes, under the exclusive blob lock, the blobs that no
-// snapshot and no sandbox's incremental base references; it returns how
+// snapshot (SnapMeta.Roots) and no sandbox's base references; it returns how
 // many it deleted and their bytes. On a shared store it marks from every
 // node's snapshots and published bases and spares recent blobs instead
 // (see shared.go), without the lock: snapshots and forks go on meanwhile,
@@ -264,8 +279,9 @@ func (x *Snapshots[S, PS]) LockBlobs(exclusive bool) (func(), error) {
 func (x *Snapshots[S, PS]) CollectBlobs(ctx context.Context) (int, int64, error) {
 	if x.Shared != nil {
 		if x.pins == nil {
-			// A provider that publishes no bases (microvm) cannot tell
-			// what other nodes' sandboxes build on: it collects nothing.
+			// A provider that publishes no bases (not ShareBlobs's)
+			// cannot tell what other nodes' sandboxes build on: it
+			// collects nothing.
 			slog.Info("shared blob store: not collected: this provider publishes no sandbox bases", "provider", x.Provider)
 			return 0, 0, nil
 		}
@@ -282,8 +298,8 @@ func (x *Snapshots[S, PS]) CollectBlobs(ctx context.Context) (int, int64, error)
 	}
 	var live []string
 	for _, id := range ids {
-		if s, err := x.Read("gc", id); err == nil && PS(&s).snap().Manifest != "" {
-			live = append(live, PS(&s).snap().Manifest)
+		if s, err := x.Read("gc", id); err == nil {
+			live = append(live, PS(&s).snap().Roots()...)
 		}
 	}
 	bases, err := x.Bases()

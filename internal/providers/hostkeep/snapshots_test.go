@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -80,7 +81,7 @@ func TestSnapshotRecords(t *testing.T) {
 		t.Fatalf("id %q", s.ID)
 	}
 	got, err := r.x.Read("get", s.ID)
-	if err != nil || got != s {
+	if err != nil || !reflect.DeepEqual(got, s) {
 		t.Fatalf("read %+v (%v), want %+v", got, err, s)
 	}
 	if in, err := r.c.GetSnapshot(ctx, s.ID); err != nil || in.ID != s.ID || in.Provider != "test" || in.Name != "n" {
@@ -114,13 +115,14 @@ func TestSnapshotRecords(t *testing.T) {
 	}
 }
 
-// CollectBlobs keeps what a snapshot or a sandbox's base references, and
-// frees what a deleted snapshot alone did.
+// CollectBlobs keeps what a snapshot (its manifest and those it uses) or
+// a sandbox's base references, and frees what a deleted snapshot alone
+// did.
 func TestCollectBlobs(t *testing.T) {
 	r := newSnapRig(t)
 	ctx := context.Background()
-	kept := tsnap{SnapMeta: SnapMeta{Manifest: r.store(t, "kept")}}
-	gone := tsnap{SnapMeta: SnapMeta{Manifest: r.store(t, "gone")}}
+	kept := tsnap{SnapMeta: SnapMeta{Manifest: r.store(t, "kept"), Uses: []string{r.store(t, "used")}}}
+	gone := tsnap{SnapMeta: SnapMeta{Manifest: r.store(t, "gone"), Uses: []string{r.store(t, "used by the deleted one")}}}
 	for _, s := range []*tsnap{&kept, &gone} {
 		if err := r.x.Add(s); err != nil {
 			t.Fatal(err)
@@ -133,13 +135,15 @@ func TestCollectBlobs(t *testing.T) {
 	if err := r.c.DeleteSnapshot(ctx, gone.ID); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []string{kept.Manifest, r.bases[0]} {
+	for _, m := range []string{kept.Manifest, kept.Uses[0], r.bases[0]} {
 		if _, err := r.x.CAS.Restore(ctx, m, filepath.Join(t.TempDir(), "r")); err != nil {
 			t.Fatalf("%s: %v", m, err)
 		}
 	}
-	if _, err := r.x.CAS.Restore(ctx, gone.Manifest, filepath.Join(t.TempDir(), "r")); err == nil {
-		t.Fatal("the deleted snapshot's blobs are still there")
+	for _, m := range gone.Roots() {
+		if _, err := r.x.CAS.Restore(ctx, m, filepath.Join(t.TempDir(), "r")); err == nil {
+			t.Fatalf("the deleted snapshot's blobs (%s) are still there", m)
+		}
 	}
 }
 

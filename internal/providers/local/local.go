@@ -103,6 +103,11 @@ type Options struct {
 	// setpriv and env are not. Default: sandboxbin.Path(), looked up when
 	// the first image sandbox is made.
 	SandboxBinary string
+	// SnapshotHook, when set (tests), is called inside each Snapshot while
+	// the snapshot is being written: its data (every chunk and the
+	// manifest) is stored, and it is not yet recorded as a snapshot nor
+	// the sandbox's base. An error fails the snapshot.
+	SnapshotHook func(sandbox string) error
 	// ForkHook, when set, is called before each sandbox of a Fork is made,
 	// with the snapshot and the sandbox's index; an error makes that one
 	// fail (tests use it to prove a partial fork leaves nothing).

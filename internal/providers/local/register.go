@@ -24,7 +24,7 @@ func init() {
 			p, err := New(Options{
 				Home: c.Home, Exe: c.Exe, ExeEnv: c.ExeEnv, SandboxBinary: c.SandboxBinary,
 				GatewayDir: c.GatewayDir, Gateway: c.Gateway, ReadOnlyBinds: ro,
-				Hide: c.Hide, Limits: c.Limits, Blobs: c.Blobs,
+				Hide: c.Hide, Limits: c.Limits, Blobs: c.Blobs, SnapshotHook: c.SnapshotHook,
 			})
 			if err != nil {
 				return nil, err

@@ -591,3 +591,61 @@ func TestSharedPinsOfAGoneHome(t *testing.T) {
 		t.Fatal("the forgotten home's base was not collected")
 	}
 }
+
+// A collection on a local node keeps every manifest a live snapshot
+// record of another provider names, its own and those it uses (a microVM
+// snapshot's read-only disks), once that provider's nodes publish their
+// bases; when the record becomes a tombstone, all of them go.
+func TestSharedKeepsWhatAnotherProvidersSnapshotUses(t *testing.T) {
+	b := newBucket(t)
+	ctx := context.Background()
+	node := b.node(t, local.Options{})
+	s3, err := blob.OpenS3(ctx, b.url, blob.S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s3.Close()
+	var roots []string
+	for _, size := range []int{1 << 20, 2 << 20} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "f"), randomBytes(t, size), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m, _, err := cas.New(s3).Snapshot(ctx, dir, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots = append(roots, m)
+	}
+	rec := hostkeep.SnapMeta{ID: "vms-0123456789abcdef", Manifest: roots[0], Uses: roots[1:]}
+	put := func() {
+		t.Helper()
+		raw, _ := json.Marshal(rec)
+		if err := s3.PutRecord(ctx, "snapshots/microvm/"+rec.ID+".json", raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put()
+	if err := s3.PutRecord(ctx, "collectors/microvm.json", []byte(`{"publishes_bases":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.age(t, 3*time.Hour)
+	if _, _, err := node.CollectBlobs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range roots {
+		if err := b.restorable(t, m); err != nil {
+			t.Fatalf("%s, named by another provider's live snapshot: %v", m, err)
+		}
+	}
+	rec.Deleted = true
+	put()
+	if _, _, err := node.CollectBlobs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range roots {
+		if err := b.restorable(t, m); err == nil {
+			t.Fatalf("%s, named by a deleted snapshot alone, was not collected", m)
+		}
+	}
+}

@@ -42,6 +42,11 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	if err != nil {
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
 	}
+	if p.o.SnapshotHook != nil {
+		if err := p.o.SnapshotHook(id); err != nil {
+			return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
+		}
+	}
 	s := snapMeta{SnapMeta: hostkeep.SnapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes}, Image: m.Image}
 	if err := p.snaps.Add(&s); err != nil {
 		return sandbox.SnapshotInfo{}, err

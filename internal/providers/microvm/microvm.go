@@ -11,7 +11,11 @@
 // store is a directory in the state directory, or an S3 bucket shared by
 // the nodes of a cluster (Options.Blobs), which then holds the snapshots'
 // records and the guests' read-only disks as well (shareddisk.go), so
-// that any node forks any node's snapshot with its processes.
+// that any node forks any node's snapshot with its processes; each
+// sandbox publishes there what it builds on (the saved state its next
+// snapshot is staged on, its disks' copies), so that a collection on any
+// node frees only what no snapshot and no sandbox anywhere uses
+// (hostkeep.ShareBlobs).
 //
 // The host reaches the guest agent (internal/providers/microvm/agent, run by busybox
 // init from the stasis binary in the image) over QEMU's user-mode network:
@@ -78,9 +82,15 @@ type Options struct {
 	// snapshot, its processes continuing in place. A fork streams the
 	// state out of S3 through a bounded, verified read cache in Home
 	// (vmblob-cache); a save is staged there and uploaded (a multipart
-	// upload). Deleting a snapshot then collects no blobs
-	// (hostkeep.Snapshots.Shared).
+	// upload). The sandboxes' bases (the saved state each builds its next
+	// snapshot on, and its read-only disks stored there) are published
+	// in the store, so that a collection on any node, of any provider,
+	// keeps them (hostkeep.ShareBlobs); deleting a snapshot collects
+	// what nothing uses any more.
 	Blobs string
+	// Share tunes the collection of a shared Blobs store (zero fields:
+	// hostkeep's defaults).
+	Share hostkeep.ShareOptions
 	// Exe is the stasis binary that runs keepers and gateway pipes on the
 	// host (default: this executable); ExeEnv is extra environment for it.
 	Exe    string
@@ -115,6 +125,11 @@ type Options struct {
 	// (default 3m: TCG on a loaded machine is slow, and a 1 GiB guest's state
 	// takes a while to load).
 	BootTimeout time.Duration
+	// SnapshotHook, when set (tests), is called inside each Snapshot while
+	// the machine's state is being written: QEMU's migration into the
+	// state file started (the guest stopped), its end not yet seen, the
+	// staging of its chunks under way. An error fails the snapshot.
+	SnapshotHook func(sandbox string) error
 	// ForkHook, when set, is called before each sandbox of a Fork is made;
 	// an error makes that one fail (tests).
 	ForkHook func(snapshot string, i int) error
@@ -146,6 +161,9 @@ type Provider struct {
 	hostkeep.Calls[meta, *meta, keeperInfo, snapMeta, *snapMeta]
 	// closeBlobs closes a shared blob store (Options.Blobs), or is nil.
 	closeBlobs func() error
+	// diskMu is held while a disk is written from a shared store
+	// (loadDisk).
+	diskMu sync.Mutex
 }
 
 // packStore is what the provider needs of its blob store: QEMU migrates
@@ -269,10 +287,13 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 		Procs: func(k keeperInfo) (proc.Identity, proc.Identity) { return k.Keeper, k.QEMU },
 		Runs:  "QEMU", Lost: "keeper or QEMU",
 		Info: p.info,
+		// Besides its saved state, a sandbox builds on its read-only
+		// disks where a shared store holds them (shareddisk.go).
+		Uses: func(m meta) []string { return m.VM.diskManifests() },
 	}
 	p.snaps = &hostkeep.Snapshots[snapMeta, *snapMeta]{
 		Provider: Name, Dir: filepath.Join(o.Home, "snapshots", Name), Prefix: "vms-", Now: o.Now,
-		Info: snapMeta.info, BlobLock: filepath.Join(o.Home, "vmblobs.lock"), Bases: p.liveManifests,
+		Info: snapMeta.info, BlobLock: filepath.Join(o.Home, "vmblobs.lock"), Bases: p.sbs.Manifests,
 	}
 	if p.images, err = image.Open(o.Home, image.DefaultIDBase); err != nil {
 		return nil, err
@@ -305,11 +326,22 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 		return nil, fmt.Errorf("microvm provider: accelerator %q: want kvm, tcg or empty (probe)", o.Accel)
 	}
 	if o.Blobs != "" {
-		s3, err := blob.OpenS3(ctx, o.Blobs, blob.S3Options{CacheDir: filepath.Join(o.Home, "vmblob-cache")})
+		share, err := o.Share.WithDefaults()
 		if err != nil {
 			return nil, fmt.Errorf("microvm provider: %w", err)
 		}
-		p.blobs, p.snaps.Shared, p.closeBlobs = s3, s3, s3.Close
+		// A save relies on a chunk already stored only when its copy is
+		// recent (or its sandbox's published base keeps it): a
+		// collection elsewhere may be deleting an older one.
+		s3, err := blob.OpenS3(ctx, o.Blobs, blob.S3Options{CacheDir: filepath.Join(o.Home, "vmblob-cache"), ReuseWithin: share.Reuse})
+		if err != nil {
+			return nil, fmt.Errorf("microvm provider: %w", err)
+		}
+		if err := hostkeep.ShareBlobs(ctx, p.sbs, p.snaps, s3, o.Home, share); err != nil {
+			s3.Close()
+			return nil, fmt.Errorf("microvm provider: %w", err)
+		}
+		p.blobs, p.closeBlobs = s3, s3.Close
 	} else {
 		bs, err := blob.NewDir(p.blobDir())
 		if err != nil {

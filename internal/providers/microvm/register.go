@@ -18,7 +18,7 @@ func init() {
 			p, err := New(ctx, Options{
 				Home: c.Home, Exe: c.Exe, ExeEnv: c.ExeEnv, GuestBinary: guest,
 				GatewayDir: c.GatewayDir, GatewayServer: c.Gateway, ReadOnlyBinds: c.ReadOnlyBinds,
-				MemMiB: c.MemMiB, Blobs: c.Blobs,
+				MemMiB: c.MemMiB, Blobs: c.Blobs, SnapshotHook: c.SnapshotHook,
 			})
 			if err != nil {
 				return nil, err

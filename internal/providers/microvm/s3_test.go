@@ -84,8 +84,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // tell) forks the snapshot: the process goes on in place, the same pid
 // and start time, with its memory. Nothing of the state was stored in
 // either state directory but the second's read cache; the second deletes
-// the snapshot, which frees no blob of the shared bucket and forks no
-// more.
+// the snapshot, which frees no blob of the shared bucket (they are within
+// the grace period, and the fork's published base keeps them) and forks
+// no more.
 func TestForkFromS3OnAnotherHome(t *testing.T) {
 	url, srv, bucket := s3Blobs(t)
 	homeA := t.TempDir()
@@ -183,8 +184,8 @@ func TestForkFromS3OnAnotherHome(t *testing.T) {
 		t.Fatalf("the state was not read through the node's cache: %v %v", ents, err)
 	}
 
-	// Deleting the shared snapshot frees no blob (another node's
-	// sandboxes may build on them) and refuses forks from then on.
+	// Deleting the shared snapshot frees no blob (new ones, which the
+	// fork builds on besides) and refuses forks from then on.
 	before := objects(t, srv, bucket, "vms/packs/")
 	if err := b.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,10 +47,13 @@ func (s snapMeta) info() sandbox.SnapshotInfo {
 // Snapshot stops the guest, has QEMU migrate its whole state (memory and
 // devices: the processes and the RAM root file system) into a pack file of
 // the blob store that is staged as it is written (see save), lets the
-// guest run on once QEMU is done, and makes the state durable.
+// guest run on once QEMU is done, and makes the state durable. The state
+// is staged on the sandbox's base (the state it was forked from, or its
+// last snapshot's), whose chunks it reuses however old; with a shared
+// store, the new state and the read-only disks it stored there become
+// the sandbox's published base (hostkeep.Sandboxes.Rebase).
 func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.SnapshotInfo, error) {
-	m, _, err := p.sbs.Live("snapshot", id)
-	if err != nil {
+	if _, _, err := p.sbs.Live("snapshot", id); err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
 	unlock, err := flock.Lock(filepath.Join(p.sbDir(id), lockFile), true)
@@ -57,6 +61,12 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		return sandbox.SnapshotInfo{}, err
 	}
 	defer unlock()
+	// Read under the lock: the base is the last snapshot's, which no other
+	// snapshot of this sandbox replaces (and unpublishes) meanwhile.
+	m, _, err := p.sbs.Live("snapshot", id)
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
 	// The shared lock keeps a garbage collection from taking chunks this
 	// snapshot finds already stored.
 	unlockBlobs, err := p.snaps.LockBlobs(false)
@@ -64,7 +74,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 		return sandbox.SnapshotInfo{}, err
 	}
 	defer unlockBlobs()
-	staged, sv, err := p.save(ctx, id, m.VM.MemMiB)
+	staged, sv, err := p.save(ctx, id, m.VM.MemMiB, m.LastManifest)
 	if err != nil {
 		if _, err2 := p.sbs.Running("snapshot", m); err2 != nil {
 			return sandbox.SnapshotInfo{}, err2
@@ -77,17 +87,28 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 	}
 	vm := m.VM
 	vm.Port, vm.Incoming, vm.IncomingStream = 0, nil, false
+	vm.Binds = slices.Clone(m.VM.Binds)
 	// With a shared store, the read-only disks go there too (once each),
-	// so that another node can fork the machine.
+	// so that another node can fork the machine; the record names their
+	// manifests among those it uses, which every collection keeps.
 	if err := p.storeDisks(ctx, &vm); err != nil {
 		return sandbox.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", what(id), err)
 	}
-	s := snapMeta{SnapMeta: hostkeep.SnapMeta{Name: name, Sandbox: id, Manifest: manifest, Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes},
+	s := snapMeta{SnapMeta: hostkeep.SnapMeta{Name: name, Sandbox: id, Manifest: manifest, Uses: vm.diskManifests(), Created: p.o.Now().UTC(), Bytes: st.Bytes, NewBytes: st.NewBytes},
 		VM: vm, Env: m.Env, Paused: sv.Paused, Cut: sv.Cut}
 	if err := p.snaps.Add(&s); err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
-	if err := p.sbs.SetBase(id, manifest); err != nil {
+	err = p.sbs.Rebase(id, func(m *meta) {
+		m.LastManifest = manifest
+		m.VM.DiskManifest = vm.DiskManifest
+		if len(m.VM.Binds) == len(vm.Binds) {
+			for i := range vm.Binds {
+				m.VM.Binds[i].Manifest = vm.Binds[i].Manifest
+			}
+		}
+	})
+	if err != nil {
 		return sandbox.SnapshotInfo{}, err
 	}
 	return s.info(), nil
@@ -102,7 +123,9 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (sandbox.Snaps
 // completed; save returns when the last chunk is staged. The state's
 // bytes are written once, by QEMU, and never pass through this process on
 // their way to disk. A migration that does not complete stages nothing.
-func (p *Provider) save(ctx context.Context, id string, memMiB int) (*cas.Staged, SaveInfo, error) {
+// The chunks of base (the sandbox's published base, or "") count as
+// stored however old their copies are (cas.Store.StageFile).
+func (p *Provider) save(ctx context.Context, id string, memMiB int, base string) (*cas.Staged, SaveInfo, error) {
 	var sv SaveInfo
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	mon, err := monitor(mctx, qmpPath(id))
@@ -143,7 +166,7 @@ func (p *Provider) save(ctx context.Context, id string, memMiB int) (*cas.Staged
 	}
 	res := make(chan result, 1)
 	go func() {
-		st, err := p.snaps.CAS.StageFile(sctx, stateFile, pf, sp)
+		st, err := p.snaps.CAS.StageFile(sctx, stateFile, pf, sp, base)
 		res <- result{st, err}
 	}()
 	fail := func(err error) (*cas.Staged, SaveInfo, error) {
@@ -169,6 +192,11 @@ func (p *Provider) save(ctx context.Context, id string, memMiB int) (*cas.Staged
 	if err := qmpRun(mon, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
 		_ = qmpRun(mon, "closefd", map[string]any{"fdname": "state"}, nil) // QEMU's copy of the file
 		return fail(err)
+	}
+	if p.o.SnapshotHook != nil {
+		if err := p.o.SnapshotHook(id); err != nil {
+			return fail(err)
+		}
 	}
 	if _, err := waitMigration(ctx, mon); err != nil {
 		return fail(err)
@@ -274,24 +302,6 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	if s.VM, err = p.machineHere(ctx, snap, s.VM); err != nil {
 		return nil, err
 	}
-	elsewhere := ""
-	if p.shared() {
-		elsewhere = " (or the snapshot was saved on another node, whose file that was, and by a stasis that did not store it)"
-	}
-	if s.VM.Disk != "" {
-		// The saved machine had the image attached: its forks need the
-		// same file.
-		id, err := fileID(s.VM.Disk)
-		if err != nil {
-			return nil, sandbox.Errorf(errdefs.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?%s); the saved machine needs that very file, so this snapshot cannot be forked: %v", s.VM.Disk, s.VM.Image, elsewhere, err)
-		}
-		if s.VM.DiskID != "" && id != s.VM.DiskID {
-			return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?%s); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", s.VM.Disk, s.VM.Image, elsewhere)
-		}
-	}
-	if err := checkBindDisks(s.VM.Binds); err != nil {
-		return nil, sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "%v%s; the saved machine needs that very file, so this snapshot cannot be forked", err, elsewhere)
-	}
 	// Each fork's QEMU streams the state out of the blob store (no file
 	// is written); the shared lock keeps a garbage collection from taking
 	// its chunks meanwhile. From a directory store, QEMU runs `stasis
@@ -344,26 +354,75 @@ func (p *Provider) Fork(ctx context.Context, snap string, n int, spec sandbox.Fo
 	return made, nil
 }
 
+// forkOne makes one sandbox of a Fork. Its directory is made, and (with
+// a shared store) the snapshot's manifests published as its base
+// (hostkeep.Snapshots.PinFork: its saved state and its read-only disks),
+// before a blob of them is read; they stay published while the sandbox
+// is there: the state as the base its next snapshot is staged on, the
+// disks as those it stores again (see storeDisk).
 func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, cat func(context.Context, io.Writer) error, spec sandbox.ForkSpec) (sandbox.Info, error) {
 	m := meta{Meta: hostkeep.Meta{ID: hostkeep.NewID("vm-"), Labels: spec.Labels, Env: s.Env, Created: p.o.Now().UTC(), Expiry: spec.Expiry.UTC(), Source: s.ID, LastManifest: s.Manifest}, VM: s.VM}
+	m.VM.Binds = slices.Clone(s.VM.Binds) // each fork's own (disksHere)
 	m.VM.Incoming, m.VM.IncomingStream = state, cat != nil
 	// A fork's gateway is this provider's (the host's socket may have
 	// moved since the save).
 	m.VM.Gateway, m.VM.Pipe = p.gateway(m.ID)
-	if err := p.boot(ctx, &m, cat); err != nil {
-		_ = p.retire(m.ID)
+	if err := os.MkdirAll(p.sbDir(m.ID), 0o700); err != nil {
 		return sandbox.Info{}, err
 	}
-	// The state is loaded; nothing reads it again.
+	ok := false
+	defer func() {
+		if !ok {
+			_ = p.retire(m.ID)
+		}
+	}()
+	if err := p.snaps.PinFork(ctx, m.ID, s); err != nil {
+		return sandbox.Info{}, err
+	}
+	if err := p.disksHere(ctx, s.ID, &m.VM); err != nil {
+		return sandbox.Info{}, err
+	}
+	if err := p.checkDisks(s.ID, m.VM); err != nil {
+		return sandbox.Info{}, err
+	}
+	if err := p.boot(ctx, &m, cat); err != nil {
+		return sandbox.Info{}, err
+	}
+	// The state is loaded; QEMU reads it no more.
 	loaded, err := p.sbs.Rewrite("fork", m.ID, func(m *meta) error {
 		m.VM.Incoming, m.VM.IncomingStream = nil, false
 		return nil
 	})
 	if err != nil {
-		_ = p.retire(m.ID)
 		return sandbox.Info{}, err
 	}
+	ok = true
 	return p.info(loaded, sandbox.StateRunning), nil
+}
+
+// checkDisks refuses to fork snapshot snap onto read-only disks vm (this
+// node's: see disksHere) that are not the very files its saved machine
+// had.
+func (p *Provider) checkDisks(snap string, vm vmConfig) error {
+	elsewhere := ""
+	if p.shared() {
+		elsewhere = " (or the snapshot was saved on another node, whose file that was, and by a stasis that did not store it)"
+	}
+	if vm.Disk != "" {
+		// The saved machine had the image attached: its forks need the
+		// same file.
+		id, err := fileID(vm.Disk)
+		if err != nil {
+			return sandbox.Errorf(errdefs.ErrNotFound, "fork", "snapshot "+snap, "its image's block file %s is missing (image %s removed?%s); the saved machine needs that very file, so this snapshot cannot be forked: %v", vm.Disk, vm.Image, elsewhere, err)
+		}
+		if vm.DiskID != "" && id != vm.DiskID {
+			return sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "its image's block file %s was built again since the snapshot (image %s removed and pulled again?%s); the saved machine's view of the old one would not match it, so this snapshot cannot be forked", vm.Disk, vm.Image, elsewhere)
+		}
+	}
+	if err := checkBindDisks(vm.Binds); err != nil {
+		return sandbox.Errorf(errdefs.ErrConflict, "fork", "snapshot "+snap, "%v%s; the saved machine needs that very file, so this snapshot cannot be forked", err, elsewhere)
+	}
+	return nil
 }
 
 // machineHere is the saved machine vm as this node starts it. From a
@@ -374,8 +433,9 @@ func (p *Provider) forkOne(ctx context.Context, s snapMeta, state []string, cat 
 // was built from; the kernel by its file's name, which holds its version;
 // QEMU by its name), else the saved path if this node has that file,
 // else the fork is refused. The read-only disks must be the very files
-// the guest saw: this node's copies of them out of the store where they
-// are not here (disksHere); Fork checks them.
+// the guest saw: each fork finds this node's copies of them out of the
+// store where they are not here (disksHere), once it has published them
+// as its base, and checks them (checkDisks).
 func (p *Provider) machineHere(ctx context.Context, snap string, vm vmConfig) (vmConfig, error) {
 	if !p.shared() {
 		return vm, nil
@@ -397,8 +457,5 @@ func (p *Provider) machineHere(ctx context.Context, snap string, vm vmConfig) (v
 	vm.QEMU = here(vm.QEMU, p.qemu, "QEMU")
 	vm.Kernel = here(vm.Kernel, p.kernel.Image, "guest kernel")
 	vm.Initramfs = here(vm.Initramfs, p.initramfs, "guest image")
-	if err != nil {
-		return vm, err
-	}
-	return vm, p.disksHere(ctx, snap, &vm)
+	return vm, err
 }

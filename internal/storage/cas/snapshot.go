@@ -113,6 +113,10 @@ type snapshotter struct {
 	entries      []*entry
 	links        map[devIno]name // first path of each multiply-linked inode
 
+	// base are the chunk keys of a snapshot the caller's collections keep
+	// (StageFile's base): a copy of one of them counts however old it is.
+	base map[string]bool
+
 	mu      sync.Mutex
 	claimed map[string]bool // chunk keys this snapshot has stored or is storing
 	st      Stats
@@ -347,8 +351,12 @@ func (sn *snapshotter) claim(ctx context.Context, key string) (bool, error) {
 	}
 	sn.claimed[key] = true
 	sn.mu.Unlock()
-	has, err := sn.s.blobs.Has(ctx, key)
-	return !has && err == nil, err
+	has := sn.s.blobs.Has
+	if a, ok := sn.s.blobs.(blob.AnyHaver); ok && sn.base[key] {
+		has = a.HasAny // kept by the base, as allStored's are
+	}
+	found, err := has(ctx, key)
+	return !found && err == nil, err
 }
 
 // stored counts a new blob of n bytes.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -49,8 +50,32 @@ type Staged struct {
 // are the stream's length; Stats.NewBytes counts the kept chunks (and the
 // manifest), not the part-blocks a dropped stretch shares with its
 // neighbours, which stay allocated.
-func (s *Store) StageFile(ctx context.Context, file string, pf blob.PackFile, ch Chunker) (*Staged, error) {
+//
+// base, when not "", is a snapshot that every collection of the store
+// keeps while this one is staged (a sandbox's published base: the state
+// it was forked from, or its previous one): a chunk it references counts
+// as stored however old its copy is (blob.AnyHaver), where the store's Has
+// may report only recent copies (S3Options.ReuseWithin), so that what did
+// not change since the base is not stored again. A base that is not in the
+// store is staged without.
+func (s *Store) StageFile(ctx context.Context, file string, pf blob.PackFile, ch Chunker, base string) (*Staged, error) {
 	sn := &snapshotter{s: s, claimed: map[string]bool{}}
+	if base != "" {
+		if _, ok := s.blobs.(blob.AnyHaver); ok {
+			keys, err := s.Chunks(ctx, base)
+			if errors.Is(err, blob.ErrNotFound) {
+				slog.Warn("stage stream: its base is not in the store; every chunk not stored recently is stored again", "file", file, "base", base)
+			} else if err != nil {
+				pf.Abort()
+				return nil, fmt.Errorf("stage stream %s: its base %s: %w", file, base, err)
+			} else {
+				sn.base = make(map[string]bool, len(keys))
+				for _, k := range keys {
+					sn.base[k] = true
+				}
+			}
+		}
+	}
 	st := &Staged{sn: sn, pf: pf, start: time.Now()}
 	err := st.stage(ctx, file, ch, func(ctx context.Context, key string, off int64, data []byte) error {
 		isNew, err := sn.claim(ctx, key)

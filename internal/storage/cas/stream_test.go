@@ -57,7 +57,7 @@ func stageFile(t *testing.T, s *Store, d *blob.Dir, name string, data []byte, c 
 	must(t, err)
 	_, err = pf.File().Write(data)
 	must(t, err)
-	return s.StageFile(ctx, name, pf, c)
+	return s.StageFile(ctx, name, pf, c, "")
 }
 
 // allocated is how many bytes of disk the file holding key's blob takes.

@@ -49,6 +49,8 @@ func newModelCmd() *cobra.Command {
 
 // run serves the scripted model until a signal.
 func (mf *modelFlags) run(cmd *cobra.Command, _ []string) error {
+	ctx, stop := serve.OnSignal(cmd.Context())
+	defer stop()
 	log, script, scripts, err := mf.load()
 	if err != nil {
 		return err
@@ -64,7 +66,7 @@ func (mf *modelFlags) run(cmd *cobra.Command, _ []string) error {
 	fmt.Fprintln(cmd.OutOrStdout(), shown)
 	log.Info("serving", "addr", shown, "script", script.Name, "turns", len(script.Turns), "task_scripts", len(scripts), "seed", mf.seed,
 		"token_delay", mf.delay, "fail", mf.failRate, "model", h.Name())
-	if err := serve.UntilSignal(cmd.Context(), ln, h, log); err != nil {
+	if err := serve.UntilSignal(ctx, ln, h, log); err != nil {
 		return &exitError{Code: 1, Err: err}
 	}
 	return nil

@@ -66,12 +66,14 @@ FILE is JSON: {"episode": "...", "token": "...", "attempt": N}.`,
 // listenUntilSignal serves h on addr (the --listen flag) until a signal
 // comes, having printed where name listens.
 func listenUntilSignal(cmd *cobra.Command, name, addr string, h http.Handler, log *slog.Logger) error {
+	ctx, stop := serve.OnSignal(cmd.Context())
+	defer stop()
 	ln, shown, err := serve.Listen(addr)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), name+" listening on", shown)
-	return serve.UntilSignal(cmd.Context(), ln, h, log)
+	return serve.UntilSignal(ctx, ln, h, log)
 }
 
 func gatewayStateDir(flag string) (string, error) {

@@ -62,6 +62,7 @@ type serveFlags struct {
 	stragglers, imageRef                                              string
 	pullImages                                                        bool
 	limits                                                            limitFlags
+	gate                                                              *serve.StepGate // STASIS_STEP_GATE's, for tests
 }
 
 func newServeCmd() *cobra.Command {
@@ -114,6 +115,10 @@ func (sf *serveFlags) add(f *pflag.FlagSet) {
 
 // run serves the API until a signal.
 func (sf *serveFlags) run(cmd *cobra.Command) error {
+	// Signals are caught from the start: one that comes while the server
+	// starts ends it in order once it has started.
+	sigCtx, stopSignals := serve.OnSignal(cmd.Context())
+	defer stopSignals()
 	serve.ProcsForFsync() // the gateway fsyncs each ledger entry
 	log, o, err := sf.options()
 	if err != nil {
@@ -145,9 +150,12 @@ func (sf *serveFlags) run(cmd *cobra.Command) error {
 		stop := cpuProfileOnSignal(filepath.Join(sf.state, "cpu.pb.gz"), log)
 		defer stop()
 	}
+	if sf.gate != nil {
+		_ = sf.gate.Step("serve", "listening", "")
+	}
 	fmt.Fprintln(cmd.OutOrStdout(), shown)
 	log.Info("serving", "addr", shown, "tls", o.Access.TLSConfig() != nil, "authenticates", o.Access.Authenticates())
-	err = serve.UntilSignal(cmd.Context(), ln, srv.Handler(), log)
+	err = serve.UntilSignal(sigCtx, ln, srv.Handler(), log)
 	if cerr := srv.Close(); cerr != nil {
 		log.Warn("closing the server", "err", cerr)
 	}
@@ -228,6 +236,7 @@ func (sf *serveFlags) options() (*slog.Logger, server.Options, error) {
 	if err != nil {
 		return nil, server.Options{}, &exitError{Code: 2, Err: err}
 	}
+	sf.gate = gate
 	var coOpts func(*coordinator.Options)
 	var snapHook func(string) error
 	if gate != nil {

@@ -58,12 +58,21 @@ func Listen(addr string) (net.Listener, string, error) {
 	return ln, "unix:" + path, nil
 }
 
+// OnSignal is ctx, ended when SIGTERM or SIGINT arrives. A server calls it
+// first, before it announces its address: from then on a signal ends it
+// through UntilSignal's orderly shutdown, where before the runtime's
+// default action would have killed it with its sandboxes left running.
+func OnSignal(ctx context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+}
+
 // UntilSignal serves h on ln until ctx ends, SIGTERM or SIGINT arrives, or
 // serving fails; then it shuts down, giving requests under way 10 s before
-// closing them.
+// closing them. A caller that prints its address before calling it should
+// have taken ctx from OnSignal first.
 func UntilSignal(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := OnSignal(ctx)
 	defer stop()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

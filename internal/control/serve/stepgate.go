@@ -22,6 +22,7 @@ const StepGateEnv = "STASIS_STEP_GATE"
 
 // StepGateAtEnv names the one step a StepGateEnv gate stops at, as
 // OP:STEP or OP:STEP:EPISODE (e.g. prepare:commit, restore:go:ep-1,
+// serve:listening just before `stasis serve` prints its address,
 // provider:snapshot-writing); unset, the gate stops at nothing.
 const StepGateAtEnv = "STASIS_STEP_GATE_AT"
 

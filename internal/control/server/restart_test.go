@@ -18,10 +18,12 @@ import (
 	"time"
 
 	"stasis/internal/control/model"
+	"stasis/internal/control/serve"
 	"stasis/internal/control/server"
 	"stasis/internal/control/task"
 	"stasis/internal/stasistest"
 	"stasis/internal/storage/store"
+	"stasis/internal/testwait"
 )
 
 // holder holds every model request that is the third call of its
@@ -282,5 +284,66 @@ func TestServeUsage(t *testing.T) {
 	out, _, code := stasistest.Run(t, nil, "", "serve", "--help")
 	if code != 0 || !strings.Contains(out, "curl -s --json '{\"id\":\"ep-1\"") {
 		t.Errorf("serve --help: exit %d:\n%s", code, out)
+	}
+}
+
+// A SIGTERM that comes while `stasis serve` is starting (here: held by a
+// step gate just before it prints its address) ends it in order once it
+// has started, exit 0, never by the signal's default action, which would
+// leave its sandboxes running with nothing driving them.
+func TestSigtermWhileStarting(t *testing.T) {
+	state := t.TempDir()
+	cleanState(t, state)
+	gate := t.TempDir()
+	logPath := filepath.Join(t.TempDir(), "serve.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(stasistest.Exe(), "serve", "--state", state, "--listen", "127.0.0.1:0")
+	cmd.Env = append(append(os.Environ(), stasistest.Env...), "GORACE=atexit_sleep_ms=0",
+		serve.StepGateEnv+"="+gate, serve.StepGateAtEnv+"=serve:listening")
+	cmd.Stderr, cmd.Stdout = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	reached := filepath.Join(gate, "1-serve-listening-.reached")
+	testwait.Until(t, "stasis serve to reach its gate before it listens", 2*time.Minute, func() bool {
+		if _, err := os.Stat(reached); err == nil {
+			return true
+		}
+		select {
+		case <-done:
+			log, _ := os.ReadFile(logPath)
+			t.Fatalf("stasis serve exited before its gate; its log:\n%s", log)
+		default:
+		}
+		return false
+	})
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(strings.TrimSuffix(reached, ".reached")+".go", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("stasis serve still runs 30s after SIGTERM")
+	}
+	log, _ := os.ReadFile(logPath)
+	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(string(log), "shutting down") {
+		t.Fatalf("stasis serve, SIGTERM while it started: exit %d (-1: killed by the signal); its log:\n%s", code, log)
 	}
 }

@@ -658,3 +658,79 @@ func TestScopedRestore(t *testing.T) {
 		t.Fatalf("live after a restore that left everything out: %v", ids)
 	}
 }
+
+// An episode that had finished at a checkpoint comes back from it ended,
+// with its verdict and the ledger that verdict was made on, however its
+// ledger moved on since: here it was started again as its next attempt,
+// which made two calls, and retired. The restore takes the ledger back
+// to the checkpoint's history (the record of a finished episode keeps its
+// ledger's tip).
+func TestRestoreOfAFinishedEpisodeBringsItsLedgerBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	w := newWorld(t)
+	c := w.Coordinator
+	const ep = "ep-f"
+	if _, err := c.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := c.Verify(ctx, ep)
+	if err != nil || v.Reward != 1 {
+		t.Fatalf("reward %d %v", v.Reward, err)
+	}
+	if _, err := c.Prepare(ctx, "ck-done"); err != nil {
+		t.Fatal(err)
+	}
+	_, recs, err := w.Store.Get(ctx, "ck-done")
+	if err != nil || len(recs) != 1 || !recs[0].Finished || recs[0].LedgerTip == "" {
+		t.Fatalf("the record of the finished episode: %+v %v", recs, err)
+	}
+	done, err := ledger.ReadIn(w.Gateway.Ledgers(), ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Started again: its ledger starts over; two calls, then retired.
+	if err := c.Retire(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	h := w.HoldAttempt(ep, 1, 1_000_003)
+	if _, err := c.Start(ctx, ep, "sh-renext-spaces", "mini"); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld(t, ctx, h, "the next attempt's third call")
+	if err := c.Retire(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.RestoreWith(ctx, "ck-done", coordinator.RestoreOptions{Episodes: []string{ep}})
+	if err != nil || len(res.Episodes) != 1 || !res.Episodes[0].Finished {
+		t.Fatalf("restore: %+v %v", res, err)
+	}
+	back, err := ledger.ReadIn(w.Gateway.Ledgers(), ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Entries) != len(done.Entries) {
+		t.Fatalf("the ledger after the restore has %d live entries; the checkpoint's history has %d", len(back.Entries), len(done.Entries))
+	}
+	for i, e := range back.Entries {
+		if e.Hash != done.Entries[i].Hash || e.Attempt != 0 {
+			t.Fatalf("entry %d after the restore: %s (attempt %d), not the checkpoint's %s", i+1, e.CallID, e.Attempt, done.Entries[i].CallID)
+		}
+	}
+	row, err := w.Store.GetEpisode(ctx, ep)
+	if err != nil || row.State != store.EpisodeEnded {
+		t.Fatalf("%s after the restore: %+v %v", ep, row, err)
+	}
+	if vd, rec, err := c.Verify(ctx, ep); err != nil || !rec || !vd.Started.Equal(v.Started) {
+		t.Fatalf("its verdict after the restore: %+v %v %v", vd, rec, err)
+	}
+	if rep, err := ledger.VerifyIn(w.Gateway.Ledgers(), ep); err != nil || !rep.OK || rep.Broken {
+		t.Fatalf("ledger: %+v %v", rep, err)
+	}
+	if err := c.Retire(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -121,10 +121,13 @@ func (d decision) relaunched(attempt int) decision {
 }
 
 // finished is an episode of a restored checkpoint that had ended at the
-// checkpoint: it gets no fork, only its row.
+// checkpoint: it gets no fork, only its row, and its ledger is taken back
+// to the history its verdict was made on (Tip, the record's ledger tip;
+// "" in older records) if it has moved on since.
 type finished struct {
 	Episode string `json:"episode"`
 	Attempt int    `json:"attempt"`
+	Tip     string `json:"tip,omitempty"`
 }
 
 // pauseIntent is a prepare's journaled pause of one episode.

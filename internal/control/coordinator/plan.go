@@ -133,7 +133,7 @@ func planRestore(f restoreFacts) (restorePlan, []Problem) {
 			continue
 		}
 		if r.Finished {
-			p.Finished = append(p.Finished, finished{Episode: ep, Attempt: r.Attempt})
+			p.Finished = append(p.Finished, finished{Episode: ep, Attempt: r.Attempt, Tip: r.LedgerTip})
 			continue
 		}
 		if err := f.ImageErrs[ep]; err != nil {

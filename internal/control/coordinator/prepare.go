@@ -306,7 +306,8 @@ func pauseRecord(snap episode.Snapshot, row store.Episode, sandboxID string) sto
 }
 
 // finishedRecord verifies an ended episode (capture once) and records it
-// as finished.
+// as finished, with its ledger's tip: a restore of the checkpoint takes
+// the ledger back to the history the verdict was made on.
 func (c *Coordinator) finishedRecord(ctx context.Context, e *episode.Episode, row store.Episode) (store.Record, error) {
 	v, _, err := e.Verify(ctx)
 	if err != nil {
@@ -317,10 +318,14 @@ func (c *Coordinator) finishedRecord(ctx context.Context, e *episode.Episode, ro
 	if err != nil {
 		return store.Record{}, err
 	}
+	tip, err := c.o.Env.Gateway.Tip(row.ID)
+	if err != nil {
+		return store.Record{}, fmt.Errorf("episode %s: its ledger's tip: %w", row.ID, err)
+	}
 	desc, _ := json.Marshal(map[string]string{"id": e.SandboxID()})
 	return store.Record{
 		Schema: store.RecordSchema, Episode: row.ID, Provider: row.Provider, Sandbox: desc,
-		Attempt: e.Attempt(), Finished: true, Result: doc,
+		Attempt: e.Attempt(), Finished: true, Result: doc, LedgerTip: tip.Hash,
 	}, nil
 }
 

@@ -97,6 +97,9 @@ func (c *Coordinator) recoverFork(ctx context.Context, s *opState) error {
 			}
 			var es []store.Episode
 			if s.Decided != nil {
+				for _, err := range c.rewindFinished(s.Finished) {
+					c.log.Warn("an interrupted restore's ended episode", "op", s.ID, "err", err)
+				}
 				es = restoredRows(rows, s.Decided, s.Finished, out)
 			}
 			if err := c.o.Store.CloseJournal(ctx, s.ID, es); err != nil {

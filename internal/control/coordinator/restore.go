@@ -150,7 +150,9 @@ func (c *Coordinator) RestoreWith(ctx context.Context, id string, ro RestoreOpti
 		c.undoRestore(ctx, x, forks)
 		return res, fmt.Errorf("checkpoint %s: restore failed, every sandbox it made deleted: %w", id, err)
 	}
-	// Past the point of no return: every episode is continued, or lost.
+	// Past the point of no return: every episode is continued, or lost;
+	// each that had ended gets the ledger its verdict was made on.
+	unwound := c.rewindFinished(plan.Finished)
 	out, lost := c.finishDecided(ctx, x, decided, eps, figs)
 	res.Phases["resume"] = c.since(t)
 	if x.dead() {
@@ -168,8 +170,13 @@ func (c *Coordinator) RestoreWith(ctx context.Context, id string, ro RestoreOpti
 	c.install(eps, out)
 	res.Episodes = append(restoredFigures(recs, figs), left...)
 	res.Seconds = c.since(start)
+	var errs []error
 	if len(lost) > 0 {
-		return res, fmt.Errorf("checkpoint %s: restored, but %d episodes could not be continued and are marked lost, their forks deleted (restore the checkpoint again to bring them back): %w", id, len(lost), errors.Join(lost...))
+		errs = append(errs, fmt.Errorf("%d episodes could not be continued and are marked lost, their forks deleted (restore the checkpoint again to bring them back): %w", len(lost), errors.Join(lost...)))
+	}
+	errs = append(errs, unwound...)
+	if len(errs) > 0 {
+		return res, fmt.Errorf("checkpoint %s: restored, but: %w", id, errors.Join(errs...))
 	}
 	return res, nil
 }
@@ -390,6 +397,25 @@ func (c *Coordinator) finishDecided(ctx context.Context, x *op, plan []decision,
 		return nil
 	})
 	return out, lost
+}
+
+// rewindFinished takes the ledger of each episode a restore brings back
+// ended (it had finished at the checkpoint) back to the history its
+// verdict was made on, the record's tip, if the ledger has moved on since
+// (the episode was restored from an earlier checkpoint, or started again,
+// after it). It can be repeated (a recovery does); each failure is
+// returned, the others done.
+func (c *Coordinator) rewindFinished(fin []finished) []error {
+	var errs []error
+	for _, f := range fin {
+		if f.Tip == "" {
+			continue // an older record: the ledger stays as it is
+		}
+		if err := persist(func() error { return c.o.Env.Gateway.Rewind(f.Episode, f.Tip) }); err != nil {
+			errs = append(errs, fmt.Errorf("episode %s: restored ended, but its ledger was not taken back to the checkpoint's history: %w", f.Episode, err))
+		}
+	}
+	return errs
 }
 
 // persist runs a step past a restore's point of no return until it

@@ -434,6 +434,41 @@ func (g *Gateway) Restore(id string, inPlace bool, at LedgerAt) (EpisodeState, e
 	return next, nil
 }
 
+// Rewind takes the episode's ledger back to a checkpoint's history, the
+// ledger as it was right after the record with hash tip, when it has
+// moved on since (as Restore does, without starting an attempt): a
+// restore of a checkpoint that recorded the episode finished brings back
+// the history its verdict was made on. A tip the ledger does not hold is
+// refused with errdefs.ErrConflict, and nothing changes.
+func (g *Gateway) Rewind(id, tip string) error {
+	if err := g.load(id); err != nil {
+		return err
+	}
+	l, err := g.freshLedger(id)
+	if err != nil {
+		return err
+	}
+	lock := g.epLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	if !l.Has(tip) {
+		return errdefs.Errorf(errdefs.ErrConflict, "episode %q: the checkpoint's ledger tip %.12s… is not a record of this episode's ledger; nothing was changed", id, tip)
+	}
+	g.mu.Lock()
+	st, ok := g.desk.episode(id)
+	g.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("episode %q: %w", id, ErrUnknownEpisode)
+	}
+	// Written as the episode's attempt now, which may be another node's.
+	if err := l.Fence(st.Attempt); err != nil {
+		g.dropLedger(id, l, err)
+		return err
+	}
+	_, err = rewind(l, id, LedgerAt{Tip: tip}, st.Attempt)
+	return err
+}
+
 // Restart starts the episode's next attempt from the start: a trainer
 // starts a retired or lost episode again, a new harness on the task's
 // work tree. Calls of older attempts are refused from then on, here and by

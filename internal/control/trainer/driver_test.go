@@ -152,6 +152,12 @@ func (d *driver) api() (*client.Client, string) {
 	return n.api, n.name
 }
 
+// reader is a node's API for the reads a wait repeats, as often as
+// timing has it: the first node up, so that the rng (which picks the
+// operations' nodes) is drawn the same number of times in every replay of
+// a seed.
+func (d *driver) reader() *client.Client { return d.w.up()[0].api }
+
 // ids lists the episodes in id order (the rng picks from lists in a
 // fixed order, so that a seed replays its choices).
 func (d *driver) ids(keep func(*episode) bool) []string {
@@ -257,8 +263,7 @@ func (d *driver) awaitEnded(id string) {
 
 // harnessEnded asks whether an episode's harness has ended.
 func (d *driver) harnessEnded(id string) bool {
-	api, _ := d.api()
-	v, err := api.Episode(d.w.ctx, id)
+	v, err := d.reader().Episode(d.w.ctx, id)
 	if err != nil {
 		return false
 	}
@@ -266,8 +271,7 @@ func (d *driver) harnessEnded(id string) bool {
 }
 
 func (d *driver) describe(id string) string {
-	api, _ := d.api()
-	v, err := api.Episode(d.w.ctx, id)
+	v, err := d.reader().Episode(d.w.ctx, id)
 	if err != nil {
 		return err.Error()
 	}

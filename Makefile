@@ -23,7 +23,7 @@ VERSION     := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X stasis/internal/insandbox/sandboxcli.version=$(VERSION)
 export PATH := $(TOOLS):$(VERSITYGW_DIR):$(PATH)
 
-.PHONY: all build demo demo-nodes test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz soak bench clean matrix
+.PHONY: all build demo demo-nodes test deps deps-python deps-test deps-s3 npm-prefix deps-opencode deps-clients deps-microvm deps-image vet staticcheck unit model python-client fuzz soak soak-sequences soak-cycles bench clean matrix
 
 all: build
 
@@ -293,18 +293,51 @@ fuzz: deps
 	done; \
 	echo "fuzz: $$n targets ran for $(FUZZTIME) each, none failed"
 
-## soak: random trainer sequences (internal/control/trainer), as many
-## as SEEDS (default 1000), seeds SEED_FIRST, SEED_FIRST+1, ..., starting
-## no new one once SOAK_TIME (default 2h) has passed, so it stops by
-## itself; one sequence is bounded too (15 minutes). `make test` runs four
-## of them; soak is not part of it. A failing seed prints its number, how
-## to replay it (-seed N) and its sequence; the run goes on to the next.
-SEEDS      ?= 1000
-SEED_FIRST ?= 1
-SOAK_TIME  ?= 2h
-soak: deps deps-s3
+## soak: the long reliability runs (not part of `make test`), one after
+## another, each bounded in count and in time, so it stops by itself:
+##  - soak-sequences: random trainer sequences (internal/control/trainer),
+##    SEEDS of them (default 1000), seeds SEED_FIRST, SEED_FIRST+1, ...,
+##    starting no new one once SOAK_TIME (default 2h) has passed; one
+##    sequence is bounded too (15 minutes). `make test` runs four. A
+##    failing seed prints its number, how to replay it (-seed N) and its
+##    sequence; the run goes on to the next.
+##  - soak-cycles: CYCLES checkpoint/restore cycles (default 100) of
+##    CYCLE_EPISODES episodes (64) kept live through them, on one `stasis
+##    serve` on its embedded store and on a cluster of 3 nodes on
+##    PostgreSQL and S3, and MICROVM_CYCLES (10) of MICROVM_EPISODES (8) on
+##    the microVM provider; each run starts no new cycle after CYCLE_TIME
+##    (default 2h). Every cycle's resources (each node's RSS, open
+##    descriptors, goroutines, store and blob-store bytes after the
+##    previous checkpoint is deleted and collected) are appended as JSON
+##    lines to $(SOAK_OUT)/cycles-*.jsonl; a run fails if descriptors or
+##    goroutines grow from its first cycles to its last.
+## RELIABILITY.md records the runs.
+SEEDS            ?= 1000
+SEED_FIRST       ?= 1
+SOAK_TIME        ?= 2h
+CYCLES           ?= 100
+CYCLE_EPISODES   ?= 64
+CYCLE_TIME       ?= 2h
+MICROVM_CYCLES   ?= 10
+MICROVM_EPISODES ?= 8
+SOAK_OUT         ?= $(CURDIR)/.soak
+soak: soak-sequences soak-cycles
+
+soak-sequences: deps deps-s3
 	$(GO) test ./internal/control/trainer -run '^TestRandomSequences$$' -count=1 -timeout 0 -v \
 		-args -seeds $(SEEDS) -first $(SEED_FIRST) -soak-time $(SOAK_TIME)
+
+soak-cycles: deps deps-s3 deps-microvm
+	mkdir -p $(SOAK_OUT)
+	$(GO) test ./internal/control/trainer -run '^TestSoakCycles$$' -count=1 -timeout 0 -v \
+		-args -cycles $(CYCLES) -cycle-episodes $(CYCLE_EPISODES) -cycle-nodes 1 -cycle-time $(CYCLE_TIME) \
+		-cycle-report $(SOAK_OUT)/cycles-local-1.jsonl
+	$(GO) test ./internal/control/trainer -run '^TestSoakCycles$$' -count=1 -timeout 0 -v \
+		-args -cycles $(CYCLES) -cycle-episodes $(CYCLE_EPISODES) -cycle-nodes 3 -cycle-time $(CYCLE_TIME) \
+		-cycle-report $(SOAK_OUT)/cycles-local-3.jsonl
+	$(GO) test ./internal/control/trainer -run '^TestSoakCycles$$' -count=1 -timeout 0 -v \
+		-args -cycles $(MICROVM_CYCLES) -cycle-episodes $(MICROVM_EPISODES) -cycle-nodes 1 -cycle-provider microvm \
+		-cycle-time $(CYCLE_TIME) -cycle-report $(SOAK_OUT)/cycles-microvm-1.jsonl
 
 ## bench: the figures BENCHMARKS.md records.
 bench: build deps-microvm

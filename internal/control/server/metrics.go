@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"stasis/internal/control/serve"
@@ -58,6 +59,10 @@ func newMetrics(s *Server) *metrics {
 		}
 		return float64(len(s.coord.LiveIDs()))
 	})
+	// The process's own (process_resident_memory_bytes,
+	// process_open_fds, ...) and the Go runtime's (go_goroutines,
+	// go_memstats_*): what an operator watches a long-running server by.
+	m.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	m.reg.MustRegister(m.requests, m.requestSeconds, m.checkpoints, m.checkpointSeconds, m.restores, m.restoreSeconds,
 		live, &episodeStates{s: s, desc: prometheus.NewDesc("stasis_server_episodes", "Episodes in the record store, by state.", []string{"state"}, nil)})
 	return m

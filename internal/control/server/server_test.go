@@ -450,6 +450,7 @@ func TestAPI(t *testing.T) {
 		`stasis_server_episodes{state="ended"} 2`,
 		`stasis_server_episodes{state="running"} 1`,
 		`stasis_server_live_episodes 3`,
+		"\ngo_goroutines ", "\nprocess_resident_memory_bytes ", "\nprocess_open_fds ",
 	} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("/metrics lacks %s", want)

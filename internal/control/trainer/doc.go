@@ -20,7 +20,13 @@
 // call of a dead attempt in it.
 //
 // `go test ./internal/control/trainer` runs four seeds and the fixed
-// scenarios; `make soak SEEDS=N SOAK_TIME=D` runs as many seeds as it is
-// given, bounded by count and time. A failing seed prints its number and
-// its sequence; `-seed N` replays it.
+// scenarios; `make soak-sequences SEEDS=N SOAK_TIME=D` runs as many seeds
+// as it is given, bounded by count and time. A failing seed prints its
+// number and its sequence; `-seed N` replays it.
+//
+// It also holds the cycle soak (TestSoakCycles, cycles_test.go; `make
+// soak-cycles`, skipped unless -cycles is given): many episodes kept live
+// through many checkpoint/restore cycles, on one server or a cluster, on
+// the local or the microVM provider, with each node's resources sampled
+// after every cycle, to find what grows.
 package trainer

@@ -24,6 +24,7 @@ import (
 	"stasis/internal/control/task"
 	"stasis/internal/pgtest"
 	"stasis/internal/providers/local"
+	"stasis/internal/providers/microvm"
 	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
 	"stasis/internal/storage/store"
@@ -71,6 +72,15 @@ type world struct {
 	// concurrency is the nodes' --concurrency: how many episodes a
 	// checkpoint or a restore works on at once.
 	concurrency int
+	// standalone: one `stasis serve` on the embedded defaults (SQLite and
+	// files in its state directory, snapshots there too), not a node of a
+	// cluster on PostgreSQL and S3.
+	standalone bool
+	// quiet: the nodes log at info, not debug.
+	quiet bool
+	// provider is the nodes' --provider ("": local); guestBinary the
+	// microvm provider's static in-guest binary.
+	provider, guestBinary string
 }
 
 // node is one `stasis serve --node` child.
@@ -187,6 +197,9 @@ func (w *world) teardown() {
 		if _, err := local.Crash(filepath.Join(state, "local")); err != nil {
 			w.t.Errorf("kill what node-%d left: %v", i+1, err)
 		}
+		if _, err := microvm.Crash(filepath.Join(state, microvm.Name)); err != nil {
+			w.t.Errorf("kill the machines node-%d left: %v", i+1, err)
+		}
 		if sock, err := system.GatewaySocket(state); err == nil {
 			_ = os.RemoveAll(filepath.Dir(sock))
 		}
@@ -194,6 +207,15 @@ func (w *world) teardown() {
 	w.gate.Open() // the model server's Close waits for the calls it holds
 	w.model.Close()
 	w.store.Close()
+}
+
+// logLevel is the nodes' --log-level: debug, but info in a long soak,
+// whose logs would otherwise fill the disk.
+func (w *world) logLevel() string {
+	if w.quiet {
+		return "info"
+	}
+	return "debug"
 }
 
 func (w *world) stateOf(i int) string { return filepath.Join(w.dir, fmt.Sprintf("node-%d", i+1)) }
@@ -257,9 +279,18 @@ func (w *world) startNode(i int) (*node, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	n.cmd = exec.Command(stasistest.Exe(), "serve", "--listen", "127.0.0.1:0", "--state", n.state, "--tasks", w.tasks,
-		"--model-upstream", w.model.URL, "--node", n.name, "--node-lease", lease.String(), "--store", w.dsn, "--blobs", w.blobs,
-		"--concurrency", strconv.Itoa(w.concurrency), "--log-format", "json", "--log-level", "debug")
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", n.state, "--tasks", w.tasks,
+		"--model-upstream", w.model.URL, "--concurrency", strconv.Itoa(w.concurrency), "--log-format", "json", "--log-level", w.logLevel()}
+	if w.provider != "" {
+		args = append(args, "--provider", w.provider)
+	}
+	if w.guestBinary != "" {
+		args = append(args, "--guest-binary", w.guestBinary)
+	}
+	if !w.standalone {
+		args = append(args, "--node", n.name, "--node-lease", lease.String(), "--store", w.dsn, "--blobs", w.blobs)
+	}
+	n.cmd = exec.Command(stasistest.Exe(), args...)
 	n.cmd.Env = append(os.Environ(), stasistest.Env...)
 	n.cmd.Stderr = logf
 	out, err := n.cmd.StdoutPipe()

@@ -305,3 +305,12 @@ type Snapshots interface {
 	// whose snapshots a service keeps returns zeros.
 	CollectBlobs(ctx context.Context) (blobs int, bytes int64, err error)
 }
+
+// SnapshotsDeleter is a provider that deletes many snapshots at once,
+// collecting what they held once rather than after each (deleting a
+// checkpoint deletes a snapshot per episode). Like DeleteSnapshot it is
+// idempotent; an error names the snapshots it could not delete, the
+// others deleted all the same.
+type SnapshotsDeleter interface {
+	DeleteSnapshots(ctx context.Context, snapshots []string) error
+}

@@ -52,6 +52,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -665,16 +666,39 @@ func (c *Coordinator) DeleteCheckpoint(ctx context.Context, id string) ([]store.
 	}
 	// The checkpoint is gone from the store: nothing would name these
 	// snapshots again, so every one is deleted, retrying transient failures.
-	var errs []error
+	var snaps []string
 	for _, ref := range freed {
-		if ref.Provider != c.o.Env.Provider.Name() {
-			continue
-		}
-		if err := retry(func() error { return c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), ref.SnapshotID) }); err != nil {
-			errs = append(errs, fmt.Errorf("checkpoint %s: delete snapshot %s: %w", id, ref.SnapshotID, err))
+		if ref.Provider == c.o.Env.Provider.Name() {
+			snaps = append(snaps, ref.SnapshotID)
 		}
 	}
+	var errs []error
+	for _, err := range c.removeSnapshots(context.WithoutCancel(ctx), snaps) {
+		errs = append(errs, fmt.Errorf("checkpoint %s: %w", id, err))
+	}
 	return freed, errors.Join(errs...)
+}
+
+// removeSnapshots deletes snapshots, retrying transient failures: all at
+// once when the provider can (their blobs collected once), else one by
+// one. It returns the failures.
+func (c *Coordinator) removeSnapshots(ctx context.Context, snaps []string) []error {
+	if len(snaps) == 0 {
+		return nil
+	}
+	if d, ok := c.o.Env.Provider.(sandbox.SnapshotsDeleter); ok {
+		if err := retry(func() error { return d.DeleteSnapshots(ctx, snaps) }); err != nil {
+			return []error{fmt.Errorf("delete snapshots %s: %w", strings.Join(snaps, ", "), err)}
+		}
+		return nil
+	}
+	var errs []error
+	for _, s := range snaps {
+		if err := retry(func() error { return c.o.Env.Provider.DeleteSnapshot(ctx, s) }); err != nil {
+			errs = append(errs, fmt.Errorf("delete snapshot %s: %w", s, err))
+		}
+	}
+	return errs
 }
 
 // Wait waits for an episode's harness to end. When its sandbox turns out

@@ -177,10 +177,8 @@ func (c *Coordinator) DeleteSnapshots(ctx context.Context, ckpt string, snaps []
 // deleteSnapshots deletes snapshots no checkpoint names, retrying
 // transient failures.
 func (c *Coordinator) deleteSnapshots(ctx context.Context, ckpt string, snaps []string) {
-	for _, s := range snaps {
-		if err := retry(func() error { return c.o.Env.Provider.DeleteSnapshot(context.WithoutCancel(ctx), s) }); err != nil {
-			c.log.Warn("delete a snapshot no checkpoint names", "checkpoint", ckpt, "snapshot", s, "err", err)
-		}
+	for _, err := range c.removeSnapshots(context.WithoutCancel(ctx), snaps) {
+		c.log.Warn("delete snapshots no checkpoint names", "checkpoint", ckpt, "err", err)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"stasis/client"
+	"stasis/internal/control/cluster"
 	"stasis/internal/control/model"
 	"stasis/internal/providers/microvm"
 	"stasis/internal/s3test"
@@ -109,6 +110,10 @@ func TestSoakCycles(t *testing.T) {
 	w := newWorld(t, ctx, s3, n, nodes, log, func(w *world) {
 		w.concurrency, w.quiet, w.standalone = 16, true, nodes == 1
 		w.provider, w.guestBinary = prov, guest
+		// The nodes' default lease: the sequences' short one, which
+		// makes their crashes quick, is renewed late on a machine the
+		// soak loads to the hilt, and nothing here crashes.
+		w.nodeLease = cluster.DefaultLease
 	})
 	c := &cycler{t: t, w: w, s3: s3, n: n}
 	for i := 1; i <= n; i++ {
@@ -131,9 +136,14 @@ func TestSoakCycles(t *testing.T) {
 	start := time.Now()
 	var samples []sample
 	prev := ""
+	stop := stopOnSignal(t)
 	for cycle := 1; cycle <= *cyclesFlag; cycle++ {
 		if *cycleTimeFlag > 0 && time.Since(start) > *cycleTimeFlag {
 			t.Logf("cycle time %s is up after %d cycles", *cycleTimeFlag, cycle-1)
+			break
+		}
+		if stop() {
+			t.Logf("stopped by a signal after %d cycles", cycle-1)
 			break
 		}
 		began := time.Now()

@@ -5,8 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,9 +50,14 @@ func TestRandomSequences(t *testing.T) {
 	start := time.Now()
 	ran, failed := 0, []uint64{}
 	totals := map[string]int{}
+	stop := stopOnSignal(t)
 	for _, seed := range seeds {
 		if *soakFlag > 0 && time.Since(start) > *soakFlag {
 			t.Logf("soak time %s is up after %d seeds", *soakFlag, ran)
+			break
+		}
+		if stop() {
+			t.Logf("stopped by a signal after %d seeds", ran)
 			break
 		}
 		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -63,6 +71,25 @@ func TestRandomSequences(t *testing.T) {
 		}
 	}
 	t.Logf("%d seeds in %s; failed: %v; %s", ran, time.Since(start).Round(time.Second), failed, counts(totals))
+}
+
+// stopOnSignal catches SIGTERM and SIGINT for the rest of the test and
+// returns whether one came: a soak asked to stop finishes the seed or the
+// cycle under way, checks it and cleans up, instead of dying with its
+// servers and sandboxes left running.
+func stopOnSignal(t *testing.T) func() bool {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	t.Cleanup(func() { signal.Stop(ch) })
+	stopped := false
+	return func() bool {
+		select {
+		case <-ch:
+			stopped = true
+		default:
+		}
+		return stopped
+	}
 }
 
 // counts is a map of counts in key order.

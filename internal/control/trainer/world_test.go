@@ -81,6 +81,8 @@ type world struct {
 	// provider is the nodes' --provider ("": local); guestBinary the
 	// microvm provider's static in-guest binary.
 	provider, guestBinary string
+	// nodeLease is the nodes' --node-lease (0: lease).
+	nodeLease time.Duration
 }
 
 // node is one `stasis serve --node` child.
@@ -288,7 +290,11 @@ func (w *world) startNode(i int) (*node, error) {
 		args = append(args, "--guest-binary", w.guestBinary)
 	}
 	if !w.standalone {
-		args = append(args, "--node", n.name, "--node-lease", lease.String(), "--store", w.dsn, "--blobs", w.blobs)
+		nl := lease
+		if w.nodeLease > 0 {
+			nl = w.nodeLease
+		}
+		args = append(args, "--node", n.name, "--node-lease", nl.String(), "--store", w.dsn, "--blobs", w.blobs)
 	}
 	n.cmd = exec.Command(stasistest.Exe(), args...)
 	n.cmd.Env = append(os.Environ(), stasistest.Env...)

@@ -122,6 +122,12 @@ func (c Calls[M, PM, K, S, PS]) DeleteSnapshot(ctx context.Context, id string) e
 	return c.x.Delete(ctx, id)
 }
 
+// DeleteSnapshots deletes the snapshots ids and collects their blobs once
+// (Snapshots.DeleteMany): sandbox.SnapshotsDeleter.
+func (c Calls[M, PM, K, S, PS]) DeleteSnapshots(ctx context.Context, ids []string) error {
+	return c.x.DeleteMany(ctx, ids)
+}
+
 // CollectBlobs deletes the blobs that no snapshot and no sandbox's
 // incremental base references (Snapshots.CollectBlobs).
 func (c Calls[M, PM, K, S, PS]) CollectBlobs(ctx context.Context) (int, int64, error) {

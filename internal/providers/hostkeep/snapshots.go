@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"stasis/errdefs"
@@ -91,6 +92,8 @@ type Snapshots[S any, PS SnapOf[S]] struct {
 	pins       *Pins
 	reconcile  func(context.Context) error
 	tombstones sync.Map // shared snapshot records seen deleted: never read again
+	// collections counts the collections deletions asked for (tests).
+	collections atomic.Int64
 }
 
 // Path is snapshot id's record file (without Shared).
@@ -240,28 +243,52 @@ func (x *Snapshots[S, PS]) ForFork(snap string, n int, expiry time.Time) (S, err
 // collects the blobs nothing references any more. Deleting a snapshot
 // that is gone is nil.
 func (x *Snapshots[S, PS]) Delete(ctx context.Context, id string) error {
-	s, err := x.Read("delete", id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
+	return x.DeleteMany(ctx, []string{id})
+}
+
+// DeleteMany deletes the snapshots ids, leaving their records as
+// tombstones, then collects the blobs nothing references any more, once
+// for them all: deleting a checkpoint's snapshots one by one would walk
+// the whole blob store once per snapshot. A snapshot that is gone is
+// skipped; one that cannot be deleted is an error, the others deleted
+// and collected all the same.
+func (x *Snapshots[S, PS]) DeleteMany(ctx context.Context, ids []string) error {
+	var errs []error
+	deleted := 0
+	for _, id := range ids {
+		s, err := x.Read("delete", id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		PS(&s).snap().Deleted = true
+		if err := x.writeRecord(id, s); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		deleted++
 	}
-	if err != nil {
-		return err
+	if deleted == 0 {
+		return errors.Join(errs...)
 	}
-	PS(&s).snap().Deleted = true
-	if err := x.writeRecord(id, s); err != nil {
-		return err
-	}
+	x.collections.Add(1)
 	if x.Shared != nil {
 		if x.pins == nil {
-			return nil // a provider that publishes no bases collects nothing
+			return errors.Join(errs...) // a provider that publishes no bases collects nothing
 		}
 		// Left to another node's collection if one is under way.
-		_, _, err = x.collectShared(ctx, false)
-		return err
+		_, _, err := x.collectShared(ctx, false)
+		return errors.Join(append(errs, err)...)
 	}
-	_, _, err = x.CollectBlobs(ctx)
-	return err
+	_, _, err := x.CollectBlobs(ctx)
+	return errors.Join(append(errs, err)...)
 }
+
+// Collections is how many collections deletions have asked for.
+func (x *Snapshots[S, PS]) Collections() int64 { return x.collections.Load() }
 
 // LockBlobs takes the blob store's lock, shared or exclusive, until the
 // returned function is called.

@@ -171,3 +171,46 @@ func TestForFork(t *testing.T) {
 		t.Errorf("a missing snapshot: %v", err)
 	}
 }
+
+// DeleteSnapshots deletes many snapshots with one collection for them all
+// (deleting a checkpoint's snapshots one by one walked the blob store
+// once each), skips those already gone, and frees what they alone held.
+func TestDeleteSnapshotsCollectsOnce(t *testing.T) {
+	r := newSnapRig(t)
+	ctx := context.Background()
+	kept := tsnap{SnapMeta: SnapMeta{Manifest: r.store(t, "kept")}}
+	if err := r.x.Add(&kept); err != nil {
+		t.Fatal(err)
+	}
+	var gone []tsnap
+	var ids []string
+	for i := range 5 {
+		s := tsnap{SnapMeta: SnapMeta{Manifest: r.store(t, strings.Repeat("g", i+1))}}
+		if err := r.x.Add(&s); err != nil {
+			t.Fatal(err)
+		}
+		gone, ids = append(gone, s), append(ids, s.ID)
+	}
+	var d sandbox.SnapshotsDeleter = r.c
+	if err := d.DeleteSnapshots(ctx, append(ids, NewID("snap-"))); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.x.Collections(); n != 1 {
+		t.Fatalf("%d collections for deleting %d snapshots, want 1", n, len(ids))
+	}
+	for _, s := range gone {
+		if _, err := r.c.GetSnapshot(ctx, s.ID); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("%s after the deletion: %v", s.ID, err)
+		}
+		if _, err := r.x.CAS.Restore(ctx, s.Manifest, filepath.Join(t.TempDir(), "r")); err == nil {
+			t.Fatalf("the deleted snapshot %s's blobs are still there", s.ID)
+		}
+	}
+	if _, err := r.x.CAS.Restore(ctx, kept.Manifest, filepath.Join(t.TempDir(), "r")); err != nil {
+		t.Fatalf("the kept snapshot: %v", err)
+	}
+	// Again: everything is gone already, nothing to collect.
+	if err := d.DeleteSnapshots(ctx, ids); err != nil || r.x.Collections() != 1 {
+		t.Fatalf("deleting them again: %v, %d collections", err, r.x.Collections())
+	}
+}

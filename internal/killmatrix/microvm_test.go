@@ -21,9 +21,11 @@ import (
 const MicroVMEnv = "STASIS_KILL_MATRIX_MICROVM"
 
 // vmParties are the parties of a microVM episode the host can kill: the
-// guest's QEMU and the keeper that runs it (the supervisor and the
-// harness are processes of the guest's kernel).
-var vmParties = []string{"QEMU", "keeper"}
+// guest's QEMU, the keeper that runs it (the supervisor and the harness
+// are processes of the guest's kernel), and `stasis serve`, whose guests
+// run on without it (their keepers are not its children) and which a
+// restart finds again.
+var vmParties = []string{"QEMU", "keeper", "stasis serve"}
 
 var microvmProvider = providerCfg{
 	name: microvm.Name,
@@ -36,8 +38,8 @@ var microvmProvider = providerCfg{
 	find: findVMParty,
 }
 
-// TestKillMatrixMicroVM kills the QEMU and the keeper of a microVM
-// episode at each step of a checkpoint and of a restore of a committed
+// TestKillMatrixMicroVM kills the QEMU, the keeper and the server of a
+// microVM episode at each step of a checkpoint and of a restore of a committed
 // one, as TestKillMatrixLocal does for a local episode's parties.
 func TestKillMatrixMicroVM(t *testing.T) {
 	if os.Getenv(MicroVMEnv) != "1" {

@@ -110,10 +110,11 @@ func TestSoakCycles(t *testing.T) {
 	w := newWorld(t, ctx, s3, n, nodes, log, func(w *world) {
 		w.concurrency, w.quiet, w.standalone = 16, true, nodes == 1
 		w.provider, w.guestBinary = prov, guest
-		// The nodes' default lease: the sequences' short one, which
-		// makes their crashes quick, is renewed late on a machine the
-		// soak loads to the hilt, and nothing here crashes.
-		w.nodeLease = cluster.DefaultLease
+		// Three times the nodes' default lease: a soak loads this
+		// machine to the hilt (load 60 on two cores), and a node not
+		// scheduled for the default's 10 s loses its lease, which aborts
+		// the restore under way (as it should); nothing here crashes.
+		w.nodeLease = 3 * cluster.DefaultLease
 	})
 	c := &cycler{t: t, w: w, s3: s3, n: n}
 	for i := 1; i <= n; i++ {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -27,7 +28,7 @@ const (
 	SocketFile  = "control.sock"
 	ReceiptFile = "receipt.json"
 	AcksDir     = "acks"
-	RunsDir     = "runs" // earlier runs' files, moved aside by a new supervisor
+	RunsDir     = "runs" // earlier runs' files, moved aside by a new supervisor (the last KeptRuns)
 )
 
 // Info is written to DIR/supervisor.json when the supervisor starts.
@@ -384,7 +385,42 @@ func prepareDir(dir string) error {
 		}
 	}
 	_ = os.Remove(filepath.Join(dir, SocketFile))
+	pruneRuns(filepath.Join(dir, RunsDir), KeptRuns)
 	return os.MkdirAll(filepath.Join(dir, AcksDir), 0o700)
+}
+
+// KeptRuns is how many earlier runs' files a session directory keeps: an
+// episode restored again and again (each restore on a relaunching
+// provider starts a new supervisor) would otherwise grow its sandbox, and
+// every snapshot of it, by a run each time.
+const KeptRuns = 8
+
+// pruneRuns removes the oldest runs' directories beyond keep (by the time
+// each was moved aside). A failure leaves them: it costs only space.
+func pruneRuns(runs string, keep int) {
+	ents, err := os.ReadDir(runs)
+	if err != nil || len(ents) <= keep {
+		return
+	}
+	type run struct {
+		name string
+		at   time.Time
+	}
+	var rs []run
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && e.IsDir() {
+			rs = append(rs, run{e.Name(), fi.ModTime()})
+		}
+	}
+	sort.Slice(rs, func(i, j int) bool {
+		if !rs[i].at.Equal(rs[j].at) {
+			return rs[i].at.After(rs[j].at)
+		}
+		return rs[i].name > rs[j].name
+	})
+	for _, r := range rs[min(keep, len(rs)):] {
+		_ = os.RemoveAll(filepath.Join(runs, r.name))
+	}
 }
 
 // sockPath returns a path for a unix socket that fits the kernel's 108-byte

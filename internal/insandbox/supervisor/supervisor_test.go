@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -826,6 +827,18 @@ func TestRestartInUsedDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Earlier runs, more than are kept: the oldest go.
+	base := time.Now().Add(-time.Hour)
+	for i := range supervisor.KeptRuns + 3 {
+		d := filepath.Join(h.dir, supervisor.RunsDir, fmt.Sprintf("older-%02d", i))
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		at := base.Add(time.Duration(i) * time.Minute)
+		if err := os.Chtimes(d, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
 	c, err := supervisor.Spawn(ctx, supervisor.SpawnOptions{
 		Exe: os.Args[0], Env: stasistest.Env, Dir: h.dir,
 		Flags: []string{"--log-level", "error"}, Argv: []string{"sleep", "60"},
@@ -839,6 +852,17 @@ func TestRestartInUsedDirectory(t *testing.T) {
 	moved := filepath.Join(h.dir, supervisor.RunsDir, fmt.Sprintf("%d-%d", old.Identity.PID, old.Identity.StartTime), supervisor.ReceiptFile)
 	if _, err := os.Stat(moved); err != nil {
 		t.Fatalf("earlier receipt not kept: %v", err)
+	}
+	ents, err := os.ReadDir(filepath.Join(h.dir, supervisor.RunsDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if len(names) != supervisor.KeptRuns || slices.Contains(names, "older-03") || !slices.Contains(names, "older-04") {
+		t.Fatalf("runs kept: %v; want the %d newest (the one just moved aside, older-04 to older-10)", names, supervisor.KeptRuns)
 	}
 }
 

@@ -61,6 +61,9 @@ type sample struct {
 	StoreBytes  int64 `json:"store_bytes"`
 	LedgerBytes int64 `json:"ledger_bytes,omitempty"`
 	BlobBytes   int64 `json:"blob_bytes"`
+	// SnapRecordBytes: the snapshot records (standalone; a deleted
+	// snapshot's stays, as a tombstone: ids are never used again).
+	SnapRecordBytes int64 `json:"snapshot_record_bytes,omitempty"`
 	// Stale: calls the model still held of attempts a restore replaced.
 	Stale int `json:"stale_calls"`
 }
@@ -332,7 +335,8 @@ func (c *cycler) sample(cycle int) []sample {
 			s.StoreBytes = sizeOf(filepath.Join(nd.state, "store.db")) + sizeOf(filepath.Join(nd.state, "store.db-wal"))
 			s.LedgerBytes = duOf(filepath.Join(nd.state, "gateway"))
 			home := filepath.Join(nd.state, *cycleProvFlag)
-			s.BlobBytes = duOf(filepath.Join(home, "blobs")) + duOf(filepath.Join(home, "vmblobs")) + duOf(filepath.Join(home, "snapshots"))
+			s.BlobBytes = duOf(filepath.Join(home, "blobs")) + duOf(filepath.Join(home, "vmblobs"))
+			s.SnapRecordBytes = duOf(filepath.Join(home, "snapshots"))
 		}
 		out = append(out, s)
 	}
@@ -431,10 +435,10 @@ func growthTable(samples, end []sample) string {
 	}
 	first, last := samples[0].Cycle, samples[len(samples)-1].Cycle
 	var b strings.Builder
-	fmt.Fprintf(&b, "| node | after | RSS MiB | fds | goroutines | live | store MiB | ledgers MiB | blobs MiB | stale calls | cycle s |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| node | after | RSS MiB | fds | goroutines | live | store MiB | ledgers MiB | blobs MiB | snapshot records MiB | stale calls | cycle s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	row := func(label string, s sample) {
-		fmt.Fprintf(&b, "| %s | %s | %.1f | %d | %d | %d | %.2f | %.2f | %.1f | %d | %.1f |\n", s.Node, label, float64(s.RSSKiB)/1024, s.FDs, s.Goroutines, s.Live,
-			float64(s.StoreBytes)/(1<<20), float64(s.LedgerBytes)/(1<<20), float64(s.BlobBytes)/(1<<20), s.Stale, s.CycleS)
+		fmt.Fprintf(&b, "| %s | %s | %.1f | %d | %d | %d | %.2f | %.2f | %.1f | %.1f | %d | %.1f |\n", s.Node, label, float64(s.RSSKiB)/1024, s.FDs, s.Goroutines, s.Live,
+			float64(s.StoreBytes)/(1<<20), float64(s.LedgerBytes)/(1<<20), float64(s.BlobBytes)/(1<<20), float64(s.SnapRecordBytes)/(1<<20), s.Stale, s.CycleS)
 	}
 	for _, s := range samples {
 		if s.Cycle == first {

@@ -276,18 +276,25 @@ matrix: deps-microvm deps-s3 deps
 ## file, found afresh each run) for FUZZTIME each (default 30s), one after
 ## another, and stop at the first failure. A failing input lands in its
 ## package's testdata/fuzz (commit it: it is then a seed the unit tests
-## run); the corpus the fuzzer grows is kept in Go's cache
-## (`go env GOCACHE`/fuzz), so the next run starts from it. FUZZ=Name
-## runs only the targets whose name matches.
+## run). After each target, scripts/fuzz-keep copies the corpus the fuzzer
+## grew for it in Go's cache (`go env GOCACHE`/fuzz, which a clean clone
+## and CI do not have) into the package's testdata/fuzz/FuzzName, so it is
+## kept in the repository (commit it) and `go test` runs it as seeds:
+## entries not already there, smallest first, while the directory holds
+## fewer than FUZZKEEP (default 200) files, none over 64 KiB; nothing there
+## is removed. FUZZ=Name runs only the targets whose name matches.
 FUZZTIME ?= 30s
 FUZZ     ?= .
+FUZZKEEP ?= 200
 fuzz: deps
 	@set -e; n=0; \
 	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
 		dir=./$$(dirname $${f#./}); \
 		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f | grep -E '$(FUZZ)'); do \
 			echo "== $$dir $$name ($(FUZZTIME))"; \
-			$(GO) test $$dir -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s; \
+			rc=0; $(GO) test $$dir -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s || rc=$$?; \
+			GO=$(GO) scripts/fuzz-keep $$dir $$name $(FUZZKEEP); \
+			[ $$rc = 0 ] || exit $$rc; \
 			n=$$((n+1)); \
 		done; \
 	done; \

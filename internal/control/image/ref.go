@@ -69,6 +69,11 @@ func ParseRef(s string) (Ref, error) {
 		if i := strings.LastIndexByte(p, ':'); i > 0 && !strings.Contains(p[i+1:], "/") {
 			if _, err := os.Stat(filepath.Join(p, "index.json")); err != nil {
 				r.Path, r.Tag = p[:i], p[i+1:]
+				// "oci:PATH:" is neither PATH untagged (it would print
+				// as another reference) nor a tag.
+				if r.Tag == "" {
+					return Ref{}, errdefs.Errorf(errdefs.ErrInvalid, "image %q: an empty tag after the last \":\" (give oci:PATH:TAG, or oci:PATH for a layout's only image)", s)
+				}
 			}
 		}
 		if r.Path == "" {

@@ -311,8 +311,9 @@ fuzz: deps
 ##  - soak-cycles: CYCLES checkpoint/restore cycles (default 100) of
 ##    CYCLE_EPISODES episodes (64) kept live through them, on one `stasis
 ##    serve` on its embedded store and on a cluster of 3 nodes on
-##    PostgreSQL and S3, and MICROVM_CYCLES (10) of MICROVM_EPISODES (8) on
-##    the microVM provider; each run starts no new cycle after CYCLE_TIME
+##    PostgreSQL and S3, and MICROVM_CYCLES (10) of MICROVM_EPISODES (4) on
+##    the microVM provider (four guests of 1 GiB: without KVM each is a
+##    TCG process that wants a core); each run starts no new cycle after CYCLE_TIME
 ##    (default 2h). Every cycle's resources (each node's RSS, open
 ##    descriptors, goroutines, store and blob-store bytes after the
 ##    previous checkpoint is deleted and collected) are appended as JSON
@@ -326,7 +327,7 @@ CYCLES           ?= 100
 CYCLE_EPISODES   ?= 64
 CYCLE_TIME       ?= 2h
 MICROVM_CYCLES   ?= 10
-MICROVM_EPISODES ?= 8
+MICROVM_EPISODES ?= 4
 SOAK_OUT         ?= $(CURDIR)/.soak
 soak: soak-sequences soak-cycles
 

@@ -74,7 +74,15 @@ func startServe(t *testing.T, state string, env []string, args ...string) *serve
 			t.Fatalf("stasis serve printed no address; its log:\n%s", p.logTail())
 		}
 	case <-time.After(60 * time.Second):
-		t.Fatalf("stasis serve printed no address within 60s; its log:\n%s", p.logTail())
+		// Where it hangs: SIGQUIT has the Go runtime write every
+		// goroutine's stack to its log, and exit.
+		_ = cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+		}
+		b, _ := os.ReadFile(p.log)
+		t.Fatalf("stasis serve printed no address within 60s; its log, with its goroutines at SIGQUIT:\n%s", b)
 	}
 	return p
 }

@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"maps"
 	"net"
 	"os"
@@ -49,6 +50,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/internal/control/image"
+	"stasis/internal/flock"
 	"stasis/internal/guestclock"
 	"stasis/internal/proc"
 	"stasis/internal/providers/hostkeep"
@@ -890,11 +892,69 @@ func killVM(k keeperInfo) { hostkeep.KillAndWait(k.QEMU, k.Keeper) }
 // returns their ids. (Saved states are never written to files of their
 // own: a snapshot streams into the blob store, whose staging a new
 // blob.Dir clears, and a fork streams out of it.)
+//
+// It also lets run again each machine a snapshot stopped and whose
+// snapshotter died before it let it go on (the process that took the
+// snapshot was killed mid-save): its guest would answer nothing, and the
+// recovery of the interrupted checkpoint, which continues the episode
+// through the guest's agent, would wait for it forever.
 func (p *Provider) GC(ctx context.Context) ([]string, error) {
-	return p.sbs.GC(func(dead, id string) {
+	reaped, err := p.sbs.GC(func(dead, id string) {
 		killAt(dead, id)
 		p.stopGateway(id)
 	}, p.retire)
+	if err != nil {
+		return reaped, err
+	}
+	ms, err := p.sbs.All()
+	if err != nil {
+		return reaped, err
+	}
+	for _, m := range ms {
+		if err := p.resumeStopped(ctx, m.ID); err != nil {
+			slog.Warn("a machine an interrupted snapshot left stopped could not be let run again", "sandbox", m.ID, "err", err)
+		}
+	}
+	return reaped, nil
+}
+
+// resumeStopped lets sandbox id's machine run again if a snapshot
+// stopped it and nobody snapshots it now (its snapshot lock is free: the
+// snapshotter died). A machine not running, or busy, is left alone.
+func (p *Provider) resumeStopped(ctx context.Context, id string) error {
+	if _, _, err := p.sbs.Live("gc", id); err != nil {
+		return nil // not running: nothing to let go on
+	}
+	unlock, err := flock.TryLock(filepath.Join(p.sbDir(id), lockFile))
+	if errors.Is(err, flock.ErrHeld) {
+		return nil // a snapshot under way stops and continues it itself
+	}
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	mon, err := monitor(mctx, qmpPath(id))
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer mon.Close()
+	var status struct {
+		Status string `json:"status"`
+	}
+	if err := qmpRun(mon, "query-status", nil, &status); err != nil {
+		return err
+	}
+	switch status.Status {
+	case "paused", "postmigrate":
+		if err := qmpRun(mon, "migrate_cancel", nil, nil); err != nil {
+			return err
+		}
+		slog.Warn("a machine an interrupted snapshot left stopped runs again", "sandbox", id, "was", status.Status)
+		return qmpRun(mon, "cont", nil, nil)
+	}
+	return nil
 }
 
 // Exec runs a command in the guest through its agent.

@@ -1,6 +1,7 @@
 package episode_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -322,55 +323,80 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 	}
 }
 
-// An OpenCode episode paused before it saved any session (here: its data
-// directory is removed while its first model call waits at the gateway, as
-// if the pause had come before OpenCode wrote its first message) is
+// An OpenCode episode paused before its saved session held the task is
 // relaunched on the task afresh, not on the resume message alone: a
-// `--continue` with nothing to continue would start a conversation that
-// lacks the task, and the episode would end unresolved.
+// continue with nothing to continue would start a conversation that lacks
+// the task, and the episode would end unresolved. Two such pauses, made
+// while the first model call waits at the gateway:
+//   - no session saved at all (OpenCode's data directory removed);
+//   - the session saved but not yet its first message (the rows removed):
+//     OpenCode writes them in separate transactions, and a pause between
+//     them was seen in `make demo` (about one run in three).
 func TestRelaunchWithoutSavedSessionStartsAfresh(t *testing.T) {
+	const sessionWithoutMessage = `import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("delete from part")
+c.execute("delete from message")
+c.commit()
+n = c.execute("select count(*) from session").fetchone()[0]
+if n != 1:
+    sys.exit("sessions: %d" % n)
+`
 	r := newRig(t)
 	a := adapter(t, "opencode")
 	tk, err := task.Lookup(r.tasks, "py-ini-value-with-equals")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), relaunchBudget)
-	defer cancel()
-	id := "opencode-nosession"
-	g := r.gate(id, 1)
-	defer g.Release()
-	spec := episode.Spec{ID: id, Task: tk, Harness: a}
-	e, crash := r.startToGate(t, ctx, spec, g)
-	dataDir := "/tmp/stasis/" + id + "/harness/data"
-	res, err := r.env.Provider.Exec(ctx, e.SandboxID(), sandbox.ExecRequest{Argv: []string{"rm", "-rf", "--", dataDir}})
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("rm %s: %v %+v", dataDir, err, res)
-	}
-	snap, err := e.PauseAndSnapshot(ctx, 1, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if snap.State.HarnessSession != "" {
-		t.Fatalf("a session %q was recorded with OpenCode's data removed", snap.State.HarnessSession)
-	}
-	crash()
+	for _, c := range []struct {
+		name string
+		argv func(dataDir string) []string
+	}{
+		{"no-session", func(d string) []string { return []string{"rm", "-rf", "--", d} }},
+		{"session-without-message", func(d string) []string {
+			return []string{"python3", "-c", sessionWithoutMessage, d + "/opencode/opencode.db"}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), relaunchBudget)
+			defer cancel()
+			id := "opencode-" + c.name
+			g := r.gate(id, 1)
+			defer g.Release()
+			spec := episode.Spec{ID: id, Task: tk, Harness: a}
+			e, crash := r.startToGate(t, ctx, spec, g)
+			dataDir := "/tmp/stasis/" + id + "/harness/data"
+			var out bytes.Buffer
+			res, err := r.env.Provider.Exec(ctx, e.SandboxID(), sandbox.ExecRequest{Argv: c.argv(dataDir), Stdout: &out, Stderr: &out})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("%v: %v %+v\n%s", c.argv(dataDir), err, res, out.String())
+			}
+			snap, err := e.PauseAndSnapshot(ctx, 1, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if snap.State.HarnessSession != "" {
+				t.Fatalf("a session %q was recorded before any model call was answered", snap.State.HarnessSession)
+			}
+			crash()
 
-	e2, err := episode.Relaunch(ctx, r.env, spec, snap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := e2.Close(context.Background()); err != nil {
-			t.Error(err)
-		}
-		if err := r.env.Provider.DeleteSnapshot(context.Background(), snap.ID); err != nil {
-			t.Error(err)
-		}
-	}()
-	v := r.finish(t, ctx, e2)
-	if v.Reward != 1 {
-		t.Fatalf("reward %d after a relaunch with no saved session: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
+			e2, err := episode.Relaunch(ctx, r.env, spec, snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := e2.Close(context.Background()); err != nil {
+					t.Error(err)
+				}
+				if err := r.env.Provider.DeleteSnapshot(context.Background(), snap.ID); err != nil {
+					t.Error(err)
+				}
+			}()
+			v := r.finish(t, ctx, e2)
+			if v.Reward != 1 {
+				t.Fatalf("reward %d after the relaunch: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)
+			}
+		})
 	}
 }
 

@@ -180,16 +180,26 @@ func (o *OpenCode) resumeArgv(l Launch, session string) []string {
 }
 
 // resumeLatest is a shell command that continues the newest session
-// OpenCode saved for the work tree, or, when it saved none (it was stopped
-// before it wrote its first message), starts the task afresh: `opencode
-// run --continue` without a session would start a new conversation on the
-// resume message alone, without the task. When the session list cannot be
-// read, it continues (OpenCode then says what is wrong).
+// OpenCode saved for the work tree when that session holds the task: its
+// first message, with the task's text. Otherwise it starts the task
+// afresh. OpenCode writes a new session and its first message in separate
+// transactions, so a pause can come between them: a session with no
+// message, which `opencode run --session` would continue on the resume
+// message alone, without the task, and the episode would end unresolved.
+// When the session list cannot be read, it continues the newest session
+// (OpenCode then says what is wrong); when the session cannot be exported,
+// it continues that session.
 func (o *OpenCode) resumeLatest(l Launch) string {
 	list := ShellQuote([]string{o.Binary(), "session", "list", "--format", "json", "-n", "1"})
+	export := ShellQuote([]string{o.Binary(), "export"})
+	continueID := ShellQuote([]string{o.Binary(), "run", "--pure", "--dir", l.WorkDir, "--session"}) + ` "$id" -- ` + ShellQuote([]string{ResumePrompt})
 	return "cd " + ShellQuote([]string{l.WorkDir}) + " || exit 127\n" +
 		"s=$(" + list + " 2>/dev/null) || exec " + ShellQuote(o.resumeArgv(l, "")) + "\n" +
-		"case $s in *'\"id\"'*) exec " + ShellQuote(o.resumeArgv(l, "")) + " ;; esac\n" +
+		"case $s in *'\"id\"'*) ;; *) exec " + ShellQuote(opencode.Argv(o.Binary(), l.WorkDir, l.Prompt)) + " ;; esac\n" +
+		// The first id in the list: what follows "id", between the next two quotes.
+		"id=${s#*'\"id\"'}; id=${id#*'\"'}; id=${id%%'\"'*}\n" +
+		"e=$(" + export + ` "$id" 2>/dev/null) || exec ` + continueID + "\n" +
+		"case $e in *'\"type\": \"text\"'*|*'\"type\":\"text\"'*) exec " + continueID + " ;; esac\n" +
 		"exec " + ShellQuote(opencode.Argv(o.Binary(), l.WorkDir, l.Prompt)) + "\n"
 }
 

@@ -898,6 +898,9 @@ func killVM(k keeperInfo) { hostkeep.KillAndWait(k.QEMU, k.Keeper) }
 // snapshot was killed mid-save): its guest would answer nothing, and the
 // recovery of the interrupted checkpoint, which continues the episode
 // through the guest's agent, would wait for it forever.
+//
+// And it removes the QMP sockets in /tmp of machines that ended with no
+// one to remove them (sweepQMP).
 func (p *Provider) GC(ctx context.Context) ([]string, error) {
 	reaped, err := p.sbs.GC(func(dead, id string) {
 		killAt(dead, id)
@@ -906,6 +909,7 @@ func (p *Provider) GC(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return reaped, err
 	}
+	sweepQMP(time.Now())
 	ms, err := p.sbs.All()
 	if err != nil {
 		return reaped, err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -16,14 +17,16 @@ import (
 	"stasis/errdefs"
 	"stasis/internal/control/cluster"
 	"stasis/internal/control/coordinator"
+	"stasis/internal/control/home"
 	"stasis/internal/storage/dburl"
 	"stasis/internal/storage/store"
 )
 
-// snapshotFreer deletes snapshots that no checkpoint references any more; the sandbox providers set it.
-// blobs is the shared blob store of the local and microvm providers'
-// snapshots, or "".
-var snapshotFreer func(ctx context.Context, refs []store.SnapshotRef, blobs string) error
+// snapshotFreer deletes snapshots that no checkpoint references any more;
+// the sandbox providers set it. state is the stasis serve state directory
+// whose providers hold them ("": $STASIS_HOME's providers); blobs is the
+// shared blob store of the local and microvm providers' snapshots, or "".
+var snapshotFreer func(ctx context.Context, refs []store.SnapshotRef, state, blobs string) error
 
 func newCkptCmd() *cobra.Command {
 	var asJSON bool
@@ -58,6 +61,25 @@ changed nothing.`,
 
 // ckptStore is ckpt's --store.
 var ckptStore string
+
+// ckptSnapshotState is the state directory of the stasis serve whose
+// SQLite record store ckpt works on: the file's directory, where that
+// serve keeps its providers' snapshots (system.ProviderHome). It is ""
+// for a cluster's PostgreSQL store, whose nodes keep their snapshots in
+// the shared blob store (--blobs).
+func ckptSnapshotState() (string, error) {
+	loc := ckptStore
+	if loc == "" {
+		loc = os.Getenv(StoreEnv)
+	}
+	if loc == "" {
+		return home.Dir()
+	}
+	if dburl.IsPostgres(loc) {
+		return "", nil
+	}
+	return filepath.Dir(loc), nil
+}
 
 // openCkptStore opens the record store ckpt works on: --store, or
 // $STASIS_STORE, or the default SQLite file.
@@ -378,7 +400,11 @@ that rm deletes them there (and collects their blobs once nothing uses them).`,
 				if snapshotFreer == nil {
 					res.SnapshotsDeleted = false
 					res.Note = "no sandbox provider is available to this stasis to delete the unreferenced snapshots: they still exist; delete them with their provider"
-				} else if freeErr = snapshotFreer(ctx, freed, blobs); freeErr != nil {
+				} else if state, err := ckptSnapshotState(); err != nil {
+					freeErr = err
+					res.SnapshotsDeleted = false
+					res.Note = fmt.Sprintf("the unreferenced snapshots were not deleted: %v; they still exist: delete them with their provider", err)
+				} else if freeErr = snapshotFreer(ctx, freed, state, blobs); freeErr != nil {
 					res.SnapshotsDeleted = false
 					res.Note = fmt.Sprintf("deleting the unreferenced snapshots failed: %v; they may still exist: delete them with their provider", freeErr)
 				}

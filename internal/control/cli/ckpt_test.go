@@ -13,6 +13,7 @@ import (
 
 	"stasis/errdefs"
 	"stasis/internal/control/home"
+	"stasis/internal/control/system"
 	"stasis/internal/providers/local"
 	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
@@ -187,47 +188,62 @@ func TestCkptListShowRemove(t *testing.T) {
 }
 
 // TestCkptRmFreesRealSnapshot: removing the only checkpoint that names a
-// real local snapshot deletes the snapshot through the provider.
+// real local snapshot deletes the snapshot through the provider, where the
+// stasis serve that took it keeps it (system.ProviderHome of its state
+// directory): the store found through $STASIS_HOME, or named by --store
+// from anywhere. Before, rm opened the provider on $STASIS_HOME itself,
+// found no such snapshot there, and said it had deleted it.
 func TestCkptRmFreesRealSnapshot(t *testing.T) {
-	dir := t.TempDir()
-	ctx := context.Background()
-	p, err := local.New(local.Options{Home: dir, Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = p.Delete(ctx, sb.ID) }()
-	if err := p.WriteFile(ctx, sb.ID, "/work/f", []byte("data"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	snap, err := p.Snapshot(ctx, sb.ID, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := store.OpenSQLite(filepath.Join(dir, store.FileName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := ckptRecord(t, `{"episode":"ep-0","provider":"local","sandbox":{"id":"`+sb.ID+`"},"snapshot_id":"`+snap.ID+`","pause_seq":1,"pause_mode":"stop","pause_confirmed":true,"attempt":0}`)
-	if err := s.Begin(ctx, "real", nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Put(ctx, "real", rec); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Commit(ctx, "real", 1); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	out, errOut, code := ckpt(t, dir, "rm", "real")
-	if code != 0 || !strings.Contains(out, snap.ID) {
-		t.Fatalf("rm: exit %d\n%s%s", code, out, errOut)
-	}
-	if _, err := p.GetSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Fatalf("the snapshot survived the removal of its only checkpoint: %v", err)
+	for _, how := range []string{"home", "store"} {
+		t.Run(how, func(t *testing.T) {
+			dir := t.TempDir()
+			ctx := context.Background()
+			p, err := local.New(local.Options{Home: system.ProviderHome(dir, local.Name), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			sb, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = p.Delete(ctx, sb.ID) }()
+			if err := p.WriteFile(ctx, sb.ID, "/work/f", []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			snap, err := p.Snapshot(ctx, sb.ID, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := store.OpenSQLite(filepath.Join(dir, store.FileName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := ckptRecord(t, `{"episode":"ep-0","provider":"local","sandbox":{"id":"`+sb.ID+`"},"snapshot_id":"`+snap.ID+`","pause_seq":1,"pause_mode":"stop","pause_confirmed":true,"attempt":0}`)
+			if err := s.Begin(ctx, "real", nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Put(ctx, "real", rec); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Commit(ctx, "real", 1); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			var out, errOut string
+			var code int
+			if how == "home" {
+				out, errOut, code = ckpt(t, dir, "rm", "real")
+			} else {
+				out, errOut, code = ckpt(t, t.TempDir(), "rm", "real", "--store", filepath.Join(dir, store.FileName))
+			}
+			if code != 0 || !strings.Contains(out, snap.ID) {
+				t.Fatalf("rm: exit %d\n%s%s", code, out, errOut)
+			}
+			if _, err := p.GetSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.ErrNotFound) {
+				t.Fatalf("the snapshot survived the removal of its only checkpoint: %v", err)
+			}
+		})
 	}
 }
 

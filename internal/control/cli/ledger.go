@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -13,19 +14,21 @@ import (
 	"github.com/spf13/cobra"
 
 	"stasis/internal/control/home"
+	"stasis/internal/control/system"
 	"stasis/internal/storage/ledger"
 )
 
 func newLedgerCmd() *cobra.Command {
 	var (
-		asJSON bool
-		dir    string
+		asJSON     bool
+		dir, state string
 	)
 	cmd := &cobra.Command{
 		Use:   "ledger",
 		Short: "Show and verify an episode's token ledger",
 		Long: `ledger reads the token ledgers the gateway writes: one append-only file per
-episode, DIR/EPISODE.ledger ($STASIS_HOME/ledgers by default), holding every
+episode, DIR/EPISODE.ledger ($STASIS_HOME/ledgers by default; a stasis serve
+keeps them in STATE/gateway/ledgers, which --state STATE reads), holding every
 model call the gateway forwarded — request, whole response, usage, token ids
 and logprobs when the model server gave them.
 
@@ -43,10 +46,25 @@ appends. Exit status: 0 done; 1 no such ledger, or another failure; 2 a usage
 error, or a damaged ledger.`,
 		Example: `  stasis ledger show ep1
   stasis ledger verify ep1 --json
-  stasis ledger show ep1 --dir /var/lib/stasis/ledgers`,
+  stasis ledger show ep1 --dir /var/lib/stasis/ledgers
+  stasis ledger show ep1 --state /var/lib/stasis/serve`,
 	}
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.PersistentFlags().StringVar(&dir, "dir", "", "the ledger directory (default $STASIS_HOME/ledgers)")
+	cmd.PersistentFlags().StringVar(&state, "state", "", "read the ledgers of the stasis serve whose --state directory this is (STATE/gateway/ledgers; a cluster keeps them in its PostgreSQL store: read them through the API)")
+	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if state == "" {
+			return nil
+		}
+		if dir != "" {
+			return ledgerFail(cmd, asJSON, 2, "invalid", errors.New("give --dir or --state, not both"))
+		}
+		if st, err := os.Stat(state); err != nil || !st.IsDir() {
+			return ledgerFail(cmd, asJSON, 2, "invalid", fmt.Errorf("--state %s: not a directory (a stasis serve --state directory)", state))
+		}
+		dir = system.LedgerDir(state)
+		return nil
+	}
 	cmd.AddCommand(newLedgerShowCmd(&dir, &asJSON), newLedgerVerifyCmd(&dir, &asJSON))
 	return cmd
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"stasis/internal/control/system"
 	"stasis/internal/storage/ledger"
 )
 
@@ -167,6 +168,20 @@ func TestLedgerShow(t *testing.T) {
 	writeLedger(t, other, "ep2")
 	if out, _, code = runLedger(t, home, "ledger", "show", "ep2", "--dir", other); code != 0 || !strings.Contains(out, "ledger ep2") {
 		t.Fatalf("--dir: exit %d\n%s", code, out)
+	}
+
+	// --state: a stasis serve's state directory, its ledgers where it
+	// keeps them (system.LedgerDir); not with --dir, and not a missing one.
+	state := t.TempDir()
+	writeLedger(t, system.LedgerDir(state), "ep3")
+	if out, _, code = runLedger(t, home, "ledger", "verify", "ep3", "--state", state); code != 0 || !strings.HasPrefix(out, "OK "+filepath.Join(state, "gateway", "ledgers", "ep3.ledger")) {
+		t.Fatalf("--state: exit %d\n%s", code, out)
+	}
+	if _, errOut, code := runLedger(t, home, "ledger", "show", "ep3", "--state", state, "--dir", other); code != 2 || !strings.Contains(errOut, "not both") {
+		t.Fatalf("--state with --dir: exit %d %s", code, errOut)
+	}
+	if _, errOut, code := runLedger(t, home, "ledger", "show", "ep3", "--state", filepath.Join(state, "nope")); code != 2 || !strings.Contains(errOut, "not a directory") {
+		t.Fatalf("--state missing: exit %d %s", code, errOut)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"stasis/errdefs"
 	"stasis/internal/control/home"
 	"stasis/internal/control/image"
+	"stasis/internal/control/system"
 	"stasis/internal/copyout"
 	"stasis/internal/fileop"
 	"stasis/internal/providers/local"
@@ -28,9 +29,10 @@ import (
 	"stasis/sandbox"
 )
 
-// openProvider opens the named sandbox provider on $STASIS_HOME, its
-// snapshots in the shared blob store blobs if that is set.
-func openProvider(name, blobs string) (sandbox.Provider, error) {
+// openProvider opens the named sandbox provider on $STASIS_HOME, or on
+// the provider's home in a `stasis serve` state directory state when that
+// is set, its snapshots in the shared blob store blobs if that is set.
+func openProvider(name, state, blobs string) (sandbox.Provider, error) {
 	if _, err := sandbox.Lookup(name); err != nil {
 		return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--provider: %w", err)}
 	}
@@ -40,6 +42,16 @@ func openProvider(name, blobs string) (sandbox.Provider, error) {
 	h, err := home.Dir()
 	if err != nil {
 		return nil, err
+	}
+	if state != "" {
+		st, err := os.Stat(state)
+		if err != nil {
+			return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--state: %w", err)}
+		}
+		if !st.IsDir() {
+			return nil, &exitError{Code: errdefs.ExitRefused, Err: fmt.Errorf("--state %s: not a directory (a stasis serve --state directory)", state)}
+		}
+		h = system.ProviderHome(state, name)
 	}
 	return sandbox.Open(context.Background(), name, sandbox.Config{Home: h, Blobs: blobs})
 }
@@ -86,7 +98,8 @@ func newSandboxCmd() *cobra.Command {
 The local provider (the default) isolates each sandbox with bubblewrap: its
 own PID, IPC, UTS, mount and network namespaces (no network but loopback),
 the host root read-only, and three writable places kept under the state
-directory ($STASIS_HOME, default ~/.local/share/stasis): /work (the work tree
+directory ($STASIS_HOME, default ~/.local/share/stasis; or, with --state,
+a stasis serve's, whose sandboxes these commands then see): /work (the work tree
 and the default working directory), $HOME and /tmp. A keeper process on the
 host holds each sandbox and kills it at its absolute expiry. Snapshots are
 file-only and content-addressed: unchanged files cost nothing.
@@ -100,9 +113,10 @@ Exit status: 0 done; 2 bad request; 3 no such (or expired) sandbox or
 snapshot; 1 anything else. "exec" exits with the command's own status.`,
 	}
 	cmd.PersistentFlags().StringVar(&provider, "provider", local.Name, "sandbox provider: "+strings.Join(sandbox.Names(), ", ")+" (opensandbox is configured by OPENSANDBOX_URL and OPENSANDBOX_API_KEY, e2b by E2B_API_KEY, E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL, E2B_FILE_ONLY_SNAPSHOTS; "+sim.Help+", whose sandboxes end with the command)")
-	var blobs string
+	var blobs, state string
+	cmd.PersistentFlags().StringVar(&state, "state", "", "work on the sandboxes of the stasis serve whose --state directory this is (DIR/PROVIDER), not on $STASIS_HOME's")
 	cmd.PersistentFlags().StringVar(&blobs, "blobs", "", "local and microvm providers: the shared S3 store of the snapshots, s3://BUCKET/PREFIX, as the node's stasis serve --blobs (endpoint and credentials from the AWS environment variables)")
-	open := func() (sandbox.Provider, error) { return openProvider(provider, blobs) }
+	open := func() (sandbox.Provider, error) { return openProvider(provider, state, blobs) }
 	cmd.AddCommand(
 		newSandboxCreateCmd(open), newSandboxExecCmd(open), newSandboxCpCmd(open), newSandboxLsCmd(open),
 		newSandboxSnapshotCmd(open), newSandboxForkCmd(open), newSandboxRmCmd(open), newSandboxGCCmd(open),
@@ -594,17 +608,18 @@ func newKeeperCmd(short, component string, run func(dir string, log *slog.Logger
 func init() { snapshotFreer = freeSnapshots }
 
 // freeSnapshots deletes, through their providers, the snapshots that no
-// checkpoint references any more (after `stasis ckpt rm`); those of the
-// providers that keep snapshots in a shared store (local, microvm) are
-// in blobs when that is set.
-func freeSnapshots(ctx context.Context, refs []store.SnapshotRef, blobs string) error {
+// checkpoint references any more (after `stasis ckpt rm`): the providers
+// of the stasis serve whose state directory state is, or $STASIS_HOME's
+// for ""; those of the providers that keep snapshots in a shared store
+// (local, microvm) are in blobs when that is set.
+func freeSnapshots(ctx context.Context, refs []store.SnapshotRef, state, blobs string) error {
 	var errs []error
 	for _, r := range refs {
 		shared := ""
 		if sandbox.KeepsBlobs(r.Provider) {
 			shared = blobs
 		}
-		p, err := openProvider(r.Provider, shared)
+		p, err := openProvider(r.Provider, state, shared)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("snapshot %s: %w", r.SnapshotID, err))
 			continue

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"stasis/internal/control/system"
 	"stasis/internal/s3test"
 	"stasis/internal/stasistest"
 	"stasis/sandbox"
@@ -100,6 +101,25 @@ func TestSandboxCLI(t *testing.T) {
 	must("sandbox", "rm", "--snapshot", snap)
 	if out := must("sandbox", "gc"); !strings.Contains(out, "0 sandboxes reaped") {
 		t.Fatalf("gc: %s", out)
+	}
+
+	// --state: the sandboxes of a stasis serve on that state directory
+	// (system.ProviderHome), not $STASIS_HOME's.
+	state := t.TempDir()
+	sid := lastLine(must("sandbox", "create", "--ttl", "10m", "--state", state))
+	defer func() { run("", "sandbox", "rm", sid, "--state", state) }()
+	if _, err := os.Stat(filepath.Join(system.ProviderHome(state, "local"), "sandboxes", "local", sid)); err != nil {
+		t.Fatalf("--state: the sandbox is not under the serve's provider home: %v", err)
+	}
+	if out := must("sandbox", "ls"); strings.Contains(out, sid) {
+		t.Fatalf("ls without --state lists the serve's sandbox:\n%s", out)
+	}
+	if out := must("sandbox", "ls", "--state", state); !strings.Contains(out, sid) {
+		t.Fatalf("ls --state:\n%s", out)
+	}
+	must("sandbox", "rm", sid, "--state", state)
+	if _, errOut, code := run("", "sandbox", "ls", "--state", filepath.Join(state, "nope")); code != 2 || !strings.Contains(errOut, "--state") {
+		t.Fatalf("ls --state missing: exit %d, %s", code, errOut)
 	}
 	stasistest.NoChildrenLeft(t)
 }

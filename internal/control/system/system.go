@@ -383,12 +383,22 @@ func (s *System) openCoordinator(ctx context.Context, c Config) (err error) {
 	return nil
 }
 
+// ProviderHome is where a system on state directory state keeps the
+// named provider's sandboxes and snapshots: what `stasis sandbox --state`
+// opens.
+func ProviderHome(state, provider string) string { return filepath.Join(state, provider) }
+
+// LedgerDir is where a system on state directory state without a shared
+// store keeps its gateway's ledger files: what `stasis ledger --state`
+// reads.
+func LedgerDir(state string) string { return filepath.Join(state, "gateway", "ledgers") }
+
 // openStore opens the record store and the ledgers' storage: c.Store's
 // PostgreSQL database for both, or SQLite and files in the state
 // directory.
 func (s *System) openStore(ctx context.Context, c Config) (err error) {
 	if c.Store == "" {
-		s.Ledgers = ledger.Files(filepath.Join(s.State, "gateway", "ledgers"))
+		s.Ledgers = ledger.Files(LedgerDir(s.State))
 		s.Store, err = store.OpenSQLite(filepath.Join(c.State, store.FileName))
 		return err
 	}
@@ -501,7 +511,7 @@ func (s *System) listenHosted(c Config, gh http.Handler) (string, error) {
 // coordinator finds their episodes lost rather than failing on them.
 func (s *System) openProvider(ctx context.Context, c Config, d sandbox.Driver) error {
 	cfg := sandbox.Config{
-		Home: filepath.Join(s.State, c.Provider), Exe: c.Exe, ExeEnv: c.ExeEnv,
+		Home: ProviderHome(s.State, c.Provider), Exe: c.Exe, ExeEnv: c.ExeEnv,
 		Binary: c.Binary, GuestBinary: c.GuestBinary, SandboxBinary: c.SandboxBinary,
 		Hide: []string{s.State}, Limits: c.Limits, MemMiB: c.GuestMemMiB, Blobs: c.Blobs,
 		SnapshotHook: c.SnapshotHook,

@@ -19,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/minio/minio-go/v7"
+	"github.com/prometheus/common/expfmt"
+	promodel "github.com/prometheus/common/model"
 
 	"stasis/client"
 	"stasis/internal/control/cluster"
@@ -384,15 +386,25 @@ func metricsOf(t *testing.T, url string) map[string]float64 {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	p := expfmt.NewTextParser(promodel.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("%s/metrics: %v", url, err)
+	}
 	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
-			continue
-		}
-		if f, err := strconv.ParseFloat(v, 64); err == nil {
-			m[name] = f
+	for name, f := range fams {
+		for _, s := range f.GetMetric() {
+			if len(s.GetLabel()) > 0 {
+				continue
+			}
+			switch {
+			case s.Gauge != nil:
+				m[name] = s.GetGauge().GetValue()
+			case s.Counter != nil:
+				m[name] = s.GetCounter().GetValue()
+			case s.Untyped != nil:
+				m[name] = s.GetUntyped().GetValue()
+			}
 		}
 	}
 	return m

@@ -234,10 +234,10 @@ func runCell(t *testing.T, pc providerCfg, party string, st step) row {
 		committed = append(committed, "ck-0")
 		s.must("POST", "/v1/episodes/"+ep+"/retire", nil, http.StatusOK, nil)
 		op = func() answer {
-			return call(s.addr, "POST", "/v1/checkpoints/ck-0/restore", map[string]any{"episodes": []string{ep}})
+			return call(s.Addr, "POST", "/v1/checkpoints/ck-0/restore", map[string]any{"episodes": []string{ep}})
 		}
 	} else {
-		op = func() answer { return call(s.addr, "POST", "/v1/checkpoints", map[string]any{"id": ck}) }
+		op = func() answer { return call(s.Addr, "POST", "/v1/checkpoints", map[string]any{"id": ck}) }
 	}
 	res := make(chan answer, 1)
 	go func() { res <- op() }()
@@ -295,7 +295,7 @@ func runCell(t *testing.T, pc providerCfg, party string, st step) row {
 		var got struct {
 			Checkpoint store.Checkpoint `json:"checkpoint"`
 		}
-		if c := call(s.addr, "GET", "/v1/checkpoints/"+ck, nil); c.code == http.StatusOK {
+		if c := call(s.Addr, "GET", "/v1/checkpoints/"+ck, nil); c.code == http.StatusOK {
 			s.must("GET", "/v1/checkpoints/"+ck, nil, http.StatusOK, &got)
 			if got.Checkpoint.State == store.StateCommitted {
 				committed = append(committed, ck)
@@ -448,7 +448,7 @@ func finish(t *testing.T, s *serveProc, ep string) ending {
 		if !strings.Contains(v.StatusError, "no supervisor") {
 			why = "its sandbox dead"
 		}
-		a := call(s.addr, "POST", "/v1/episodes/"+ep+"/verify", nil)
+		a := call(s.Addr, "POST", "/v1/episodes/"+ep+"/verify", nil)
 		v = s.episode(ep)
 		if a.code != http.StatusConflict || !strings.Contains(string(a.body), "lost") || v.Live || v.State != store.EpisodeLost {
 			t.Fatalf("verify of %s, %s: %s; the episode: %+v", ep, why, a, v)

@@ -146,10 +146,10 @@ func runNodeCell(t *testing.T, st step) row {
 		a.must("POST", "/v1/episodes/ep-a/retire", nil, http.StatusOK, nil)
 		b.must("POST", "/v1/episodes/ep-b/retire", nil, http.StatusOK, nil)
 		op = func() answer {
-			return call(a.addr, "POST", "/v1/checkpoints/ck-0/restore", map[string]any{"episodes": eps})
+			return call(a.Addr, "POST", "/v1/checkpoints/ck-0/restore", map[string]any{"episodes": eps})
 		}
 	} else {
-		op = func() answer { return call(a.addr, "POST", "/v1/checkpoints", map[string]any{"id": ck}) }
+		op = func() answer { return call(a.Addr, "POST", "/v1/checkpoints", map[string]any{"id": ck}) }
 	}
 	res := make(chan answer, 1)
 	go func() { res <- op() }()
@@ -195,7 +195,7 @@ func runNodeCell(t *testing.T, st step) row {
 		var got struct {
 			Checkpoint store.Checkpoint `json:"checkpoint"`
 		}
-		if x := call(a.addr, "GET", "/v1/checkpoints/"+ck, nil); x.code == http.StatusOK {
+		if x := call(a.Addr, "GET", "/v1/checkpoints/"+ck, nil); x.code == http.StatusOK {
 			a.must("GET", "/v1/checkpoints/"+ck, nil, http.StatusOK, &got)
 			if got.Checkpoint.State == store.StateCommitted {
 				committed = append(committed, ck)

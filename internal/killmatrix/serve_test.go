@@ -1,19 +1,16 @@
 package killmatrix_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,102 +19,31 @@ import (
 	"stasis/internal/stasistest"
 )
 
-// serveProc is a `stasis serve` child: the test binary acting as stasis.
+// serveProc is a `stasis serve` child (stasistest.Serve) for one test.
 type serveProc struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	addr string
-	log  string
-	done chan struct{}
+	*stasistest.Serve
+	t *testing.T
 }
 
 // startServe starts `stasis serve` on state with args and the extra
-// environment env (the step gate's).
+// environment env (the step gate's), logging at debug level.
 func startServe(t *testing.T, state string, env []string, args ...string) *serveProc {
 	t.Helper()
-	logf, err := os.CreateTemp(t.TempDir(), "serve-*.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(stasistest.Exe(), append([]string{"serve", "--state", state, "--listen", "127.0.0.1:0", "--log-level", "debug"}, args...)...)
-	cmd.Env = append(append(os.Environ(), stasistest.Env...), env...)
-	cmd.Stderr = logf
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &serveProc{t: t, cmd: cmd, log: logf.Name(), done: make(chan struct{})}
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(out).ReadString('\n')
-		line <- strings.TrimSpace(s)
-		_, _ = io.Copy(io.Discard, out)
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	select {
-	case p.addr = <-line:
-		if p.addr == "" {
-			<-p.done
-			t.Fatalf("stasis serve printed no address; its log:\n%s", p.logTail())
-		}
-	case <-time.After(60 * time.Second):
-		// Where it hangs: SIGQUIT has the Go runtime write every
-		// goroutine's stack to its log, and exit.
-		_ = cmd.Process.Signal(syscall.SIGQUIT)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-		}
-		b, _ := os.ReadFile(p.log)
-		t.Fatalf("stasis serve printed no address within 60s; its log, with its goroutines at SIGQUIT:\n%s", b)
-	}
-	return p
+	s := stasistest.StartServeT(t, stasistest.ServeOptions{Env: env, Log: filepath.Join(t.TempDir(), "serve.log")},
+		append([]string{"--state", state, "--log-level", "debug"}, args...)...)
+	return &serveProc{Serve: s, t: t}
 }
 
-func (p *serveProc) logTail() string {
-	b, _ := os.ReadFile(p.log)
-	ls := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(ls) > 40 {
-		ls = ls[len(ls)-40:]
-	}
-	return strings.Join(ls, "\n")
-}
+func (p *serveProc) logTail() string { return p.LogTail(40) }
 
 // kill ends the server with SIGKILL, as a crash would.
-func (p *serveProc) kill() {
-	p.t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		p.t.Fatal(err)
-	}
-	<-p.done
-}
+func (p *serveProc) kill() { p.Kill() }
 
 // stop ends the server with SIGTERM and expects exit 0.
 func (p *serveProc) stop() {
 	p.t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Stop(30 * time.Second); err != nil {
 		p.t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		p.t.Fatalf("stasis serve still runs 30s after SIGTERM; its log:\n%s", p.logTail())
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		p.t.Fatalf("stasis serve exited %d after SIGTERM; its log:\n%s", code, p.logTail())
 	}
 }
 
@@ -164,7 +90,7 @@ func call(addr, method, path string, body any) answer {
 // must calls the API and fails the test unless the answer is want.
 func (p *serveProc) must(method, path string, body any, want int, out any) {
 	p.t.Helper()
-	a := call(p.addr, method, path, body)
+	a := call(p.Addr, method, path, body)
 	if a.err != nil || a.code != want {
 		p.t.Fatalf("%s %s: %s, want %d; the server's log:\n%s", method, path, a, want, p.logTail())
 	}

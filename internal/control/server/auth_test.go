@@ -179,7 +179,7 @@ func TestNetworkAPINeedsTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startServe(t, state, "--listen", "0.0.0.0:0", "--api-token-file", toks, "--log-format", "json", "--log-level", "debug")
-	base := "http://127.0.0.1:" + portOf(t, "http://"+p.addr)
+	base := "http://127.0.0.1:" + portOf(t, "http://"+p.Addr)
 	hc := &http.Client{Timeout: time.Minute}
 	auth := map[string]string{"Authorization": "Bearer " + good}
 	wrong := "0123456789abcdef0123456789abcdeX"
@@ -230,7 +230,7 @@ func TestNetworkAPINeedsTokens(t *testing.T) {
 		t.Errorf("Host evil.example: %d %s", code, b)
 	}
 	p.stop()
-	log, err := os.ReadFile(p.log)
+	log, err := os.ReadFile(p.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestAPIClientCertificates(t *testing.T) {
 	stranger := issue(t, otherCA, otherKey, "trainer", false, filepath.Join(dir, "stranger"))
 
 	p := startServe(t, state, "--listen", "0.0.0.0:0", "--tls-cert", filepath.Join(dir, "node.pem"), "--tls-key", filepath.Join(dir, "node-key.pem"), "--tls-client-ca", filepath.Join(dir, "ca.pem"))
-	url := "https://127.0.0.1:" + portOf(t, "http://"+p.addr) + "/v1/episodes"
+	url := "https://127.0.0.1:" + portOf(t, "http://"+p.Addr) + "/v1/episodes"
 	roots := x509.NewCertPool()
 	roots.AddCert(ca)
 	client := func(certs ...tls.Certificate) *http.Client {

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -69,101 +68,32 @@ func (h *holder) ServeHTTP(w http.ResponseWriter, q *http.Request) {
 	h.next.ServeHTTP(w, q)
 }
 
-// serveProc is a `stasis serve` child: the test binary acting as stasis.
+// serveProc is a `stasis serve` child (stasistest.Serve) for one test.
 type serveProc struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	addr string
-	log  string
-	done chan struct{}
+	*stasistest.Serve
+	t *testing.T
 }
 
+// startServe starts `stasis serve --state state ARGS...`.
 func startServe(t *testing.T, state string, args ...string) *serveProc {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), "serve.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	listen := []string{"--listen", "127.0.0.1:0"}
-	for _, a := range args {
-		if a == "--listen" {
-			listen = nil // the caller's
-		}
-	}
-	cmd := exec.Command(stasistest.Exe(), append(append([]string{"serve", "--state", state}, listen...), args...)...)
-	cmd.Env = append(append(os.Environ(), stasistest.Env...), "GORACE=atexit_sleep_ms=0")
-	cmd.Stderr = logf
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &serveProc{t: t, cmd: cmd, log: logPath, done: make(chan struct{})}
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(out).ReadString('\n')
-		line <- strings.TrimSpace(s)
-		_, _ = io.Copy(io.Discard, out)
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	select {
-	case p.addr = <-line:
-		if p.addr == "" {
-			<-p.done
-			t.Fatalf("stasis serve printed no address; its log:\n%s", p.logTail())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("stasis serve printed no address within 60s; its log:\n%s", p.logTail())
-	}
-	return p
+	s := stasistest.StartServeT(t, stasistest.ServeOptions{Env: []string{"GORACE=atexit_sleep_ms=0"}, Log: filepath.Join(t.TempDir(), "serve.log")},
+		append([]string{"--state", state}, args...)...)
+	return &serveProc{Serve: s, t: t}
 }
 
-func (p *serveProc) logTail() string {
-	b, _ := os.ReadFile(p.log)
-	ls := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(ls) > 30 {
-		ls = ls[len(ls)-30:]
-	}
-	return strings.Join(ls, "\n")
-}
+func (p *serveProc) logTail() string { return p.LogTail(30) }
 
-func (p *serveProc) api() *client { return &client{t: p.t, base: "http://" + p.addr} }
+func (p *serveProc) api() *client { return &client{t: p.t, base: "http://" + p.Addr} }
 
 // kill ends the server with SIGKILL, as a crash would.
-func (p *serveProc) kill() {
-	p.t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		p.t.Fatal(err)
-	}
-	<-p.done
-}
+func (p *serveProc) kill() { p.Kill() }
 
 // stop ends the server with SIGTERM and expects exit 0.
 func (p *serveProc) stop() {
 	p.t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Stop(30 * time.Second); err != nil {
 		p.t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		p.t.Fatalf("stasis serve still runs 30s after SIGTERM; its log:\n%s", p.logTail())
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		p.t.Fatalf("stasis serve exited %d after SIGTERM; its log:\n%s", code, p.logTail())
 	}
 }
 

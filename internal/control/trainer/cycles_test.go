@@ -327,7 +327,7 @@ func (c *cycler) sample(cycle int) []sample {
 	var out []sample
 	for _, nd := range c.w.up() {
 		s := sample{Cycle: cycle, Node: nd.name, StoreBytes: storeBytes, BlobBytes: blobBytes, Stale: stale}
-		pid := nd.cmd.Process.Pid
+		pid := nd.Pid()
 		s.RSSKiB = statusKiB(pid, "VmRSS")
 		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 		s.FDs = len(fds)

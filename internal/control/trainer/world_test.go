@@ -1,20 +1,16 @@
 package trainer_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -87,12 +83,10 @@ type world struct {
 
 // node is one `stasis serve --node` child.
 type node struct {
+	*stasistest.Serve
 	name, state string
 	url         string
-	cmd         *exec.Cmd
 	api         *client.Client
-	logPath     string
-	done        chan struct{}
 }
 
 // slowTask is the copy of baseTask that episode ep-slow plays: its tests
@@ -189,8 +183,7 @@ func (w *world) teardown() {
 	}
 	for i, n := range w.nodes {
 		if n != nil {
-			_ = n.cmd.Process.Kill()
-			<-n.done
+			n.Kill()
 			w.nodes[i] = nil
 		}
 	}
@@ -271,17 +264,11 @@ func (w *world) recoverNodes() {
 
 // startNode starts node-(i+1) on its state directory.
 func (w *world) startNode(i int) (*node, error) {
-	n := &node{name: fmt.Sprintf("node-%d", i+1), state: w.stateOf(i), done: make(chan struct{})}
+	n := &node{name: fmt.Sprintf("node-%d", i+1), state: w.stateOf(i)}
 	if err := os.MkdirAll(n.state, 0o700); err != nil {
 		return nil, err
 	}
-	n.logPath = filepath.Join(w.dir, n.name+".log")
-	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	args := []string{"serve", "--listen", "127.0.0.1:0", "--state", n.state, "--tasks", w.tasks,
+	args := []string{"--state", n.state, "--tasks", w.tasks,
 		"--model-upstream", w.model.URL, "--concurrency", strconv.Itoa(w.concurrency), "--log-format", "json", "--log-level", w.logLevel()}
 	if w.provider != "" {
 		args = append(args, "--provider", w.provider)
@@ -296,38 +283,16 @@ func (w *world) startNode(i int) (*node, error) {
 		}
 		args = append(args, "--node", n.name, "--node-lease", nl.String(), "--store", w.dsn, "--blobs", w.blobs)
 	}
-	n.cmd = exec.Command(stasistest.Exe(), args...)
-	n.cmd.Env = append(os.Environ(), stasistest.Env...)
-	n.cmd.Stderr = logf
-	out, err := n.cmd.StdoutPipe()
+	var err error
+	// The wait bounds a start that hangs.
+	n.Serve, err = stasistest.StartServe(stasistest.ServeOptions{Log: filepath.Join(w.dir, n.name+".log"), Wait: 2 * time.Minute}, args...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", n.name, err)
 	}
-	if err := n.cmd.Start(); err != nil {
+	n.url = "http://" + n.Addr
+	if n.api, err = client.New(n.url); err != nil {
+		n.Kill()
 		return nil, err
-	}
-	addr := make(chan string, 1)
-	go func() {
-		line, _ := bufio.NewReader(out).ReadString('\n')
-		addr <- strings.TrimSpace(line)
-		_, _ = io.Copy(io.Discard, out)
-		_ = n.cmd.Wait()
-		close(n.done)
-	}()
-	select {
-	case a := <-addr:
-		if a == "" {
-			<-n.done
-			return nil, fmt.Errorf("%s printed no address; its log:\n%s", n.name, tail(n.logPath, 20))
-		}
-		n.url = "http://" + a
-		if n.api, err = client.New(n.url); err != nil {
-			return nil, err
-		}
-	case <-time.After(2 * time.Minute): // bounds a start that hangs
-		_ = n.cmd.Process.Kill()
-		<-n.done
-		return nil, fmt.Errorf("%s printed no address within 2 minutes; its log:\n%s", n.name, tail(n.logPath, 20))
 	}
 	return n, nil
 }
@@ -340,13 +305,8 @@ func (w *world) stopNodes() {
 		if n == nil {
 			continue
 		}
-		_ = n.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-n.done:
-		case <-time.After(time.Minute): // bounds a stop that hangs
-			w.t.Errorf("%s still runs a minute after SIGTERM; its log:\n%s", n.name, tail(n.logPath, 20))
-			_ = n.cmd.Process.Kill()
-			<-n.done
+		if err := n.Stop(time.Minute); err != nil { // the minute bounds a stop that hangs
+			w.t.Errorf("%s: %v", n.name, err)
 		}
 		w.nodes[i], w.stopped[i] = nil, true
 	}
@@ -361,8 +321,7 @@ func (w *world) crash() {
 		if n == nil {
 			continue
 		}
-		_ = n.cmd.Process.Signal(syscall.SIGKILL)
-		<-n.done
+		n.Kill()
 		w.nodes[i] = nil
 	}
 	for i := range maxNodes {

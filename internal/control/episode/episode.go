@@ -518,7 +518,33 @@ func (e *Episode) ended(ctx context.Context) error {
 	if !st.Receipt.CleanupConfirmed {
 		return fmt.Errorf("the harness's processes were not all gone at its end (left: %v)", st.Receipt.Leftover)
 	}
+	// An episode whose ledger has no record never made a model call, in
+	// this attempt or any before it: the model never acted.
+	if tip, err := e.env.Gateway.Tip(e.name); err == nil && tip.Records == 0 {
+		return &task.NoModelCall{Reason: "the harness ended (" + describeEnd(st.Receipt) + ") before the episode made any model call: the model never acted, so there is nothing of it to judge"}
+	}
 	return nil
+}
+
+// describeEnd says how a harness ended, from its receipt.
+func describeEnd(r *supervisor.Receipt) string {
+	var s string
+	switch {
+	case r.ReturnCode == nil:
+		s = "it never ran"
+	case r.TimedOut:
+		s = "killed at its deadline"
+	case r.Stopped:
+		s = "stopped"
+	case *r.ReturnCode < 0:
+		s = fmt.Sprintf("killed by signal %d", -*r.ReturnCode)
+	default:
+		s = fmt.Sprintf("exit %d", *r.ReturnCode)
+	}
+	if r.Error != "" {
+		s += ": " + r.Error
+	}
+	return s
 }
 
 // Verify runs the task's tests once the harness has ended (capture once:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -455,5 +456,56 @@ func TestSessionAskedOnlyAfterAModelCall(t *testing.T) {
 	g3.Release()
 	if v := r.finish(t, ctx, e); v.Reward != 1 {
 		t.Fatalf("reward %d", v.Reward)
+	}
+}
+
+// An episode whose harness ends before the episode has made any model
+// call is verified as an error, not as the model's failure, and no test
+// runs: the model never acted (here the harness is killed while its first
+// call waits at the gateway, as a harness that cannot start or resume, or
+// a model server that never answers, would end it). Killed once a call
+// has been answered, the model has acted, and the tests judge its work as
+// ever (unresolved).
+func TestNoModelCallIsAnErrorNotAFailure(t *testing.T) {
+	r := newRig(t)
+	tk, err := task.Lookup(r.tasks, "sh-renext-spaces")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		call   int
+		status string
+	}{{1, task.StatusError}, {2, task.StatusUnresolved}} {
+		t.Run(fmt.Sprintf("killed-at-call-%d", c.call), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			id := fmt.Sprintf("killed-at-%d", c.call)
+			g := r.gate(id, c.call)
+			defer g.Release()
+			e, _ := r.startToGate(t, ctx, episode.Spec{ID: id, Task: tk, Harness: adapter(t, "mini")}, g)
+			var out bytes.Buffer
+			res, err := r.env.Provider.Exec(ctx, e.SandboxID(), sandbox.ExecRequest{Argv: []string{"pkill", "-KILL", "-f", "stasis mini"}, Stdout: &out, Stderr: &out})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("pkill the harness: %v %+v %s", err, res, out.String())
+			}
+			rc, err := e.Wait(ctx)
+			if err != nil || rc.ReturnCode == nil || *rc.ReturnCode != -9 {
+				t.Fatalf("the harness's end: %+v %v", rc, err)
+			}
+			v, rec, err := e.Verify(ctx)
+			if err != nil || rec || v.Status != c.status || v.Reward != 0 {
+				t.Fatalf("verify: %+v recorded=%v %v", v, rec, err)
+			}
+			if c.status == task.StatusError {
+				if !strings.Contains(v.Reason, "killed by signal 9") || !strings.Contains(v.Reason, "before the episode made any model call") || v.Output != "" {
+					t.Fatalf("the error verdict: reason %q, output %q", v.Reason, v.Output)
+				}
+			} else if v.Output == "" || len(v.FailToPass) == 0 {
+				t.Fatalf("the tests did not judge the work of a model that acted: %+v", v)
+			}
+			if again, rec, err := e.Verify(ctx); err != nil || !rec || again.Status != c.status || again.Reason != v.Reason {
+				t.Fatalf("a second verify: %+v recorded=%v %v", again, rec, err)
+			}
+		})
 	}
 }

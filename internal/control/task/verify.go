@@ -421,13 +421,27 @@ func (v *Verifier) runBaseline(ctx context.Context, t *Task) (status, reason str
 	return bv.Status, bv.Reason, nil
 }
 
+// NoModelCall is the error Verify's ended returns when the harness has
+// ended without the episode ever making a model call: the model never
+// acted, and its tests would only judge the task as it was given. Verify
+// then records an error verdict whose reason is Reason, and runs no test:
+// the failure is the environment's (a harness that could not start or
+// resume, a model server that never answered), not the model's, and a
+// trainer must not learn from it. The agent cannot bring it about: with
+// no model call it has done nothing.
+type NoModelCall struct{ Reason string }
+
+func (n *NoModelCall) Error() string { return n.Reason }
+
 // Verify returns the verdict of an episode's attempt. When one is
 // recorded it is returned with recorded true, and nothing runs. Otherwise
 // ended is asked first: it must confirm that the harness has ended and its
 // cleanup is confirmed (else Verify refuses with its error, wrapped in
-// ErrNotEnded); then the tests are restored and run in the sandbox, a run
-// that failed as a whole is attributed (see attribute), and the verdict is
-// recorded. Two verifies of one attempt at once run the tests once.
+// ErrNotEnded), or say that the episode never made a model call
+// (NoModelCall: the verdict is then an error, with no test run); then the
+// tests are restored and run in the sandbox, a run that failed as a whole
+// is attributed (see attribute), and the verdict is recorded. Two
+// verifies of one attempt at once run the tests once.
 func (v *Verifier) Verify(ctx context.Context, episode string, attempt int, sandboxID string, t *Task, ended func(context.Context) error) (Verdict, bool, error) {
 	if vd, ok, err := v.Recorded(ctx, episode, attempt); err != nil || ok {
 		return vd, ok, err
@@ -438,17 +452,24 @@ func (v *Verifier) Verify(ctx context.Context, episode string, attempt int, sand
 	if vd, ok, err := v.Recorded(ctx, episode, attempt); err != nil || ok {
 		return vd, ok, err
 	}
+	var none *NoModelCall
 	if ended != nil {
-		if err := ended(ctx); err != nil {
+		if err := ended(ctx); err != nil && !errors.As(err, &none) {
 			return Verdict{}, false, fmt.Errorf("episode %s: verify: %w: %v", episode, ErrNotEnded, err)
 		}
 	}
-	vd, err := runTests(ctx, v.Provider, sandboxID, t, runOptions{seed: v.goSeed(ctx, t, false)})
-	if err != nil {
-		return Verdict{}, false, fmt.Errorf("episode %s: verify: %w", episode, err)
-	}
-	if vd.Status == StatusError && !vd.TimedOut {
-		v.attribute(ctx, t, &vd)
+	var vd Verdict
+	if none != nil {
+		vd = Verdict{Task: t.ID, Status: StatusError, Reason: none.Reason,
+			FailToPass: map[string]string{}, PassToPass: map[string]string{}, ExitCode: -1, Started: time.Now().UTC()}
+	} else {
+		var err error
+		if vd, err = runTests(ctx, v.Provider, sandboxID, t, runOptions{seed: v.goSeed(ctx, t, false)}); err != nil {
+			return Verdict{}, false, fmt.Errorf("episode %s: verify: %w", episode, err)
+		}
+		if vd.Status == StatusError && !vd.TimedOut {
+			v.attribute(ctx, t, &vd)
+		}
 	}
 	vd.Episode, vd.Attempt = episode, attempt
 	doc, err := json.Marshal(vd)

@@ -187,6 +187,24 @@ func TestCkptListShowRemove(t *testing.T) {
 	}
 }
 
+// localSandbox opens a local provider with o (this test binary as its
+// stasis) and makes a sandbox in it; both are removed when the test ends.
+func localSandbox(t *testing.T, o local.Options) (*local.Provider, string) {
+	t.Helper()
+	o.Exe, o.ExeEnv = stasistest.Exe(), stasistest.Env
+	p, err := local.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	sb, err := p.Create(context.Background(), sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Delete(context.Background(), sb.ID) })
+	return p, sb.ID
+}
+
 // TestCkptRmFreesRealSnapshot: removing the only checkpoint that names a
 // real local snapshot deletes the snapshot through the provider, where the
 // stasis serve that took it keeps it (system.ProviderHome of its state
@@ -198,20 +216,11 @@ func TestCkptRmFreesRealSnapshot(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			dir := t.TempDir()
 			ctx := context.Background()
-			p, err := local.New(local.Options{Home: system.ProviderHome(dir, local.Name), Exe: stasistest.Exe(), ExeEnv: stasistest.Env})
-			if err != nil {
+			p, sb := localSandbox(t, local.Options{Home: system.ProviderHome(dir, local.Name)})
+			if err := p.WriteFile(ctx, sb, "/work/f", []byte("data"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			defer p.Close()
-			sb, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = p.Delete(ctx, sb.ID) }()
-			if err := p.WriteFile(ctx, sb.ID, "/work/f", []byte("data"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			snap, err := p.Snapshot(ctx, sb.ID, "")
+			snap, err := p.Snapshot(ctx, sb, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -219,7 +228,7 @@ func TestCkptRmFreesRealSnapshot(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rec := ckptRecord(t, `{"episode":"ep-0","provider":"local","sandbox":{"id":"`+sb.ID+`"},"snapshot_id":"`+snap.ID+`","pause_seq":1,"pause_mode":"stop","pause_confirmed":true,"attempt":0}`)
+			rec := ckptRecord(t, `{"episode":"ep-0","provider":"local","sandbox":{"id":"`+sb+`"},"snapshot_id":"`+snap.ID+`","pause_seq":1,"pause_mode":"stop","pause_confirmed":true,"attempt":0}`)
 			if err := s.Begin(ctx, "real", nil); err != nil {
 				t.Fatal(err)
 			}
@@ -255,16 +264,7 @@ func TestCkptRmFreesSharedSnapshots(t *testing.T) {
 	srv.Setenv(t)
 	url := "s3://" + srv.Bucket(t) + "/ckpt"
 	ctx := context.Background()
-	p, err := local.New(local.Options{Home: t.TempDir(), Exe: stasistest.Exe(), ExeEnv: stasistest.Env, Blobs: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	sb, err := p.Create(ctx, sandbox.Spec{Expiry: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = p.Delete(ctx, sb.ID) }()
+	p, sb := localSandbox(t, local.Options{Home: t.TempDir(), Blobs: url})
 	dir := t.TempDir() // the operator's, with the record store
 	s, err := store.OpenSQLite(filepath.Join(dir, store.FileName))
 	if err != nil {
@@ -275,12 +275,12 @@ func TestCkptRmFreesSharedSnapshots(t *testing.T) {
 	}
 	var snaps []string
 	for i := range 2 {
-		snap, err := p.Snapshot(ctx, sb.ID, "")
+		snap, err := p.Snapshot(ctx, sb, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		snaps = append(snaps, snap.ID)
-		rec := ckptRecord(t, fmt.Sprintf(`{"episode":"ep-%d","provider":"local","sandbox":{"id":"%s"},"snapshot_id":"%s","pause_seq":1,"pause_mode":"stop","pause_confirmed":true,"attempt":0}`, i, sb.ID, snap.ID))
+		rec := ckptRecord(t, fmt.Sprintf(`{"episode":"ep-%d","provider":"local","sandbox":{"id":"%s"},"snapshot_id":"%s","pause_seq":1,"pause_mode":"stop","pause_confirmed":true,"attempt":0}`, i, sb, snap.ID))
 		if err := s.Put(ctx, "shared", rec); err != nil {
 			t.Fatal(err)
 		}

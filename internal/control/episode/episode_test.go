@@ -102,6 +102,25 @@ func (r *rig) startToGate(t testing.TB, ctx context.Context, spec episode.Spec, 
 	}
 }
 
+// relaunch relaunches spec's episode from snap; the episode is closed and
+// the snapshot deleted when the test ends.
+func (r *rig) relaunch(t *testing.T, ctx context.Context, spec episode.Spec, snap episode.Snapshot) *episode.Episode {
+	t.Helper()
+	e, err := episode.Relaunch(ctx, r.env, spec, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		if err := r.env.Provider.DeleteSnapshot(context.Background(), snap.ID); err != nil {
+			t.Error(err)
+		}
+	})
+	return e
+}
+
 func adapter(t testing.TB, name string) harness.Adapter {
 	t.Helper()
 	if name == "opencode" {
@@ -262,18 +281,7 @@ func TestRelaunchFromSnapshotContinues(t *testing.T) {
 			// The crash: the sandbox is gone with everything in it.
 			crash()
 
-			e2, err := episode.Relaunch(ctx, r.env, spec, snap)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := e2.Close(context.Background()); err != nil {
-					t.Error(err)
-				}
-				if err := r.env.Provider.DeleteSnapshot(context.Background(), snap.ID); err != nil {
-					t.Error(err)
-				}
-			}()
+			e2 := r.relaunch(t, ctx, spec, snap)
 			if e2.Attempt() != 1 {
 				t.Fatalf("attempt %d after a relaunch", e2.Attempt())
 			}
@@ -381,18 +389,7 @@ if n != 1:
 			}
 			crash()
 
-			e2, err := episode.Relaunch(ctx, r.env, spec, snap)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := e2.Close(context.Background()); err != nil {
-					t.Error(err)
-				}
-				if err := r.env.Provider.DeleteSnapshot(context.Background(), snap.ID); err != nil {
-					t.Error(err)
-				}
-			}()
+			e2 := r.relaunch(t, ctx, spec, snap)
 			v := r.finish(t, ctx, e2)
 			if v.Reward != 1 {
 				t.Fatalf("reward %d after the relaunch: %v %v\n%s", v.Reward, v.FailToPass, v.PassToPass, v.Output)

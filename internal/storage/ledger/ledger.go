@@ -351,12 +351,18 @@ func (l *Ledger) Branch(from, reason string) error {
 // gateways of several nodes write), an episode that ran on another node
 // since this one opened its ledger and has come back. Nothing is written;
 // a ledger whose storage holds what it read is left as it is. A ledger
-// that fails a write is still to be opened again (Err).
+// that fails a write is still to be opened again (Err). A ledger whose
+// log is its only writer (a file under this ledger's lock) has nothing
+// to read again, and is not read: a restore refreshes every episode's
+// ledger, and reading each whole file grew with the ledger.
 func (l *Ledger) Refresh() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return fmt.Errorf("ledger %s: %w", l.where, ErrClosed)
+	}
+	if x, ok := l.log.(exclusive); ok && x.Exclusive() {
+		return nil
 	}
 	data, err := l.storage.ReadAll(l.episode)
 	switch {

@@ -48,6 +48,10 @@ type Log interface {
 	Close() error
 }
 
+// exclusive is a Log that can say it is its ledger's only writer: no one
+// else can have appended since it read the ledger (Refresh).
+type exclusive interface{ Exclusive() bool }
+
 // ErrFenced: the ledger belongs to a newer attempt of the episode, or
 // another gateway has appended to it since this one read it: this writer
 // has lost the episode and must stop.
@@ -198,6 +202,10 @@ func (l *fileLog) Fence(attempt int) error {
 	l.fence = attempt
 	return nil
 }
+
+// Exclusive implements exclusive: the file's flock keeps every other
+// writer out while the log is open.
+func (l *fileLog) Exclusive() bool { return true }
 
 func (l *fileLog) Close() error {
 	_ = unix.Flock(int(l.f.Fd()), unix.LOCK_UN)

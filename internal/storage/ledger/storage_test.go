@@ -440,3 +440,81 @@ func TestPostgresPartitionedNodeCannotAppend(t *testing.T) {
 		t.Fatalf("entries: %s", got)
 	}
 }
+
+// counting is a Storage that counts its ReadAll calls; with shared set,
+// its logs do not say they are their ledger's only writer, as a log in a
+// storage several writers share does not.
+type counting struct {
+	Files
+	shared bool
+	reads  int
+}
+
+func (c *counting) ReadAll(ep string) ([]byte, error) {
+	c.reads++
+	return c.Files.ReadAll(ep)
+}
+
+func (c *counting) OpenLog(ep string) (Log, []byte, error) {
+	log, data, err := c.Files.OpenLog(ep)
+	if err == nil && c.shared {
+		log = sharedLog{log}
+	}
+	return log, data, err
+}
+
+// sharedLog hides a log's Exclusive.
+type sharedLog struct{ Log }
+
+// A ledger file is written only through the ledger holding its lock, so
+// its Refresh reads nothing (a restore refreshes every episode's ledger,
+// and read each whole file before); a log that may have other writers is
+// read again, and only used when it changed.
+func TestRefreshReadsOnlyWhatOthersMayWrite(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		s := &counting{Files: Files(t.TempDir()), shared: shared}
+		l := openIn(t, s, "ep")
+		mustAppend(t, l, entry("ep/1", chat("1")))
+		mustAppend(t, l, entry("ep/2", chat("2")))
+		tip := l.Tip()
+		if err := l.Refresh(); err != nil || l.Len() != 2 || l.Tip() != tip {
+			t.Fatalf("shared %v: refresh: %d entries, %v", shared, l.Len(), err)
+		}
+		if want := map[bool]int{false: 0, true: 1}[shared]; s.reads != want {
+			t.Fatalf("shared %v: the refresh read the ledger %d times, want %d", shared, s.reads, want)
+		}
+		mustAppend(t, l, entry("ep/3", chat("3")))
+		checkCounts(t, s, "ep")
+	}
+}
+
+// BenchmarkRefresh: a restore's refresh of a ledger of 64 entries of 128
+// KiB answers (about as large as the soak's ledgers grow), by the ledger
+// holding the file's lock (exclusive) against the same file read again
+// and compared (read, the baseline: what every refresh did before).
+func BenchmarkRefresh(b *testing.B) {
+	answer := strings.Repeat("x", 128<<10)
+	for _, shared := range []bool{false, true} {
+		name := map[bool]string{false: "exclusive", true: "read"}[shared]
+		b.Run(name, func(b *testing.B) {
+			s := &counting{Files: Files(b.TempDir()), shared: shared}
+			l, err := OpenIn(s, "ep")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			for i := range 64 {
+				if _, err := l.Append(entry(fmt.Sprintf("ep/%d", i+1), chat(answer))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := l.Refresh(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -511,7 +511,10 @@ func newSandboxGCCmd(open opener) *cobra.Command {
 		Use:   "gc [--blobs s3://BUCKET/PREFIX [--forget-home ID]]",
 		Short: "Remove sandboxes whose keeper died (ending a QEMU left behind), and blobs nothing references",
 		Long: `gc removes the sandboxes whose keeper died and then the blobs that no
-snapshot and no sandbox's incremental base references.
+snapshot and no sandbox's incremental base references. The microvm
+provider's gc also lets run again a machine an interrupted snapshot left
+stopped, and removes the QEMU monitor sockets (/tmp/stasis-qmp-*.sock) of
+machines that ended with no one to clean up after them.
 
 With --blobs (the store the nodes share) the collection covers every node:
 it keeps the blobs of every snapshot record in the store and of every

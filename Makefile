@@ -304,8 +304,9 @@ fuzz: deps
 ## another, each bounded in count and in time, so it stops by itself:
 ##  - soak-sequences: random trainer sequences (internal/control/trainer),
 ##    SEEDS of them (default 1000), seeds SEED_FIRST, SEED_FIRST+1, ...,
-##    starting no new one once SOAK_TIME (default 2h) has passed; one
-##    sequence is bounded too (15 minutes). `make test` runs four. A
+##    starting no new one once SOAK_TIME (default 5h: a seed takes 5 to
+##    20 s on two quiet cores, so a thousand take two to four hours) has
+##    passed; one sequence is bounded too (15 minutes). `make test` runs four. A
 ##    failing seed prints its number, how to replay it (-seed N) and its
 ##    sequence; the run goes on to the next.
 ##  - soak-cycles: CYCLES checkpoint/restore cycles (default 100) of
@@ -322,7 +323,7 @@ fuzz: deps
 ## RELIABILITY.md records the runs.
 SEEDS            ?= 1000
 SEED_FIRST       ?= 1
-SOAK_TIME        ?= 2h
+SOAK_TIME        ?= 5h
 CYCLES           ?= 100
 CYCLE_EPISODES   ?= 64
 CYCLE_TIME       ?= 2h

@@ -376,7 +376,14 @@ func (c *Coordinator) finishDecided(ctx context.Context, x *op, plan []decision,
 			fail(d, fmt.Errorf("episode %s: %w", eid, err))
 			return err
 		}
-		e, d2, err := c.goDecided(ctx, x, d, eps[eid], false)
+		// eps is written under mu as each episode goes (below): read it
+		// under mu too. Unguarded, this read raced those writes and, with
+		// enough episodes, the runtime ended the server ("concurrent map
+		// read and map write": the three-node cycle soak, cycle 25).
+		mu.Lock()
+		ready := eps[eid]
+		mu.Unlock()
+		e, d2, err := c.goDecided(ctx, x, d, ready, false)
 		if x.dead() {
 			return err
 		}

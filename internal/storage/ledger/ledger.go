@@ -354,7 +354,9 @@ func (l *Ledger) Branch(from, reason string) error {
 // that fails a write is still to be opened again (Err). A ledger whose
 // log is its only writer (a file under this ledger's lock) has nothing
 // to read again, and is not read: a restore refreshes every episode's
-// ledger, and reading each whole file grew with the ledger.
+// ledger, and reading each whole file grew with the ledger. A storage
+// that can tell a ledger's length cheaply (PostgreSQL) is read only when
+// the length has changed.
 func (l *Ledger) Refresh() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -363,6 +365,15 @@ func (l *Ledger) Refresh() error {
 	}
 	if x, ok := l.log.(exclusive); ok && x.Exclusive() {
 		return nil
+	}
+	if s, ok := l.storage.(sizer); ok {
+		n, err := s.Size(l.episode)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && l.off == 0:
+			return nil
+		case err == nil && n == l.off:
+			return nil // no one has appended since: nothing to read
+		}
 	}
 	data, err := l.storage.ReadAll(l.episode)
 	switch {

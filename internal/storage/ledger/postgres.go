@@ -165,6 +165,18 @@ func (p *Postgres) ReadAll(episode string) ([]byte, error) {
 	return p.read(ctx, episode)
 }
 
+// Size implements sizer: the ledger's length, from its head row alone.
+func (p *Postgres) Size(episode string) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var length int64
+	err := p.pool.QueryRow(ctx, `SELECT bytes FROM ledger_heads WHERE episode = $1`, episode).Scan(&length)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("ledger of episode %s: %w", episode, fs.ErrNotExist)
+	}
+	return length, err
+}
+
 // read reads a ledger's head and chunks in one snapshot, and checks that
 // they agree.
 func (p *Postgres) read(ctx context.Context, episode string) ([]byte, error) {

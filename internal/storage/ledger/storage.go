@@ -52,6 +52,13 @@ type Log interface {
 // else can have appended since it read the ledger (Refresh).
 type exclusive interface{ Exclusive() bool }
 
+// sizer is a Storage that can tell a ledger's length without reading it:
+// a ledger only grows, by appends at its length, so one whose length is
+// what a Ledger read holds what it read (Refresh).
+type sizer interface {
+	Size(episode string) (int64, error)
+}
+
 // ErrFenced: the ledger belongs to a newer attempt of the episode, or
 // another gateway has appended to it since this one read it: this writer
 // has lost the episode and must stop.

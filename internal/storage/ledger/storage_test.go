@@ -488,6 +488,36 @@ func TestRefreshReadsOnlyWhatOthersMayWrite(t *testing.T) {
 	}
 }
 
+// countingPG is the PostgreSQL storage, counting its ReadAll calls.
+type countingPG struct {
+	*Postgres
+	reads int
+}
+
+func (c *countingPG) ReadAll(ep string) ([]byte, error) {
+	c.reads++
+	return c.Postgres.ReadAll(ep)
+}
+
+// A ledger in PostgreSQL, which several gateways write, is read again by
+// a refresh only when its length there has changed: another node
+// appended. Unchanged, only its head row is asked.
+func TestRefreshOfASharedLedgerReadsOnlyWhenItGrew(t *testing.T) {
+	s := &countingPG{Postgres: openPostgres(t, pgtest.DSN(t))}
+	a := openIn(t, s, "ep")
+	mustAppend(t, a, entry("ep/1", chat("1")))
+	if err := a.Refresh(); err != nil || a.Len() != 1 || s.reads != 0 {
+		t.Fatalf("refresh of an unchanged ledger: %d entries, %d reads, %v", a.Len(), s.reads, err)
+	}
+	b := openIn(t, s, "ep")
+	mustAppend(t, b, entry("ep/2", chat("2")))
+	if err := a.Refresh(); err != nil || s.reads != 1 || seqs(a.Entries()) != "1:ep/1 2:ep/2" || a.Tip() != b.Tip() {
+		t.Fatalf("refresh after another writer's append: %s, %d reads, %v", seqs(a.Entries()), s.reads, err)
+	}
+	mustAppend(t, a, entry("ep/3", chat("3")))
+	checkCounts(t, s, "ep")
+}
+
 // BenchmarkRefresh: a restore's refresh of a ledger of 64 entries of 128
 // KiB answers (about as large as the soak's ledgers grow), by the ledger
 // holding the file's lock (exclusive) against the same file read again

@@ -72,6 +72,27 @@ func newWrappedWorld(t *testing.T, wrap func(*local.Provider) sandbox.Provider, 
 }
 
 // waitHeld waits until the call h holds has arrived at the gateway.
+// crashEverything is a crash of every machine: the episodes' sandboxes
+// gone, the coordinator's memory dropped, the calls held let go (their
+// connections are gone), and the gateway and the store closed and opened
+// again from disk. It returns the coordinator of the system opened again.
+func (w *world) crashEverything(ctx context.Context, c *coordinator.Coordinator, episodes []string, holds []*relay.Hold) *coordinator.Coordinator {
+	w.t.Helper()
+	for _, id := range episodes {
+		row, _ := w.Store.GetEpisode(ctx, id)
+		if err := w.Env.Provider.Delete(ctx, row.Sandbox); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	c.Close()
+	for _, h := range holds {
+		h.Release()
+	}
+	w.Crash()
+	w.Reopen()
+	return w.Coordinator
+}
+
 func waitHeld(t *testing.T, ctx context.Context, h *relay.Hold, what string) {
 	t.Helper()
 	if err := h.Wait(ctx, 1); err != nil {
@@ -134,21 +155,11 @@ func testCheckpointCrashRestore(t *testing.T, opts ...func(*system.Config)) {
 		t.Fatalf("records: %+v / %+v", recs[0], recs[1])
 	}
 
-	// The crash: every sandbox gone, the coordinator's memory dropped, the
-	// gateway and the store closed and opened again from disk.
+	var ids []string
 	for _, e := range eps {
-		row, _ := w.Store.GetEpisode(ctx, e.id)
-		if err := w.Env.Provider.Delete(ctx, row.Sandbox); err != nil {
-			t.Fatal(err)
-		}
+		ids = append(ids, e.id)
 	}
-	c.Close()
-	for _, h := range holds {
-		h.Release()
-	}
-	w.Crash()
-	w.Reopen()
-	c = w.Coordinator
+	c = w.crashEverything(ctx, c, ids, holds)
 	if ids := c.LiveIDs(); len(ids) != 0 {
 		t.Fatalf("live after the crash: %v", ids)
 	}
@@ -776,19 +787,7 @@ func TestRestoreGoesEpisodesConcurrently(t *testing.T) {
 	if _, err := c.Prepare(ctx, "ckpt-1"); err != nil {
 		t.Fatal(err)
 	}
-	for _, ep := range eps {
-		row, _ := w.Store.GetEpisode(ctx, ep)
-		if err := w.Env.Provider.Delete(ctx, row.Sandbox); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c.Close()
-	for _, h := range holds {
-		h.Release()
-	}
-	w.Crash()
-	w.Reopen()
-	c = w.Coordinator
+	c = w.crashEverything(ctx, c, eps, holds)
 
 	release := make(chan struct{})
 	gate.Store(&release)

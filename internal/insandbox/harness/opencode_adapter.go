@@ -193,14 +193,15 @@ func (o *OpenCode) resumeLatest(l Launch) string {
 	list := ShellQuote([]string{o.Binary(), "session", "list", "--format", "json", "-n", "1"})
 	export := ShellQuote([]string{o.Binary(), "export"})
 	continueID := ShellQuote([]string{o.Binary(), "run", "--pure", "--dir", l.WorkDir, "--session"}) + ` "$id" -- ` + ShellQuote([]string{ResumePrompt})
+	afresh := ShellQuote(opencode.Argv(o.Binary(), l.WorkDir, l.Prompt))
 	return "cd " + ShellQuote([]string{l.WorkDir}) + " || exit 127\n" +
 		"s=$(" + list + " 2>/dev/null) || exec " + ShellQuote(o.resumeArgv(l, "")) + "\n" +
-		"case $s in *'\"id\"'*) ;; *) exec " + ShellQuote(opencode.Argv(o.Binary(), l.WorkDir, l.Prompt)) + " ;; esac\n" +
+		"case $s in *'\"id\"'*) ;; *) exec " + afresh + " ;; esac\n" +
 		// The first id in the list: what follows "id", between the next two quotes.
 		"id=${s#*'\"id\"'}; id=${id#*'\"'}; id=${id%%'\"'*}\n" +
 		"e=$(" + export + ` "$id" 2>/dev/null) || exec ` + continueID + "\n" +
 		"case $e in *'\"type\": \"text\"'*|*'\"type\":\"text\"'*) exec " + continueID + " ;; esac\n" +
-		"exec " + ShellQuote(opencode.Argv(o.Binary(), l.WorkDir, l.Prompt)) + "\n"
+		"exec " + afresh + "\n"
 }
 
 // Resume implements Adapter: `opencode run --session ID` on the session

@@ -62,16 +62,22 @@ changed nothing.`,
 // ckptStore is ckpt's --store.
 var ckptStore string
 
+// ckptLocation is the record store ckpt was given: --store, or
+// $STASIS_STORE ("": neither, the default SQLite file).
+func ckptLocation() string {
+	if ckptStore != "" {
+		return ckptStore
+	}
+	return os.Getenv(StoreEnv)
+}
+
 // ckptSnapshotState is the state directory of the stasis serve whose
 // SQLite record store ckpt works on: the file's directory, where that
 // serve keeps its providers' snapshots (system.ProviderHome). It is ""
 // for a cluster's PostgreSQL store, whose nodes keep their snapshots in
 // the shared blob store (--blobs).
 func ckptSnapshotState() (string, error) {
-	loc := ckptStore
-	if loc == "" {
-		loc = os.Getenv(StoreEnv)
-	}
+	loc := ckptLocation()
 	if loc == "" {
 		return home.Dir()
 	}
@@ -84,10 +90,7 @@ func ckptSnapshotState() (string, error) {
 // openCkptStore opens the record store ckpt works on: --store, or
 // $STASIS_STORE, or the default SQLite file.
 func openCkptStore(ctx context.Context) (store.Store, error) {
-	loc := ckptStore
-	if loc == "" {
-		loc = os.Getenv(StoreEnv)
-	}
+	loc := ckptLocation()
 	if loc == "" {
 		return store.Open(ctx)
 	}
@@ -109,10 +112,7 @@ prints each node's share. Without ID, one is made from the time.`,
   stasis ckpt create ckpt-000042 --json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			loc := ckptStore
-			if loc == "" {
-				loc = os.Getenv(StoreEnv)
-			}
+			loc := ckptLocation()
 			if !dburl.IsPostgres(loc) {
 				return ckptUsageError(cmd, *asJSON, fmt.Errorf("create takes a checkpoint over the nodes of a cluster: give the PostgreSQL store they share with --store postgres://… (or $%s); on one server, POST /v1/checkpoints to it", StoreEnv))
 			}

@@ -343,11 +343,11 @@ func rewind(l *ledger.Ledger, id string, at LedgerAt, attempt int) (bool, error)
 	if at.Tip == "" || at.Tip == l.Tip().Hash {
 		return false, nil
 	}
-	past, err := l.EntriesAt(at.Tip)
+	n, last, err := l.HistoryAt(at.Tip)
 	if err != nil {
 		return false, err
 	}
-	if n := int64(len(past)); n == 0 || headOf(l, n) == past[n-1].Hash {
+	if n == 0 || headOf(l, n) == last {
 		return false, nil // the checkpoint's history is still the ledger's
 	}
 	return true, l.Branch(at.Tip, fmt.Sprintf("restore of a checkpoint of an earlier history, attempt %d", attempt))

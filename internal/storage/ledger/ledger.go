@@ -277,7 +277,7 @@ func (l *Ledger) write(recs ...record) ([]record, error) {
 			return nil, fmt.Errorf("ledger %s: %w", l.where, err)
 		}
 		if i < len(ends) {
-			l.st.ends[r.Hash] = start + ends[i]
+			l.st.ends[r.Hash] = l.st.markAt(start + ends[i])
 		}
 	}
 	return recs, nil
@@ -421,12 +421,13 @@ func (l *Ledger) Restart(reason string) error {
 // with hash at (a Tip's), each entry with its disposition then.
 func (l *Ledger) EntriesAt(at string) ([]Entry, error) {
 	l.mu.Lock()
-	end, ok := l.st.ends[at]
+	m, ok := l.st.ends[at]
 	off := l.off
 	l.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("ledger %s: no record with hash %.12s…", l.where, at)
 	}
+	end := m.end
 	data, err := l.storage.ReadAll(l.episode)
 	if err != nil {
 		return nil, err
@@ -439,6 +440,23 @@ func (l *Ledger) EntriesAt(at string) ([]Entry, error) {
 		return nil, fmt.Errorf("ledger %s: %w: %s", l.where, ErrCorrupt, prob)
 	}
 	return st.entries, nil
+}
+
+// HistoryAt returns how many entries the logical ledger held right after
+// the record with hash at (a Tip's) and the hash of the last of them (""
+// when none), without reading the ledger's storage: what a restore needs
+// to learn whether the ledger still holds a checkpoint's history (the
+// entry at n is the same then and now), which it asks of every episode
+// that made calls since the checkpoint. EntriesAt returns the entries
+// themselves.
+func (l *Ledger) HistoryAt(at string) (n int64, last string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m, ok := l.st.ends[at]
+	if !ok {
+		return 0, "", fmt.Errorf("ledger %s: no record with hash %.12s…", l.where, at)
+	}
+	return m.n, m.last, nil
 }
 
 // linePool holds the buffers records are encoded into before their write.

@@ -34,14 +34,34 @@ type state struct {
 	// branch may bring it back).
 	dropCounts map[Disposition]int64
 	droppedAs  map[string]Disposition
-	// ends is where each record ends in the bytes (the offset after its
-	// newline), by its hash: what a branch goes back to.
-	ends map[string]int64
+	// ends is, by each record's hash, where the record ends in the bytes
+	// and the logical ledger right after it: what a branch goes back to,
+	// and what a restore compares with the ledger now (HistoryAt).
+	ends map[string]mark
+}
+
+// mark is the ledger right after one record: where the record ends in the
+// bytes (the offset after its newline), how many entries the logical
+// ledger held then, and the last one's hash ("" when none).
+type mark struct {
+	end  int64
+	n    int64
+	last string
+}
+
+// markAt returns the mark of the state as it is, its last record ending
+// at end.
+func (s *state) markAt(end int64) mark {
+	m := mark{end: end, n: int64(len(s.entries))}
+	if m.n > 0 {
+		m.last = s.entries[m.n-1].Hash
+	}
+	return m
 }
 
 func newState(episode string) *state {
 	return &state{episode: episode, index: map[string]int{}, dropCounts: map[Disposition]int64{},
-		droppedAs: map[string]Disposition{}, ends: map[string]int64{}}
+		droppedAs: map[string]Disposition{}, ends: map[string]mark{}}
 }
 
 // Event is a control record of the file: a cut or a broken mark.
@@ -226,12 +246,12 @@ func load(data []byte, episode string, keepDropped bool) (*state, *Problem) {
 			return st, p
 		}
 		if r.Kind == kindBranch {
-			end, ok := st.ends[r.From]
+			at, ok := st.ends[r.From]
 			if !ok {
 				p.What = fmt.Sprintf("branch from record %.12s…, which is not an earlier record of this ledger", r.From)
 				return st, p
 			}
-			past, prob := load(data[:end], episode, false)
+			past, prob := load(data[:at.end], episode, false)
 			if prob != nil { // cannot happen: those bytes loaded once already
 				return st, prob
 			}
@@ -244,7 +264,7 @@ func load(data []byte, episode string, keepDropped bool) (*state, *Problem) {
 			return st, p
 		}
 		st.off += int64(i + 1)
-		st.ends[r.Hash] = st.off
+		st.ends[r.Hash] = st.markAt(st.off)
 		rest = rest[i+1:]
 	}
 	return st, nil

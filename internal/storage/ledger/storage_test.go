@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -170,11 +171,13 @@ func TestBranch(t *testing.T) {
 		}
 		want := seqs(l.Entries())
 		tip := l.Tip()
+		checkHistoryAt(t, l, s)
 		l.Close()
 		l2 := openIn(t, s, "ep")
 		if got := seqs(l2.Entries()); got != want || l2.Tip() != tip {
 			t.Fatalf("after reopening: %s (tip %+v), want %s (tip %+v)", got, l2.Tip(), want, tip)
 		}
+		checkHistoryAt(t, l2, s)
 		rep := checkCounts(t, s, "ep")
 		if rep.Entries != 5 || rep.Live != 2 {
 			t.Fatalf("report: %+v", rep)
@@ -207,6 +210,48 @@ func TestBranch(t *testing.T) {
 			t.Fatal("a refused branch wrote something")
 		}
 	})
+}
+
+// checkHistoryAt holds HistoryAt, which answers from what the ledger
+// kept as it wrote or read each record, to EntriesAt, which reads the
+// bytes again, at every record of the ledger.
+func checkHistoryAt(t *testing.T, l *Ledger, s Storage) {
+	t.Helper()
+	data, err := s.ReadAll(l.Episode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hashes []string
+	for line := range bytes.SplitSeq(bytes.TrimSuffix(data, []byte("\n")), []byte("\n")) {
+		r, err := decodeRecord(line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes = append(hashes, r.Hash)
+	}
+	if tip := l.Tip(); len(hashes) != tip.Records || hashes[len(hashes)-1] != tip.Hash {
+		t.Fatalf("%d records read, the last %.12s…; the ledger's tip is %+v", len(hashes), hashes[len(hashes)-1], tip)
+	}
+	for i, at := range hashes {
+		past, err := l.EntriesAt(at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, last, err := l.HistoryAt(at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ""
+		if len(past) > 0 {
+			want = past[len(past)-1].Hash
+		}
+		if n != int64(len(past)) || last != want {
+			t.Fatalf("record %d: HistoryAt says %d entries, the last %.12s…; EntriesAt %d, the last %.12s…", i+1, n, last, len(past), want)
+		}
+	}
+	if _, _, err := l.HistoryAt(strings.Repeat("ab", 32)); err == nil || !strings.Contains(err.Error(), "no record with hash") {
+		t.Fatalf("HistoryAt of a hash the ledger does not hold: %v", err)
+	}
 }
 
 // An episode started again as its next attempt takes its ledger back to
@@ -547,4 +592,44 @@ func BenchmarkRefresh(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkRewindCheck is what a restore asks of each episode that made
+// calls since the checkpoint: does the ledger still hold the checkpoint's
+// history? HistoryAt answers from the ledger's state; EntriesAt, which the
+// restore used before, reads and parses the ledger up to the checkpoint's
+// tip (the baseline). The ledger is 64 answers of 128 KiB (8 MiB) with the
+// checkpoint half way.
+func BenchmarkRewindCheck(b *testing.B) {
+	answer := strings.Repeat("x", 128<<10)
+	l, err := OpenIn(Files(b.TempDir()), "ep")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	var at Tip
+	for i := range 64 {
+		if _, err := l.Append(entry(fmt.Sprintf("ep/%d", i+1), chat(answer))); err != nil {
+			b.Fatal(err)
+		}
+		if i == 31 {
+			at = l.Tip()
+		}
+	}
+	b.Run("history-at", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if n, _, err := l.HistoryAt(at.Hash); err != nil || n != 32 {
+				b.Fatal(n, err)
+			}
+		}
+	})
+	b.Run("entries-at", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if past, err := l.EntriesAt(at.Hash); err != nil || len(past) != 32 {
+				b.Fatal(len(past), err)
+			}
+		}
+	})
 }

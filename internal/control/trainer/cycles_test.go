@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +24,9 @@ import (
 	promodel "github.com/prometheus/common/model"
 
 	"stasis/client"
+	"stasis/internal/control/cli"
 	"stasis/internal/control/cluster"
+	"stasis/internal/control/coordinator"
 	"stasis/internal/control/model"
 	"stasis/internal/providers/microvm"
 	"stasis/internal/s3test"
@@ -37,6 +40,7 @@ var (
 	cycleNodesFlag  = flag.Int("cycle-nodes", 1, "TestSoakCycles: 1, one `stasis serve` on its embedded store (SQLite, files, snapshots in its state directory); 2 or 3, a cluster on PostgreSQL and S3")
 	cycleProvFlag   = flag.String("cycle-provider", "local", "TestSoakCycles: the sandbox provider, local or microvm (QEMU; needs "+microvm.KernelEnv+")")
 	cycleTimeFlag   = flag.Duration("cycle-time", 0, "TestSoakCycles: start no new cycle once this long has passed (0: no bound)")
+	cycleCPUFlag    = flag.String("cycle-cpu-profile", "", "TestSoakCycles: a directory where every node's CPU profile of every tenth cycle's checkpoint is written (cycle-N-NODE.pb.gz; go tool pprof)")
 	cycleReportFlag = flag.String("cycle-report", "", "TestSoakCycles: append each cycle's resource sample to this file, one JSON object a line")
 )
 
@@ -56,6 +60,14 @@ type sample struct {
 	CheckS     float64 `json:"checkpoint_s"`
 	RestoreS   float64 `json:"restore_s"`
 	CycleS     float64 `json:"cycle_s"`
+	// CheckPhases and RestorePhases are the seconds of each phase of
+	// the cycle's checkpoint and restore as the node asked answered
+	// (coordinator.Result.Phases); SnapshotS is the median and the
+	// slowest of its episodes' snapshots: where a slower cycle's time
+	// went.
+	CheckPhases   map[string]float64 `json:"checkpoint_phases,omitempty"`
+	RestorePhases map[string]float64 `json:"restore_phases,omitempty"`
+	SnapshotS     [2]float64         `json:"snapshot_s"`
 	// StoreBytes: the record store (SQLite's files, or the PostgreSQL
 	// database, which holds the ledgers too); LedgerBytes: the ledger
 	// files (standalone); BlobBytes: the snapshots' blob store (the
@@ -120,6 +132,9 @@ func TestSoakCycles(t *testing.T) {
 		// scheduled for the default's 10 s loses its lease, which aborts
 		// the restore under way (as it should); nothing here crashes.
 		w.nodeLease = 3 * cluster.DefaultLease
+		if *cycleCPUFlag != "" {
+			w.env = append(w.env, cli.CPUProfileEnv+"=1")
+		}
 	})
 	c := &cycler{t: t, w: w, s3: s3, n: n}
 	for i := 1; i <= n; i++ {
@@ -155,7 +170,15 @@ func TestSoakCycles(t *testing.T) {
 		began := time.Now()
 		api := w.up()[cycle%len(w.up())].api
 		ck := fmt.Sprintf("ck-%d", cycle)
-		if _, err := api.Checkpoint(ctx, client.CheckpointRequest{ID: ck}); err != nil {
+		profiling := *cycleCPUFlag != "" && cycle%10 == 0
+		if profiling {
+			c.profile(cycle, false)
+		}
+		cres, err := api.Checkpoint(ctx, client.CheckpointRequest{ID: ck})
+		if profiling {
+			c.profile(cycle, true)
+		}
+		if err != nil {
 			t.Fatalf("cycle %d: checkpoint: %v", cycle, err)
 		}
 		if got, recs, err := api.GetCheckpoint(ctx, ck); err != nil || got.State != store.StateCommitted || len(recs) != n {
@@ -168,8 +191,9 @@ func TestSoakCycles(t *testing.T) {
 		c.awaitHeld(heldTurn + 1)
 		c.each("retire", func(_ int, id string) error { _, err := api.Retire(ctx, id); return err })
 		restoring := time.Now()
-		if res, err := api.RestoreWith(ctx, ck, client.RestoreRequest{Episodes: c.ids}); err != nil {
-			t.Fatalf("cycle %d: restore of %s: %v (%+v)", cycle, ck, err, res)
+		rres, err := api.RestoreWith(ctx, ck, client.RestoreRequest{Episodes: c.ids})
+		if err != nil {
+			t.Fatalf("cycle %d: restore of %s: %v (%+v)", cycle, ck, err, rres)
 		}
 		c.awaitHeld(heldTurn)
 		restoreS := time.Since(restoring).Seconds()
@@ -181,6 +205,8 @@ func TestSoakCycles(t *testing.T) {
 		prev = ck
 		for _, s := range c.sample(cycle) {
 			s.CheckS, s.RestoreS, s.CycleS = round(checkS), round(restoreS), round(time.Since(began).Seconds())
+			s.CheckPhases, s.RestorePhases = roundAll(cres.Phases), roundAll(rres.Phases)
+			s.SnapshotS = snapshotSeconds(cres.Episodes)
 			samples = append(samples, s)
 			c.report(s)
 		}
@@ -345,6 +371,38 @@ func (c *cycler) sample(cycle int) []sample {
 	return out
 }
 
+// profile starts every node's CPU profile, or ends it and copies it to
+// -cycle-cpu-profile (cli.CPUProfileEnv: alternate SIGUSR2s).
+func (c *cycler) profile(cycle int, ending bool) {
+	c.t.Helper()
+	for _, nd := range c.w.up() {
+		src := filepath.Join(nd.state, "cpu.pb.gz")
+		if ending {
+			_ = os.Remove(src + ".done") // the server removed it at the start too
+		}
+		if err := nd.Signal(syscall.SIGUSR2); err != nil {
+			c.t.Fatal(err)
+		}
+		if !ending {
+			continue
+		}
+		deadline := time.Now().Add(time.Minute)
+		for !fileExists(src + ".done") {
+			if time.Now().After(deadline) {
+				c.t.Fatalf("%s wrote no CPU profile within a minute", nd.name)
+			}
+			time.Sleep(50 * time.Millisecond) // poll interval, bounded by the deadline
+		}
+		b, err := os.ReadFile(src)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(*cycleCPUFlag, fmt.Sprintf("cycle-%d-%s.pb.gz", cycle, nd.name)), b, 0o644)
+		}
+		if err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
 // report appends s to -cycle-report.
 func (c *cycler) report(s sample) {
 	if *cycleReportFlag == "" {
@@ -438,6 +496,30 @@ func duOf(dir string) int64 {
 }
 
 func round(s float64) float64 { return float64(int64(s*100)) / 100 }
+
+// roundAll rounds every value of m.
+func roundAll(m map[string]float64) map[string]float64 {
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		out[k] = round(v)
+	}
+	return out
+}
+
+// snapshotSeconds is the median and the longest snapshot of eps.
+func snapshotSeconds(eps []coordinator.EpisodeFigures) [2]float64 {
+	var s []float64
+	for _, e := range eps {
+		if e.Snapshot != "" {
+			s = append(s, e.SnapshotS)
+		}
+	}
+	if len(s) == 0 {
+		return [2]float64{}
+	}
+	slices.Sort(s)
+	return [2]float64{round(s[len(s)/2]), round(s[len(s)-1])}
+}
 
 // growthTable is the first cycle's samples against the last's and the
 // end's (every episode retired, every checkpoint deleted), per node.

@@ -79,6 +79,8 @@ type world struct {
 	provider, guestBinary string
 	// nodeLease is the nodes' --node-lease (0: lease).
 	nodeLease time.Duration
+	// env is added to every node's environment.
+	env []string
 }
 
 // node is one `stasis serve --node` child.
@@ -285,7 +287,7 @@ func (w *world) startNode(i int) (*node, error) {
 	}
 	var err error
 	// The wait bounds a start that hangs.
-	n.Serve, err = stasistest.StartServe(stasistest.ServeOptions{Log: filepath.Join(w.dir, n.name+".log"), Wait: 2 * time.Minute}, args...)
+	n.Serve, err = stasistest.StartServe(stasistest.ServeOptions{Log: filepath.Join(w.dir, n.name+".log"), Env: w.env, Wait: 2 * time.Minute}, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", n.name, err)
 	}

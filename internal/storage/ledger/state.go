@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -182,12 +183,12 @@ func (s *state) drop(to int64) {
 }
 
 // applyBranch applies a branch record r: the logical ledger becomes past's,
-// the state as it was right after the record r.From (load made it from the
-// bytes up to there). Entries live now and not in past's history are
+// the state as it was right after the record r.From (load kept it as it
+// walked past there). Entries live now and not in past's history are
 // dropped, as a cut drops them; entries of past's history that a cut or
 // a branch had dropped are live again; every entry has the disposition it
 // had at r.From.
-func (s *state) applyBranch(r record, past *state) error {
+func (s *state) applyBranch(r record, past pastState) error {
 	if r.Parent != s.head {
 		return fmt.Errorf("parent %.12s… is not the previous record's hash %.12s…: a record was removed, inserted or reordered", r.Parent, s.head)
 	}
@@ -229,8 +230,28 @@ func (s *state) applyBranch(r record, past *state) error {
 // append that was never acknowledged): it is left out, and st.off ends
 // before it.
 func load(data []byte, episode string, keepDropped bool) (*state, *Problem) {
+	var targets map[string]int
+	if scanBranches {
+		targets = branchTargets(data)
+	}
+	return loadWith(data, episode, keepDropped, targets)
+}
+
+// scanBranches is false only in tests and benchmarks that measure a load
+// going back to each branch's record by loading the bytes up to there.
+var scanBranches = true
+
+// loadWith is load, given what branchTargets(data) returns. The state right
+// after each record in targets is kept as the walk passes it, until its
+// last branch is applied: a branch record needs it, and loading the bytes
+// up to there again for each branch would cost, over branches that each
+// go back past the one before, time that doubles with every branch. A
+// branch to a record not in targets loads the bytes up to there.
+func loadWith(data []byte, episode string, keepDropped bool, targets map[string]int) (*state, *Problem) {
+	loads.Add(1)
 	st := newState(episode)
 	st.keepDropped = keepDropped
+	pasts := map[string]pastState{}
 	rest := data
 	for len(rest) > 0 {
 		i := bytes.IndexByte(rest, '\n')
@@ -251,11 +272,23 @@ func load(data []byte, episode string, keepDropped bool) (*state, *Problem) {
 				p.What = fmt.Sprintf("branch from record %.12s…, which is not an earlier record of this ledger", r.From)
 				return st, p
 			}
-			past, prob := load(data[:at.end], episode, false)
-			if prob != nil { // cannot happen: those bytes loaded once already
-				return st, prob
+			back, ok := pasts[r.From]
+			if !ok {
+				// The scan missed it (a branch record written
+				// otherwise than this package writes it): load the
+				// bytes up to there.
+				past, prob := load(data[:at.end], episode, false)
+				if prob != nil { // cannot happen: those bytes loaded once already
+					return st, prob
+				}
+				back = past.past()
 			}
-			err = st.applyBranch(r, past)
+			if targets[r.From] > 0 {
+				if targets[r.From]--; targets[r.From] == 0 {
+					delete(pasts, r.From)
+				}
+			}
+			err = st.applyBranch(r, back)
 		} else {
 			err = st.apply(r)
 		}
@@ -265,9 +298,54 @@ func load(data []byte, episode string, keepDropped bool) (*state, *Problem) {
 		}
 		st.off += int64(i + 1)
 		st.ends[r.Hash] = st.markAt(st.off)
+		if targets[r.Hash] > 0 {
+			pasts[r.Hash] = st.past()
+		}
 		rest = rest[i+1:]
 	}
 	return st, nil
+}
+
+// loads counts the walks of a ledger's bytes (load, loadWith), for the
+// tests.
+var loads atomic.Int64
+
+// branchTargets returns, for each record that a branch record in data
+// goes back to (its From), how many branch records do. A line is decoded
+// only if it holds the word "branch", so the scan costs little; a branch
+// record it misses (its kind written with escapes) is still loaded
+// right, only more slowly.
+func branchTargets(data []byte) map[string]int {
+	var targets map[string]int
+	word := []byte(`"` + kindBranch + `"`)
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		if !bytes.Contains(line, word) {
+			continue
+		}
+		if r, err := decodeRecord(line); err == nil && r.Kind == kindBranch {
+			if targets == nil {
+				targets = map[string]int{}
+			}
+			targets[r.From]++
+		}
+	}
+	return targets
+}
+
+// pastState is what a branch takes from the state it goes back to.
+type pastState struct {
+	entries      []Entry
+	settled      []bool
+	nextBoundary bool
+	broken       bool
+	reason       string
+}
+
+// past copies what a branch back to s as it is now needs: a settle
+// changes entries in place, so the entries are copied.
+func (s *state) past() pastState {
+	return pastState{entries: slices.Clone(s.entries), settled: slices.Clone(s.settled),
+		nextBoundary: s.nextBoundary, broken: s.broken, reason: s.reason}
 }
 
 // Report is what Verify found.

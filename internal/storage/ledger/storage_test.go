@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -632,4 +633,106 @@ func BenchmarkRewindCheck(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A ledger whose restores went back and forth between checkpoints holds
+// branches that each go back past the branch before. Opening it walks its
+// bytes once, not once more for every branch before each branch (which
+// doubles with every branch: twelve took 4,096 walks, and thirty would
+// take hours), and comes to the same state as going back to each
+// branch's record by loading the bytes up to there.
+func TestBranchesLoadInOneWalk(t *testing.T) {
+	const k = 12
+	dir := t.TempDir()
+	l, err := Open(dir, "ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range k {
+		e := mustAppend(t, l, entry(fmt.Sprintf("ep/%d", i+1), chat("x")))
+		if i%3 == 0 {
+			if err := l.Settle(Settlement{Seq: e.Seq, CallID: e.CallID, Disposition: Delivered}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tip := l.Tip() // a checkpoint
+		if err := l.Cut(int64(i/2), "restore of an earlier checkpoint"); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, l, entry(fmt.Sprintf("ep/dead-%d", i+1), chat("x")))
+		if err := l.Branch(tip.Hash, "restore of that checkpoint"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := seqs(l.Entries())
+	checkHistoryAt(t, l, Files(dir))
+	l.Close()
+
+	loads.Store(0)
+	l, err = Open(dir, "ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if n := loads.Load(); n != 1 {
+		t.Fatalf("opening a ledger of %d branches walked its bytes %d times, want once", k, n)
+	}
+	if got := seqs(l.Entries()); got != want {
+		t.Fatalf("after reopening: %s, want %s", got, want)
+	}
+	data := fileBytes(t, dir, "ep")
+	fast, prob := load(data, "ep", true)
+	if prob != nil {
+		t.Fatal(prob)
+	}
+	scanBranches = false
+	slow, prob := load(data, "ep", true)
+	scanBranches = true
+	if prob != nil {
+		t.Fatal(prob)
+	}
+	if !reflect.DeepEqual(fast, slow) {
+		t.Fatalf("the state kept as the walk passed each branch's record differs from the one loaded up to there:\n%+v\n%+v", fast, slow)
+	}
+}
+
+// BenchmarkLoadBranched loads a ledger of 16 branches that each go back
+// past the one before (restores back and forth between checkpoints):
+// "one-walk" as Open does, "reload-each" loading the bytes up to each
+// branch's record again (the baseline, as Open did before).
+func BenchmarkLoadBranched(b *testing.B) {
+	dir := b.TempDir()
+	l, err := Open(dir, "ep")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 16 {
+		if _, err := l.Append(entry(fmt.Sprintf("ep/%d", i+1), chat(strings.Repeat("x", 4<<10)))); err != nil {
+			b.Fatal(err)
+		}
+		tip := l.Tip()
+		if err := l.Cut(int64(i/2), "restore"); err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Branch(tip.Hash, "restore"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	l.Close()
+	data, err := Files(dir).ReadAll("ep")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, scan := range []bool{true, false} {
+		b.Run(map[bool]string{true: "one-walk", false: "reload-each"}[scan], func(b *testing.B) {
+			scanBranches = scan
+			defer func() { scanBranches = true }()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, prob := load(data, "ep", false); prob != nil {
+					b.Fatal(prob)
+				}
+			}
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -39,10 +40,31 @@ func (d *Dir) NewBatch() Batch {
 	return &packBatch{d: d, id: newPackID(), entries: map[rawKey]packEntry{}}
 }
 
+// newPackID returns a new pack id: 32 lower-case hex digits, the first
+// eight the Unix time in seconds (big-endian) and the rest random. Ids
+// sort by when their packs were begun, so that a listing of an S3 store
+// can ask for the recent ones only (S3.refresh).
 func newPackID() string {
+	return packIDAt(packClock())
+}
+
+// packClock is the time newPackID stamps (tests set it to stamp an old
+// one).
+var packClock = time.Now
+
+func packIDAt(t time.Time) string {
 	b := make([]byte, 16)
-	_, _ = rand.Read(b)
+	binary.BigEndian.PutUint32(b, uint32(t.Unix()))
+	_, _ = rand.Read(b[4:])
 	return hex.EncodeToString(b)
+}
+
+// packIDTime is the part of a pack id that newPackID makes of t, the
+// least id of a pack begun at t or after it.
+func packIDTime(t time.Time) string {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], uint32(max(t.Unix(), 0)))
+	return hex.EncodeToString(b[:])
 }
 
 type packBatch struct {

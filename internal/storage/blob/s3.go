@@ -60,12 +60,15 @@ type S3 struct {
 	cache   *s3Cache // nil: no read cache
 	staging string   // where batches and pack files are written
 
-	view    *packSet // packs and keys; its dir and mtime are unused
-	listMu  sync.Mutex
-	listed  time.Time      // when the last listing began (local clock)
-	orphans []s3Orphan     // leftovers the last listing saw
-	delMu   sync.Mutex     // serialises this node's deletes
-	bg      sync.WaitGroup // cleanups of failed commits under way
+	view   *packSet // packs and keys; its dir and mtime are unused
+	listMu sync.Mutex
+	listed time.Time // when the last full listing began (local clock)
+	// listedRecent is when the last listing, full or of the recent packs
+	// only, began.
+	listedRecent time.Time
+	orphans      []s3Orphan     // leftovers the last listing saw
+	delMu        sync.Mutex     // serialises this node's deletes
+	bg           sync.WaitGroup // cleanups of failed commits under way
 }
 
 var (
@@ -430,7 +433,7 @@ func (s *S3) has(ctx context.Context, key string, found func(rawKey) bool) (bool
 	if s.cfg.hasMaxAge > 0 {
 		notBefore = notBefore.Add(-s.cfg.hasMaxAge)
 	}
-	if err := s.refresh(ctx, notBefore); err != nil {
+	if err := s.refreshWith(ctx, notBefore, true); err != nil {
 		return false, fmt.Errorf("blob %s: %w", key, err)
 	}
 	return found(k), nil

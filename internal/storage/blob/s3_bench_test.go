@@ -183,3 +183,54 @@ func packParts(b *testing.B, srv *s3test.Server, s *S3) string {
 	}
 	return "a single PUT"
 }
+
+// BenchmarkS3HasRefresh measures the listing a Has miss makes, on a store
+// of 2,000 packs begun an hour ago (a collection's grace period keeps
+// hours of them) and 20 begun now, with a ReuseWithin: "recent" lists
+// the packs begun since the last listing (less recentMargin), as Has now
+// does; "full" lists the whole store, as Has did before (the baseline,
+// in the same run). Each refresh is forced (the last listing's time is
+// cleared to the full one's).
+//
+//	go test -run '^$' -bench S3HasRefresh -benchtime 20x -count 3 ./internal/storage/blob/
+func BenchmarkS3HasRefresh(b *testing.B) {
+	srv := s3test.Start(b)
+	url := "s3://" + srv.Bucket(b) + "/bench"
+	ctx := context.Background()
+	w := openS3(b, srv, url, S3Options{})
+	put := func(n int, tag string) {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 16)
+		for i := range n {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				k, data := blobOf(tag+strconv.Itoa(i), 64)
+				if err := w.Put(ctx, k, data); err != nil {
+					b.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	packClock = func() time.Time { return time.Now().Add(-time.Hour) }
+	put(2000, "old")
+	packClock = time.Now
+	put(20, "new")
+	if b.Failed() {
+		return
+	}
+	r := openS3(b, srv, url, S3Options{ReuseWithin: 30 * time.Minute})
+	for _, recent := range []bool{true, false} {
+		b.Run(map[bool]string{true: "recent", false: "full"}[recent], func(b *testing.B) {
+			for b.Loop() {
+				r.listMu.Lock()
+				r.listedRecent = r.listed
+				r.listMu.Unlock()
+				if err := r.refreshWith(ctx, time.Now(), recent); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -664,6 +666,94 @@ func TestS3Records(t *testing.T) {
 		}
 		if err := a.DeleteRecord(ctx, bad); err == nil {
 			t.Errorf("DeleteRecord(%q) was accepted", bad)
+		}
+	}
+}
+
+// listings returns the listings p has seen since the first from: each
+// one's prefix and start-after, under the store's prefix.
+func (e s3Env) listings(t *testing.T, p *s3test.Proxy, from int) (got [][2]string) {
+	t.Helper()
+	for _, r := range p.Requests()[from:] {
+		_, query, _ := strings.Cut(r, "?")
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(r, "GET ") || q.Get("list-type") != "2" {
+			continue
+		}
+		got = append(got, [2]string{strings.TrimPrefix(q.Get("prefix"), e.prefix), strings.TrimPrefix(q.Get("start-after"), e.prefix)})
+	}
+	return got
+}
+
+// With a ReuseWithin, Has lists again only the packs begun since its last
+// listing (less recentMargin): the listing a snapshot's misses make no
+// longer grows with every pack the store keeps. No listing takes in the
+// snapshots' records. A pack begun before that (a long upload) is missed
+// by Has, which then reports its blobs missing (they are stored again),
+// and found by Get, which lists the whole store.
+func TestS3HasListsRecentPacksOnly(t *testing.T) {
+	env := newS3Env(t)
+	ctx := context.Background()
+	a := env.open(t, S3Options{ReuseWithin: time.Hour})
+	p := env.srv.Proxy(t)
+	b := env.openVia(t, p, S3Options{ReuseWithin: time.Hour, HasMaxAge: -1})
+	if err := a.PutRecord(ctx, "snapshots/local/s-1.json", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	full := [][2]string{{"packs/", ""}, {"dead/", ""}}
+	if got := env.listings(t, p, 0); !reflect.DeepEqual(got, full) {
+		t.Fatalf("the listing when the store opens: %q, want %q", got, full)
+	}
+
+	k1, d1 := blobOf("recent", 100)
+	if err := a.Put(ctx, k1, d1); err != nil {
+		t.Fatal(err)
+	}
+	seen := len(p.Requests())
+	lo, hi := packIDTime(time.Now().Add(-recentMargin-time.Minute)), packIDTime(time.Now())
+	if has, err := b.Has(ctx, k1); !has || err != nil {
+		t.Fatalf("Has of a blob another node just stored: %v %v", has, err)
+	}
+	got := env.listings(t, p, seen)
+	if len(got) != 2 || got[0][0] != "packs/" || got[1][0] != "dead/" {
+		t.Fatalf("Has listed %q, want packs/ and dead/ after a recent id", got)
+	}
+	for _, l := range got {
+		if after := strings.TrimPrefix(l[1], l[0]); after < lo || after > hi {
+			t.Fatalf("Has listed %s after %q, want after an id of between %s and %s", l[0], after, lo, hi)
+		}
+	}
+
+	// A pack whose id is older than the margin, committed since: missed
+	// by Has, found by Get.
+	packClock = func() time.Time { return time.Now().Add(-2 * recentMargin) }
+	k2, d2 := blobOf("a long upload", 100)
+	err := a.Put(ctx, k2, d2)
+	packClock = time.Now
+	if err != nil {
+		t.Fatal(err)
+	}
+	if has, err := b.Has(ctx, k2); has || err != nil {
+		t.Fatalf("Has of a blob in a pack begun before the margin: %v %v, want false (the listing of recent packs does not see it)", has, err)
+	}
+	seen = len(p.Requests())
+	if got, err := b.Get(ctx, k2); err != nil || !bytes.Equal(got, d2) {
+		t.Fatalf("Get of it: %v", err)
+	}
+	if got := env.listings(t, p, seen); !reflect.DeepEqual(got, full) {
+		t.Fatalf("Get listed %q, want the whole store %q", got, full)
+	}
+	if has, err := b.Has(ctx, k2); !has || err != nil {
+		t.Fatalf("Has of it after Get's listing: %v %v", has, err)
+	}
+	for _, o := range env.objects(t) {
+		if strings.HasPrefix(o, env.prefix+s3PacksDir) && !strings.HasSuffix(o, idxExt) {
+			if n := parseS3Name(strings.TrimPrefix(o, env.prefix)); n.kind != 'p' || n.id[:8] > hi || n.id[:8] < packIDTime(time.Now().Add(-10*time.Minute)) {
+				t.Fatalf("pack %s: its id does not begin with the time it was begun", o)
+			}
 		}
 	}
 }

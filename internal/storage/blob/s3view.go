@@ -70,27 +70,53 @@ type s3Listing struct {
 	deadAt  map[string]time.Time // dead list: its Last-Modified
 }
 
-func (s *S3) list(ctx context.Context) (*s3Listing, error) {
+// list lists the store's packs, indexes and dead lists: all of them, or
+// with since, only those of packs whose ids say they were begun at since
+// or after (newPackID). Nothing else under the prefix is listed (the
+// records, which grow with every snapshot ever taken, are not the blob
+// store's).
+func (s *S3) list(ctx context.Context, since time.Time) (*s3Listing, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	l := &s3Listing{idx: map[string]time.Time{}, idxSize: map[string]int64{}, packs: map[string]time.Time{}, dead: map[string][]string{}, deadAt: map[string]time.Time{}}
-	for o := range s.client.ListObjects(ctx, s.loc.bucket, minio.ListObjectsOptions{Prefix: s.loc.prefix, Recursive: true}) {
-		if o.Err != nil {
-			return nil, fmt.Errorf("list %s: %w", s.loc, o.Err)
+	for _, dir := range []string{s3PacksDir, s3DeadDir} {
+		opts := minio.ListObjectsOptions{Prefix: s.loc.prefix + dir, Recursive: true}
+		if !since.IsZero() {
+			opts.StartAfter = opts.Prefix + packIDTime(since)
 		}
-		name := strings.TrimPrefix(o.Key, s.loc.prefix)
-		switch n := parseS3Name(name); n.kind {
-		case 'i':
-			l.idx[n.id], l.idxSize[n.id] = roundUpSecond(o.LastModified), o.Size
-		case 'p':
-			l.packs[n.id] = o.LastModified
-		case 'd':
-			l.dead[n.id] = append(l.dead[n.id], name)
-			l.deadAt[name] = o.LastModified
+		for o := range s.client.ListObjects(ctx, s.loc.bucket, opts) {
+			if o.Err != nil {
+				return nil, fmt.Errorf("list %s: %w", s.loc, o.Err)
+			}
+			name := strings.TrimPrefix(o.Key, s.loc.prefix)
+			switch n := parseS3Name(name); n.kind {
+			case 'i':
+				l.idx[n.id], l.idxSize[n.id] = roundUpSecond(o.LastModified), o.Size
+			case 'p':
+				l.packs[n.id] = o.LastModified
+			case 'd':
+				l.dead[n.id] = append(l.dead[n.id], name)
+				l.deadAt[name] = o.LastModified
+			}
 		}
 	}
 	return l, nil
 }
+
+// A refresh for Has (recent) lists only the packs begun since the last
+// listing began, less recentMargin, once this node has listed the whole
+// store within fullListingEvery (and the store has a ReuseWithin: Has
+// then reports only copies stored within it, and a collection never
+// deletes one of those). A pack begun longer before its commit than the
+// margin (a long upload, or a writer's clock behind) can be missed until
+// the next full listing; Has then reports its blobs missing, and the
+// writer stores them again: a copy too many, never one too few. A full
+// listing also forgets the packs deleted since the last; Get, Walk and
+// deletes always list in full.
+const (
+	recentMargin     = 2 * time.Minute
+	fullListingEvery = 10 * time.Minute
+)
 
 // roundUpSecond rounds a time S3 gives to the second up to the next one:
 // the object may have been stored up to a second after it says.
@@ -106,13 +132,28 @@ func roundUpSecond(t time.Time) time.Time {
 // already been made, reads the new indexes and dead lists, and forgets
 // the packs whose indexes are gone.
 func (s *S3) refresh(ctx context.Context, notBefore time.Time) error {
+	return s.refreshWith(ctx, notBefore, false)
+}
+
+// refreshWith is refresh; with recent, the listing may be of the recent
+// packs only (see recentMargin).
+func (s *S3) refreshWith(ctx context.Context, notBefore time.Time, recent bool) error {
 	s.listMu.Lock()
 	defer s.listMu.Unlock()
-	if !s.listed.IsZero() && !s.listed.Before(notBefore) {
+	last := s.listed
+	partial := recent && s.cfg.reuseWithin > 0 && !s.listed.IsZero() && time.Since(s.listed) < fullListingEvery
+	if partial {
+		last = s.listedRecent
+	}
+	if !last.IsZero() && !last.Before(notBefore) {
 		return nil // a listing begun since the caller asked: coalesced
 	}
 	start := time.Now()
-	l, err := s.list(ctx)
+	var since time.Time
+	if partial {
+		since = s.listedRecent.Add(-recentMargin)
+	}
+	l, err := s.list(ctx, since)
 	if err != nil {
 		return err
 	}
@@ -197,7 +238,7 @@ func (s *S3) refresh(ctx context.Context, notBefore time.Time) error {
 		v.bad[id] = true
 	}
 	for id, p := range v.packs {
-		if _, ok := l.idx[id]; !ok {
+		if _, ok := l.idx[id]; !ok && !partial {
 			v.drop(p)
 			delete(v.packs, id)
 		}
@@ -248,6 +289,10 @@ func (s *S3) refresh(ctx context.Context, notBefore time.Time) error {
 			}
 		}
 		v.add(p)
+	}
+	s.listedRecent = start
+	if partial {
+		return nil // the leftovers are what the last full listing saw
 	}
 	s.orphans = s.orphans[:0]
 	for id, at := range l.packs {

@@ -7,7 +7,7 @@ package hostkeep
 // its sandboxes build on, and every collection marks from what every node
 // published. The layout of the shared records:
 //
-//	snapshots/PROVIDER/SNAP.json   a snapshot's record (its manifests), a tombstone once deleted
+//	snapshots/PROVIDER/SNAP.json   a snapshot's record (its manifests), a tombstone once deleted (removed after the grace period)
 //	bases/PROVIDER/HOME/SB.json    the manifests sandbox SB of state directory HOME builds on (Pins)
 //	homes/HOME.json                who HOME is (host, directory), for an operator
 //	collectors/PROVIDER.json       PROVIDER's nodes publish their bases (collectorsDir)
@@ -578,7 +578,11 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 			return nil, err
 		}
 		if m.Deleted {
-			x.tombstones.Store(name, true) // a tombstone stays one
+			at := m.DeletedAt
+			if at.IsZero() {
+				at = time.Now() // a tombstone that does not say when
+			}
+			x.tombstones.Store(name, at) // a tombstone stays one
 			return nil, nil
 		}
 		return m.Roots(), nil
@@ -616,8 +620,39 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 	if err != nil {
 		return 0, 0, err
 	}
+	x.dropTombstones(ctx)
 	slog.Info("shared blob store: collected", "snapshot_roots", len(snaps), "published_bases", len(bases), "roots", len(live)+len(bases), "freed_blobs", n, "freed_bytes", bytes, "grace", x.share.Grace, "seconds", time.Since(start).Seconds())
 	return n, bytes, nil
+}
+
+// dropTombstones removes the snapshot tombstones this process has seen
+// that are older than the grace period. A tombstone only says that its
+// snapshot is gone, as no record says too (Read, Find and the mark treat
+// both alike; ids are 64 random bits, never handed out twice); kept for
+// ever, the tombstones would grow every collection's listing of the
+// records by every snapshot ever deleted. The grace period leaves time
+// for whatever read the record while it lived (a fork's check of its
+// pin, a collection's mark) to be over. A removal that fails is tried
+// again at the next collection.
+func (x *Snapshots[S, PS]) dropTombstones(ctx context.Context) {
+	cutoff := time.Now().Add(-x.share.Grace)
+	n := 0
+	x.tombstones.Range(func(k, v any) bool {
+		name, at := k.(string), v.(time.Time)
+		if !at.Before(cutoff) {
+			return true
+		}
+		if err := x.Shared.DeleteRecord(ctx, name); err != nil {
+			slog.Warn("shared blob store: a snapshot's tombstone could not be removed; the next collection tries again", "record", name, "err", err)
+			return ctx.Err() == nil
+		}
+		x.tombstones.Delete(name)
+		n++
+		return true
+	})
+	if n > 0 {
+		slog.Info("shared blob store: removed snapshot tombstones older than the grace period", "tombstones", n, "grace", x.share.Grace)
+	}
 }
 
 // sharedRoots reads every record under dir (all providers', all homes')

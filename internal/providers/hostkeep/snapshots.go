@@ -39,6 +39,10 @@ type SnapMeta struct {
 	// (PinFork).
 	Uses    []string `json:"uses,omitempty"`
 	Deleted bool     `json:"deleted,omitempty"`
+	// DeletedAt is when the snapshot was deleted (a tombstone of a shared
+	// store is removed once it is older than the collections' grace
+	// period: see dropTombstones).
+	DeletedAt time.Time `json:"deleted_at,omitzero"`
 }
 
 func (s *SnapMeta) snap() *SnapMeta { return s }
@@ -88,10 +92,13 @@ type Snapshots[S any, PS SnapOf[S]] struct {
 	// collections mark from what every node published (see shared.go).
 	Shared SharedRecords
 
-	share      ShareOptions
-	pins       *Pins
-	reconcile  func(context.Context) error
-	tombstones sync.Map // shared snapshot records seen deleted: never read again
+	share     ShareOptions
+	pins      *Pins
+	reconcile func(context.Context) error
+	// tombstones are the shared snapshot records seen deleted, never
+	// read again: each one's name, and when it was deleted (or, for a
+	// tombstone that does not say, first seen).
+	tombstones sync.Map
 	// collections counts the collections deletions asked for (tests).
 	collections atomic.Int64
 }
@@ -239,8 +246,9 @@ func (x *Snapshots[S, PS]) ForFork(snap string, n int, expiry time.Time) (S, err
 	return x.Read("fork", snap)
 }
 
-// Delete deletes snapshot id, leaving its record as a tombstone, and
-// collects the blobs nothing references any more. Deleting a snapshot
+// Delete deletes snapshot id, leaving its record as a tombstone (in a
+// shared store, until a collection after the grace period removes it),
+// and collects the blobs nothing references any more. Deleting a snapshot
 // that is gone is nil.
 func (x *Snapshots[S, PS]) Delete(ctx context.Context, id string) error {
 	return x.DeleteMany(ctx, []string{id})
@@ -264,7 +272,7 @@ func (x *Snapshots[S, PS]) DeleteMany(ctx context.Context, ids []string) error {
 			errs = append(errs, err)
 			continue
 		}
-		PS(&s).snap().Deleted = true
+		PS(&s).snap().Deleted, PS(&s).snap().DeletedAt = true, time.Now().UTC()
 		if err := x.writeRecord(id, s); err != nil {
 			errs = append(errs, err)
 			continue

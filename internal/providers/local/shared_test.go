@@ -21,6 +21,7 @@ import (
 	"stasis/internal/stasistest"
 	"stasis/internal/storage/blob"
 	"stasis/internal/storage/cas"
+	"stasis/internal/testwait"
 	"stasis/sandbox"
 )
 
@@ -647,5 +648,73 @@ func TestSharedKeepsWhatAnotherProvidersSnapshotUses(t *testing.T) {
 		if err := b.restorable(t, m); err == nil {
 			t.Fatalf("%s, named by a deleted snapshot alone, was not collected", m)
 		}
+	}
+}
+
+// A deleted snapshot's record stays a tombstone until a collection after
+// the grace period removes it, so that the records every collection lists
+// do not grow with every snapshot ever deleted. A tombstone written
+// before tombstones said when (no deleted_at) goes a grace period after
+// a node first saw it. The snapshot reads as gone throughout.
+func TestSharedTombstonesGoAfterTheGrace(t *testing.T) {
+	b := newBucket(t)
+	ctx := context.Background()
+	const grace = 2 * time.Second
+	const oldID = "snap-00000000000000aa"
+	node := b.node(t, local.Options{Share: hostkeep.ShareOptions{Reuse: time.Second, Grace: grace}})
+	sb := create(t, node, map[string][]byte{"/work/f": randomBytes(t, 4096)})
+	snap := snapshot(t, node, sb)
+	rec := b.srv.ObjectPath(b.name, b.prefix+"/records/snapshots/local/"+snap+".json")
+	other, err := blob.OpenS3(ctx, b.url, blob.S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.PutRecord(ctx, "snapshots/local/"+oldID+".json", []byte(`{"id":"`+oldID+`","manifest":"x","deleted":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	old := b.srv.ObjectPath(b.name, b.prefix+"/records/snapshots/local/"+oldID+".json")
+	deleted := time.Now()
+	if err := node.DeleteSnapshot(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(rec)
+	if err != nil {
+		t.Fatalf("no tombstone right after the deletion: %v", err)
+	}
+	var m hostkeep.SnapMeta
+	if err := json.Unmarshal(raw, &m); err != nil || !m.Deleted || m.DeletedAt.Before(deleted.Add(-time.Second)) {
+		t.Fatalf("the tombstone: %s (%v)", raw, err)
+	}
+	if _, err := node.GetSnapshot(ctx, snap); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a deleted snapshot: %v", err)
+	}
+	// Within the grace period a collection keeps both.
+	if _, _, err := node.CollectBlobs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(deleted) < grace {
+		for _, p := range []string{rec, old} {
+			if _, err := os.Stat(p); err != nil {
+				t.Fatalf("a tombstone younger than the grace period was removed: %v", err)
+			}
+		}
+	}
+	testwait.Until(t, "collections remove both tombstones once older than the grace period", time.Minute, func() bool {
+		if _, _, err := node.CollectBlobs(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, err1 := os.Stat(rec)
+		_, err2 := os.Stat(old)
+		return errors.Is(err1, fs.ErrNotExist) && errors.Is(err2, fs.ErrNotExist)
+	})
+	if time.Since(deleted) < grace {
+		t.Fatalf("the tombstone went %s after the deletion, within the grace period of %s", time.Since(deleted), grace)
+	}
+	if _, err := node.GetSnapshot(ctx, snap); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a deleted snapshot, its tombstone gone: %v", err)
+	}
+	if found, err := node.FindSnapshots(ctx, sb, ""); err != nil || len(found) != 0 {
+		t.Fatalf("FindSnapshots after: %v %v", found, err)
 	}
 }

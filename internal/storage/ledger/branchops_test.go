@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -41,13 +40,7 @@ func FuzzBranchOps(f *testing.F) {
 		}
 		var tips []tip
 		next := 0
-		for i := 0; i < len(script); i++ {
-			op := script[i] % 5
-			arg := 0
-			if i+1 < len(script) {
-				i++
-				arg = int(script[i])
-			}
+		for op, arg := range scriptOps(script, 5) {
 			switch op {
 			case 0: // append
 				next++
@@ -108,19 +101,6 @@ func FuzzBranchOps(f *testing.F) {
 			t.Fatal(err)
 		}
 		check("after reopen", l.Entries())
-		data := fileBytes(t, dir, "ep")
-		fast, prob := load(data, "ep", true)
-		if prob != nil {
-			t.Fatal(prob)
-		}
-		scanBranches = false
-		slow, prob := load(data, "ep", true)
-		scanBranches = true
-		if prob != nil {
-			t.Fatal(prob)
-		}
-		if !reflect.DeepEqual(fast, slow) {
-			t.Fatalf("loaded in one walk:\n%+v\nloaded again up to each branch's record:\n%+v", fast, slow)
-		}
+		checkOneWalk(t, fileBytes(t, dir, "ep"))
 	})
 }

@@ -3,9 +3,26 @@ package ledger
 import (
 	"bytes"
 	"fmt"
+	"iter"
 	"strings"
 	"testing"
 )
+
+// scriptOps reads a fuzz script as operations: each an operation (its
+// byte modulo kinds) and its argument (the next byte; 0 at the end).
+func scriptOps(script []byte, kinds byte) iter.Seq2[byte, int] {
+	return func(yield func(byte, int) bool) {
+		for i := 0; i < len(script); i += 2 {
+			arg := 0
+			if i+1 < len(script) {
+				arg = int(script[i+1])
+			}
+			if !yield(script[i]%kinds, arg) {
+				return
+			}
+		}
+	}
+}
 
 // FuzzSettleOps drives a ledger with a script of appends, settlements
 // (good and bad) and cuts, and holds it to a model: every entry's
@@ -34,13 +51,7 @@ func FuzzSettleOps(f *testing.F) {
 		}
 		defer func() { l.Close() }()
 		next := 0
-		for i := 0; i < len(script); i++ {
-			op := script[i] % 4
-			arg := 0
-			if i+1 < len(script) {
-				i++
-				arg = int(script[i])
-			}
+		for op, arg := range scriptOps(script, 4) {
 			switch op {
 			case 0: // append
 				next++

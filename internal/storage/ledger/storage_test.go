@@ -680,7 +680,14 @@ func TestBranchesLoadInOneWalk(t *testing.T) {
 	if got := seqs(l.Entries()); got != want {
 		t.Fatalf("after reopening: %s, want %s", got, want)
 	}
-	data := fileBytes(t, dir, "ep")
+	checkOneWalk(t, fileBytes(t, dir, "ep"))
+}
+
+// checkOneWalk holds the load of data, which keeps the state at each
+// branch's record as it walks past, to the load that loads the bytes up
+// to each branch's record again.
+func checkOneWalk(t *testing.T, data []byte) {
+	t.Helper()
 	fast, prob := load(data, "ep", true)
 	if prob != nil {
 		t.Fatal(prob)

@@ -22,11 +22,6 @@ func FuzzBranchOps(f *testing.F) {
 		if len(script) > 80 {
 			return
 		}
-		type ment struct {
-			id      string
-			d       Disposition
-			settled bool
-		}
 		dir := t.TempDir()
 		l, err := Open(dir, "ep")
 		if err != nil {

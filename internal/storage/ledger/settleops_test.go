@@ -24,6 +24,14 @@ func scriptOps(script []byte, kinds byte) iter.Seq2[byte, int] {
 	}
 }
 
+// ment is a fuzz test's model of one ledger entry: its call id, its
+// disposition, and whether a settlement named it.
+type ment struct {
+	id      string
+	d       Disposition
+	settled bool
+}
+
 // FuzzSettleOps drives a ledger with a script of appends, settlements
 // (good and bad) and cuts, and holds it to a model: every entry's
 // disposition, the dropped ones, DeliveredBefore and the counts Verify
@@ -37,11 +45,6 @@ func FuzzSettleOps(f *testing.F) {
 	f.Fuzz(func(t *testing.T, script []byte) {
 		if len(script) > 64 {
 			return
-		}
-		type ment struct {
-			id      string
-			d       Disposition
-			settled bool
 		}
 		var live, dropped []ment
 		dir := t.TempDir()

@@ -91,6 +91,8 @@ const (
 	// DefaultLeaseWait is how long an explicit collection waits for
 	// another node's to finish.
 	DefaultLeaseWait = 10 * time.Minute
+	// DefaultCollectEvery is ShareOptions.CollectEvery's default.
+	DefaultCollectEvery = 10 * time.Minute
 )
 
 // ShareOptions tune the collection of a shared blob store.
@@ -104,6 +106,15 @@ type ShareOptions struct {
 	// collects (default DefaultLeaseWait); a snapshot's deletion does not
 	// wait: it leaves the collection to the node collecting.
 	LeaseWait time.Duration
+	// CollectEvery spaces the collections that snapshots' deletions ask
+	// for: a deletion within CollectEvery of this node's last collection
+	// leaves its blobs to a later one (default DefaultCollectEvery;
+	// negative: every deletion collects). A collection walks the whole
+	// store, which holds every blob of the grace period, and frees only
+	// blobs older than that: collecting at every checkpoint's deletion
+	// would walk the store again and again for nothing. CollectBlobs
+	// always collects.
+	CollectEvery time.Duration
 	// AfterMark, when set, runs in each collection between the mark and
 	// the sweep (tests: a snapshot or a fork made meanwhile).
 	AfterMark func()
@@ -119,6 +130,9 @@ func (o ShareOptions) WithDefaults() (ShareOptions, error) {
 	}
 	if o.LeaseWait == 0 {
 		o.LeaseWait = DefaultLeaseWait
+	}
+	if o.CollectEvery == 0 {
+		o.CollectEvery = DefaultCollectEvery
 	}
 	if o.Reuse < 0 || o.Grace <= o.Reuse || o.LeaseWait < 0 {
 		return o, fmt.Errorf("shared blob store: a grace period of %s and reuse within %s: the grace period must be longer than the reuse window (plus the longest snapshot), both positive", o.Grace, o.Reuse)
@@ -621,6 +635,7 @@ func (x *Snapshots[S, PS]) collectShared(ctx context.Context, wait bool) (int, i
 		return 0, 0, err
 	}
 	x.dropTombstones(ctx)
+	x.lastCollect.Store(start.UnixNano())
 	slog.Info("shared blob store: collected", "snapshot_roots", len(snaps), "published_bases", len(bases), "roots", len(live)+len(bases), "freed_blobs", n, "freed_bytes", bytes, "grace", x.share.Grace, "seconds", time.Since(start).Seconds())
 	return n, bytes, nil
 }

@@ -101,6 +101,9 @@ type Snapshots[S any, PS SnapOf[S]] struct {
 	tombstones sync.Map
 	// collections counts the collections deletions asked for (tests).
 	collections atomic.Int64
+	// lastCollect is when this node's last collection of a shared store
+	// began (Unix nanoseconds; 0: none yet).
+	lastCollect atomic.Int64
 }
 
 // Path is snapshot id's record file (without Shared).
@@ -286,6 +289,12 @@ func (x *Snapshots[S, PS]) DeleteMany(ctx context.Context, ids []string) error {
 	if x.Shared != nil {
 		if x.pins == nil {
 			return errors.Join(errs...) // a provider that publishes no bases collects nothing
+		}
+		if last := x.lastCollect.Load(); last != 0 && x.share.CollectEvery > 0 && time.Since(time.Unix(0, last)) < x.share.CollectEvery {
+			// A later deletion's collection, or an explicit one
+			// (CollectBlobs, `stasis sandbox gc`), frees their blobs.
+			slog.Debug("shared blob store: deleted snapshots' blobs left to a later collection", "snapshots", deleted, "last_collection", time.Unix(0, last).UTC())
+			return errors.Join(errs...)
 		}
 		// Left to another node's collection if one is under way.
 		_, _, err := x.collectShared(ctx, false)

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -716,5 +717,50 @@ func TestSharedTombstonesGoAfterTheGrace(t *testing.T) {
 	}
 	if found, err := node.FindSnapshots(ctx, sb, ""); err != nil || len(found) != 0 {
 		t.Fatalf("FindSnapshots after: %v %v", found, err)
+	}
+}
+
+// A snapshot's deletion collects the shared store only if this node has
+// not collected within CollectEvery: a collection walks every blob of
+// the grace period to free only older ones. The blobs left wait for a
+// later collection, which an explicit one is. With a negative
+// CollectEvery every deletion collects.
+func TestSharedDeletionsCollectAtMostEveryCollectEvery(t *testing.T) {
+	for _, every := range []time.Duration{0, -1} {
+		t.Run(fmt.Sprintf("every=%s", every), func(t *testing.T) {
+			b := newBucket(t)
+			ctx := context.Background()
+			node := b.node(t, local.Options{Share: hostkeep.ShareOptions{CollectEvery: every}})
+			first := snapshot(t, node, create(t, node, map[string][]byte{"/work/a": randomBytes(t, 4096)}))
+			if err := node.DeleteSnapshot(ctx, first); err != nil { // a collection: the node's first
+				t.Fatal(err)
+			}
+			sb := create(t, node, map[string][]byte{"/work/garbage": randomBytes(t, 4<<20)})
+			g := snapshot(t, node, sb)
+			if err := node.Delete(ctx, sb); err != nil {
+				t.Fatal(err)
+			}
+			b.age(t, 3*time.Hour)
+			before := b.packBytes(t)
+			if err := node.DeleteSnapshot(ctx, g); err != nil {
+				t.Fatal(err)
+			}
+			freed := before - b.packBytes(t)
+			if every < 0 {
+				if freed < 4<<20 {
+					t.Fatalf("a deletion with a negative CollectEvery freed %d bytes, want the snapshot's 4 MiB", freed)
+				}
+				return
+			}
+			if freed != 0 {
+				t.Fatalf("a deletion right after a collection freed %d bytes: it collected again", freed)
+			}
+			if _, _, err := node.CollectBlobs(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if freed := before - b.packBytes(t); freed < 4<<20 {
+				t.Fatalf("the explicit collection after it freed %d bytes, want the snapshot's 4 MiB", freed)
+			}
+		})
 	}
 }

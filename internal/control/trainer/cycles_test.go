@@ -68,6 +68,9 @@ type sample struct {
 	CheckPhases   map[string]float64 `json:"checkpoint_phases,omitempty"`
 	RestorePhases map[string]float64 `json:"restore_phases,omitempty"`
 	SnapshotS     [2]float64         `json:"snapshot_s"`
+	// DeleteS is the deletion of the cycle before's checkpoint (its
+	// snapshots deleted, the blob store collected).
+	DeleteS float64 `json:"delete_s"`
 	// StoreBytes: the record store (SQLite's files, or the PostgreSQL
 	// database, which holds the ledgers too); LedgerBytes: the ledger
 	// files (standalone); BlobBytes: the snapshots' blob store (the
@@ -197,16 +200,19 @@ func TestSoakCycles(t *testing.T) {
 		}
 		c.awaitHeld(heldTurn)
 		restoreS := time.Since(restoring).Seconds()
+		deleting := time.Now()
 		if prev != "" {
 			if _, err := api.DeleteCheckpoint(ctx, prev); err != nil {
 				t.Fatalf("cycle %d: delete %s: %v", cycle, prev, err)
 			}
 		}
+		deleteS := time.Since(deleting).Seconds()
 		prev = ck
 		for _, s := range c.sample(cycle) {
 			s.CheckS, s.RestoreS, s.CycleS = round(checkS), round(restoreS), round(time.Since(began).Seconds())
 			s.CheckPhases, s.RestorePhases = roundAll(cres.Phases), roundAll(rres.Phases)
 			s.SnapshotS = snapshotSeconds(cres.Episodes)
+			s.DeleteS = round(deleteS)
 			samples = append(samples, s)
 			c.report(s)
 		}

@@ -71,6 +71,12 @@ type sample struct {
 	// DeleteS is the deletion of the cycle before's checkpoint (its
 	// snapshots deleted, the blob store collected).
 	DeleteS float64 `json:"delete_s"`
+	// CallS is the episodes' one call each after the checkpoint, RetireS
+	// their retirement, SampleS this sampling (the soak's own listing of
+	// the bucket and reading of the nodes): the rest of CycleS.
+	CallS   float64 `json:"call_s"`
+	RetireS float64 `json:"retire_s"`
+	SampleS float64 `json:"sample_s"`
 	// StoreBytes: the record store (SQLite's files, or the PostgreSQL
 	// database, which holds the ledgers too); LedgerBytes: the ledger
 	// files (standalone); BlobBytes: the snapshots' blob store (the
@@ -190,10 +196,13 @@ func TestSoakCycles(t *testing.T) {
 		checkS := time.Since(began).Seconds()
 		// One more call each, past the checkpoint, then retired: the
 		// restore takes each back to before that call.
+		releasing := time.Now()
 		w.gate.Release(n, func(gc model.GateCall) bool { return gc.Turn == heldTurn })
 		c.awaitHeld(heldTurn + 1)
+		retiring := time.Now()
 		c.each("retire", func(_ int, id string) error { _, err := api.Retire(ctx, id); return err })
 		restoring := time.Now()
+		callS, retireS := retiring.Sub(releasing).Seconds(), restoring.Sub(retiring).Seconds()
 		rres, err := api.RestoreWith(ctx, ck, client.RestoreRequest{Episodes: c.ids})
 		if err != nil {
 			t.Fatalf("cycle %d: restore of %s: %v (%+v)", cycle, ck, err, rres)
@@ -208,8 +217,10 @@ func TestSoakCycles(t *testing.T) {
 		}
 		deleteS := time.Since(deleting).Seconds()
 		prev = ck
+		sampling := time.Now()
 		for _, s := range c.sample(cycle) {
 			s.CheckS, s.RestoreS, s.CycleS = round(checkS), round(restoreS), round(time.Since(began).Seconds())
+			s.CallS, s.RetireS, s.SampleS = round(callS), round(retireS), round(time.Since(sampling).Seconds())
 			s.CheckPhases, s.RestorePhases = roundAll(cres.Phases), roundAll(rres.Phases)
 			s.SnapshotS = snapshotSeconds(cres.Episodes)
 			s.DeleteS = round(deleteS)

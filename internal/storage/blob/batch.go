@@ -45,19 +45,14 @@ func (d *Dir) NewBatch() Batch {
 // sort by when their packs were begun, so that a listing of an S3 store
 // can ask for the recent ones only (S3.refresh).
 func newPackID() string {
-	return packIDAt(packClock())
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return packIDTime(packClock()) + hex.EncodeToString(b)
 }
 
 // packClock is the time newPackID stamps (tests set it to stamp an old
 // one).
 var packClock = time.Now
-
-func packIDAt(t time.Time) string {
-	b := make([]byte, 16)
-	binary.BigEndian.PutUint32(b, uint32(t.Unix()))
-	_, _ = rand.Read(b[4:])
-	return hex.EncodeToString(b)
-}
 
 // packIDTime is the part of a pack id that newPackID makes of t, the
 // least id of a pack begun at t or after it.
